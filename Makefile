@@ -1,0 +1,33 @@
+# Set-up, demo and tests. Every target creates or refreshes the virtual environment first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEMO   ?= demo
+
+.PHONY: venv test demo lint bench clean
+
+venv: $(STAMP)
+
+# Re-install when pyproject.toml changes (new dependency) or the venv is missing.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,tt]'
+	@touch $(STAMP)
+
+test: venv
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+demo: venv
+	$(VENV)/bin/alpamayo demo --out $(DEMO)
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: venv
+	$(PY) benchmarks/text_backbone.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

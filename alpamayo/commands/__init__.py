@@ -1,0 +1,1 @@
+"""Sub-commands of the `alpamayo` console script (see `alpamayo.cli`)."""

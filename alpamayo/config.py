@@ -1,0 +1,421 @@
+"""Model configuration parsed from a checkpoint directory's `config.json`.
+
+Accepted layouts:
+  * Hugging Face `Qwen3VLForConditionalGeneration` / `Qwen3VLMoeForConditionalGeneration` (hub files and
+    transformers-5 `save_pretrained` files: both rope spellings, `num_experts` or `num_local_experts`);
+  * the Alpamayo layout: the Qwen3-VL config nested under `vlm_config` and every VLM weight prefixed `vlm.`.
+    The remaining top-level keys (trajectory tokenizer settings, action expert, ...) are kept verbatim in
+    `ModelConfig.extra` for the planner.
+
+Dimensions come only from here; nothing else in the package hard-codes a model size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alpamayo.errors import ConfigError
+
+ARCHITECTURES = {
+    "Qwen3VLForConditionalGeneration": "dense",
+    "Qwen3VLMoeForConditionalGeneration": "moe",
+}
+MODEL_TYPES = {"qwen3_vl": "dense", "qwen3_vl_moe": "moe"}
+# Rope types whose frequencies are the plain 1/theta^(2i/d) table. "mrope" is the Qwen2-VL era spelling.
+PLAIN_ROPE_TYPES = ("default", "mrope")
+DEFAULT_MROPE_SECTION = (24, 20, 20)  # transformers' fallback when the config omits it
+ALPAMAYO_VLM_KEY = "vlm_config"
+ALPAMAYO_WEIGHT_PREFIX = "vlm."
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sparse-MLP settings of a Qwen3-VL-MoE text model."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer: int) -> bool:
+        """Layer `layer` uses the MoE block (transformers' rule); otherwise a dense SwiGLU MLP."""
+        return (
+            layer not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """Qwen3-VL text decoder dimensions. `head_dim` may differ from hidden/heads (Qwen3-VL-4B: 2560 vs 32*128)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    mrope_section: tuple[int, int, int] = DEFAULT_MROPE_SECTION
+    max_position_embeddings: int = 262144
+    attention_bias: bool = False
+    moe: MoEConfig | None = None
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def gqa_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """Qwen3-VL vision tower dimensions (patches are `in_channels x temporal_patch_size x patch_size^2`)."""
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    deepstack_visual_indexes: tuple[int, ...]
+    in_channels: int = 3
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    num_position_embeddings: int = 2304
+    hidden_act: str = "gelu_pytorch_tanh"
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the runtime needs to know about one checkpoint."""
+
+    kind: str  # "dense" or "moe"
+    text: TextConfig
+    vision: VisionConfig | None
+    tie_word_embeddings: bool
+    image_token_id: int | None = None
+    video_token_id: int | None = None
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
+    weight_prefix: str = ""  # prefix of every VLM tensor name on disk ("vlm." for Alpamayo checkpoints)
+    eos_token_ids: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)  # Alpamayo top-level keys besides `vlm_config`
+    source: str = ""
+
+    @property
+    def is_alpamayo(self) -> bool:
+        return self.weight_prefix == ALPAMAYO_WEIGHT_PREFIX
+
+
+class _Fields:
+    """Typed access to one JSON object; errors name the dotted path of the field and the file."""
+
+    def __init__(self, data: Any, path: str, source: str):
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{source}: '{path or '<root>'}' must be a JSON object, got {type(data).__name__}"
+            )
+        self.data, self.path, self.source = data, path, source
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def sub(self, key: str) -> _Fields:
+        if not self.has(key):
+            raise ConfigError(f"{self.source}: missing field '{self._name(key)}'")
+        return _Fields(self.data[key], self._name(key), self.source)
+
+    def _get(self, key: str, default: Any, kinds: tuple[type, ...], what: str) -> Any:
+        if not self.has(key):
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.source}: missing field '{self._name(key)}'")
+            return default
+        value = self.data[key]
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            raise ConfigError(f"{self.source}: field '{self._name(key)}' must be {what}, got {value!r}")
+        return value
+
+    def int(self, key: str, default: Any = None, minimum: int = 1) -> int:
+        value = self._get(key, _REQUIRED if default is None else default, (int,), "an integer")
+        if value < minimum:
+            raise ConfigError(f"{self.source}: field '{self._name(key)}' must be >= {minimum}, got {value}")
+        return value
+
+    def float(self, key: str, default: Any = None) -> float:
+        value = self._get(key, _REQUIRED if default is None else default, (int, float), "a number")
+        if value <= 0:
+            raise ConfigError(f"{self.source}: field '{self._name(key)}' must be > 0, got {value}")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        return self._get(key, default, (bool,), "true or false")
+
+    def str(self, key: str, default: Any = None) -> str:
+        return self._get(key, _REQUIRED if default is None else default, (str,), "a string")
+
+    def int_list(self, key: str, default: Any = None, minimum: int = 0) -> tuple[int, ...]:
+        value = self._get(key, _REQUIRED if default is None else default, (list, tuple), "a list of integers")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value):
+            raise ConfigError(
+                f"{self.source}: field '{self._name(key)}' must be a list of integers >= {minimum}, got {value!r}"
+            )
+        return tuple(value)
+
+    def optional_id(self, key: str) -> int | None:
+        return self.int(key, minimum=0) if self.has(key) else None
+
+
+_REQUIRED = object()
+
+
+def _model_kind(cfg: _Fields) -> str:
+    """`dense` or `moe` from `architectures` (preferred) or `model_type`."""
+    if cfg.has("architectures"):
+        archs = cfg.data["architectures"]
+        if not isinstance(archs, list) or not archs:
+            raise ConfigError(f"{cfg.source}: field '{cfg._name('architectures')}' must be a non-empty list")
+        known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
+        if not known:
+            raise ConfigError(
+                f"{cfg.source}: unsupported architecture {archs!r} in field '{cfg._name('architectures')}'; "
+                f"supported: {sorted(ARCHITECTURES)}"
+            )
+        return known[0]
+    model_type = cfg.str("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(
+            f"{cfg.source}: unsupported model_type {model_type!r} in field '{cfg._name('model_type')}' "
+            f"(and no 'architectures'); supported: {sorted(MODEL_TYPES)}"
+        )
+    return MODEL_TYPES[model_type]
+
+
+def _rope(text: _Fields, head_dim: int) -> tuple[float, tuple[int, int, int]]:
+    """(theta, mrope_section) from `rope_parameters` (transformers 5 save) or `rope_scaling` + `rope_theta` (hub).
+
+    `mrope_interleaved` is not read: transformers always uses the interleaved T/H/W layout.
+    """
+    if text.has("rope_parameters"):
+        rope = text.sub("rope_parameters")
+        theta = rope.float("rope_theta") if rope.has("rope_theta") else text.float("rope_theta")
+    else:
+        rope = (
+            text.sub("rope_scaling")
+            if text.has("rope_scaling")
+            else _Fields({}, text._name("rope_scaling"), text.source)
+        )
+        theta = text.float("rope_theta")
+    rope_type = rope.data.get("rope_type", rope.data.get("type", "default"))
+    if rope_type not in PLAIN_ROPE_TYPES:
+        raise ConfigError(
+            f"{text.source}: unsupported rope type {rope_type!r} in '{rope.path}'; supported: {list(PLAIN_ROPE_TYPES)}"
+        )
+    section = rope.int_list("mrope_section", DEFAULT_MROPE_SECTION, minimum=0)
+    if len(section) != 3 or sum(section) != head_dim // 2:
+        raise ConfigError(
+            f"{text.source}: field '{rope._name('mrope_section')}' = {list(section)} must have 3 entries "
+            f"summing to head_dim/2 = {head_dim // 2}"
+        )
+    return theta, (section[0], section[1], section[2])
+
+
+def _moe(text: _Fields, n_layers: int) -> MoEConfig:
+    key = "num_experts" if text.has("num_experts") else "num_local_experts"
+    if not text.has(key):
+        raise ConfigError(
+            f"{text.source}: missing field '{text._name('num_experts')}' (or 'num_local_experts')"
+        )
+    moe = MoEConfig(
+        num_experts=text.int(key),
+        num_experts_per_tok=text.int("num_experts_per_tok"),
+        moe_intermediate_size=text.int("moe_intermediate_size"),
+        decoder_sparse_step=text.int("decoder_sparse_step", 1),
+        mlp_only_layers=text.int_list("mlp_only_layers", ()),
+    )
+    if moe.num_experts_per_tok > moe.num_experts:
+        raise ConfigError(
+            f"{text.source}: '{text._name('num_experts_per_tok')}' = {moe.num_experts_per_tok} exceeds "
+            f"the number of experts {moe.num_experts}"
+        )
+    bad = [i for i in moe.mlp_only_layers if i >= n_layers]
+    if bad:
+        raise ConfigError(
+            f"{text.source}: '{text._name('mlp_only_layers')}' names layers {bad} >= num_hidden_layers {n_layers}"
+        )
+    return moe
+
+
+def _text_config(text: _Fields, kind: str) -> TextConfig:
+    hidden = text.int("hidden_size")
+    heads = text.int("num_attention_heads")
+    kv_heads = text.int("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConfigError(
+            f"{text.source}: '{text._name('num_attention_heads')}' = {heads} is not a multiple of "
+            f"'{text._name('num_key_value_heads')}' = {kv_heads}"
+        )
+    head_dim = text.int("head_dim", hidden // heads)
+    if head_dim % 2:
+        raise ConfigError(
+            f"{text.source}: '{text._name('head_dim')}' = {head_dim} must be even for rotary embeddings"
+        )
+    act = text.str("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(
+            f"{text.source}: unsupported '{text._name('hidden_act')}' = {act!r}; supported: 'silu'"
+        )
+    theta, section = _rope(text, head_dim)
+    n_layers = text.int("num_hidden_layers")
+    return TextConfig(
+        vocab_size=text.int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=text.int("intermediate_size"),
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=text.float("rms_norm_eps"),
+        rope_theta=theta,
+        mrope_section=section,
+        max_position_embeddings=text.int("max_position_embeddings", 262144),
+        attention_bias=text.bool("attention_bias", False),
+        moe=_moe(text, n_layers) if kind == "moe" else None,
+    )
+
+
+def _vision_config(vis: _Fields) -> VisionConfig:
+    hidden = vis.int("hidden_size")
+    heads = vis.int("num_heads")
+    if hidden % heads:
+        raise ConfigError(
+            f"{vis.source}: '{vis._name('hidden_size')}' = {hidden} is not a multiple of num_heads {heads}"
+        )
+    depth = vis.int("depth")
+    deepstack = vis.int_list("deepstack_visual_indexes")
+    bad = [i for i in deepstack if i >= depth]
+    if bad:
+        raise ConfigError(
+            f"{vis.source}: '{vis._name('deepstack_visual_indexes')}' has blocks {bad} >= depth {depth}"
+        )
+    n_pos = vis.int("num_position_embeddings")
+    if round(n_pos**0.5) ** 2 != n_pos:
+        raise ConfigError(
+            f"{vis.source}: '{vis._name('num_position_embeddings')}' = {n_pos} is not a square grid"
+        )
+    rope_theta = 10000.0
+    if vis.has("rope_parameters"):
+        rope_theta = vis.sub("rope_parameters").float("rope_theta", 10000.0)
+    return VisionConfig(
+        depth=depth,
+        hidden_size=hidden,
+        intermediate_size=vis.int("intermediate_size"),
+        num_heads=heads,
+        out_hidden_size=vis.int("out_hidden_size"),
+        deepstack_visual_indexes=deepstack,
+        in_channels=vis.int("in_channels"),
+        patch_size=vis.int("patch_size"),
+        temporal_patch_size=vis.int("temporal_patch_size"),
+        spatial_merge_size=vis.int("spatial_merge_size"),
+        num_position_embeddings=n_pos,
+        hidden_act=vis.str("hidden_act"),
+        rope_theta=rope_theta,
+    )
+
+
+def parse_config(
+    raw: dict[str, Any], source: str = "config.json", eos_token_ids: tuple[int, ...] = ()
+) -> ModelConfig:
+    """Parse a `config.json` object (HF or Alpamayo layout) into a `ModelConfig`."""
+    root = _Fields(raw, "", source)
+    extra: dict[str, Any] = {}
+    prefix = ""
+    vlm = root
+    if root.has(ALPAMAYO_VLM_KEY):
+        vlm = root.sub(ALPAMAYO_VLM_KEY)
+        prefix = ALPAMAYO_WEIGHT_PREFIX
+        extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY}
+    kind = _model_kind(vlm)
+    text = _text_config(vlm.sub("text_config"), kind)
+    vision = _vision_config(vlm.sub("vision_config")) if vlm.has("vision_config") else None
+    if vision is not None and vision.out_hidden_size != text.hidden_size:
+        raise ConfigError(
+            f"{source}: vision_config.out_hidden_size = {vision.out_hidden_size} must equal "
+            f"text_config.hidden_size = {text.hidden_size}"
+        )
+    if vlm.has("tie_word_embeddings"):
+        tie = vlm.bool("tie_word_embeddings", False)
+    else:
+        tie = vlm.sub("text_config").bool("tie_word_embeddings", False)
+    if not eos_token_ids:
+        text_fields = vlm.sub("text_config")
+        eos = text_fields.data.get("eos_token_id")
+        eos_token_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+    return ModelConfig(
+        kind=kind,
+        text=text,
+        vision=vision,
+        tie_word_embeddings=tie,
+        image_token_id=vlm.optional_id("image_token_id"),
+        video_token_id=vlm.optional_id("video_token_id"),
+        vision_start_token_id=vlm.optional_id("vision_start_token_id"),
+        vision_end_token_id=vlm.optional_id("vision_end_token_id"),
+        weight_prefix=prefix,
+        eos_token_ids=tuple(eos_token_ids),
+        extra=extra,
+        source=source,
+    )
+
+
+def _generation_eos(directory: Path) -> tuple[int, ...]:
+    path = directory / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
+    if isinstance(eos, int):
+        return (eos,)
+    if isinstance(eos, list) and all(isinstance(e, int) for e in eos):
+        return tuple(eos)
+    return ()
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """Read `config.json` (and the EOS ids of `generation_config.json`) from a checkpoint directory."""
+    path = Path(path)
+    directory = path if path.is_dir() else path.parent
+    cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.is_file():
+        raise ConfigError(f"{cfg_path}: no config.json in checkpoint directory {directory}")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from e
+    return parse_config(raw, str(cfg_path), _generation_eos(directory))

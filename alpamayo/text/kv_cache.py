@@ -1,0 +1,47 @@
+"""Preallocated (static) key/value cache of the text decoder."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per layer, K and V buffers [max_batch, kv_heads, max_seq_len, head_dim], allocated once.
+
+    Static shapes keep the hot path free of allocation (and are what CUDA graphs and device traces need).
+    Rows are sequences: a prompt is prefilled into row 0 and `fork(n)` copies it into rows 1..n-1 so that
+    n samples share one prefill.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        max_batch: int,
+        kv_heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        shape = (max_batch, kv_heads, max_seq_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        """Store k, v [B, kv_heads, T, head_dim] at positions [start, start+T) of rows [0, B)."""
+        b, _, t, _ = k.shape
+        self.k[layer][:b, :, start : start + t] = k
+        self.v[layer][:b, :, start : start + t] = v
+
+    def read(self, layer: int, batch: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of rows [0, batch) and positions [0, end): K, V [batch, kv_heads, end, head_dim]."""
+        return self.k[layer][:batch, :, :end], self.v[layer][:batch, :, :end]
+
+    def fork(self, n: int, length: int) -> None:
+        """Copy row 0's first `length` positions into rows 1..n-1."""
+        for buf in (*self.k, *self.v):
+            buf[1:n, :, :length] = buf[:1, :, :length]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))

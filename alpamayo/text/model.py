@@ -1,0 +1,243 @@
+"""Torch reference Qwen3-VL text decoder (dense or MoE) with a static KV cache.
+
+Usage:
+    model = TextModel.from_checkpoint(ckpt_dir, dtype=torch.bfloat16)
+    model.setup_cache(max_seq_len=4096)
+    logits = model.prefill(input_ids, position_ids)      # [V] float32, last prompt position
+    logits = model.decode(next_id)                       # [V] float32, one new token
+
+Positions: prefill takes the 3-row M-RoPE ids [3, L] (T, H, W; text-only prompts may omit them). It stores
+`rope_delta = max(position_ids) + 1 - L`, and every decoded token then sits at `cache_len + rope_delta` on all
+three rows, which is transformers' rule. DeepStack features are added to the output of decoder layer k at
+the visual positions, during prefill only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import ModelConfig, load_config
+from alpamayo.text.kv_cache import KVCache
+from alpamayo.text.layer import DecoderLayer
+from alpamayo.text.linear import Linear
+from alpamayo.text.norm import RMSNorm
+from alpamayo.text.rope import MRope
+from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, TEXT_NAMESPACES, build_layer, text_tensor_shapes
+
+
+class TextModel(nn.Module):
+    """Embeddings, decoder layers, final RMSNorm and LM head, plus the generation state (cache, positions)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        embed: torch.Tensor,
+        layers: Sequence[DecoderLayer],
+        norm: RMSNorm,
+        head: Linear,
+    ):
+        super().__init__()
+        self.cfg, self.text_cfg = cfg, cfg.text
+        self.embed_weight = embed  # [V, H]
+        self.layers = nn.ModuleList(layers)
+        self.norm, self.head = norm, head
+        self.dtype, self.device = embed.dtype, embed.device
+        self.rope = MRope(cfg.text, self.device)
+        self.cache: KVCache | None = None
+        self.cache_len = 0  # positions filled in the cache (same for every active row)
+        self.rope_delta = 0
+        self.batch = 1  # active cache rows
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        source: str | Path | Checkpoint,
+        cfg: ModelConfig | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> TextModel:
+        """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first."""
+        ckpt = source if isinstance(source, Checkpoint) else None
+        directory = ckpt.directory if ckpt is not None else Path(source)
+        cfg = cfg or load_config(directory)
+        ckpt = ckpt or Checkpoint(directory, cfg.weight_prefix)
+        ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
+
+        def get(name: str) -> torch.Tensor:
+            return ckpt.get(name, dtype, device)
+
+        t = cfg.text
+        embed = get(EMBED)
+        layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
+        head = Linear(embed if cfg.tie_word_embeddings else get(LM_HEAD))
+        model = cls(cfg, embed, layers, RMSNorm(get(FINAL_NORM), t.rms_norm_eps), head)
+        model.pack_weights()
+        return model.eval()
+
+    def pack_weights(self) -> None:
+        """Move every linear weight to its fastest layout for this device and dtype (see `text.linear`)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack(keep_plain=module.weight is self.embed_weight)
+
+    # ------------------------------------------------------------------ state
+    def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
+        """Allocate the static KV cache: `max_seq_len` positions (prompt + generated) for `max_batch` rows."""
+        if max_seq_len < 1 or max_batch < 1:
+            raise ValueError(f"max_seq_len and max_batch must be >= 1, got {max_seq_len}, {max_batch}")
+        t = self.text_cfg
+        self.cache = KVCache(
+            t.num_hidden_layers,
+            max_batch,
+            t.num_key_value_heads,
+            max_seq_len,
+            t.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache_len, self.rope_delta, self.batch = 0, 0, 1
+
+    def fork(self, n: int) -> None:
+        """Continue the prefilled prompt as `n` independent sequences (rows) sharing its KV cache."""
+        cache = self._require_cache()
+        if not 1 <= n <= cache.max_batch:
+            raise ValueError(f"fork({n}): the cache was set up for 1..{cache.max_batch} rows")
+        if self.cache_len == 0:
+            raise RuntimeError("fork() needs a prefilled prompt")
+        cache.fork(n, self.cache_len)
+        self.batch = n
+
+    def _require_cache(self) -> KVCache:
+        if self.cache is None:
+            raise RuntimeError("call setup_cache(max_seq_len) before prefill/decode")
+        return self.cache
+
+    # ------------------------------------------------------------------ compute
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [...] -> embeddings [..., H] in the model dtype."""
+        vocab = self.text_cfg.vocab_size
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise ValueError(
+                f"token ids must be in [0, {vocab}), got range [{int(ids.min())}, {int(ids.max())}]"
+            )
+        return F.embedding(ids.to(self.device), self.embed_weight)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [..., H] -> float32 logits [..., V]."""
+        return self.head(hidden).float()
+
+    def _layers(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start: int,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        cache = self._require_cache()
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, cache, start)
+            if deepstack is not None and i < len(deepstack):
+                h[0, visual_pos_mask] += deepstack[i].to(h.dtype)
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def prefill_hidden(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Run a fresh prompt through the decoder and fill the cache; returns final-normed hidden [L, H].
+
+        inputs: token ids [L] (int) or embeddings [L, H] (image embeds already scattered in).
+        position_ids: [3, L] M-RoPE rows (T, H, W); default arange on all rows (text only).
+        visual_pos_mask: [L] bool, the image-token positions; deepstack: per level k, [n_visual, H] added to
+        the output of layer k at those positions.
+        """
+        cache = self._require_cache()
+        h = self.embed(inputs) if not inputs.is_floating_point() else inputs.to(self.device, self.dtype)
+        if h.dim() != 2 or h.shape[1] != self.text_cfg.hidden_size:
+            raise ValueError(
+                f"prefill inputs must be ids [L] or embeddings [L, {self.text_cfg.hidden_size}], "
+                f"got shape {list(inputs.shape)}"
+            )
+        length = h.shape[0]
+        if not 1 <= length <= cache.max_seq_len:
+            raise ValueError(f"prompt length {length} must be in [1, max_seq_len={cache.max_seq_len}]")
+        if position_ids is None:
+            position_ids = torch.arange(length).view(1, -1).expand(3, -1)
+        if tuple(position_ids.shape) != (3, length):
+            raise ValueError(f"position_ids must have shape [3, {length}], got {list(position_ids.shape)}")
+        self._check_deepstack(length, visual_pos_mask, deepstack)
+        self.reset()
+        cos, sin = self.rope.cos_sin(position_ids, self.dtype)
+        if visual_pos_mask is not None:
+            visual_pos_mask = visual_pos_mask.to(self.device)
+        out = self._layers(h.unsqueeze(0), cos, sin, 0, visual_pos_mask, deepstack)[0]
+        self.cache_len = length
+        self.rope_delta = int(position_ids.max()) + 1 - length
+        return out
+
+    def _check_deepstack(
+        self, length: int, mask: torch.Tensor | None, deepstack: Sequence[torch.Tensor] | None
+    ) -> None:
+        if deepstack is None or len(deepstack) == 0:
+            return
+        if mask is None or mask.dtype != torch.bool or tuple(mask.shape) != (length,):
+            raise ValueError(f"deepstack features need visual_pos_mask as a bool tensor [{length}]")
+        if len(deepstack) > self.text_cfg.num_hidden_layers:
+            raise ValueError(
+                f"{len(deepstack)} deepstack levels for {self.text_cfg.num_hidden_layers} decoder layers"
+            )
+        n = int(mask.sum())
+        for k, feats in enumerate(deepstack):
+            if tuple(feats.shape) != (n, self.text_cfg.hidden_size):
+                raise ValueError(
+                    f"deepstack[{k}] has shape {list(feats.shape)}, expected [{n}, "
+                    f"{self.text_cfg.hidden_size}] ({n} visual positions)"
+                )
+
+    def prefill(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """`prefill_hidden`, then float32 logits [V] of the last prompt position."""
+        hidden = self.prefill_hidden(inputs, position_ids, visual_pos_mask, deepstack)
+        with torch.inference_mode():
+            return self.logits(hidden[-1])
+
+    @torch.inference_mode()
+    def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
+        """Append one token per active row and return float32 logits: [V] for an int, [B, V] for ids [B]."""
+        cache = self._require_cache()
+        if self.cache_len == 0:
+            raise RuntimeError("decode() needs a prefilled prompt")
+        if self.cache_len >= cache.max_seq_len:
+            raise RuntimeError(
+                f"KV cache full: {self.cache_len} positions of max_seq_len={cache.max_seq_len}"
+            )
+        single = isinstance(tokens, int)
+        ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
+        if ids.numel() != self.batch:
+            raise ValueError(f"decode got {ids.numel()} token(s) for {self.batch} active row(s)")
+        pos = torch.tensor([self.cache_len + self.rope_delta])
+        cos, sin = self.rope.cos_sin_1d(pos, self.dtype)
+        h = self._layers(self.embed(ids).unsqueeze(1), cos, sin, self.cache_len)
+        self.cache_len += 1
+        logits = self.logits(h[:, 0])
+        return logits[0] if single else logits

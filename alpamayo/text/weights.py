@@ -1,0 +1,108 @@
+"""Canonical tensor names and shapes of the text decoder, and how they are read into modules.
+
+Names follow `alpamayo.checkpoint` (on-disk prefixes already removed). Every shape states the layout on
+disk, `[out_features, in_features]` for linear weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from alpamayo.checkpoint import Shape
+from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.text.attention import Attention
+from alpamayo.text.layer import DecoderLayer
+from alpamayo.text.mlp import SwiGLU
+from alpamayo.text.norm import RMSNorm
+
+EMBED = "language_model.embed_tokens.weight"
+FINAL_NORM = "language_model.norm.weight"
+LM_HEAD = "lm_head.weight"
+TEXT_NAMESPACES = ("language_model.", "lm_head.")
+
+Getter = Callable[[str], torch.Tensor]
+
+
+def layer_prefix(i: int) -> str:
+    return f"language_model.layers.{i}."
+
+
+def expert_shapes(cfg: TextConfig) -> dict[str, list[Shape]]:
+    """Fused expert tensors (suffixes under `mlp.experts.`) in either on-disk layout (hub or v5)."""
+    moe = cfg.moe
+    e, h, i = moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size
+    return {
+        "gate_up_proj": [(e, h, 2 * i), (e, 2 * i, h)],
+        "down_proj": [(e, i, h), (e, h, i)],
+    }
+
+
+def text_tensor_shapes(cfg: ModelConfig) -> dict[str, list[Shape]]:
+    """Every text-decoder tensor the checkpoint must hold -> its allowed shapes."""
+    t = cfg.text
+    h, d = t.hidden_size, t.head_dim
+    shapes: dict[str, list[Shape]] = {EMBED: [(t.vocab_size, h)], FINAL_NORM: [(h,)]}
+    if not cfg.tie_word_embeddings:
+        shapes[LM_HEAD] = [(t.vocab_size, h)]
+    for i in range(t.num_hidden_layers):
+        p = layer_prefix(i)
+        shapes[p + "input_layernorm.weight"] = [(h,)]
+        shapes[p + "post_attention_layernorm.weight"] = [(h,)]
+        for name, out in (("q_proj", t.q_dim), ("k_proj", t.kv_dim), ("v_proj", t.kv_dim)):
+            shapes[f"{p}self_attn.{name}.weight"] = [(out, h)]
+            if t.attention_bias:
+                shapes[f"{p}self_attn.{name}.bias"] = [(out,)]
+        shapes[p + "self_attn.o_proj.weight"] = [(h, t.q_dim)]
+        if t.attention_bias:
+            shapes[p + "self_attn.o_proj.bias"] = [(h,)]
+        shapes[p + "self_attn.q_norm.weight"] = [(d,)]
+        shapes[p + "self_attn.k_norm.weight"] = [(d,)]
+        if t.moe is not None and t.moe.is_sparse(i):
+            shapes[p + "mlp.gate.weight"] = [(t.moe.num_experts, h)]
+            for name, allowed in expert_shapes(t).items():
+                shapes[f"{p}mlp.experts.{name}"] = allowed
+        else:
+            i_dim = t.intermediate_size
+            shapes[p + "mlp.gate_proj.weight"] = [(i_dim, h)]
+            shapes[p + "mlp.up_proj.weight"] = [(i_dim, h)]
+            shapes[p + "mlp.down_proj.weight"] = [(h, i_dim)]
+    return shapes
+
+
+def build_mlp(cfg: TextConfig, i: int, get: Getter) -> nn.Module:
+    """The feed-forward block of layer i: dense SwiGLU, or the sparse MoE block where the config says so."""
+    p = layer_prefix(i) + "mlp."
+    if cfg.moe is not None and cfg.moe.is_sparse(i):
+        from alpamayo.moe.block import SparseMoE
+
+        return SparseMoE.from_weights(cfg, p, get)
+    return SwiGLU(get(p + "gate_proj.weight"), get(p + "up_proj.weight"), get(p + "down_proj.weight"))
+
+
+def build_layer(cfg: TextConfig, i: int, get: Getter) -> DecoderLayer:
+    p = layer_prefix(i)
+    a = p + "self_attn."
+    qkv = torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")], 0)
+    qkv_bias = o_bias = None
+    if cfg.attention_bias:
+        qkv_bias = torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")], 0)
+        o_bias = get(a + "o_proj.bias")
+    attn = Attention(
+        cfg,
+        i,
+        qkv,
+        qkv_bias,
+        get(a + "o_proj.weight"),
+        o_bias,
+        get(a + "q_norm.weight"),
+        get(a + "k_norm.weight"),
+    )
+    return DecoderLayer(
+        attn,
+        build_mlp(cfg, i, get),
+        RMSNorm(get(p + "input_layernorm.weight"), cfg.rms_norm_eps),
+        RMSNorm(get(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps),
+    )

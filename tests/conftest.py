@@ -1,0 +1,43 @@
+"""Shared fixtures: offline golden checkpoints and the figures table printed at the end of the run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import alpamayo  # noqa: F401  (sets MKL_CBWR before torch loads MKL)
+
+# Golden numbers are compared across libraries; keep the thread count fixed so runs are repeatable.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+_FIGURES: list[tuple[str, str]] = []
+
+
+@pytest.fixture
+def record_figure(request):
+    """record_figure("PCC", 0.9999) -> a row in the 'measured figures' table at the end of the run."""
+
+    def record(name: str, value: float | str) -> None:
+        text = f"{value:.10g}" if isinstance(value, float) else str(value)
+        _FIGURES.append((f"{request.node.name}: {name}", text))
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _FIGURES:
+        terminalreporter.section("measured figures")
+        width = max(len(k) for k, _ in _FIGURES)
+        for key, value in _FIGURES:
+            terminalreporter.write_line(f"{key:<{width}}  {value}")
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = torch.cuda.is_available()
+    for item in items:
+        if "cuda" in item.keywords and not cuda:
+            item.add_marker(pytest.mark.skipif(True, reason="no CUDA device on this machine"))

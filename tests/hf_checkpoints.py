@@ -1,0 +1,189 @@
+"""Small random-weight Qwen3-VL checkpoints built with `transformers` and `save_pretrained`, fully offline.
+
+These are the golden references of the test suite: the model under test loads the saved files, and the same
+`transformers` model (or a fresh `from_pretrained` of it) produces the expected numbers.
+
+Every parameter is re-initialised with a seeded generator: norm weights 1 + 0.1 N, biases 0.05 N, matrices
+N / sqrt(fan_in). transformers' defaults (norm weights 1, biases 0) would hide a missing norm or bias.
+The tokenizer is byte level (ids 0..255) plus the Qwen specials at 256..263, with a minimal Qwen3-VL chat
+template (images render as <|vision_start|><|image_pad|><|vision_end|>).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+TOKEN_IDS = {s: 256 + i for i, s in enumerate(SPECIALS)}
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}"
+    "{%- else %}{%- for item in message.content %}"
+    "{%- if item.type == 'image' or 'image' in item %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in item %}{{- item.text }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Vision tower used when a test does not care about vision: 2 blocks, DeepStack after both.
+SMALL_VISION = dict(
+    depth=2,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    in_channels=3,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[0, 1],
+    hidden_act="gelu_pytorch_tanh",
+)
+
+
+def text_config(**overrides: Any) -> dict[str, Any]:
+    """A small text config; `overrides` replace any field (e.g. heads, head_dim, rope_parameters)."""
+    cfg = dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="silu",
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        attention_bias=False,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 5_000_000.0,
+            "mrope_section": [4, 2, 2],
+            "mrope_interleaved": True,
+        },
+        bos_token_id=None,
+        eos_token_id=TOKEN_IDS["<|im_end|>"],
+        pad_token_id=TOKEN_IDS["<|endoftext|>"],
+    )
+    cfg.update(overrides)
+    return cfg
+
+
+def build_tokenizer():
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for s in SPECIALS:
+        vocab[s] = len(vocab)
+    tok = Qwen2Tokenizer(
+        vocab=vocab, merges=[], unk_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tok.add_special_tokens({"additional_special_tokens": SPECIALS[1:]})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@torch.no_grad()
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.ndim == 1 and "norm" in name and name.endswith("weight"):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+        elif p.ndim == 1:
+            p.copy_(0.05 * torch.randn(p.shape, generator=g))
+        else:
+            fan_in = p.shape[-1] if p.ndim != 5 else math.prod(p.shape[1:])
+            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+
+
+def hf_config(
+    text: dict[str, Any], vision: dict[str, Any] | None = None, tie: bool = False, moe: bool = False
+):
+    from transformers import Qwen3VLConfig, Qwen3VLMoeConfig
+
+    cls = Qwen3VLMoeConfig if moe else Qwen3VLConfig
+    vision = dict(vision or SMALL_VISION, out_hidden_size=text["hidden_size"])
+    return cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=TOKEN_IDS["<|image_pad|>"],
+        video_token_id=TOKEN_IDS["<|video_pad|>"],
+        vision_start_token_id=TOKEN_IDS["<|vision_start|>"],
+        vision_end_token_id=TOKEN_IDS["<|vision_end|>"],
+        tie_word_embeddings=tie,
+    )
+
+
+def save_checkpoint(
+    out_dir: Path,
+    text: dict[str, Any],
+    vision: dict[str, Any] | None = None,
+    tie: bool = False,
+    moe: bool = False,
+    seed: int = 0,
+) -> torch.nn.Module:
+    """Build, randomise and `save_pretrained` a Qwen3-VL(-MoE) model with tokenizer; returns the fp32 model."""
+    from transformers import Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration
+
+    cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
+    torch.manual_seed(seed)
+    model = cls(hf_config(text, vision, tie, moe))
+    randomize_(model, seed)
+    if tie:
+        model.tie_weights()
+    model.eval()
+    model.generation_config.eos_token_id = TOKEN_IDS["<|im_end|>"]
+    model.generation_config.pad_token_id = TOKEN_IDS["<|endoftext|>"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    build_tokenizer().save_pretrained(out_dir)
+    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return model
+
+
+def load_hf(directory: Path, dtype: torch.dtype = torch.float32, moe: bool = False) -> torch.nn.Module:
+    from transformers import Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration
+
+    cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
+    return cls.from_pretrained(directory, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any) -> list[int]:
+    """`generate` greedily for exactly n tokens with EOS stopping off (so no EOS masking changes the logits)."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(do_sample=False, max_new_tokens=n, pad_token_id=TOKEN_IDS["<|endoftext|>"])
+    saved_eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None  # generate() falls back to the model's EOS when ours is None
+    try:
+        model.model.rope_deltas = None
+        out = model.generate(
+            input_ids=ids.view(1, -1),
+            attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+            generation_config=gen,
+            **inputs,
+        )
+    finally:
+        model.generation_config.eos_token_id = saved_eos
+    tokens = out[0, ids.numel() :].tolist()
+    assert len(tokens) == n, f"generate() stopped after {len(tokens)} of {n} tokens"
+    return tokens

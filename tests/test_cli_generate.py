@@ -1,0 +1,76 @@
+"""`alpamayo generate` on a checkpoint saved by transformers, against transformers' own generate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from alpamayo.cli import main
+from tests.hf_checkpoints import build_tokenizer, save_checkpoint, text_config
+
+PROMPT = "Is the lane ahead clear?"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli")
+    hf = save_checkpoint(path, text_config(num_hidden_layers=3), seed=21)
+    return path, hf
+
+
+def test_generate_json_matches_transformers(checkpoint, capsys):
+    path, hf = checkpoint
+    assert (
+        main(["generate", "--checkpoint", str(path), "--prompt", PROMPT, "--max-new-tokens", "24", "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    tok = build_tokenizer()
+    expected_prompt = tok.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert out["prompt_token_ids"] == list(expected_prompt)
+    with torch.no_grad():
+        hf.model.rope_deltas = None
+        ids = torch.tensor([out["prompt_token_ids"]])
+        gen = hf.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False
+        )
+    assert out["token_ids"] == gen[0, ids.shape[1] :].tolist()
+    assert out["text"] == tok.decode(out["token_ids"], skip_special_tokens=True)
+
+
+def test_generate_prints_text_in_bfloat16(checkpoint, capsys):
+    path, _ = checkpoint
+    assert (
+        main(
+            [
+                "generate",
+                "--checkpoint",
+                str(path),
+                "--prompt",
+                PROMPT,
+                "--max-new-tokens",
+                "8",
+                "--dtype",
+                "bfloat16",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.endswith("\n")
+
+
+def test_console_script_reports_a_bad_checkpoint_clearly(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "alpamayo.cli", "generate", "--checkpoint", str(tmp_path), "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert f"alpamayo generate: error: {tmp_path / 'config.json'}: no config.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
