@@ -1,0 +1,117 @@
+"""Span tracer: every pipeline stage is timed into one `Tracer`, which exports a Chrome/Perfetto trace.
+
+Timestamps are `time.perf_counter_ns()` (monotonic) unless a span is recorded with explicit times (e.g. a
+camera's start-of-frame, for end-to-end age). One Chrome-trace track (tid) per stage name, because Perfetto
+requires slices on one track to nest and overlapping frames of different stages would not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+# Stage names used across the project, in pipeline order (the profile table and trace tracks follow it).
+STAGES = (
+    "receive",
+    "decode",
+    "preprocess",
+    "vision",
+    "prefill",
+    "reasoning_decode",
+    "trajectory_decode",
+    "rollout",
+    "serialise",
+    "publish",
+    "e2e_age",
+)
+
+
+@dataclass
+class Span:
+    """One timed stage: [start_ns, start_ns + dur_ns) on the perf_counter clock, with free-form args."""
+
+    name: str
+    start_ns: int
+    dur_ns: int
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ms(self) -> float:
+        return self.dur_ns / 1e6
+
+
+class Tracer:
+    """Thread-safe span recorder. A disabled tracer records nothing and costs one attribute check per span."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._spans: list[Span] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def span(self, name: str, **args: Any) -> Iterator[dict[str, Any]]:
+        """Time the body as stage `name`; the yielded dict can take more args while the body runs."""
+        start = time.perf_counter_ns()
+        try:
+            yield args
+        finally:
+            if self.enabled:
+                self.record(name, start, time.perf_counter_ns() - start, **args)
+
+    def record(self, name: str, start_ns: int, dur_ns: int, **args: Any) -> None:
+        """Add a span timed elsewhere (device timers, end-to-end age from a camera timestamp)."""
+        if not self.enabled:
+            return
+        if dur_ns < 0:
+            raise ValueError(f"span {name!r} has negative duration {dur_ns} ns")
+        with self._lock:
+            self._spans.append(Span(name, int(start_ns), int(dur_ns), dict(args)))
+
+    @property
+    def spans(self) -> list[Span]:
+        with self._lock:
+            return list(self._spans)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spans.clear()
+
+    def durations_ms(self, name: str) -> list[float]:
+        return [s.ms for s in self.spans if s.name == name]
+
+    def last_ms(self) -> dict[str, float]:
+        """Duration of the most recent span of each stage (per-prediction timings)."""
+        out: dict[str, float] = {}
+        for s in self.spans:
+            out[s.name] = s.ms
+        return out
+
+    def chrome_trace(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Chrome Trace Event JSON object (complete 'X' events, microseconds), one named track per stage."""
+        spans = self.spans
+        names = list(STAGES) + sorted({s.name for s in spans} - set(STAGES))
+        tid = {n: i + 1 for i, n in enumerate(names)}
+        origin = min((s.start_ns for s in spans), default=0)
+        events: list[dict[str, Any]] = [
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": tid[n], "args": {"name": n}}
+            for n in names
+            if any(s.name == n for s in spans)
+        ]
+        events += [
+            {
+                "ph": "X",
+                "name": s.name,
+                "cat": "stage",
+                "pid": 1,
+                "tid": tid[s.name],
+                "ts": (s.start_ns - origin) / 1e3,
+                "dur": max(s.dur_ns / 1e3, 0.001),
+                "args": s.args,
+            }
+            for s in sorted(spans, key=lambda s: s.start_ns)
+        ]
+        return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata or {}}

@@ -1,0 +1,57 @@
+"""The span tracer and its Chrome trace export."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from alpamayo.profiling import Tracer
+
+
+def test_spans_are_recorded_with_args_and_exported_one_track_per_stage():
+    tracer = Tracer()
+    with tracer.span("vision", camera=1) as args:
+        args["cached"] = False
+    with tracer.span("prefill"):
+        pass
+    tracer.record("e2e_age", 0, 5_000_000, frame_id=7)
+    trace = json.loads(json.dumps(tracer.chrome_trace({"backend": "torch"})))
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in events] == ["e2e_age", "vision", "prefill"]
+    assert {e["name"]: e["args"] for e in events}["vision"] == {"camera": 1, "cached": False}
+    tracks = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert len(set(tracks.values())) == 3
+    assert all(e["tid"] == tracks[e["name"]] and e["dur"] > 0 for e in events)
+    assert trace["metadata"] == {"backend": "torch"}
+    assert tracer.durations_ms("e2e_age") == [5.0]
+
+
+def test_disabled_tracer_records_nothing():
+    tracer = Tracer(enabled=False)
+    with tracer.span("decode"):
+        pass
+    tracer.record("publish", 0, 1)
+    assert tracer.spans == []
+
+
+def test_negative_duration_is_rejected():
+    with pytest.raises(ValueError, match="negative duration"):
+        Tracer().record("publish", 10, -1)
+
+
+def test_concurrent_recording_keeps_every_span():
+    tracer = Tracer()
+
+    def work():
+        for _ in range(500):
+            with tracer.span("receive"):
+                pass
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(tracer.durations_ms("receive")) == 2000
