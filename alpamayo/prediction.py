@@ -1,0 +1,61 @@
+"""Input and output types of one driving prediction, shared by the runtime, the ZeroMQ node and replay.
+
+Frames (SI units, Alpamayo conventions):
+  * ego frame at t0: x forward, y left, z up, metres; origin at the rear-axle centre on the ground;
+  * times are integer nanoseconds on the recording's (or vehicle's) monotonic clock;
+  * the trajectory has 64 waypoints at 10 Hz, t = 0.1 .. 6.4 s after t0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+HISTORY_STEPS = 16  # ego poses at 10 Hz ending at t0 (1.6 s)
+FUTURE_STEPS = 64  # waypoints at 10 Hz after t0 (6.4 s)
+FRAMES_PER_CAMERA = 4  # t0-0.3, -0.2, -0.1, 0 s
+DT_S = 0.1
+
+
+@dataclass(frozen=True)
+class EgoHistory:
+    """16 ego poses at 10 Hz, oldest first, the last one at t0, in any fixed world frame.
+
+    xyz [16, 3] metres; quat_xyzw [16, 4] unit quaternions (x, y, z, w) giving the ego->world rotation;
+    t_ns [16] strictly increasing. The runtime converts them to the t0 ego frame:
+    xyz_local = R_t0^-1 (xyz_world - xyz_t0).
+    """
+
+    xyz: np.ndarray
+    quat_xyzw: np.ndarray
+    t_ns: np.ndarray
+
+
+@dataclass
+class TrajectorySample:
+    """One sampled (reasoning, trajectory) pair."""
+
+    reasoning: str  # chain-of-causation text between <|cot_start|> and <|cot_end|>
+    reasoning_token_ids: list[int]
+    token_ids: list[int]  # the 128 future-trajectory token ids, checkpoint vocabulary
+    actions: np.ndarray  # [64, 2] float64: acceleration m/s^2, curvature 1/m
+    xyz: np.ndarray  # [64, 3] float64 metres, t0 ego frame
+    heading: np.ndarray  # [64] float64 rad, yaw in the t0 ego frame
+    reasoning_capped: bool = False  # the reasoning hit its length cap and <|traj_future_start|> was forced
+
+
+@dataclass
+class Prediction:
+    """Result of `AlpamayoVLA.predict`: one or more samples sharing one prefill, with per-stage timings."""
+
+    samples: list[TrajectorySample]
+    t_s: np.ndarray = field(
+        default_factory=lambda: DT_S * np.arange(1, FUTURE_STEPS + 1)
+    )  # [64] seconds after t0
+    timings_ms: dict[str, float] = field(default_factory=dict)  # stage name (alpamayo.profiling.STAGES) -> ms
+
+    @property
+    def best(self) -> TrajectorySample:
+        """The first sample (the greedy one when decoding greedily)."""
+        return self.samples[0]
