@@ -8,7 +8,9 @@ Frames (SI units, Alpamayo conventions):
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -59,3 +61,22 @@ class Prediction:
     def best(self) -> TrajectorySample:
         """The first sample (the greedy one when decoding greedily)."""
         return self.samples[0]
+
+
+class Predictor(Protocol):
+    """What the node and replay call once per tick (implemented by `AlpamayoVLA`).
+
+    frames: camera index -> 4 HxWx3 uint8 RGB frames, oldest first (t0-0.3 .. t0 s);
+    frame_times_ns: the same layout with each frame's start-of-frame time, used to cache per-frame vision
+    features (only new frames are encoded at each tick); route: optional navigation text.
+    """
+
+    def predict(
+        self,
+        frames: Mapping[int, Sequence[np.ndarray]],
+        ego_history: EgoHistory,
+        route: str | None = None,
+        num_samples: int = 1,
+        seed: int | None = None,
+        frame_times_ns: Mapping[int, Sequence[int]] | None = None,
+    ) -> Prediction: ...
