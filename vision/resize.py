@@ -56,7 +56,7 @@ def _readonly_tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def resize(image: np.ndarray, target: tuple[int, int], resample: int) -> torch.Tensor:
+def resize(image: np.ndarray, target: tuple[int, int], resample: int) -> np.ndarray:
     """uint8 [H, W, 3] (channels independent, any order) -> uint8 [3, h, w] for `target` = (h, w).
 
     Returns a view of `image` when the size already matches (Pillow copies the pixels unchanged).
@@ -65,13 +65,13 @@ def resize(image: np.ndarray, target: tuple[int, int], resample: int) -> torch.T
         raise ValueError(f"resample must be a PIL filter id in {sorted(PIL_FILTERS)}, got {resample}")
     size = image.shape[:2]
     if tuple(size) == tuple(target):
-        return _readonly_tensor(image).permute(2, 0, 1)
+        return image.transpose(2, 0, 1)
     if not uses_fast_path(size, target, resample):
         resized = Image.fromarray(np.ascontiguousarray(image)).resize(target[::-1], resample=resample)
-        return torch.from_numpy(np.array(resized)).permute(2, 0, 1)
+        return np.asarray(resized).transpose(2, 0, 1)
     x = _readonly_tensor(image).permute(2, 0, 1).unsqueeze(0)  # [1, 3, H, W], channels-last memory
     mode = TORCH_MODES[resample]
     if _vertical_first(size, target):
         x = F.interpolate(x, size=(target[0], size[1]), mode=mode, antialias=True)
     # torch's 2-D kernel runs the horizontal pass first, as Pillow does in every other case
-    return F.interpolate(x, size=target, mode=mode, antialias=True)[0]
+    return F.interpolate(x, size=target, mode=mode, antialias=True)[0].numpy()
