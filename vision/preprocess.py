@@ -34,6 +34,7 @@ from vision.resize import PIL_FILTERS, resize
 PREPROCESSOR_FILE = "preprocessor_config.json"
 MAX_ASPECT_RATIO = 200
 CHANNEL_ORDERS = ("RGB", "BGR")
+ImageInput = np.ndarray | Image.Image
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class PreprocessConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = PREPROCESSOR_FILE) -> PreprocessConfig:
+        """Parse the JSON object of a `preprocessor_config.json`; errors name `source` and the field."""
         f = _Fields(raw, "", source)
         d = cls()
         if not f.bool("do_resize", True):
@@ -146,13 +148,10 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-ImageInput = np.ndarray | Image.Image
-
-
 def _as_rgb_array(image: ImageInput, index: int) -> np.ndarray:
     """uint8 [H, W, 3] in the caller's channel order (PIL images become RGB, transparency over white)."""
     if isinstance(image, Image.Image):
-        if "A" in image.getbands() or "transparency" in image.info:
+        if "A" in image.getbands() or image.info.get("transparency") is not None:
             rgba = image.convert("RGBA")
             white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
             image = Image.alpha_composite(white, rgba)
