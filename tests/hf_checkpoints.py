@@ -187,3 +187,45 @@ def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any) 
     tokens = out[0, ids.numel() :].tolist()
     assert len(tokens) == n, f"generate() stopped after {len(tokens)} of {n} tokens"
     return tokens
+
+
+# Qwen3-VL's published preprocessor_config.json values (transformers' class defaults are Qwen2-VL's).
+QWEN3VL_PREPROCESSOR = dict(
+    patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=3
+)
+
+
+def hf_image_processor(min_pixels: int = 65536, max_pixels: int = 16777216):
+    """transformers' PIL-backend Qwen2-VL image processor (the one Qwen3-VL uses) with Qwen3-VL's values."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(**QWEN3VL_PREPROCESSOR, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def save_preprocessor_config(out_dir: Path, min_pixels: int, max_pixels: int) -> None:
+    """Write preprocessor_config.json with transformers' own writer (`size: {shortest_edge, longest_edge}`)."""
+    hf_image_processor(min_pixels, max_pixels).save_pretrained(out_dir)
+
+
+def hf_multimodal_inputs(tokenizer, processor, images: list, prompt: str) -> dict[str, torch.Tensor]:
+    """transformers' reference inputs for a user turn with `images` first, then `prompt`.
+
+    Qwen3VLProcessor cannot be built here (its video processor needs torchvision), so its two steps are
+    reproduced as it documents them: each `<|image_pad|>` becomes grid.prod() // merge^2 pads
+    (`replace_image_token`) and `mm_token_type_ids` is 1 exactly at the pads.
+    """
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt}]
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    vision = processor(images=images, return_tensors="pt")
+    pad = "<|image_pad|>"
+    for grid in vision["image_grid_thw"]:
+        text = text.replace(pad, "\0" * (int(grid.prod()) // processor.merge_size**2), 1)
+    ids = torch.tensor(tokenizer(text.replace("\0", pad), add_special_tokens=False)["input_ids"])
+    return {
+        "ids": ids,
+        "pixel_values": vision["pixel_values"],
+        "image_grid_thw": vision["image_grid_thw"],
+        "mm_token_type_ids": (ids == TOKEN_IDS[pad]).to(torch.int32).view(1, -1),
+    }
