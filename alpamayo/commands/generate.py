@@ -7,10 +7,9 @@ import json
 
 import torch
 
-from alpamayo.commands.common import DTYPES, add_model_args, resolve_device
+from alpamayo.commands.common import add_model_args, text_model
 from alpamayo.config import load_config
 from alpamayo.generation import greedy_continue
-from alpamayo.text import TextModel
 from alpamayo.tokenizer import chat_prompt_ids, load_tokenizer
 
 
@@ -31,10 +30,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.checkpoint)
     tokenizer = load_tokenizer(args.checkpoint)
     prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}])
-    model = TextModel.from_checkpoint(args.checkpoint, cfg, DTYPES[args.dtype], resolve_device(args.device))
-    model.setup_cache(len(prompt) + args.max_new_tokens)
-    logits = model.prefill(torch.tensor(prompt))
-    tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
+    with text_model(args, cfg, len(prompt) + args.max_new_tokens) as model:
+        logits = model.prefill(torch.tensor(prompt))
+        tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     if args.json:
         print(json.dumps({"prompt_token_ids": prompt, "token_ids": tokens, "text": text}))
