@@ -270,13 +270,13 @@ class TTTextModel:
     def _fill_cache(self, cache: Any, x: Any, padded_len: int) -> None:
         """cache[0, :, :Lp] = x ([1, n_kv, Lp, head_dim]) through a height-sharded copy of x."""
         ttnn, t = self.ttnn, self.text_cfg
-        if x.dtype != cache.dtype:
-            x = ttnn.typecast(x, cache.dtype)  # fill_cache copies raw tiles: dtypes must match
+        cast = x.dtype != cache.dtype
+        src = ttnn.typecast(x, cache.dtype) if cast else x  # fill_cache copies raw tiles: dtypes must match
         grid = self.plan.kv_fill_grid(padded_len)
         rows = t.num_key_value_heads * padded_len // grid.cores
-        xs = ttnn.interleaved_to_sharded(x, cfgs.height_sharded(ttnn, rows, t.head_dim, grid))
+        xs = ttnn.interleaved_to_sharded(src, cfgs.height_sharded(ttnn, rows, t.head_dim, grid))
         ttnn.fill_cache(cache, xs, 0)
-        self._free(xs)
+        self._free(xs, *([src] if cast else []))
 
     def _layer_prefill(self, i: int, h: Any, cos: Any, sin: Any, padded_len: int) -> Any:
         """One decoder layer on h [1, 1, Lp, H] (freed); fills K/V rows [0, Lp) of layer i."""
