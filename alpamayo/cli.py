@@ -11,6 +11,10 @@ from alpamayo.errors import CheckpointError, ConfigError
 
 COMMANDS = [
     "alpamayo.commands.generate",
+    "alpamayo.commands.serve",
+    "alpamayo.commands.camera_sim",
+    "alpamayo.commands.node_ctl",
+    "alpamayo.commands.curve_keys",
 ]
 
 

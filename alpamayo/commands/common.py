@@ -6,6 +6,8 @@ import argparse
 
 import torch
 
+from bridges.sockets import CurveClientKeys
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -22,3 +24,17 @@ def resolve_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device {name}: supported devices are cpu and cuda")
     return device
+
+
+def add_curve_client_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--curve-key", help="CURVE: this client's NAME.key_secret file (enables CURVE)")
+    parser.add_argument("--curve-server-key", help="CURVE: the node's public NAME.key file")
+
+
+def curve_client_keys(args: argparse.Namespace) -> CurveClientKeys | None:
+    """The CURVE client keys named by --curve-key/--curve-server-key, or None when CURVE is off."""
+    if (args.curve_key is None) != (args.curve_server_key is None):
+        raise ValueError("--curve-key and --curve-server-key must be given together")
+    if args.curve_key is None:
+        return None
+    return CurveClientKeys.from_files(args.curve_key, args.curve_server_key)
