@@ -29,7 +29,8 @@ ClientT = TypeVar("ClientT", bound="_Client")
 
 
 class _Client:
-    """One socket of kind KIND with the project's options (plus OPTIONS), bound or connected."""
+    """One socket of kind KIND with the project's options (plus OPTIONS), bound or connected; `hwm` overrides
+    the high-water mark (messages queued per peer)."""
 
     KIND: int
     OPTIONS: ClassVar[dict[str, Any]] = {}
@@ -40,8 +41,10 @@ class _Client:
         bind: bool = False,
         curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
+        hwm: int | None = None,
     ):
-        self._sock = make_socket(ctx or zmq.Context.instance(), self.KIND, **self.OPTIONS)
+        options = self.OPTIONS if hwm is None else {**self.OPTIONS, "hwm": hwm}
+        self._sock = make_socket(ctx or zmq.Context.instance(), self.KIND, **options)
         if curve is not None:
             curve.apply(self._sock)
         self._configure()

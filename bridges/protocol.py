@@ -157,11 +157,13 @@ def decode_message(buf: bytes | memoryview, limits: Limits, cameras: CameraTable
         )
     header, offset = unpack_header(view)
     payload = view[offset:]
-    kind = header.get("kind")
+    if "kind" not in header:
+        raise ProtocolError("missing_field", "header lacks field 'kind' (one of: frame, ego)")
+    kind = header["kind"]
+    if not isinstance(kind, str):
+        raise ProtocolError("wrong_type", f"field 'kind' must be a str, got {_kind(kind)}")
     if kind not in KINDS:
-        if "kind" in header and not isinstance(kind, str):
-            raise ProtocolError("wrong_type", f"field 'kind' must be a str, got {_kind(kind)}")
-        raise ProtocolError("out_of_range" if "kind" in header else "missing_field", _kind_message(kind))
+        raise ProtocolError("out_of_range", f"kind {kind!r} is not one of: frame, ego")
     _check_fields(header, KINDS[kind], kind)
     version = _int(header, "v", 0, U32_MAX)
     if version != PROTOCOL_VERSION:
@@ -306,12 +308,6 @@ def _floats(header: Mapping[str, Any], name: str, n: int, bound: float) -> np.nd
 
 def _kind(value: object) -> str:
     return "nil" if value is None else type(value).__name__
-
-
-def _kind_message(kind: object) -> str:
-    if kind is None:
-        return "header lacks field 'kind' (one of: frame, ego)"
-    return f"kind {kind!r} is not one of: frame, ego"
 
 
 # ----------------------------------------------------------------------------------------------- encoding
