@@ -28,7 +28,7 @@ PROTOCOL_VERSION = 1
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
 CHANNELS = 3  # rgb8 and bgr8 are 3 bytes per pixel; a JPEG must decode to RGB
 MAX_HEADER_BYTES = 1024  # a v1 frame header packs to about 130 bytes
-MAX_ROW_PADDING = 4096  # stride may exceed width*3 by this much (row alignment of camera drivers)
+MAX_ROW_PADDING = 1024  # stride may exceed width*3 by this much (camera drivers align rows to <= 1 KiB)
 MAX_EXPOSURE_NS = 1_000_000_000  # t_eof - t_sof: exposure plus readout, at most 1 s
 MAX_POSITION_M = 1e8  # |x|, |y|, |z| of an ego pose (covers UTM and ECEF world frames)
 MAX_SPEED_MPS = 150.0  # |vx|, |vy|, |vz|
