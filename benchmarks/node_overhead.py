@@ -9,6 +9,8 @@ share an interpreter.
    payload to an RGB array, ring update); per tick `window` (assembly), `serialise` and `publish`; the
    per-tick total is 4 x (receive + decode) + window + serialise + publish. Also the node process's CPU time
    per tick (all its threads: ZeroMQ I/O, intake, predict). The first window is warm-up and excluded.
+   `vision.preprocess` of the 4 new frames (resize to 320x576, normalise, patchify) is timed separately: the
+   runtime does it inside `predict`, but it is host work of every tick.
 2. Sustained ingest: the sender's rate is stepped up; for each step the node's lost frames (frame_id gaps:
    dropped at a PUB high-water mark or never sent) and the MB/s it received. The highest step with no lost
    frame is the sustained ingest rate (bounded by the sender when it cannot reach its rate).
@@ -24,11 +26,13 @@ import multiprocessing
 import statistics
 import time
 
+from alpamayo.demo_checkpoint import MAX_PIXELS, MIN_PIXELS
 from alpamayo.profiling import Tracer
-from bridges.camera_sim import CameraSim, SimStats
+from bridges.camera_sim import CameraSim, SimStats, SyntheticCamera
 from bridges.client import ControlClient, FramePublisher
 from bridges.config import DEFAULT_CAMERAS, NodeConfig
 from bridges.node import InferenceNode
+from vision.preprocess import PreprocessConfig, preprocess_images
 
 LOOPBACK = "tcp://127.0.0.1:*"
 
@@ -114,6 +118,19 @@ def overhead(args: argparse.Namespace) -> dict:
     }
 
 
+def preprocess(args: argparse.Namespace) -> dict[str, float]:
+    """`vision.preprocess` of one tick's 4 new frames (the host part of the model call, done in `predict`)."""
+    frames = [SyntheticCamera(i, args.width, args.height).render(0.0) for i in range(len(DEFAULT_CAMERAS))]
+    cfg = PreprocessConfig(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)  # Alpamayo's: 1080x1920 -> 320x576
+    preprocess_images(frames, cfg)  # warm-up: resize tables
+    times = []
+    for _ in range(args.preprocess_reps):
+        start = time.perf_counter()
+        preprocess_images(frames, cfg)
+        times.append((time.perf_counter() - start) * 1e3)
+    return stats_ms(times)
+
+
 def ingest(args: argparse.Namespace) -> list[dict]:
     steps = []
     for rate in (float(r) for r in args.rates.split(",")):
@@ -154,11 +171,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="duration of the 10 Hz overhead run")
     p.add_argument("--rates", default="10,20,40,80", help="sender rates per camera for the ingest ramp")
     p.add_argument("--step-seconds", type=float, default=5.0)
+    p.add_argument("--preprocess-reps", type=int, default=20)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
-    result = {"overhead": overhead(args), "ingest": ingest(args)}
-    o = result["overhead"]
+    result = {"overhead": overhead(args), "preprocess_ms": preprocess(args), "ingest": ingest(args)}
+    o, pre = result["overhead"], result["preprocess_ms"]
     print(
         f"## Node overhead per tick: 4 cameras {args.width}x{args.height} {args.encoding} at 10 Hz, model excluded"
     )
@@ -171,6 +189,11 @@ def main() -> None:
         f"per tick: {o['per_tick_ms']:.2f} ms of stage time (4 x (receive + decode) + window + serialise + "
         f"publish), {o['cpu_ms_per_tick']:.1f} ms CPU (all node threads), "
         f"{o['cpu_percent_of_one_core']:.0f}% of one core; {o['windows']} windows, {o['lost_frames']} lost frames"
+    )
+    print(
+        f"vision preprocess of the 4 new frames (inside predict): mean {pre['mean']:.1f} ms, p90 {pre['p90']:.1f}, "
+        f"max {pre['max']:.1f} ({pre['n']} reps); node + preprocess per tick: {o['per_tick_ms'] + pre['mean']:.1f} ms"
+        " of the 100 ms period"
     )
     print("\n## Sustained ingest without drops (loopback TCP)")
     print("| rate/camera Hz | offered MB/s | sent MB/s | received MB/s | lost frames | sender |")
