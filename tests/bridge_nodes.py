@@ -13,6 +13,7 @@ from alpamayo.profiling import Tracer
 from bridges.client import ControlClient, FramePublisher, TrajectorySubscriber
 from bridges.config import NodeConfig
 from bridges.node import InferenceNode
+from bridges.protocol import TrajectoryMessage
 from bridges.sockets import CurveClientKeys
 
 CAMERAS = {"left": 0, "front": 1}
@@ -45,6 +46,11 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(0.01)
+
+
+def answering_window(msg: TrajectoryMessage | None) -> TrajectoryMessage | None:
+    """The output if it answers a window (outputs before the first window report missing inputs)."""
+    return msg if msg is not None and msg.t0_ns is not None else None
 
 
 @dataclass

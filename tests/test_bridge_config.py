@@ -1,4 +1,4 @@
-"""The node's YAML config: defaults, file, overrides, and errors that name the key, value and allowed range."""
+"""The node's YAML config: defaults, file, overrides, errors naming the key, value and allowed range."""
 
 from __future__ import annotations
 

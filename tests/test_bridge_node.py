@@ -11,7 +11,7 @@ from bridges.client import ControlClient, FramePublisher
 from bridges.node import NO_MODEL, InferenceNode
 from bridges.protocol import encode_ego, encode_frame
 from bridges.sockets import CurveClientKeys, create_keys
-from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, node_config, running_node, wait_until
+from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
 
 IMAGE = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
 
@@ -20,7 +20,9 @@ def test_intake_only_node_answers_each_window_with_the_frames_it_used():
     with running_node(None, node_config()) as c:
         stats = CameraSim(c.publisher, list(CAMERAS), WIDTH, HEIGHT, speedup=10).run(ticks=20)
         assert stats.frames == 40
-        msg = wait_until(lambda: _answer(c.subscriber.recv(1.0)), 5.0, "an output answering a window")
+        msg = wait_until(
+            lambda: answering_window(c.subscriber.recv(1.0)), 5.0, "an output answering a window"
+        )
         assert msg.valid is False and msg.invalid_reasons == [NO_MODEL]
         assert [w.name for w in msg.cameras] == ["left", "front"]
         ids = msg.cameras[0].frame_ids
@@ -33,11 +35,6 @@ def test_intake_only_node_answers_each_window_with_the_frames_it_used():
         counters = status["counters"]
         assert (counters["messages"], counters["frames_accepted"], counters["ego_accepted"]) == (60, 40, 20)
         assert counters["rejected_total"] == 0
-
-
-def _answer(msg):
-    """Outputs before the first window say the inputs are missing; keep those answering a window."""
-    return msg if msg is not None and msg.t0_ns is not None else None
 
 
 def test_control_reset_and_shutdown_and_bad_requests():

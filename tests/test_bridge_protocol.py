@@ -1,4 +1,4 @@
-"""The node's wire protocol: every documented field round-trips, every bad input gets its precise rejection."""
+"""The node's wire protocol: each documented field round-trips, each bad input gets its precise rejection."""
 
 from __future__ import annotations
 
