@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +65,8 @@ MAXMSGSIZE_FACTOR = 1.5
 @dataclass
 class NodeCounters:
     """Cumulative node counts. Every input message is either accepted (frame or ego) or rejected by reason:
-    messages == frames_accepted + ego_accepted + rejected_total."""
+    messages == frames_accepted + ego_accepted + rejected_total (a message whose processing raised an
+    unexpected exception is counted in internal_errors instead)."""
 
     messages: int = 0
     frames_accepted: int = 0
@@ -77,6 +80,7 @@ class NodeCounters:
     input_disconnects: int = 0  # peers dropped by libzmq, including those over ZMQ_MAXMSGSIZE
     auth_failures: int = 0  # CURVE handshakes refused (key not on the allow-list)
     control_requests: int = 0
+    internal_errors: int = 0  # unexpected exceptions in a node thread (bugs); logged with their traceback
 
     def as_dict(self) -> dict[str, Any]:
         return {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self).items()}
@@ -101,7 +105,7 @@ class InferenceNode:
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
         self._seq = 0
-        self._started_at = time.monotonic()
+        self._started_at = 0.0
         self._stopping = threading.Event()
         self._shutdown_requested = threading.Event()
         self._new_input = threading.Event()
@@ -114,6 +118,7 @@ class InferenceNode:
     def start(self) -> InferenceNode:
         """Create and bind/connect the sockets, then start the intake and predict threads."""
         cfg, timing = self.config, self.config.timing
+        self._started_at = time.monotonic()
         ctx = self._ctx = zmq.Context()
         if cfg.curve is not None:
             try:
@@ -260,7 +265,8 @@ class InferenceNode:
                 return
             recv_ns = time.perf_counter_ns()
             self.tracer.record("receive", start, recv_ns - start, bytes=len(frame))
-            self.ingest(frame.buffer, recv_ns)
+            with self._guard("intake"):
+                self.ingest(frame.buffer, recv_ns)
 
     def _count_monitor_event(self, monitor: zmq.Socket) -> None:
         event = recv_monitor_message(monitor)["event"]
@@ -279,7 +285,9 @@ class InferenceNode:
                 return
             with self._lock:
                 self.counters.control_requests += 1
-            reply = self.control_reply(frames[-1])
+            reply = {"ok": False, "error": "internal error, see the node's log"}
+            with self._guard("control"):
+                reply = self.control_reply(frames[-1])
             control.send_multipart([*frames[:-1], msgpack.packb(reply, use_bin_type=True)])
 
     def control_reply(self, body: bytes) -> dict[str, Any]:
@@ -348,17 +356,35 @@ class InferenceNode:
             self._new_input.clear()
             if self._stopping.is_set():
                 return
-            start = time.perf_counter_ns()
-            window = self.state.take_window(start)
-            window_ms = (time.perf_counter_ns() - start) / 1e6
-            if window is not None:
-                self.tracer.record("window", start, time.perf_counter_ns() - start, t0_ns=window.t0_ns)
-                self._predict(window, window_ms)
-            else:
-                stale = self.state.stale_reasons(start)
-                if stale and start - last_invalid_ns >= self.period_ns:
-                    last_invalid_ns = start
-                    self._publish(self._message(None, False, stale), None)
+            with self._guard("predict"):
+                last_invalid_ns = self._tick(last_invalid_ns)
+
+    def _tick(self, last_invalid_ns: int) -> int:
+        """Predict on a new window, or report stale inputs once a period; returns when it last reported."""
+        start = time.perf_counter_ns()
+        window = self.state.take_window(start)
+        window_ms = (time.perf_counter_ns() - start) / 1e6
+        if window is not None:
+            self.tracer.record("window", start, time.perf_counter_ns() - start, t0_ns=window.t0_ns)
+            self._predict(window, window_ms)
+            return last_invalid_ns
+        stale = self.state.stale_reasons(start)
+        if stale and start - last_invalid_ns >= self.period_ns:
+            self._publish(self._message(None, False, stale), None)
+            return start
+        return last_invalid_ns
+
+    @contextmanager
+    def _guard(self, where: str) -> Iterator[None]:
+        """Keep a node thread alive through an unexpected exception (a bug): it is logged with its traceback,
+        counted in `internal_errors` and reported as the last error, and the thread carries on."""
+        try:
+            yield
+        except Exception as e:
+            log.exception("internal error in the %s thread", where)
+            self._record_error("internal", f"{where}: {type(e).__name__}: {e}")
+            with self._lock:
+                self.counters.internal_errors += 1
 
     def _warm_up(self) -> None:
         """Predictions on mid-grey frames and a straight 10 m/s drive; no frame_times_ns, so nothing is cached."""
@@ -404,6 +430,12 @@ class InferenceNode:
         start = time.perf_counter()
         try:
             prediction = self._call_predictor(window.frames, window.ego, window.frame_times_ns)
+            best = prediction.best
+            xyz, heading = np.asarray(best.xyz, np.float64), np.asarray(best.heading, np.float64)
+            if xyz.shape != (len(prediction.t_s), 3) or heading.shape != (len(prediction.t_s),):
+                raise ValueError(
+                    f"waypoints {list(xyz.shape)}, heading {list(heading.shape)} for {len(prediction.t_s)} times"
+                )
         except Exception as e:  # one bad window must not stop the node; it is reported and published
             message = f"prediction failed: {type(e).__name__}: {e}"
             self._record_error("prediction", message)
@@ -412,18 +444,17 @@ class InferenceNode:
             self._publish(self._message(window, False, [message]), window)
             return
         model_ms = (time.perf_counter() - start) * 1e3
-        best = prediction.best
         reasons = self.state.stale_reasons(time.perf_counter_ns())
         age_ms = (time.perf_counter_ns() - window.recv_ns) / 1e6
         if age_ms > self.config.timing.stale_after_ms:
             reasons.append(f"frame age {age_ms:.0f} ms exceeds {self.config.timing.stale_after_ms:.0f} ms")
-        if not (np.isfinite(best.xyz).all() and np.isfinite(best.heading).all()):
+        if not (np.isfinite(xyz).all() and np.isfinite(heading).all()):
             reasons.append("trajectory has non-finite waypoints")
         msg = self._message(window, not reasons, reasons)
         msg.token_ids = [int(t) for t in best.token_ids]
         msg.t = [float(v) for v in prediction.t_s]
-        msg.x, msg.y, msg.z = (best.xyz[:, k].astype(float).tolist() for k in range(3))
-        msg.heading = best.heading.astype(float).tolist()
+        msg.x, msg.y, msg.z = (xyz[:, k].tolist() for k in range(3))
+        msg.heading = heading.tolist()
         msg.reasoning = best.reasoning
         msg.model_execution_ms = model_ms
         msg.timings_ms = {"decode": window.decode_ms, "window": window_ms, **prediction.timings_ms}

@@ -101,6 +101,28 @@ def test_curve_admits_allow_listed_clients_only(tmp_path):
         assert c.control.status()["ok"]
 
 
+def test_an_unexpected_exception_is_counted_and_the_threads_carry_on(monkeypatch):
+    with running_node(None, node_config()) as c:
+        accept = c.node.state.accept
+        calls = []
+
+        def fail_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("injected fault")
+            return accept(*args, **kwargs)
+
+        monkeypatch.setattr(c.node.state, "accept", fail_once)
+        c.publisher.send(encode_ego(1, [0, 0, 0], [0, 0, 0, 1]))
+        c.publisher.send(encode_ego(2, [0, 0, 0], [0, 0, 0, 1]))
+        wait_until(lambda: c.counters()["ego_accepted"] == 1, 5.0, "the second pose")
+        status = c.control.status()
+        assert status["alive"] and status["counters"]["internal_errors"] == 1
+        assert status["last_error"]["message"] == "intake: RuntimeError: injected fault"
+        monkeypatch.setattr(c.node, "control_reply", lambda body: 1 / 0)
+        assert c.control.status() == {"ok": False, "error": "internal error, see the node's log"}
+
+
 def test_start_fails_cleanly_on_a_taken_port():
     with running_node(None, node_config()) as c:
         taken = c.node.endpoints["control"]
