@@ -105,6 +105,7 @@ class InferenceNode:
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
         self._seq = 0
+        self._predictor_epoch = 0
         self._started_at = 0.0
         self._stopping = threading.Event()
         self._shutdown_requested = threading.Event()
@@ -427,6 +428,9 @@ class InferenceNode:
         if self.predictor is None:
             self._publish(self._message(window, False, [NO_MODEL]), window)
             return
+        if window.epoch != self._predictor_epoch:
+            self.predictor.reset()  # streams restarted: cached per-frame features may share times with new frames
+            self._predictor_epoch = window.epoch
         start = time.perf_counter()
         try:
             prediction = self._call_predictor(window.frames, window.ego, window.frame_times_ns)

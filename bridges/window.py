@@ -79,6 +79,7 @@ class Window:
     recv_ns: int  # arrival of the earliest-arriving t0 frame (frame age is measured from it)
     ticks_dropped: int  # 10 Hz slots skipped since the previous window
     decode_ms: float  # node time spent decoding this window's newest frames
+    epoch: int  # InputState.epoch when taken: a change means the streams restarted since the last window
 
 
 class InputState:
@@ -100,6 +101,7 @@ class InputState:
         self._drops: deque[tuple[int, int]] = deque()  # (taken at, ticks dropped before it), DROP_WINDOW_NS
         self.ticks_dropped = 0
         self.waiting_for = "no frames yet"  # why take_window last returned None
+        self.epoch = 0  # incremented when any stream restarts or on reset(): frame times may repeat after it
 
     # ------------------------------------------------------------------------------------------ intake
     def accept(self, message: CameraFrame | EgoPose, recv_ns: int, decode_ms: float = 0.0) -> None:
@@ -137,6 +139,7 @@ class InputState:
                 ego.poses.clear()
                 ego.counters.restarts += 1
                 self._last_t0 = None
+                self.epoch += 1
             else:
                 _check_order("ego", (("t_ns", pose.t_ns, ego.poses[-1].t_ns),))
         ego.poses.append(pose)
@@ -153,6 +156,7 @@ class InputState:
             self._drop(track, track.ring.popleft())
         track.counters.restarts += 1
         self._last_t0 = None  # the restarted stream's clock may have been reset: windows start afresh
+        self.epoch += 1
 
     def _evict(self, track: CameraTrack) -> None:
         """Frames beyond the ring size, or too old for any window after the last one taken, are dropped.
@@ -244,6 +248,7 @@ class InputState:
             recv_ns=min(stored[-1].recv_ns for stored in slots.values()),
             ticks_dropped=ticks,
             decode_ms=sum(stored[-1].decode_ms for stored in slots.values()),
+            epoch=self.epoch,
         )
 
     def _ego_history(self, t0: int) -> EgoHistory | None:
@@ -304,6 +309,7 @@ class InputState:
             self._ego.last_recv_ns = None
             self._last_t0 = None
             self._drops.clear()
+            self.epoch += 1
 
     def snapshot(self, now_ns: int) -> dict[str, dict]:
         """Per-stream counters and freshness for `status`."""

@@ -182,6 +182,7 @@ def test_a_camera_that_stops_and_restarts_is_recovered_and_staleness_is_reported
     feed(s, 1.6, start=-T_BASE + 1, recv_shift=T_BASE + 2600 * MS)
     restarted = s.snapshot(0)
     assert restarted["left"]["restarts"] == 1 and restarted["ego"]["restarts"] == 1
+    assert s.epoch == 3  # two cameras and the ego stream restarted
     w = s.take_window(now_ns=0)
     assert w is not None and w.t0_ns == 1 + 1500 * MS and w.ticks_dropped == 0
 
@@ -201,6 +202,7 @@ def test_reset_forgets_frames_and_poses_but_keeps_counts():
     snap = s.snapshot(0)
     assert snap["left"]["buffered"] == 0 and snap["left"]["accepted"] == 10 and snap["ego"]["buffered"] == 0
     assert s.stale_reasons(0)[0] == "camera 'left': nothing received yet"
+    assert s.epoch == 1
     feed(s, 1.6)  # same frame ids and times again: accepted after a reset
     assert s.take_window(now_ns=0) is not None
 
