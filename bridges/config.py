@@ -54,11 +54,28 @@ class ModelSection:
     route: str | None = None  # navigation text passed to every prediction
     num_samples: int = 1
     seed: int | None = None
+    temperature: float = 0.0  # 0 = greedy; Alpamayo samples its reasoning at 0.6
+    top_p: float = 1.0
+    max_reasoning_tokens: int = 256  # after this many, <|traj_future_start|> is forced
 
     def __post_init__(self) -> None:
         _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
         _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
         _check(1 <= self.num_samples <= 64, "model.num_samples", self.num_samples, "1..64")
+        _check(0 <= self.temperature <= 10, "model.temperature", self.temperature, "0 (greedy) .. 10")
+        _check(0 < self.top_p <= 1, "model.top_p", self.top_p, "(0, 1]")
+        _check(
+            1 <= self.max_reasoning_tokens <= 4096,
+            "model.max_reasoning_tokens",
+            self.max_reasoning_tokens,
+            "1..4096",
+        )
+        _check(
+            self.num_samples == 1 or self.temperature > 0,
+            "model.num_samples",
+            self.num_samples,
+            "1 with greedy decoding (set model.temperature > 0 to draw several samples)",
+        )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import sys
 import yaml
 
 from alpamayo.commands.common import DTYPES
-from alpamayo.prediction import Predictor
+from alpamayo.generation import Sampling
+from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config
 from bridges.node import InferenceNode
 
@@ -78,10 +79,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_model(config: NodeConfig) -> Predictor:
-    from alpamayo.runtime import AlpamayoVLA
-
+def load_model(config: NodeConfig) -> AlpamayoVLA:
     m = config.model
     return AlpamayoVLA.from_checkpoint(
-        m.checkpoint, backend=m.backend, device=m.device, dtype=DTYPES[m.dtype]
+        m.checkpoint,
+        backend=m.backend,
+        device=m.device,
+        dtype=m.dtype,
+        sampling=Sampling(m.temperature, m.top_p),
+        max_reasoning_tokens=m.max_reasoning_tokens,
     )
