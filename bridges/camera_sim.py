@@ -113,9 +113,9 @@ class SimStats:
 
 class CameraSim:
     """Publishes, per tick at `rate_hz`: one ego pose, then one frame per camera, all stamped with the tick's
-    sensor time (frame_id = first_frame_id + tick). Sensor time is this host's monotonic clock at the start
-    plus tick / rate_hz; with `speedup` > 1 ticks are sent that many times faster than sensor time advances
-    (a recording replayed fast, or a camera outpacing the model)."""
+    sensor time (frame_id = first_frame_id + tick). Sensor time is the start time (this host's monotonic
+    clock unless given) plus tick / rate_hz; with `speedup` > 1 ticks are sent that many times faster than
+    sensor time advances (a recording replayed fast, or a camera outpacing the model)."""
 
     def __init__(
         self,
@@ -146,12 +146,16 @@ class CameraSim:
         self._buffer = np.empty((height, width, 3), np.uint8)
         self._jpegs: dict[tuple[int, int], bytes] = {}
 
-    def run(self, ticks: int | None = None, stop: threading.Event | None = None) -> SimStats:
-        """Publish `ticks` ticks (forever if None) or until `stop` is set; returns what was sent."""
+    def run(
+        self, ticks: int | None = None, stop: threading.Event | None = None, t_start_ns: int | None = None
+    ) -> SimStats:
+        """Publish `ticks` ticks (forever if None) or until `stop` is set; returns what was sent. Sensor time
+        starts at t_start_ns (default: now on this host's monotonic clock)."""
         stats = SimStats()
         sensor_period_ns = round(1e9 / self.rate_hz)
         wall_period_ns = round(sensor_period_ns / self.speedup)
         start = time.monotonic_ns()
+        sensor_start = start if t_start_ns is None else t_start_ns
         tick = 0
         while (ticks is None or tick < ticks) and not (stop is not None and stop.is_set()):
             delay = start + tick * wall_period_ns - time.monotonic_ns()
@@ -159,7 +163,7 @@ class CameraSim:
                 time.sleep(delay / 1e9)
             elif -delay > wall_period_ns:
                 stats.late_ticks += 1
-            stats.bytes += self.send_tick(tick, start + tick * sensor_period_ns)
+            stats.bytes += self.send_tick(tick, sensor_start + tick * sensor_period_ns)
             stats.frames += len(self.cameras)
             tick += 1
         stats.ticks = tick

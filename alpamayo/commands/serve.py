@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -76,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
         pass
     finished = node.stop()
     print("stopped" + ("" if finished else " (current prediction abandoned)"), flush=True)
+    if not finished:
+        # The abandoned prediction still runs in a daemon thread inside torch; interpreter finalisation under
+        # it aborted the process (SIGABRT, measured). Sockets are closed and output is flushed: leave now.
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
