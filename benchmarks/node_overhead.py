@@ -169,7 +169,7 @@ def main() -> None:
     p.add_argument("--height", type=int, default=1080)
     p.add_argument("--encoding", default="rgb8", choices=["rgb8", "bgr8", "jpeg"])
     p.add_argument("--seconds", type=float, default=10.0, help="duration of the 10 Hz overhead run")
-    p.add_argument("--rates", default="10,20,40,80", help="sender rates per camera for the ingest ramp")
+    p.add_argument("--rates", default="10,20,30,40,60", help="sender rates per camera for the ingest ramp")
     p.add_argument("--step-seconds", type=float, default=5.0)
     p.add_argument("--preprocess-reps", type=int, default=20)
     p.add_argument("--json", help="also write the results here")
