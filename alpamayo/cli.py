@@ -14,6 +14,10 @@ COMMANDS = [
     "alpamayo.commands.make_demo_checkpoint",
     "alpamayo.commands.predict",
     "alpamayo.commands.plan",
+    "alpamayo.commands.serve",
+    "alpamayo.commands.camera_sim",
+    "alpamayo.commands.node_ctl",
+    "alpamayo.commands.curve_keys",
 ]
 
 
