@@ -172,7 +172,12 @@ def _swiglu(
     inter: int,
     e: int,
 ) -> SwiGLU:
-    """Expert e of stacked weights as its own SwiGLU (a copy, so the stacked tensor can be released)."""
+    """Expert e of stacked weights as its own SwiGLU (a copy, so the stacked tensor can be released).
+
+    One module per expert lets `TextModel.pack_weights` give each expert the packed oneDNN layout on CPU
+    bfloat16: 8 experts of the 30B-A3B shape (2048 x 768) for one token took 2.8 ms packed vs 5.6 ms with
+    `F.linear` on views of the stacked [E, 2I, H] tensor and 47 ms gathering the 8 into a `bmm` (2 cores).
+    """
     biases = (None, None, None)
     if gate_up_bias is not None:
         biases = (gate_up_bias[e, :inter], gate_up_bias[e, inter:], down_bias[e])

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +187,7 @@ class MoEBlockConfig:
                 f"{source}: an MoE block config must be a YAML mapping, got {type(raw).__name__}"
             )
         allowed = [f.name for f in fields(cls)]
-        unknown = sorted(set(raw) - set(allowed))
+        unknown = sorted(str(key) for key in set(raw) - set(allowed))
         if unknown:
             raise ConfigError(f"{source}: unknown field(s) {unknown}; allowed: {allowed}")
         raw = dict(raw)
@@ -201,7 +201,7 @@ class MoEBlockConfig:
             raw["shared_expert_ids_to_slots"] = None
         elif "shared_expert_ids_to_slots" in raw:
             raw["shared_expert_ids_to_slots"] = _shared_map(raw["shared_expert_ids_to_slots"], source)
-        missing = [name for name in _REQUIRED if name not in raw]
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in raw]
         if missing:
             raise ConfigError(f"{source}: missing field(s) {missing}")
         try:
@@ -217,9 +217,6 @@ class MoEBlockConfig:
         except OSError as e:
             raise ConfigError(f"{path}: cannot read MoE block config ({e})") from e
         return cls.from_yaml(text, str(path))
-
-
-_REQUIRED = ("hidden_size", "intermediate_size", "num_routed_experts", "select_experts_k")
 
 
 def _is_slot(value: Any, slots: int) -> bool:
