@@ -12,6 +12,16 @@ in consecutive runs; the fastest round is the closest to the uncontended cost):
     transformers' own `generate` on the same weights (skip with --no-transformers).
 
     python benchmarks/moe_decode.py [--layers 4] [--experts 64] [--top-k 8] [--dtype bfloat16] [--json FILE]
+
+Measured with the defaults (bfloat16, 2 AVX512-BF16 cores, machine otherwise idle; two runs):
+    one MoE layer, one token: sparse 3.87 / 4.03 ms (75.5 MB of experts, 19.5 / 18.7 GB/s), all experts
+        26.6 / 28.3 ms (604 MB, 22.7 / 21.3 GB/s): 6.9x / 7.0x for E/k = 8x. Of the sparse call, 3.6 ms is
+        the 8 expert matmuls themselves; router, dispatch and combine take 0.06, 0.04 and 0.03 ms.
+    decode step, 4 layers: sparse 43.0 / 44.2 ms/token, all experts 153.3 / 143.7 (3.6x / 3.3x: both also
+        read the 622 MB untied head), transformers 75.5 / 80.6 (1.75x / 1.82x slower than sparse).
+    Logits: sparse == all experts (PCC 1.000000); one MoE layer is bit-identical to transformers' at this
+        shape in bfloat16 and float32; teacher-forced decode vs transformers' generate min PCC 0.998749 over
+        32 steps, the difference coming from decode-step rounding outside the MoE block.
 """
 
 from __future__ import annotations
