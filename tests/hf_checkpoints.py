@@ -174,17 +174,17 @@ def save_checkpoint(
     return model
 
 
-def rewrite_hub_layout(directory: Path) -> int:
+def rewrite_hub_layout(directory: Path, suffixes: tuple[str, ...] = EXPERT_KEYS) -> int:
     """Rewrite a saved MoE checkpoint with experts as the hub files hold them (gate_up [E, H, 2I], down [E, I, H]).
 
     transformers 5 transposes such files back on load (as `reference/make_tiny.py::hub_layout_check` checks).
-    Returns the number of tensors rewritten.
+    Only tensors whose names end with one of `suffixes` are rewritten; returns how many were.
     """
     from safetensors.torch import load_file, save_file
 
     path = directory / "model.safetensors"
     tensors = load_file(path)
-    experts = [k for k in tensors if k.endswith(EXPERT_KEYS)]
+    experts = [k for k in tensors if k.endswith(suffixes)]
     for key in experts:
         tensors[key] = tensors[key].transpose(1, 2).contiguous()
     save_file(tensors, path, metadata={"format": "pt"})

@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from alpamayo.configs import builtin_config
-from alpamayo.errors import ConfigError
+from alpamayo.errors import CheckpointError, ConfigError
 from alpamayo.moe import MoEBlock, MoEBlockConfig, TopKRouter
 from alpamayo.numerics import max_abs_error
+from alpamayo.text import TextModel
+from tests.hf_checkpoints import rewrite_hub_layout, save_checkpoint, text_config
 
 HIDDEN, EXPERTS = 32, 8
 
@@ -278,3 +280,14 @@ def test_block_rejects_weights_that_do_not_fit_its_config():
         MoEBlock(cfg, **w, gate_up_bias=torch.zeros(EXPERTS, 48))
     with pytest.raises(ValueError, match=r"'down' has shape \[8, 24, 32\], expected \[8, 32, 24\]"):
         MoEBlock(cfg, **dict(w, down=w["down"].transpose(1, 2)))
+
+
+def test_checkpoint_mixing_the_two_expert_layouts_is_refused(tmp_path):
+    save_checkpoint(tmp_path, text_config(), moe=True)
+    assert rewrite_hub_layout(tmp_path, ("layers.1.mlp.experts.gate_up_proj",)) == 1
+    with pytest.raises(
+        CheckpointError,
+        match=r"expert tensors of 'language_model.layers.1.mlp.experts' disagree on the layout: gate_up_proj "
+        r"\[8, 64, 48\] is hub layout but down_proj \[8, 64, 24\] is v5 layout",
+    ):
+        TextModel.from_checkpoint(tmp_path)
