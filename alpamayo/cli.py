@@ -7,10 +7,17 @@ import argparse
 import importlib
 import sys
 
-from alpamayo.errors import CheckpointError, ConfigError
+from alpamayo.errors import BackendUnavailable, CheckpointError, ConfigError
 
 COMMANDS = [
     "alpamayo.commands.generate",
+    "alpamayo.commands.make_demo_checkpoint",
+    "alpamayo.commands.predict",
+    "alpamayo.commands.plan",
+    "alpamayo.commands.serve",
+    "alpamayo.commands.camera_sim",
+    "alpamayo.commands.node_ctl",
+    "alpamayo.commands.curve_keys",
 ]
 
 
@@ -28,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ConfigError, CheckpointError, ValueError) as e:
+    except (ConfigError, CheckpointError, ValueError, BackendUnavailable) as e:
         print(f"alpamayo {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -17,6 +17,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 _FIGURES: list[tuple[str, str]] = []
 
 
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory):
+    """The embedded demo checkpoint (seed 0), built once per run (~4 s)."""
+    from alpamayo.demo_checkpoint import make_demo_checkpoint
+
+    return make_demo_checkpoint(tmp_path_factory.mktemp("demo") / "ckpt", seed=0)
+
+
 @pytest.fixture
 def record_figure(request):
     """record_figure("PCC", 0.9999) -> a row in the 'measured figures' table at the end of the run."""
@@ -41,3 +49,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not cuda:
             item.add_marker(pytest.mark.skipif(True, reason="no CUDA device on this machine"))
+    blackhole = [item for item in items if "blackhole" in item.keywords]
+    if blackhole:
+        from alpamayo.tt.runtime import device_unavailable_reason
+
+        reason = device_unavailable_reason()  # imports ttnn (host mode) only when such tests are collected
+        for item in blackhole if reason else ():
+            item.add_marker(pytest.mark.skip(reason=f"needs a Blackhole p150: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def ttnn_host():
+    """ttnn for host-side work (mock p150 descriptor when no card is present); skipped where not installed."""
+    from alpamayo.errors import BackendUnavailable
+    from alpamayo.tt.runtime import import_ttnn
+
+    try:
+        return import_ttnn()
+    except BackendUnavailable as e:
+        pytest.skip(f"ttnn is not importable here: {e}")

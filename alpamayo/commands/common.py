@@ -3,22 +3,65 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-import torch
+from alpamayo.backends import BACKENDS, BackendOptions, load_text_model
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import ModelConfig
+from alpamayo.devices import DTYPES
+from bridges.sockets import CurveClientKeys
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory (HF or Alpamayo layout)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda[:N]")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="torch",
+        help="torch (CPU/CUDA reference) or ttnn (one Tenstorrent Blackhole p150)",
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="torch backend: weights and activations"
+    )
+    parser.add_argument("--device", default="cpu", help="torch backend: cpu or cuda[:N]")
+    parser.add_argument("--recipe", default="performance", help=RECIPE_HELP)
+    parser.add_argument(
+        "--tt-cache",
+        default=None,
+        help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
+    )
 
 
-def resolve_device(name: str) -> torch.device:
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name}: supported devices are cpu and cuda")
-    return device
+def backend_options(args: argparse.Namespace) -> BackendOptions:
+    return BackendOptions(args.backend, args.dtype, args.device, args.recipe, args.tt_cache)
+
+
+@contextmanager
+def text_model(args: argparse.Namespace, cfg: ModelConfig, max_seq_len: int) -> Iterator[Any]:
+    """The text backbone of `--backend` with its cache set up for `max_seq_len`; closed on exit (ttnn)."""
+    model = load_text_model(Checkpoint(args.checkpoint, cfg.weight_prefix), cfg, backend_options(args))
+    try:
+        model.setup_cache(max_seq_len)
+        yield model
+    finally:
+        close = getattr(model, "close", None)
+        if close is not None:
+            close()
+
+
+def add_curve_client_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--curve-key", help="CURVE: this client's NAME.key_secret file (enables CURVE)")
+    parser.add_argument("--curve-server-key", help="CURVE: the node's public NAME.key file")
+
+
+def curve_client_keys(args: argparse.Namespace) -> CurveClientKeys | None:
+    """The CURVE client keys named by --curve-key/--curve-server-key, or None when CURVE is off."""
+    if (args.curve_key is None) != (args.curve_server_key is None):
+        raise ValueError("--curve-key and --curve-server-key must be given together")
+    if args.curve_key is None:
+        return None
+    return CurveClientKeys.from_files(args.curve_key, args.curve_server_key)

@@ -1,0 +1,166 @@
+"""The full Qwen3-VL image + text model: preprocessing, vision tower, text decoder, glued by the prompt layout.
+
+    vlm = VisionLanguageModel.from_checkpoint(ckpt_dir, BackendOptions(dtype=torch.bfloat16))
+    features = vlm.encode_images(frames)                 # one ImageFeatures per image (cacheable per frame)
+    ids = vlm.expand_image_pads(prompt_ids, features)    # one <|image_pad|> per image -> one per token
+    vlm.setup_cache(len(ids) + max_new_tokens)
+    logits = vlm.prefill(ids, features)                  # [V] float32, last prompt position
+    logits = vlm.decode(next_id)
+
+Prefill embeds the prompt, replaces the image-pad rows with the image embeddings (images in prompt order),
+runs the decoder with 3-row M-RoPE positions (`alpamayo.positions`) and adds DeepStack level k to the output
+of decoder layer k at the image positions. Decoding is the text model's (positions shifted by rope_delta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alpamayo.backends import BackendOptions, load_text_model
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import load_config
+from alpamayo.devices import resolve_device
+from alpamayo.errors import ConfigError
+from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
+from vision.encoder import VisionEncoder
+from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
+
+TORCH_CPU = BackendOptions()
+
+
+@dataclass(frozen=True)
+class ImageFeatures:
+    """What the language model needs from one image: embeds [n, H] and DeepStack features (one [n, H] per
+    level), n = t * h * w / merge^2 tokens for the patch grid `grid_thw` (t, h, w), in the model dtype."""
+
+    embeds: torch.Tensor
+    deepstack: tuple[torch.Tensor, ...]
+    grid_thw: tuple[int, int, int]
+
+
+class VisionLanguageModel:
+    """`.config` (ModelConfig), `.text` (the text backbone: `alpamayo.text.TextModel` or the ttnn one),
+    `.vision` (VisionEncoder), `.preprocess` (PreprocessConfig)."""
+
+    def __init__(self, text: Any, vision: VisionEncoder, preprocess: PreprocessConfig):
+        self.config, self.text, self.vision, self.preprocess = text.cfg, text, vision, preprocess
+
+    @classmethod
+    def from_checkpoint(
+        cls, directory: str | Path, options: BackendOptions | torch.dtype = TORCH_CPU
+    ) -> VisionLanguageModel:
+        """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json).
+
+        `options` chooses the text backbone's backend (a bare dtype means the torch backend on CPU); the vision
+        tower runs in torch on the torch backend's device and dtype (on CPU in bfloat16 for ttnn).
+        """
+        if isinstance(options, torch.dtype):
+            options = BackendOptions(dtype=options)
+        cfg = load_config(directory)
+        if cfg.vision is None or cfg.image_token_id is None:
+            raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
+        pre = PreprocessConfig.from_checkpoint(directory)
+        v = cfg.vision
+        model_side = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
+        if (pre.patch_size, pre.merge_size, pre.temporal_patch_size) != model_side:
+            raise ConfigError(
+                f"{directory}: preprocessor_config.json patch/merge/temporal sizes "
+                f"{(pre.patch_size, pre.merge_size, pre.temporal_patch_size)} differ from vision_config's {model_side}"
+            )
+        ckpt = Checkpoint(directory, cfg.weight_prefix)
+        torch_side = options if options.backend == "torch" else BackendOptions(dtype=torch.bfloat16)
+        vision = VisionEncoder.from_checkpoint(
+            ckpt, cfg, torch_side.torch_dtype, resolve_device(torch_side.device)
+        )
+        return cls(load_text_model(ckpt, cfg, options), vision, pre)
+
+    def close(self) -> None:
+        """Release the text backend's device resources (ttnn); a no-op for torch."""
+        close = getattr(self.text, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> VisionLanguageModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ images
+    def encode_images(self, images: Sequence[ImageInput], channel_order: str = "RGB") -> list[ImageFeatures]:
+        """Preprocess and encode images in one vision forward (one attention segment each); one entry per image.
+
+        numpy images are uint8 [H, W, 3] in `channel_order` ("RGB" or "BGR"); PIL images any mode.
+        """
+        return self.encode_pixels(*preprocess_images(images, self.preprocess, channel_order))
+
+    def encode_pixels(self, pixel_values: torch.Tensor, grid: torch.Tensor) -> list[ImageFeatures]:
+        """Preprocessed images (`vision.preprocess.preprocess_images` output) -> one ImageFeatures per image."""
+        embeds, deepstack = self.vision.encode(pixel_values, grid)
+        counts = image_token_counts(grid, self.preprocess.merge_size)
+        levels = [level.split(counts) for level in deepstack]
+        return [
+            ImageFeatures(e, tuple(level[i] for level in levels), tuple(grid[i].tolist()))
+            for i, e in enumerate(embeds.split(counts))
+        ]
+
+    def expand_image_pads(self, input_ids: Sequence[int], features: Sequence[ImageFeatures]) -> list[int]:
+        """One `<|image_pad|>` per image (prompt order) -> as many pads as that image has tokens."""
+        return expand_image_pads(input_ids, _grids(features), self.config)
+
+    # ------------------------------------------------------------------ generation
+    def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
+        self.text.setup_cache(max_seq_len, max_batch)
+
+    def prefill_inputs(
+        self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None]:
+        """Expanded prompt ids [L] + its images' features (prompt order) -> the text backbone's prefill
+        arguments: ids [L] or embeddings [L, H] with the image rows replaced, positions [3, L], the image-row
+        mask [L] and the DeepStack levels."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
+        if not features:
+            positions, _ = mrope_position_ids(ids, None, self.config)
+            return ids, positions, None, None
+        positions, _ = mrope_position_ids(ids, _grids(features), self.config)
+        mask = ids == self.config.image_token_id
+        embeds = self.text.embed(ids)
+        image_embeds = torch.cat([f.embeds for f in features])
+        expected = (int(mask.sum()), embeds.shape[-1])
+        if tuple(image_embeds.shape) != expected:
+            raise ValueError(
+                f"image embeds have shape {list(image_embeds.shape)}, expected {list(expected)} "
+                "(one row per <|image_pad|>, text hidden size)"
+            )
+        embeds[mask.to(embeds.device)] = image_embeds.to(embeds.device, embeds.dtype)
+        deepstack = [torch.cat(level) for level in zip(*(f.deepstack for f in features), strict=True)]
+        return embeds, positions, mask, deepstack
+
+    def prefill_hidden(
+        self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
+    ) -> torch.Tensor:
+        """Run the prompt (see `prefill_inputs`) and fill the cache -> final-normed hidden [L, H]."""
+        return self.text.prefill_hidden(*self.prefill_inputs(input_ids, features))
+
+    def prefill(
+        self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
+    ) -> torch.Tensor:
+        """Run the prompt (see `prefill_inputs`) and fill the cache -> float32 logits [V] of its last position."""
+        return self.text.prefill(*self.prefill_inputs(input_ids, features))
+
+    def fork(self, n: int) -> None:
+        """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""
+        self.text.fork(n)
+
+    def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
+        """Append one token per active cache row -> float32 logits ([V] for an int, [B, V] for ids [B])."""
+        return self.text.decode(tokens)
+
+
+def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:
+    return torch.tensor([f.grid_thw for f in features], dtype=torch.long).view(-1, 3)
