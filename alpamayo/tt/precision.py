@@ -14,8 +14,8 @@ Presets:
     covers; bfp8 keeps 7, which HiFi2 covers). Qwen3-VL-32B in this recipe is ~21 GB of weights, the
     configuration tt-metal runs Qwen3-VL-32B in (../shared/reference/ttmetal.md §3).
 
-Block-float sizes per 32x32 tile (measured with ttnn 0.81.1's host packer as `.tensorbin` payloads): bf16
-2048 bytes; bfp8 1088 (1024 mantissa bytes + 64 shared exponents, one per 16 values); bfp4 576.
+Block-float sizes per 32x32 tile (`alpamayo.tt.block_float`, equal to ttnn 0.81.1's `.tensorbin` payloads):
+bf16 2048 bytes; bfp8 1088 (1024 mantissa bytes + 64 shared exponents, one per 16 values); bfp4 576.
 """
 
 from __future__ import annotations
@@ -26,16 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
+from alpamayo.tt.block_float import FORMATS
 
 DTYPES = ("bf16", "bfp8", "bfp4")
 KV_CACHE_DTYPES = ("bf16", "bfp8")  # paged_update_cache repacks into these; bfp4 K/V is not supported
 TENSOR_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "lm_head", "kv_cache")
 FIDELITIES = ("lofi", "hifi2", "hifi3", "hifi4")
 OP_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "lm_head", "sdpa", "norm")
-TILE_BYTES = {"bf16": 2048, "bfp8": 1088, "bfp4": 576}
+TILE_BYTES = {"bf16": 2048, **{name: f.tile_bytes for name, f in FORMATS.items()}}
 # Largest error of one element after block-float packing, as a fraction of the largest magnitude in its
-# 16-value block (measured with ttnn 0.81.1's host packer on heavy-tailed data: bfp8 2^-7, bfp4 2^-3).
-BLOCK_FLOAT_ERROR = {"bf16": 0.0, "bfp8": 2.0**-7, "bfp4": 2.0**-3}
+# 16-value block: half a step of the shared scale, 2^-W (measured with ttnn 0.81.1's host packer on
+# heavy-tailed data: bfp8 2^-7, bfp4 2^-3).
+BLOCK_FLOAT_ERROR = {"bf16": 0.0, **{name: 2.0**-f.mantissa_bits for name, f in FORMATS.items()}}
 
 
 @dataclass(frozen=True)
