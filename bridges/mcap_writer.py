@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mcap.records import Channel, Message, Schema
 from mcap.writer import CompressionType, Writer
 
 from bridges.mcap_messages import encode, encodings_for, register_schema
@@ -34,6 +35,7 @@ class RecordingWriter:
         self._schemas: dict[tuple[str, str], int] = {}
         self._channels: dict[str, tuple[int, str, str]] = {}
         self._sequence: dict[str, int] = {}
+        self._copied_schemas: dict[tuple[str, str, bytes], int] = {}
 
     def write(
         self, topic: str, schema_name: str, message: dict[str, Any], t_ns: int, encoding: str = "protobuf"
@@ -61,6 +63,30 @@ class RecordingWriter:
         self._sequence[topic] += 1
         self._writer.add_message(
             channel, log_time=t_ns, data=payload, publish_time=t_ns, sequence=self._sequence[topic]
+        )
+
+    def copy(self, schema: Schema, channel: Channel, message: Message) -> None:
+        """Append a message read from another MCAP file unchanged: its schema record, encoding and times."""
+        if channel.topic not in self._channels:
+            key = (schema.name, schema.encoding, schema.data)
+            if key not in self._copied_schemas:
+                self._copied_schemas[key] = self._writer.register_schema(
+                    schema.name, schema.encoding, schema.data
+                )
+            channel_id = self._writer.register_channel(
+                channel.topic, channel.message_encoding, self._copied_schemas[key], dict(channel.metadata)
+            )
+            self._channels[channel.topic] = (channel_id, schema.name, channel.message_encoding)
+            self._sequence[channel.topic] = 0
+        channel_id, schema_name, encoding = self._channels[channel.topic]
+        if (schema_name, encoding) != (schema.name, channel.message_encoding):
+            raise ValueError(
+                f"topic {channel.topic} carries {schema_name} ({encoding}); cannot copy {schema.name} "
+                f"({channel.message_encoding}) onto it"
+            )
+        self._sequence[channel.topic] += 1
+        self._writer.add_message(
+            channel_id, message.log_time, message.data, message.publish_time, self._sequence[channel.topic]
         )
 
     def metadata(self, name: str, data: dict[str, str]) -> None:

@@ -16,7 +16,7 @@ import io
 import json
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +159,20 @@ class CameraFrame:
     schema_name: str
     image: dict[str, Any]
 
+    _rgb: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def decoded(self) -> bool:
+        return self._rgb is not None
+
     def rgb(self) -> np.ndarray:
-        """The frame as HxWx3 uint8 RGB; raises FrameError naming the camera and time."""
+        """The frame as HxWx3 uint8 RGB, decoded once (a frame serves 4 consecutive ticks); raises FrameError
+        naming the camera and time."""
+        if self._rgb is None:
+            self._rgb = self._decode()
+        return self._rgb
+
+    def _decode(self) -> np.ndarray:
         where = f"camera {self.camera} frame at {self.t_ns} ns"
         if self.schema_name == "foxglove.CompressedImage":
             try:
@@ -322,6 +334,14 @@ class Drive:
                 "pose(s); at least 2 are needed"
             )
         return PoseTrack(np.array(t, np.int64), np.array(xyz), np.array(quat))
+
+    def raw_messages(self, start_ns: int, end_ns: int) -> Iterator[tuple[Schema, Channel, Message]]:
+        """The layout topics' messages logged in [start_ns, end_ns), undecoded (for copying into outputs)."""
+        for schema, channel, message in _iter_messages(
+            self.path, self.info.indexed, self.layout.topics, self._warn
+        ):
+            if start_ns <= message.log_time < end_ns:
+                yield schema, channel, message
 
     def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[CameraFrame]:
         """Camera frames of every layout camera with start_ns <= t_ns < end_ns."""

@@ -91,6 +91,15 @@ class Tracer:
         with self._lock:
             return list(self._spans)
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._spans)
+
+    def since(self, mark: int) -> list[Span]:
+        """Spans recorded after the first `mark` (a `len(tracer)` taken earlier)."""
+        with self._lock:
+            return self._spans[mark:]
+
     def clear(self) -> None:
         with self._lock:
             self._spans.clear()
