@@ -1,0 +1,146 @@
+"""Lock-step replay: every tick of a recorded drive, in order, through the predictor; nothing is dropped.
+
+Stages per tick (spans stamped with the tick by `Tracer.tick`): `receive` (read and parse the tick's
+messages), `decode` (JPEG/raw to RGB, new frames only), the predictor's own stages (it records into the same
+tracer), `serialise` and `publish` (MCAP output), and `e2e_age` = publish end minus the tick's start. With
+greedy decoding and the same machine, two runs write byte-identical outputs except the timings topic
+(`MKL_CBWR` pins float32 GEMM paths; see alpamayo/__init__.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from alpamayo.prediction import Predictor
+from alpamayo.profiling import Tracer
+from alpamayo.replay.accuracy import invalid_reasons, tick_errors
+from alpamayo.replay.outputs import PredictionRecorder, TickOutput
+from alpamayo.replay.results import ReplayRun, TickResult
+from alpamayo.replay.ticks import Tick, TickAssembler
+from alpamayo.rotations import world_to_ego
+from bridges.recording import Drive, FrameError, Warn
+
+
+def replay_lockstep(
+    drive: Drive,
+    predictor: Predictor,
+    tracer: Tracer,
+    *,
+    recorder: PredictionRecorder | None = None,
+    start_s: float = 0.0,
+    duration_s: float | None = None,
+    max_ticks: int | None = None,
+    warmup: int = 0,
+    num_samples: int = 1,
+    seed: int | None = None,
+    info: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+    warn: Warn = print,
+) -> ReplayRun:
+    """Replay the ticks of `drive` in [start_s, start_s + duration_s) (at most `max_ticks`), the first
+    `warmup` answered ticks marked warm-up. `predictor` should record its stages into `tracer`."""
+    if max_ticks is not None and max_ticks < 1:
+        raise ValueError(f"max_ticks must be >= 1, got {max_ticks}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    assembler = TickAssembler(drive, start_s, duration_s, warn)
+    ticks = iter(assembler)
+    results: list[TickResult] = []
+    skipped: Counter = Counter()
+    offered = 0
+    wall_start = time.perf_counter()
+    while max_ticks is None or offered < max_ticks:
+        begin = time.perf_counter_ns()
+        tick = next(ticks, None)
+        if tick is None:
+            break
+        offered += 1
+        mark = len(tracer)
+        with tracer.tick(tick.index, warmup=len(results) < warmup):
+            tracer.record("receive", begin, time.perf_counter_ns() - begin)
+            result = _run_tick(tick, predictor, tracer, recorder, num_samples, seed, begin)
+        if isinstance(result, FrameError):
+            skipped["a frame does not decode"] += 1
+            warn(f"skipped the tick at t0 = {tick.t0_ns} ns: {result}")
+            continue
+        result.warmup = len(results) < warmup
+        result.stages_ms = _stage_ms(tracer, mark)
+        result.e2e_ms = result.stages_ms.get("e2e_age", 0.0)
+        if recorder is not None:
+            recorder.timings(result.seq, result.t0_ns, result.stages_ms, result.e2e_ms)
+        results.append(result)
+        if progress is not None:
+            progress(1)
+    skipped.update(assembler.skipped)
+    return ReplayRun(
+        "lockstep", results, tracer, offered, time.perf_counter() - wall_start, info or {}, skipped=skipped
+    )
+
+
+def _run_tick(
+    tick: Tick,
+    predictor: Predictor,
+    tracer: Tracer,
+    recorder: PredictionRecorder | None,
+    num_samples: int,
+    seed: int | None,
+    begin: int,
+) -> TickResult | FrameError:
+    try:
+        with tracer.span("decode") as args:
+            args["frames"] = sum(not f.decoded for fs in tick.frames.values() for f in fs)
+            frames = {c: [f.rgb() for f in fs] for c, fs in tick.frames.items()}
+    except FrameError as e:
+        return e
+    prediction = predictor.predict(
+        frames, tick.ego_history, num_samples=num_samples, seed=seed, frame_times_ns=tick.frame_times_ns
+    )
+    predicted = np.stack([s.xyz for s in prediction.samples])
+    future_xyz = None if tick.future is None else tick.future[0]
+    ego = tick.ego_history
+    result = TickResult(
+        seq=tick.index,
+        t0_ns=tick.t0_ns,
+        warmup=False,
+        predicted_xyz=predicted,
+        future_xyz=future_xyz,
+        history_xyz=world_to_ego(ego.xyz, ego.xyz[-1], ego.quat_xyzw[-1]),
+        errors_m=tick_errors(predicted, future_xyz),
+        invalid_reasons=invalid_reasons(prediction),
+        stages_ms={},
+        e2e_ms=0.0,
+        decode_tokens=len(prediction.best.reasoning_token_ids) + len(prediction.best.token_ids),
+        trajectory_tokens=len(prediction.best.token_ids),
+    )
+    if recorder is not None:
+        output = TickOutput(
+            seq=tick.index,
+            t0_ns=tick.t0_ns,
+            frame_times_ns=tick.frame_times_ns,
+            ego_xyz=ego.xyz[-1],
+            ego_quat_xyzw=ego.quat_xyzw[-1],
+            prediction=prediction,
+            future_xyz=future_xyz,
+            future_heading=None if tick.future is None else tick.future[1],
+            errors_m=result.errors_m,
+            invalid_reasons=result.invalid_reasons,
+        )
+        with tracer.span("serialise"):
+            encoded = recorder.serialise(output)
+        with tracer.span("publish"):
+            recorder.publish(encoded, tick.t0_ns)
+    tracer.record("e2e_age", begin, time.perf_counter_ns() - begin)
+    return result
+
+
+def _stage_ms(tracer: Tracer, mark: int) -> dict[str, float]:
+    """Total ms per stage over the spans recorded since `mark` (vision sums its per-frame spans)."""
+    totals: dict[str, float] = {}
+    for span in tracer.since(mark):
+        totals[span.name] = totals.get(span.name, 0.0) + span.ms
+    return totals

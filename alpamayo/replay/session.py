@@ -1,0 +1,165 @@
+"""One replay from settings to files: open the drive, load the model, replay, write outputs and reports.
+
+This is what `alpamayo replay`, `alpamayo profile` and `alpamayo demo` run; the commands only parse arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from alpamayo.profiling import Tracer
+from alpamayo.profiling.environment import hardware, software, source_commit
+from alpamayo.replay.accuracy import summarize_accuracy
+from alpamayo.replay.lockstep import replay_lockstep
+from alpamayo.replay.outputs import PredictionRecorder
+from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
+from alpamayo.replay.results import ReplayRun
+from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
+from bridges.mcap_writer import RecordingWriter
+from bridges.recording import Drive, RecordingLayout, Warn
+
+MODES = ("lockstep", "realtime")
+RUN_METADATA = "alpamayo.run"
+
+
+@dataclass
+class ReplaySettings:
+    """Everything a replay needs; times in seconds of the drive (start from its first reference frame)."""
+
+    drive: Path
+    checkpoint: Path
+    out: Path | None = None
+    mode: str = "lockstep"
+    speed: float = 1.0
+    start_s: float = 0.0
+    duration_s: float | None = None
+    max_ticks: int | None = None
+    warmup: int = 0
+    num_samples: int = 1
+    seed: int | None = None
+    backend: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    layout: Path | None = None
+    encoding: str = "protobuf"
+    copy_inputs: bool = True
+    trace: Path | None = None
+    json: Path | None = None
+    plots: Path | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} unknown; allowed: {list(MODES)}")
+        if not 0.05 <= self.speed <= 20.0:
+            raise ValueError(f"--speed must be in [0.05, 20], got {self.speed}")
+        if self.num_samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
+
+
+def load_predictor(settings: ReplaySettings, tracer: Tracer) -> Any:
+    from alpamayo.runtime import AlpamayoVLA
+
+    return AlpamayoVLA.from_checkpoint(
+        settings.checkpoint,
+        backend=settings.backend,
+        device=settings.device,
+        dtype=settings.dtype,
+        tracer=tracer,
+    )
+
+
+def run_info(settings: ReplaySettings, drive: Drive, predictor: Any) -> dict[str, Any]:
+    """Settings and environment recorded in every output (JSON report, trace metadata, MCAP metadata)."""
+    first = next(drive.frames(), None)
+    input_size = "?" if first is None else "{}x{}".format(*first.rgb().shape[:2])
+    model_size = getattr(predictor, "model_resolution", None)
+    return {
+        "mode": settings.mode,
+        "speed": settings.speed if settings.mode == "realtime" else None,
+        "drive": str(settings.drive),
+        "checkpoint": str(settings.checkpoint),
+        "backend": settings.backend,
+        "device": settings.device,
+        "dtype": settings.dtype,
+        "precision": getattr(predictor, "precision", settings.dtype),
+        "cameras": [c.camera for c in drive.layout.cameras],
+        "resolution": {
+            "input": input_size,
+            "model": "?" if model_size is None else "{}x{}".format(*model_size),
+        },
+        "samples": settings.num_samples,
+        "seed": settings.seed,
+        "warmup_ticks": settings.warmup,
+        "hardware": hardware(settings.device),
+        "software": software(),
+        "commit": source_commit(),
+    }
+
+
+def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
+    settings.validate()
+    layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
+    drive = Drive.open(settings.drive, layout, warn)
+    tracer = Tracer()
+    predictor = load_predictor(settings, tracer)
+    info = run_info(settings, drive, predictor)
+    writer = None if settings.out is None else RecordingWriter(settings.out)
+    try:
+        recorder = None
+        if writer is not None:
+            writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
+            recorder = PredictionRecorder(writer, settings.encoding)
+        reference = drive.info.message_counts[drive.layout.cameras[0].topic]
+        total = settings.max_ticks or max(reference - len(HISTORY_OFFSETS_NS), 1)
+        with tqdm(
+            total=total,
+            unit="tick",
+            desc=settings.mode,
+            disable=None if settings.progress else True,
+            file=sys.stderr,
+        ) as bar:
+            run = replay_lockstep(
+                drive,
+                predictor,
+                tracer,
+                recorder=recorder,
+                start_s=settings.start_s,
+                duration_s=settings.duration_s,
+                max_ticks=settings.max_ticks,
+                warmup=settings.warmup,
+                num_samples=settings.num_samples,
+                seed=settings.seed,
+                info=info,
+                progress=bar.update,
+                warn=lambda m: bar.write(f"warning: {m}", file=sys.stderr),
+            )
+        if writer is not None and settings.copy_inputs and run.ticks:
+            # The inputs the replayed ticks used, with their history and recorded future, for Foxglove.
+            begin = run.ticks[0].t0_ns + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0] - FRAME_TOLERANCE_NS)
+            end = run.ticks[-1].t0_ns + FUTURE_OFFSETS_NS[-1] + 1
+            for schema, channel, message in drive.raw_messages(begin, end):
+                writer.copy(schema, channel, message)
+    finally:
+        if writer is not None:
+            writer.close()
+    for path, write in ((settings.trace, write_trace), (settings.json, write_json)):
+        if path is not None:
+            write(run, path)
+    if settings.plots is not None:
+        write_plots(run, settings.plots)
+    return run
+
+
+def summary(run: ReplayRun) -> str:
+    """The accuracy and latency tables, and what was skipped."""
+    lines = [summarize_accuracy(run.measured).table(), "", latency_table(run)]
+    if run.skipped:
+        lines.append("skipped ticks: " + ", ".join(f"{n} x {reason}" for reason, n in run.skipped.items()))
+    return "\n".join(lines)
