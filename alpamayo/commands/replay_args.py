@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from alpamayo.commands.common import add_model_args
-from alpamayo.replay.session import ReplaySettings
+from alpamayo.replay.settings import ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
 BACKENDS = ("torch", "ttnn")

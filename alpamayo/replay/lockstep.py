@@ -21,6 +21,7 @@ from alpamayo.profiling import Tracer
 from alpamayo.replay.accuracy import invalid_reasons, tick_errors
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
+from alpamayo.replay.settings import ReplaySettings
 from alpamayo.replay.ticks import Tick, TickAssembler
 from alpamayo.rotations import world_to_ego
 from bridges.recording import Drive, FrameError, Warn
@@ -30,25 +31,18 @@ def replay_lockstep(
     drive: Drive,
     predictor: Predictor,
     tracer: Tracer,
+    settings: ReplaySettings,
     *,
     recorder: PredictionRecorder | None = None,
-    start_s: float = 0.0,
-    duration_s: float | None = None,
-    max_ticks: int | None = None,
-    warmup: int = 0,
-    num_samples: int = 1,
-    seed: int | None = None,
     info: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     warn: Warn = print,
 ) -> ReplayRun:
     """Replay the ticks of `drive` in [start_s, start_s + duration_s) (at most `max_ticks`), the first
     `warmup` answered ticks marked warm-up. `predictor` should record its stages into `tracer`."""
-    if max_ticks is not None and max_ticks < 1:
-        raise ValueError(f"max_ticks must be >= 1, got {max_ticks}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    assembler = TickAssembler(drive, start_s, duration_s, warn)
+    settings.validate()
+    max_ticks, warmup = settings.max_ticks, settings.warmup
+    assembler = TickAssembler(drive, settings.start_s, settings.duration_s, warn)
     ticks = iter(assembler)
     results: list[TickResult] = []
     skipped: Counter = Counter()
@@ -63,7 +57,7 @@ def replay_lockstep(
         mark = len(tracer)
         with tracer.tick(tick.index, warmup=len(results) < warmup):
             tracer.record("receive", begin, time.perf_counter_ns() - begin)
-            result = _run_tick(tick, predictor, tracer, recorder, num_samples, seed, begin)
+            result = _run_tick(tick, predictor, tracer, recorder, settings, begin)
         if isinstance(result, FrameError):
             skipped["a frame does not decode"] += 1
             warn(f"skipped the tick at t0 = {tick.t0_ns} ns: {result}")
@@ -87,8 +81,7 @@ def _run_tick(
     predictor: Predictor,
     tracer: Tracer,
     recorder: PredictionRecorder | None,
-    num_samples: int,
-    seed: int | None,
+    settings: ReplaySettings,
     begin: int,
 ) -> TickResult | FrameError:
     try:
@@ -98,7 +91,11 @@ def _run_tick(
     except FrameError as e:
         return e
     prediction = predictor.predict(
-        frames, tick.ego_history, num_samples=num_samples, seed=seed, frame_times_ns=tick.frame_times_ns
+        frames,
+        tick.ego_history,
+        num_samples=settings.num_samples,
+        seed=settings.seed,
+        frame_times_ns=tick.frame_times_ns,
     )
     predicted = np.stack([s.xyz for s in prediction.samples])
     future_xyz = None if tick.future is None else tick.future[0]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -20,47 +18,12 @@ from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import PredictionRecorder
 from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
 from alpamayo.replay.results import ReplayRun
+from alpamayo.replay.settings import ReplaySettings
 from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
 from bridges.mcap_writer import RecordingWriter
 from bridges.recording import Drive, RecordingLayout, Warn
 
-MODES = ("lockstep", "realtime")
 RUN_METADATA = "alpamayo.run"
-
-
-@dataclass
-class ReplaySettings:
-    """Everything a replay needs; times in seconds of the drive (start from its first reference frame)."""
-
-    drive: Path
-    checkpoint: Path
-    out: Path | None = None
-    mode: str = "lockstep"
-    speed: float = 1.0
-    start_s: float = 0.0
-    duration_s: float | None = None
-    max_ticks: int | None = None
-    warmup: int = 0
-    num_samples: int = 1
-    seed: int | None = None
-    backend: str = "torch"
-    device: str = "cpu"
-    dtype: str = "float32"
-    layout: Path | None = None
-    encoding: str = "protobuf"
-    copy_inputs: bool = True
-    trace: Path | None = None
-    json: Path | None = None
-    plots: Path | None = None
-    progress: bool = True
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode {self.mode!r} unknown; allowed: {list(MODES)}")
-        if not 0.05 <= self.speed <= 20.0:
-            raise ValueError(f"--speed must be in [0.05, 20], got {self.speed}")
-        if self.num_samples < 1:
-            raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
 
 
 def load_predictor(settings: ReplaySettings, tracer: Tracer) -> Any:
@@ -129,13 +92,8 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
                 drive,
                 predictor,
                 tracer,
+                settings,
                 recorder=recorder,
-                start_s=settings.start_s,
-                duration_s=settings.duration_s,
-                max_ticks=settings.max_ticks,
-                warmup=settings.warmup,
-                num_samples=settings.num_samples,
-                seed=settings.seed,
                 info=info,
                 progress=bar.update,
                 warn=lambda m: bar.write(f"warning: {m}", file=sys.stderr),

@@ -1,0 +1,47 @@
+"""The settings of one replay (what `alpamayo replay`, `profile` and `demo` ask for)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MODES = ("lockstep", "realtime")
+
+
+@dataclass
+class ReplaySettings:
+    """Everything a replay needs; times in seconds of the drive (start from its first reference frame)."""
+
+    drive: Path
+    checkpoint: Path
+    out: Path | None = None
+    mode: str = "lockstep"
+    speed: float = 1.0
+    start_s: float = 0.0
+    duration_s: float | None = None
+    max_ticks: int | None = None
+    warmup: int = 0
+    num_samples: int = 1
+    seed: int | None = None
+    backend: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    layout: Path | None = None
+    encoding: str = "protobuf"
+    copy_inputs: bool = True
+    trace: Path | None = None
+    json: Path | None = None
+    plots: Path | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} unknown; allowed: {list(MODES)}")
+        if not 0.05 <= self.speed <= 20.0:
+            raise ValueError(f"--speed must be in [0.05, 20], got {self.speed}")
+        if self.num_samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
+        if self.max_ticks is not None and self.max_ticks < 1:
+            raise ValueError(f"--max-ticks must be >= 1, got {self.max_ticks}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
