@@ -63,7 +63,7 @@ def tick_figures(run: ReplayRun) -> dict[str, Any]:
 def decode_stats(run: ReplayRun) -> DecodeStats | None:
     """TTFT = preprocess + vision + prefill; first trajectory token = TTFT + reasoning decode + one
     trajectory-token step (trajectory decode / its token count); t/s/u = decode tokens / decode time."""
-    ticks = [t for t in run.measured if "prefill" in t.stages_ms and t.trajectory_tokens > 0]
+    ticks = [t for t in run.measured if "prefill" in t.stages_ms and t.decode_tokens > 0]
     if not ticks:
         return None
     ttft = [sum(t.stages_ms.get(s, 0.0) for s in TTFT_STAGES) for t in ticks]
@@ -109,6 +109,15 @@ def latency_table(run: ReplayRun) -> str:
         f"achieved {figures['achieved_hz']:.2f} Hz (recorded {RECORDED_HZ:g} Hz); drop {figures['drop_pct']:.1f}% "
         f"({figures['drop_basis']})"
     )
+    if run.mode == "realtime":
+        node = run.info.get("node", {})
+        stale = sum(run.skipped.values())
+        rows.append(
+            f"real-time at {run.info.get('speed')}x: {run.dropped} of {run.ticks_offered} recorded ticks unanswered, "
+            f"node frame_drop_perc {node.get('frame_drop_perc', 0.0):.1f}%, {stale} output(s) without a trajectory"
+            f"{': ' + '; '.join(sorted(run.skipped)) if run.skipped else ''}; "
+            f"{sum(not t.valid for t in run.ticks)} answer(s) marked invalid (stale inputs or frames)"
+        )
     decode = decode_stats(run)
     if decode is not None:
         rows.append(

@@ -16,6 +16,7 @@ from alpamayo.profiling.environment import hardware, software, source_commit
 from alpamayo.replay.accuracy import summarize_accuracy
 from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import PredictionRecorder
+from alpamayo.replay.realtime import replay_realtime
 from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
 from alpamayo.replay.results import ReplayRun
 from alpamayo.replay.settings import ReplaySettings
@@ -88,7 +89,8 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
             disable=None if settings.progress else True,
             file=sys.stderr,
         ) as bar:
-            run = replay_lockstep(
+            replay = replay_realtime if settings.mode == "realtime" else replay_lockstep
+            run = replay(
                 drive,
                 predictor,
                 tracer,
@@ -118,6 +120,6 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
 def summary(run: ReplayRun) -> str:
     """The accuracy and latency tables, and what was skipped."""
     lines = [summarize_accuracy(run.measured).table(), "", latency_table(run)]
-    if run.skipped:
+    if run.skipped and run.mode == "lockstep":
         lines.append("skipped ticks: " + ", ".join(f"{n} x {reason}" for reason, n in run.skipped.items()))
     return "\n".join(lines)
