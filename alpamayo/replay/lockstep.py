@@ -11,35 +11,23 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
 from alpamayo.replay.accuracy import invalid_reasons, tick_errors
-from alpamayo.replay.outputs import PredictionRecorder, TickOutput
+from alpamayo.replay.outputs import TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
-from alpamayo.replay.settings import ReplaySettings
+from alpamayo.replay.settings import ReplayJob
 from alpamayo.replay.ticks import Tick, TickAssembler
 from alpamayo.rotations import world_to_ego
-from bridges.recording import Drive, FrameError, Warn
+from bridges.recording import FrameError
 
 
-def replay_lockstep(
-    drive: Drive,
-    predictor: Predictor,
-    tracer: Tracer,
-    settings: ReplaySettings,
-    *,
-    recorder: PredictionRecorder | None = None,
-    info: dict[str, Any] | None = None,
-    progress: Callable[[int], None] | None = None,
-    warn: Warn = print,
-) -> ReplayRun:
-    """Replay the ticks of `drive` in [start_s, start_s + duration_s) (at most `max_ticks`), the first
-    `warmup` answered ticks marked warm-up. `predictor` should record its stages into `tracer`."""
+def replay_lockstep(job: ReplayJob) -> ReplayRun:
+    """Replay the ticks of the drive in [start_s, start_s + duration_s) (at most `max_ticks`), the first
+    `warmup` answered ticks marked warm-up."""
+    drive, tracer, settings, recorder, warn = job.drive, job.tracer, job.settings, job.recorder, job.warn
     settings.validate()
     max_ticks, warmup = settings.max_ticks, settings.warmup
     assembler = TickAssembler(drive, settings.start_s, settings.duration_s, warn)
@@ -57,7 +45,7 @@ def replay_lockstep(
         mark = len(tracer)
         with tracer.tick(tick.index, warmup=len(results) < warmup):
             tracer.record("receive", begin, time.perf_counter_ns() - begin)
-            result = _run_tick(tick, predictor, tracer, recorder, settings, begin)
+            result = _run_tick(tick, job, begin)
         if isinstance(result, FrameError):
             skipped["a frame does not decode"] += 1
             warn(f"skipped the tick at t0 = {tick.t0_ns} ns: {result}")
@@ -68,33 +56,26 @@ def replay_lockstep(
         if recorder is not None:
             recorder.timings(result.seq, result.t0_ns, result.stages_ms, result.e2e_ms)
         results.append(result)
-        if progress is not None:
-            progress(1)
+        job.progress(1)
     skipped.update(assembler.skipped)
     return ReplayRun(
-        "lockstep", results, tracer, offered, time.perf_counter() - wall_start, info or {}, skipped=skipped
+        "lockstep", results, tracer, offered, time.perf_counter() - wall_start, job.info, skipped=skipped
     )
 
 
-def _run_tick(
-    tick: Tick,
-    predictor: Predictor,
-    tracer: Tracer,
-    recorder: PredictionRecorder | None,
-    settings: ReplaySettings,
-    begin: int,
-) -> TickResult | FrameError:
+def _run_tick(tick: Tick, job: ReplayJob, begin: int) -> TickResult | FrameError:
+    tracer, recorder = job.tracer, job.recorder
     try:
         with tracer.span("decode") as args:
             args["frames"] = sum(not f.decoded for fs in tick.frames.values() for f in fs)
             frames = {c: [f.rgb() for f in fs] for c, fs in tick.frames.items()}
     except FrameError as e:
         return e
-    prediction = predictor.predict(
+    prediction = job.predictor.predict(
         frames,
         tick.ego_history,
-        num_samples=settings.num_samples,
-        seed=settings.seed,
+        num_samples=job.settings.num_samples,
+        seed=job.settings.seed,
         frame_times_ns=tick.frame_times_ns,
     )
     predicted = np.stack([s.xyz for s in prediction.samples])

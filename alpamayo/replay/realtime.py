@@ -19,7 +19,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from bridges.client import FramePublisher, TrajectorySubscriber
@@ -35,12 +34,11 @@ from bridges.node import InferenceNode
 from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
 from PIL import Image
 
-from alpamayo.prediction import Prediction, Predictor, TrajectorySample
-from alpamayo.profiling import Tracer
+from alpamayo.prediction import Prediction, TrajectorySample
 from alpamayo.replay.accuracy import tick_errors
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
-from alpamayo.replay.settings import ReplaySettings
+from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import (
     FRAME_OFFSETS_NS,
     FRAME_TOLERANCE_NS,
@@ -49,7 +47,7 @@ from alpamayo.replay.ticks import (
     recorded_future,
 )
 from alpamayo.rotations import world_to_ego
-from bridges.recording import CameraFrame, Drive, Warn
+from bridges.recording import CameraFrame, Drive
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
@@ -108,19 +106,10 @@ class _Collector(threading.Thread):
                 self.outputs.append((time.perf_counter_ns(), msg))
 
 
-def replay_realtime(
-    drive: Drive,
-    predictor: Predictor,
-    tracer: Tracer,
-    settings: ReplaySettings,
-    *,
-    recorder: PredictionRecorder | None = None,
-    info: dict[str, Any] | None = None,
-    progress: Callable[[int], None] | None = None,
-    warn: Warn = print,
-) -> ReplayRun:
+def replay_realtime(job: ReplayJob) -> ReplayRun:
+    drive, tracer, settings = job.drive, job.tracer, job.settings
     settings.validate()
-    offered = [t.t0_ns for t in TickAssembler(drive, settings.start_s, settings.duration_s, warn)]
+    offered = [t.t0_ns for t in TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)]
     if settings.max_ticks is not None:
         offered = offered[: settings.max_ticks]
     if not offered:
@@ -128,7 +117,7 @@ def replay_realtime(
     begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
     end = offered[-1] + FRAME_TOLERANCE_NS + 1
     first = next(drive.frames(begin, end))
-    node = InferenceNode(predictor, node_config(drive, settings, first.rgb().shape[:2]), tracer).start()
+    node = InferenceNode(job.predictor, node_config(drive, settings, first.rgb().shape[:2]), tracer).start()
     try:
         _wait_warm(node)
         tracer.clear()  # the node's warm-up predictions are not part of the measurement
@@ -141,7 +130,7 @@ def replay_realtime(
             collector = _Collector(subscriber)
             collector.start()
             wall_start = time.perf_counter()
-            late_ms = _publish_drive(drive, publisher, begin, end, settings.speed, progress, len(offered))
+            late_ms = _publish_drive(drive, publisher, begin, end, settings.speed, job.progress)
             _drain(collector, node)
             collector.stop.set()
             collector.join()
@@ -149,14 +138,10 @@ def replay_realtime(
         status = node.status()
     finally:
         node.stop()
-    ticks, stale = _results(drive, collector.outputs, set(offered), recorder)
+    ticks, stale = _results(drive, collector.outputs, set(offered), job.recorder)
     answered = {t.t0_ns for t in ticks}
-    run = ReplayRun(
-        "realtime", ticks, tracer, len(offered), wall_s, info or {}, dropped=len(set(offered) - answered)
-    )
-    run.skipped = Counter(stale)
-    run.info = {
-        **run.info,
+    info = {
+        **job.info,
         "node": {
             "frame_drop_perc": status["frame_drop_perc"],
             "ticks_dropped": status["ticks_dropped"],
@@ -164,7 +149,8 @@ def replay_realtime(
         },
         "send_late_ms": {"mean": float(np.mean(late_ms)), "max": float(np.max(late_ms))} if late_ms else None,
     }
-    return run
+    dropped = len(set(offered) - answered)
+    return ReplayRun("realtime", ticks, tracer, len(offered), wall_s, info, Counter(stale), dropped)
 
 
 def _wait_warm(node: InferenceNode) -> None:
@@ -184,8 +170,7 @@ def _publish_drive(
     begin: int,
     end: int,
     speed: float,
-    progress: Callable[[int], None] | None,
-    ticks: int,
+    progress: Callable[[int], None],
 ) -> list[float]:
     """Send frames and poses in [begin, end) at the recorded pace / speed; returns how late each send was (ms)."""
     poses = drive.poses
@@ -209,7 +194,7 @@ def _publish_drive(
             pose_index += 1
         frame_ids[frame.camera] += 1
         send_at(frame.t_ns, _frame_message(frame, frame_ids[frame.camera]))
-        if progress is not None and frame.camera == reference and frame.t_ns >= begin - HISTORY_OFFSETS_NS[0]:
+        if frame.camera == reference and frame.t_ns >= begin - HISTORY_OFFSETS_NS[0]:
             progress(1)
     return late
 

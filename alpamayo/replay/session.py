@@ -19,7 +19,7 @@ from alpamayo.replay.outputs import PredictionRecorder
 from alpamayo.replay.realtime import replay_realtime
 from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
 from alpamayo.replay.results import ReplayRun
-from alpamayo.replay.settings import ReplaySettings
+from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
 from bridges.mcap_writer import RecordingWriter
 from bridges.recording import Drive, RecordingLayout, Warn
@@ -67,6 +67,10 @@ def run_info(settings: ReplaySettings, drive: Drive, predictor: Any) -> dict[str
     }
 
 
+def tqdm_warn(bar: tqdm) -> Warn:
+    return lambda message: bar.write(f"warning: {message}", file=sys.stderr)
+
+
 def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
     settings.validate()
     layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
@@ -90,16 +94,8 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
             file=sys.stderr,
         ) as bar:
             replay = replay_realtime if settings.mode == "realtime" else replay_lockstep
-            run = replay(
-                drive,
-                predictor,
-                tracer,
-                settings,
-                recorder=recorder,
-                info=info,
-                progress=bar.update,
-                warn=lambda m: bar.write(f"warning: {m}", file=sys.stderr),
-            )
+            job = ReplayJob(drive, predictor, tracer, settings, recorder, info, bar.update, tqdm_warn(bar))
+            run = replay(job)
         if writer is not None and settings.copy_inputs and run.ticks:
             # The inputs the replayed ticks used, with their history and recorded future, for Foxglove.
             begin = run.ticks[0].t0_ns + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0] - FRAME_TOLERANCE_NS)

@@ -1,9 +1,19 @@
-"""The settings of one replay (what `alpamayo replay`, `profile` and `demo` ask for)."""
+"""The settings of one replay (what `alpamayo replay`, `profile` and `demo` ask for), and the job a replay
+mode runs: the opened drive, the predictor, the tracer and where outputs go."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from alpamayo.prediction import Predictor
+from alpamayo.profiling import Tracer
+from bridges.recording import Drive, Warn
+
+if TYPE_CHECKING:  # outputs imports the MCAP writer stack; settings stay importable without it
+    from alpamayo.replay.outputs import PredictionRecorder
 
 MODES = ("lockstep", "realtime")
 
@@ -45,3 +55,19 @@ class ReplaySettings:
             raise ValueError(f"--max-ticks must be >= 1, got {self.max_ticks}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+
+
+@dataclass
+class ReplayJob:
+    """One replay to run (`replay_lockstep` or `replay_realtime`): `predictor` records its stages into
+    `tracer`; `recorder` (optional) receives the outputs; `info` (run settings and environment) goes into every
+    report; `progress(n)` is told of answered ticks; `warn` of skipped data."""
+
+    drive: Drive
+    predictor: Predictor
+    tracer: Tracer
+    settings: ReplaySettings
+    recorder: PredictionRecorder | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    progress: Callable[[int], None] = lambda n: None
+    warn: Warn = print
