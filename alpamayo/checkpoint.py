@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import CheckpointError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -230,6 +231,12 @@ class Checkpoint:
             tensor = tensor.to(dtype)
         return tensor.to(device) if torch.device(device).type != "cpu" else tensor
 
+    def getter(
+        self, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    ) -> Callable[[str], torch.Tensor]:
+        """`get` with the dtype and device fixed: what module builders take to read their tensors."""
+        return lambda name: self.get(name, dtype, device)
+
     def validate(self, expected: Mapping[str, Sequence[Shape]], namespaces: Iterable[str]) -> None:
         """Check names and shapes against `expected` (name -> allowed shapes).
 
@@ -257,6 +264,17 @@ class Checkpoint:
             raise CheckpointError(
                 "\n  ".join([head, *problems[:20]] + (["..."] if len(problems) > 20 else []))
             )
+
+
+def open_checkpoint(
+    source: str | Path | Checkpoint, cfg: ModelConfig | None = None
+) -> tuple[Checkpoint, ModelConfig]:
+    """A checkpoint directory (or an already open `Checkpoint`, shared by the models built from it) and its
+    config: `cfg` if given, else the directory's config.json."""
+    ckpt = source if isinstance(source, Checkpoint) else None
+    directory = ckpt.directory if ckpt is not None else Path(source)
+    cfg = cfg or load_config(directory)
+    return ckpt or Checkpoint(directory, cfg.weight_prefix), cfg
 
 
 def _fmt_shapes(shapes: Sequence[Shape]) -> str:

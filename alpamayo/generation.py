@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -12,6 +15,16 @@ class CausalLM(Protocol):
     """What a generation loop needs: prefill a prompt, then decode one token at a time (both -> logits [V])."""
 
     def decode(self, tokens: int) -> torch.Tensor: ...
+
+
+class ForkableLM(Protocol):
+    """A prefilled model that can continue its prompt as n rows sharing the prompt's KV cache (text model or VLM).
+
+    decode(ids [n]) appends one token per row and returns logits [n, V]."""
+
+    def fork(self, n: int) -> None: ...
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
 def greedy_continue(
@@ -31,3 +44,67 @@ def greedy_continue(
             break
         logits = model.decode(token)
     return tokens
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: greedy (temperature 0) or softmax(logits / temperature) over the top-p
+    nucleus. Alpamayo samples its reasoning with temperature 0.6 and top_p 0.98."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def nucleus_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """logits [B, V] / temperature, with -inf outside the top-p nucleus: the most probable tokens whose mass
+    reaches top_p (a token is dropped once the more probable tokens already hold top_p; the top one is kept)."""
+    scaled = logits.float() / temperature
+    if top_p >= 1:
+        return scaled
+    probs, order = torch.sort(scaled.softmax(dim=-1), dim=-1, descending=True)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = mass_before >= top_p
+    drop[..., 0] = False
+    return scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+def row_seeds(seed: int | None, rows: int) -> list[int]:
+    """Independent 64-bit seeds for `rows` sample streams. Stream i depends only on (seed, i), so sample i is
+    the same whether it runs alone or among others; seed None draws fresh entropy."""
+    if seed is not None and (not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+    children = np.random.SeedSequence(seed).spawn(rows)
+    return [int(c.generate_state(1, np.uint64)[0]) for c in children]
+
+
+class TokenSampler:
+    """Chooses one token per row from logits [B, V]; row i draws from its own generator seeded by seeds[i]."""
+
+    def __init__(self, sampling: Sampling, seeds: Sequence[int]):
+        self.sampling = sampling
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+    @classmethod
+    def for_request(cls, sampling: Sampling, seed: int | None, rows: int) -> TokenSampler:
+        return cls(sampling, row_seeds(seed, rows) if not sampling.greedy else [0] * rows)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] (B = number of seeds) -> token ids [B] int64."""
+        if logits.dim() != 2 or logits.shape[0] != len(self.generators):
+            raise ValueError(f"expected logits [{len(self.generators)}, V], got {list(logits.shape)}")
+        if self.sampling.greedy:
+            return torch.argmax(logits, dim=-1)
+        probs = nucleus_logits(logits, self.sampling.temperature, self.sampling.top_p).softmax(dim=-1).cpu()
+        return torch.cat(
+            [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators, strict=True)]
+        )

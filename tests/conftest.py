@@ -17,6 +17,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 _FIGURES: list[tuple[str, str]] = []
 
 
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory):
+    """The embedded demo checkpoint (seed 0), built once per run (~4 s)."""
+    from alpamayo.demo_checkpoint import make_demo_checkpoint
+
+    return make_demo_checkpoint(tmp_path_factory.mktemp("demo") / "ckpt", seed=0)
+
+
 @pytest.fixture
 def record_figure(request):
     """record_figure("PCC", 0.9999) -> a row in the 'measured figures' table at the end of the run."""

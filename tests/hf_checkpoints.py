@@ -3,19 +3,22 @@
 These are the golden references of the test suite: the model under test loads the saved files, and the same
 `transformers` model (or a fresh `from_pretrained` of it) produces the expected numbers.
 
-Every parameter is re-initialised with a seeded generator: norm weights 1 + 0.1 N, biases 0.05 N, matrices
-N / sqrt(fan_in). transformers' defaults (norm weights 1, biases 0) would hide a missing norm or bias.
+Every parameter is re-initialised with a seeded generator (`alpamayo.demo_checkpoint.randomize_weights`:
+norm weights 1 + 0.1 N, biases 0.05 N, matrices N / sqrt(fan_in)).
 The tokenizer is byte level (ids 0..255) plus the Qwen specials at 256..263, with a minimal Qwen3-VL chat
 template (images render as <|vision_start|><|image_pad|><|vision_end|>).
 """
 
 from __future__ import annotations
 
-import math
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
+
+from alpamayo.demo_checkpoint import hf_vlm, randomize_weights
 
 SPECIALS = [
     "<|endoftext|>",
@@ -101,19 +104,6 @@ def build_tokenizer():
     return tok
 
 
-@torch.no_grad()
-def randomize_(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if p.ndim == 1 and "norm" in name and name.endswith("weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-        elif p.ndim == 1:
-            p.copy_(0.05 * torch.randn(p.shape, generator=g))
-        else:
-            fan_in = p.shape[-1] if p.ndim != 5 else math.prod(p.shape[1:])
-            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
-
-
 def hf_config(
     text: dict[str, Any], vision: dict[str, Any] | None = None, tie: bool = False, moe: bool = False
 ):
@@ -146,7 +136,7 @@ def save_checkpoint(
     cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
     torch.manual_seed(seed)
     model = cls(hf_config(text, vision, tie, moe))
-    randomize_(model, seed)
+    randomize_weights(model, seed)
     if tie:
         model.tie_weights()
     model.eval()
@@ -187,3 +177,54 @@ def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any) 
     tokens = out[0, ids.numel() :].tolist()
     assert len(tokens) == n, f"generate() stopped after {len(tokens)} of {n} tokens"
     return tokens
+
+
+# Qwen3-VL's published preprocessor_config.json values (transformers' class defaults are Qwen2-VL's).
+QWEN3VL_PREPROCESSOR = dict(
+    patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=3
+)
+
+
+def hf_image_processor(min_pixels: int = 65536, max_pixels: int = 16777216):
+    """transformers' PIL-backend Qwen2-VL image processor (the one Qwen3-VL uses) with Qwen3-VL's values."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(**QWEN3VL_PREPROCESSOR, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def save_preprocessor_config(out_dir: Path, min_pixels: int, max_pixels: int) -> None:
+    """Write preprocessor_config.json with transformers' own writer (`size: {shortest_edge, longest_edge}`)."""
+    hf_image_processor(min_pixels, max_pixels).save_pretrained(out_dir)
+
+
+def hf_multimodal_inputs(tokenizer, processor, images: list, prompt: str) -> dict[str, torch.Tensor]:
+    """transformers' reference inputs for a user turn with `images` first, then `prompt`.
+
+    Qwen3VLProcessor cannot be built here (its video processor needs torchvision), so its two steps are
+    reproduced as it documents them: each `<|image_pad|>` becomes grid.prod() // merge^2 pads
+    (`replace_image_token`) and `mm_token_type_ids` is 1 exactly at the pads.
+    """
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": prompt}]
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    vision = processor(images=images, return_tensors="pt")
+    pad = "<|image_pad|>"
+    for grid in vision["image_grid_thw"]:
+        text = text.replace(pad, "\0" * (int(grid.prod()) // processor.merge_size**2), 1)
+    ids = torch.tensor(tokenizer(text.replace("\0", pad), add_special_tokens=False)["input_ids"])
+    return {
+        "ids": ids,
+        "pixel_values": vision["pixel_values"],
+        "image_grid_thw": vision["image_grid_thw"],
+        "mm_token_type_ids": (ids == TOKEN_IDS[pad]).to(torch.int32).view(1, -1),
+    }
+
+
+def load_alpamayo_hf(directory: Path) -> torch.nn.Module:
+    """transformers' Qwen3-VL model holding the VLM of an Alpamayo-layout checkpoint (`vlm_config`, `vlm.`
+    weights), such as the demo checkpoint: the golden reference for code that reads that layout."""
+    model = hf_vlm(json.loads((directory / "config.json").read_text())["vlm_config"])
+    weights = load_file(str(directory / "model.safetensors"))
+    model.load_state_dict({k.removeprefix("vlm."): v for k, v in weights.items()}, strict=True)
+    return model

@@ -1,4 +1,4 @@
-"""`alpamayo generate`: chat-templated greedy text generation from a checkpoint."""
+"""`alpamayo generate`: chat-templated greedy generation from a text prompt and optional images."""
 
 from __future__ import annotations
 
@@ -6,18 +6,27 @@ import argparse
 import json
 
 import torch
+from PIL import Image
 
 from alpamayo.commands.common import DTYPES, add_model_args, resolve_device
 from alpamayo.config import load_config
 from alpamayo.generation import greedy_continue
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import chat_prompt_ids, load_tokenizer
+from alpamayo.vlm import VisionLanguageModel
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="greedy chat generation from a text prompt")
+    p = sub.add_parser("generate", help="greedy chat generation from a text prompt and optional images")
     add_model_args(p)
     p.add_argument("--prompt", required=True, help="user message")
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="image file, repeatable; the images come first in the user message, in the order given",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument(
         "--json", action="store_true", help="print one JSON object: prompt_token_ids, token_ids, text"
@@ -25,15 +34,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def load_images(paths: list[str]) -> list[Image.Image]:
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                images.append(image)
+        except OSError as e:  # missing file, unreadable or not an image (PIL's UnidentifiedImageError)
+            raise ValueError(f"--image {path}: cannot read the image ({e})") from e
+    return images
+
+
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    images = load_images(args.image)
     cfg = load_config(args.checkpoint)
     tokenizer = load_tokenizer(args.checkpoint)
-    prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}])
-    model = TextModel.from_checkpoint(args.checkpoint, cfg, DTYPES[args.dtype], resolve_device(args.device))
-    model.setup_cache(len(prompt) + args.max_new_tokens)
-    logits = model.prefill(torch.tensor(prompt))
+    dtype, device = DTYPES[args.dtype], resolve_device(args.device)
+    if images:
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]
+        model = VisionLanguageModel.from_checkpoint(args.checkpoint, dtype, device)
+        features = model.encode_images(images)
+        prompt = model.expand_image_pads(
+            chat_prompt_ids(tokenizer, [{"role": "user", "content": content}]), features
+        )
+        model.setup_cache(len(prompt) + args.max_new_tokens)
+        logits = model.prefill(prompt, features)
+    else:
+        prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}])
+        model = TextModel.from_checkpoint(args.checkpoint, cfg, dtype, device)
+        model.setup_cache(len(prompt) + args.max_new_tokens)
+        logits = model.prefill(torch.tensor(prompt))
     tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     if args.json:

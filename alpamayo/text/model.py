@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig, load_config
+from alpamayo.checkpoint import Checkpoint, open_checkpoint
+from alpamayo.config import ModelConfig
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.linear import Linear
@@ -63,15 +63,9 @@ class TextModel(nn.Module):
         device: str | torch.device = "cpu",
     ) -> TextModel:
         """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first."""
-        ckpt = source if isinstance(source, Checkpoint) else None
-        directory = ckpt.directory if ckpt is not None else Path(source)
-        cfg = cfg or load_config(directory)
-        ckpt = ckpt or Checkpoint(directory, cfg.weight_prefix)
+        ckpt, cfg = open_checkpoint(source, cfg)
         ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
-
-        def get(name: str) -> torch.Tensor:
-            return ckpt.get(name, dtype, device)
-
+        get = ckpt.getter(dtype, device)
         t = cfg.text
         embed = get(EMBED)
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]

@@ -1,0 +1,290 @@
+"""The embedded demo checkpoint: a tiny random-weight model in the Alpamayo format, built offline.
+
+`make_demo_checkpoint(out, seed)` writes, byte-for-byte the same for a given seed (on one software install):
+  config.json              Alpamayo layout: the Qwen3-VL config under `vlm_config`, trajectory settings on top
+  model.safetensors        random float32 weights, every VLM tensor prefixed `vlm.`
+  tokenizer.json, tokenizer_config.json, chat_template.jinja
+                           byte-level BPE trained on `assets/demo_corpus.txt`, extended like Alpamayo's vocabulary
+  generation_config.json   EOS ids
+  preprocessor_config.json Alpamayo's image preprocessing (320x576 frames from 1080x1920: 180 tokens per image)
+
+Vocabulary layout (ids), mirroring the real one (`<i0>` = 151669, vocab 155697) at a small scale:
+  [0, 512)       byte alphabet (256) + BPE merges (256)
+  [512, 538)     the 26 Qwen special tokens, `<|endoftext|>` .. `</think>`, in Qwen's order
+  [538, 4538)    `<i0>` .. `<i3999>`: future bins 0..2999, then history bins 0..999
+  [4538, 4566)   the Alpamayo markers (`<|prompt_start|>` ..), `<|image_pad|>` being already present
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from planner.settings import ActionSpaceSettings, FutureTokenizerSettings, HistoryTokenizerSettings
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+CORPUS = ASSETS / "demo_corpus.txt"
+CHAT_TEMPLATE = ASSETS / "qwen3vl_chat_template.jinja"
+
+BPE_VOCAB_SIZE = 512  # the corpus supports ~580 merges at min_frequency 2; 512 keeps the layout fixed
+# Qwen2/3 added tokens in id order (151643..151668); (token, special). The tool/think tags are not special.
+QWEN_ADDED_TOKENS = [
+    *[(f"<|{n}|>", True) for n in ("endoftext", "im_start", "im_end", "object_ref_start", "object_ref_end")],
+    *[(f"<|{n}|>", True) for n in ("box_start", "box_end", "quad_start", "quad_end", "vision_start")],
+    *[(f"<|{n}|>", True) for n in ("vision_end", "vision_pad", "image_pad", "video_pad")],
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    *[
+        (f"<|{n}|>", True)
+        for n in ("fim_prefix", "fim_middle", "fim_suffix", "fim_pad", "repo_name", "file_sep")
+    ],
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+]
+# Alpamayo's 29 markers in the order it adds them (`SPECIAL_TOKENS_KEYS` of its base model).
+ALPAMAYO_MARKERS = [
+    "prompt_start", "prompt_end", "image_start", "_padding_0", "image_end", "traj_history_start", "_padding_1",
+    "traj_history_end", "cot_start", "cot_end", "_padding_2", "_padding_3", "traj_future_start", "_padding_4",
+    "traj_future_end", "traj_history", "traj_future", "image_pad", "_padding_5", "_padding_6", "_padding_7",
+    "_padding_8", "route_start", "route_pad", "route_end", "question_start", "question_end", "answer_start",
+    "answer_end",
+]  # fmt: skip
+
+# Small enough for a 4-camera x 4-frame prediction (16 x 180 visual tokens, ~3k-token prefill) on 2 CPU cores;
+# GQA 2:1, M-RoPE sections summing to head_dim / 2, three DeepStack levels like the real models.
+DEMO_TEXT = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "max_position_embeddings": 8192,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 5_000_000.0,
+        "mrope_section": [6, 5, 5],
+        "mrope_interleaved": True,
+    },
+}
+DEMO_VISION = {
+    "depth": 4,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_heads": 4,
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": [1, 2, 3],
+    "hidden_act": "gelu_pytorch_tanh",
+}
+# Alpamayo's processor settings (`helper.py`: min_pixels 163840, max_pixels 196608) with Qwen3-VL's
+# normalisation: a 1080x1920 frame resizes to 320x576, a 20x36 patch grid, 180 merged tokens.
+MIN_PIXELS, MAX_PIXELS = 163840, 196608
+PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen3VLProcessor",
+    "do_convert_rgb": True,
+    "do_resize": True,
+    "resample": 3,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+    "min_pixels": MIN_PIXELS,
+    "max_pixels": MAX_PIXELS,
+}
+
+
+def build_tokenizer() -> Any:
+    """The demo tokenizer: Qwen2-style byte-level BPE trained on the built-in corpus, then extended with the
+    Qwen added tokens, the 4000 trajectory tokens (normal tokens, as Alpamayo adds them) and the Alpamayo
+    markers (special tokens), with the Qwen3-VL-style chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import AddedToken, Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(CORPUS.read_text().splitlines(), trainer)
+    model = json.loads(bpe.to_str())["model"]
+    if len(model["vocab"]) != BPE_VOCAB_SIZE:
+        raise RuntimeError(
+            f"{CORPUS}: BPE training gave {len(model['vocab'])} tokens, expected {BPE_VOCAB_SIZE}"
+        )
+    vocab = dict(model["vocab"])
+    for token, _ in QWEN_ADDED_TOKENS:
+        vocab[token] = len(vocab)
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[tuple(m) for m in model["merges"]],
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tok.add_tokens(
+        [AddedToken(t, special=special, normalized=not special) for t, special in QWEN_ADDED_TOKENS]
+    )
+    tok.add_tokens([f"<i{i}>" for i in range(_traj_vocab_size())])
+    tok.add_tokens([f"<|{m}|>" for m in ALPAMAYO_MARKERS], special_tokens=True)
+    tok.chat_template = CHAT_TEMPLATE.read_text()
+    return tok
+
+
+def _traj_vocab_size() -> int:
+    return FutureTokenizerSettings().num_bins + HistoryTokenizerSettings().num_bins
+
+
+def demo_config(tokenizer: Any) -> dict[str, Any]:
+    """config.json of the demo checkpoint (Alpamayo layout) for `tokenizer`'s vocabulary."""
+    ids = tokenizer.convert_tokens_to_ids
+    future, history = FutureTokenizerSettings(), HistoryTokenizerSettings()
+    text = dict(
+        DEMO_TEXT,
+        vocab_size=len(tokenizer),
+        eos_token_id=ids("<|im_end|>"),
+        pad_token_id=ids("<|endoftext|>"),
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    return {
+        "model_type": "alpamayo_demo",
+        "vlm_config": {
+            "architectures": ["Qwen3VLForConditionalGeneration"],
+            "model_type": "qwen3_vl",
+            "text_config": text,
+            "vision_config": dict(DEMO_VISION, out_hidden_size=DEMO_TEXT["hidden_size"]),
+            "image_token_id": ids("<|image_pad|>"),
+            "video_token_id": ids("<|video_pad|>"),
+            "vision_start_token_id": ids("<|vision_start|>"),
+            "vision_end_token_id": ids("<|vision_end|>"),
+            "tie_word_embeddings": False,
+        },
+        "traj_vocab_size": _traj_vocab_size(),
+        "tokens_per_history_traj": history.num_tokens,
+        "tokens_per_future_traj": 2 * ActionSpaceSettings().n_waypoints,
+        "traj_tokenizer_cfg": {
+            "num_bins": future.num_bins,
+            "dims_min": list(future.dims_min),
+            "dims_max": list(future.dims_max),
+        },
+        "hist_traj_tokenizer_cfg": {
+            "num_bins": history.num_bins,
+            "ego_xyz_min": list(history.xyz_min),
+            "ego_xyz_max": list(history.xyz_max),
+            "pad_origin_at_beginning": history.pad_origin,
+        },
+        "action_space_cfg": {
+            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(ActionSpaceSettings()).items()
+        },
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": MAX_PIXELS,
+        "include_camera_ids": True,
+        "include_frame_nums": True,
+        "add_special_tokens": True,
+    }
+
+
+@torch.no_grad()
+def randomize_weights(model: torch.nn.Module, seed: int) -> None:
+    """Seeded re-initialisation of every parameter, in name order: norm weights 1 + 0.1 N, biases 0.05 N,
+    matrices N / sqrt(fan_in). (Unit norms and zero biases, transformers' defaults, would hide a missing norm
+    or bias in a golden test.)"""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.ndim == 1 and "norm" in name and name.endswith("weight"):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+        elif p.ndim == 1:
+            p.copy_(0.05 * torch.randn(p.shape, generator=g))
+        else:
+            fan_in = p.shape[-1] if p.ndim != 5 else math.prod(p.shape[1:])
+            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+
+
+def hf_vlm(vlm_config: dict[str, Any]) -> torch.nn.Module:
+    """transformers' `Qwen3VLForConditionalGeneration` for a `vlm_config` object (default-initialised, eval)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    fields = {k: v for k, v in vlm_config.items() if k not in ("architectures", "model_type")}
+    return Qwen3VLForConditionalGeneration(Qwen3VLConfig(**fields)).eval()
+
+
+def demo_weights(vlm_config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """Random float32 VLM weights for `vlm_config`, named as on disk in an Alpamayo checkpoint (`vlm.` prefix)."""
+    model = hf_vlm(vlm_config)
+    randomize_weights(model, seed)
+    return {f"vlm.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def make_demo_checkpoint(out: str | Path, seed: int = 0) -> Path:
+    """Write the demo checkpoint into `out` (a new or empty directory); returns its path."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: the demo checkpoint needs a new or empty directory; this one is not empty")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    tokenizer = build_tokenizer()
+    config = demo_config(tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    _write_json(out / "config.json", config)
+    eos = [
+        config["vlm_config"]["text_config"]["eos_token_id"],
+        tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    ]
+    _write_json(out / "generation_config.json", {"eos_token_id": eos, "pad_token_id": eos[1]})
+    _write_json(out / "preprocessor_config.json", PREPROCESSOR)
+    save_file(
+        demo_weights(config["vlm_config"], seed), str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
+    return out
+
+
+def token_layout(tokenizer: Any) -> list[tuple[str, int, int]]:
+    """(what, first id, last id) of each contiguous block of the demo vocabulary, for notes and reports."""
+    ids = tokenizer.convert_tokens_to_ids
+    n_traj = _traj_vocab_size()
+    n_future = FutureTokenizerSettings().num_bins
+    return [
+        ("byte-level BPE (alphabet + merges)", 0, BPE_VOCAB_SIZE - 1),
+        ("Qwen added tokens <|endoftext|>..</think>", ids("<|endoftext|>"), ids("</think>")),
+        (f"future bins <i0>..<i{n_future - 1}>", ids("<i0>"), ids(f"<i{n_future - 1}>")),
+        (f"history bins <i{n_future}>..<i{n_traj - 1}>", ids(f"<i{n_future}>"), ids(f"<i{n_traj - 1}>")),
+        ("Alpamayo markers <|prompt_start|>..<|answer_end|>", ids("<|prompt_start|>"), ids("<|answer_end|>")),
+    ]

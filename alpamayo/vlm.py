@@ -1,0 +1,127 @@
+"""The full Qwen3-VL image + text model: preprocessing, vision tower, text decoder, glued by the prompt layout.
+
+    vlm = VisionLanguageModel.from_checkpoint(ckpt_dir, dtype=torch.bfloat16)
+    features = vlm.encode_images(frames)                 # one ImageFeatures per image (cacheable per frame)
+    ids = vlm.expand_image_pads(prompt_ids, features)    # one <|image_pad|> per image -> one per token
+    vlm.setup_cache(len(ids) + max_new_tokens)
+    logits = vlm.prefill(ids, features)                  # [V] float32, last prompt position
+    logits = vlm.decode(next_id)
+
+Prefill embeds the prompt, replaces the image-pad rows with the image embeddings (images in prompt order),
+runs the decoder with 3-row M-RoPE positions (`alpamayo.positions`) and adds DeepStack level k to the output
+of decoder layer k at the image positions. Decoding is the text model's (positions shifted by rope_delta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import load_config
+from alpamayo.errors import ConfigError
+from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
+from alpamayo.text import TextModel
+from vision.encoder import VisionEncoder
+from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
+
+
+@dataclass(frozen=True)
+class ImageFeatures:
+    """What the language model needs from one image: embeds [n, H] and DeepStack features (one [n, H] per
+    level), n = t * h * w / merge^2 tokens for the patch grid `grid_thw` (t, h, w), in the model dtype."""
+
+    embeds: torch.Tensor
+    deepstack: tuple[torch.Tensor, ...]
+    grid_thw: tuple[int, int, int]
+
+
+class VisionLanguageModel:
+    """`.config` (ModelConfig), `.text` (TextModel), `.vision` (VisionEncoder), `.preprocess` (PreprocessConfig)."""
+
+    def __init__(self, text: TextModel, vision: VisionEncoder, preprocess: PreprocessConfig):
+        self.config, self.text, self.vision, self.preprocess = text.cfg, text, vision, preprocess
+
+    @classmethod
+    def from_checkpoint(
+        cls, directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    ) -> VisionLanguageModel:
+        """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json)."""
+        cfg = load_config(directory)
+        if cfg.vision is None or cfg.image_token_id is None:
+            raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
+        pre = PreprocessConfig.from_checkpoint(directory)
+        v = cfg.vision
+        model_side = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
+        if (pre.patch_size, pre.merge_size, pre.temporal_patch_size) != model_side:
+            raise ConfigError(
+                f"{directory}: preprocessor_config.json patch/merge/temporal sizes "
+                f"{(pre.patch_size, pre.merge_size, pre.temporal_patch_size)} differ from vision_config's {model_side}"
+            )
+        ckpt = Checkpoint(directory, cfg.weight_prefix)
+        text = TextModel.from_checkpoint(ckpt, cfg, dtype, device)
+        return cls(text, VisionEncoder.from_checkpoint(ckpt, cfg, dtype, device), pre)
+
+    # ------------------------------------------------------------------ images
+    def encode_images(self, images: Sequence[ImageInput], channel_order: str = "RGB") -> list[ImageFeatures]:
+        """Preprocess and encode images in one vision forward (one attention segment each); one entry per image.
+
+        numpy images are uint8 [H, W, 3] in `channel_order` ("RGB" or "BGR"); PIL images any mode.
+        """
+        pixel_values, grid = preprocess_images(images, self.preprocess, channel_order)
+        embeds, deepstack = self.vision.encode(pixel_values, grid)
+        counts = image_token_counts(grid, self.preprocess.merge_size)
+        levels = [level.split(counts) for level in deepstack]
+        return [
+            ImageFeatures(e, tuple(level[i] for level in levels), tuple(grid[i].tolist()))
+            for i, e in enumerate(embeds.split(counts))
+        ]
+
+    def expand_image_pads(self, input_ids: Sequence[int], features: Sequence[ImageFeatures]) -> list[int]:
+        """One `<|image_pad|>` per image (prompt order) -> as many pads as that image has tokens."""
+        return expand_image_pads(input_ids, _grids(features), self.config)
+
+    # ------------------------------------------------------------------ generation
+    def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
+        self.text.setup_cache(max_seq_len, max_batch)
+
+    def prefill_hidden(
+        self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
+    ) -> torch.Tensor:
+        """Expanded prompt ids [L] + the features of its images (prompt order) -> final-normed hidden [L, H]."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
+        if not features:
+            positions, _ = mrope_position_ids(ids, None, self.config)
+            return self.text.prefill_hidden(ids, positions)
+        positions, _ = mrope_position_ids(ids, _grids(features), self.config)
+        mask = ids == self.config.image_token_id
+        embeds = self.text.embed(ids)
+        image_embeds = torch.cat([f.embeds for f in features])
+        expected = (int(mask.sum()), embeds.shape[-1])
+        if tuple(image_embeds.shape) != expected:
+            raise ValueError(
+                f"image embeds have shape {list(image_embeds.shape)}, expected {list(expected)} "
+                "(one row per <|image_pad|>, text hidden size)"
+            )
+        embeds[mask.to(embeds.device)] = image_embeds.to(embeds.device, embeds.dtype)
+        deepstack = [torch.cat(level) for level in zip(*(f.deepstack for f in features), strict=True)]
+        return self.text.prefill_hidden(embeds, positions, mask, deepstack)
+
+    def prefill(
+        self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
+    ) -> torch.Tensor:
+        """`prefill_hidden`, then float32 logits [V] of the last prompt position."""
+        hidden = self.prefill_hidden(input_ids, features)
+        with torch.inference_mode():
+            return self.text.logits(hidden[-1])
+
+    def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
+        """Append one token per active cache row -> float32 logits ([V] for an int, [B, V] for ids [B])."""
+        return self.text.decode(tokens)
+
+
+def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:
+    return torch.tensor([f.grid_thw for f in features], dtype=torch.long).view(-1, 3)

@@ -1,0 +1,2 @@
+"""Trajectory side of the driving model: ego history in the t0 frame, trajectory tokenizers, the unicycle
+action space and rollout, the Alpamayo prompt, and planning metrics. Host-side numpy (float64) throughout."""

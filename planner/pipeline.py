@@ -1,0 +1,93 @@
+"""The planner side of one prediction, for one checkpoint: ego history -> prompt tokens, generated trajectory
+tokens -> actions -> waypoints. The runtime calls, per request:
+
+    history = planner.history(ego_history)                   # t0 ego frame, validated
+    prompt = planner.prompt(cameras, 4, history, route)       # token ids, one <|image_pad|> per image
+    ... VLM prefill, then alpamayo.trajectory_generation.generate_plans(...) ...
+    samples = planner.samples(plans, history)                 # TrajectorySample per generated plan
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from alpamayo.config import ModelConfig
+from alpamayo.prediction import EgoHistory, TrajectorySample
+from alpamayo.trajectory_generation import GeneratedPlan, PlanLimits
+from planner.action_space import UnicycleActionSpace
+from planner.ego_frame import LocalHistory, to_t0_frame
+from planner.prompt import DrivingPrompt, PromptSettings, build_prompt
+from planner.settings import PlannerSettings
+from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab
+
+
+class Planner:
+    """Tokenizers, action space, prompt format and trajectory vocabulary of one checkpoint."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        settings: PlannerSettings | None = None,
+        prompt_settings: PromptSettings | None = None,
+        vocab_size: int | None = None,
+    ):
+        settings = settings or PlannerSettings()
+        self.tokenizer, self.settings = tokenizer, settings
+        self.prompt_settings = prompt_settings or PromptSettings()
+        self.vocab = TrajectoryVocab.from_tokenizer(tokenizer, settings, vocab_size)
+        self.history_tokenizer = HistoryTokenizer(settings.history)
+        self.future_tokenizer = FutureTokenizer(settings.future, settings.action_space)
+        self.action_space = UnicycleActionSpace(settings.action_space)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, tokenizer: Any) -> Planner:
+        """Settings from the checkpoint's config.json; token ids checked against its embedding table."""
+        return cls(
+            tokenizer,
+            PlannerSettings.from_config(cfg),
+            PromptSettings.from_config(cfg.extra),
+            cfg.text.vocab_size,
+        )
+
+    def limits(self, max_reasoning_tokens: int = PlanLimits.max_reasoning_tokens) -> PlanLimits:
+        return PlanLimits(max_reasoning_tokens, self.settings.tokens_per_future)
+
+    def history(self, ego_history: EgoHistory) -> LocalHistory:
+        return to_t0_frame(ego_history)
+
+    def prompt(
+        self, cameras: Sequence[int], frames_per_camera: int, history: LocalHistory, route: str | None = None
+    ) -> DrivingPrompt:
+        bins = self.history_tokenizer.encode(history.xyz)
+        return build_prompt(
+            self.tokenizer, self.vocab, cameras, frames_per_camera, bins, route, self.prompt_settings
+        )
+
+    def reasoning_text(self, token_ids: Sequence[int]) -> str:
+        """The chain-of-causation text: the reasoning tokens up to `<|cot_end|>`, specials dropped, stripped."""
+        ids = list(token_ids)
+        end = self.vocab.marker("cot_end")
+        if end in ids:
+            ids = ids[: ids.index(end)]
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    def samples(self, plans: Sequence[GeneratedPlan], history: LocalHistory) -> list[TrajectorySample]:
+        """Decode each plan's bins to actions and roll them out from the t0 speed estimated from `history`."""
+        v0 = self.action_space.estimate_v0(history)
+        out = []
+        for plan in plans:
+            actions = self.future_tokenizer.decode(plan.future_bins)
+            xyz, heading = self.action_space.rollout(actions, v0, z0=float(history.xyz[-1, 2]))
+            out.append(
+                TrajectorySample(
+                    reasoning=self.reasoning_text(plan.reasoning_token_ids),
+                    reasoning_token_ids=list(plan.reasoning_token_ids),
+                    token_ids=list(plan.future_token_ids),
+                    actions=actions,
+                    xyz=xyz,
+                    heading=heading,
+                    reasoning_capped=plan.reasoning_capped,
+                )
+            )
+        return out

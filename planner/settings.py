@@ -1,0 +1,200 @@
+"""Trajectory settings of a checkpoint, read from the top-level Alpamayo keys (`ModelConfig.extra`).
+
+Keys (Alpamayo 1 / 1.5 `config.json` spelling; every one optional, defaults are the released values):
+  traj_tokenizer_cfg       {num_bins 3000, dims_min [-10, -10], dims_max [10, 10], action_space_cfg {...}}
+  hist_traj_tokenizer_cfg  {num_bins 1000, ego_xyz_min [-4, -4, -10], ego_xyz_max [4, 4, 10],
+                            pad_origin_at_beginning true (false in Alpamayo 2: 45 tokens)}
+  action_space_cfg         {accel_mean, accel_std, curvature_mean, curvature_std, dt, n_waypoints,
+                            accel_bounds, curvature_bounds, v/theta/a/kappa _lambda and _ridge}
+  tokens_per_future_traj 128, tokens_per_history_traj 48, traj_vocab_size 4000 (checked when present)
+`traj_tokenizer_cfg.action_space_cfg` (what the discrete tokenizer was trained with) overrides the top-level
+`action_space_cfg` key by key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from alpamayo.config import ModelConfig
+from alpamayo.errors import ConfigError
+from alpamayo.prediction import DT_S, FUTURE_STEPS, HISTORY_STEPS
+
+
+@dataclass(frozen=True)
+class ActionSpaceSettings:
+    """Unicycle (acceleration m/s^2, curvature 1/m) action space and the regularisation of its inverse.
+
+    The `*_lambda` weights penalise 3rd-order (v, heading) or 2nd-order (accel, curvature) differences;
+    `*_ridge` adds a small diagonal so each least-squares system stays positive definite.
+    """
+
+    dt: float = DT_S
+    n_waypoints: int = FUTURE_STEPS
+    accel_mean: float = 0.02903
+    accel_std: float = 0.68104
+    curvature_mean: float = 0.000269
+    curvature_std: float = 0.026148
+    accel_bounds: tuple[float, float] = (-9.8, 9.8)
+    curvature_bounds: tuple[float, float] = (-0.33, 0.33)
+    v_lambda: float = 1e-6
+    v_ridge: float = 1e-4
+    theta_lambda: float = 1e-6
+    theta_ridge: float = 1e-8
+    a_lambda: float = 1e-4
+    a_ridge: float = 1e-4
+    kappa_lambda: float = 1e-4
+    kappa_ridge: float = 1e-4
+
+
+@dataclass(frozen=True)
+class FutureTokenizerSettings:
+    """(accel, curvature) per waypoint, normalised, clipped to [dims_min, dims_max] and binned uniformly."""
+
+    num_bins: int = 3000
+    dims_min: tuple[float, float] = (-10.0, -10.0)
+    dims_max: tuple[float, float] = (10.0, 10.0)
+
+
+@dataclass(frozen=True)
+class HistoryTokenizerSettings:
+    """Per-step xyz deltas of the 16 history poses, binned uniformly over [xyz_min, xyz_max] metres."""
+
+    num_bins: int = 1000
+    xyz_min: tuple[float, float, float] = (-4.0, -4.0, -10.0)
+    xyz_max: tuple[float, float, float] = (4.0, 4.0, 10.0)
+    pad_origin: bool = True  # prepend the origin, so 16 deltas (48 tokens); False: 15 deltas (45 tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return 3 * (HISTORY_STEPS if self.pad_origin else HISTORY_STEPS - 1)
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    future: FutureTokenizerSettings = FutureTokenizerSettings()
+    history: HistoryTokenizerSettings = HistoryTokenizerSettings()
+    action_space: ActionSpaceSettings = ActionSpaceSettings()
+
+    @property
+    def tokens_per_future(self) -> int:
+        return 2 * self.action_space.n_waypoints
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> PlannerSettings:
+        return parse_planner_settings(cfg.extra, cfg.source or "config.json")
+
+
+class _Section:
+    """One JSON object of the config; every error names the dotted key and the file."""
+
+    def __init__(self, data: Any, path: str, source: str):
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: '{path}' must be a JSON object, got {type(data).__name__}")
+        self.data, self.path, self.source = data, path, source
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _fail(self, key: str, what: str) -> ConfigError:
+        return ConfigError(f"{self.source}: field '{self.name(key)}' must be {what}, got {self.data[key]!r}")
+
+    def number(self, key: str, default: float, positive: bool = False) -> float:
+        value = self.data.get(key, default)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (positive and value <= 0):
+            raise self._fail(key, "a positive finite number" if positive else "a finite number")
+        return float(value)
+
+    def numbers(self, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+        value = self.data.get(key, default)
+        ok = isinstance(value, (list, tuple)) and len(value) == len(default)
+        if not ok or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in value):
+            raise self._fail(key, f"a list of {len(default)} finite numbers")
+        return tuple(float(v) for v in value)
+
+    def integer(self, key: str, default: int, minimum: int = 1) -> int:
+        value = self.data.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self._fail(key, f"an integer >= {minimum}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise self._fail(key, "true or false")
+        return value
+
+
+def _ranges(section: _Section, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -> tuple[tuple, tuple]:
+    low, high = section.numbers(lo_key, lo), section.numbers(hi_key, hi)
+    if not all(a < b for a, b in zip(low, high, strict=True)):
+        raise ConfigError(
+            f"{section.source}: '{section.name(lo_key)}' = {list(low)} must be below "
+            f"'{section.name(hi_key)}' = {list(high)} in every dimension"
+        )
+    return low, high
+
+
+def _action_space(extra: dict[str, Any], source: str) -> ActionSpaceSettings:
+    merged = dict(_Section(extra.get("action_space_cfg"), "action_space_cfg", source).data)
+    nested = _Section(extra.get("traj_tokenizer_cfg"), "traj_tokenizer_cfg", source).data
+    merged.update(
+        _Section(nested.get("action_space_cfg"), "traj_tokenizer_cfg.action_space_cfg", source).data
+    )
+    s = _Section(merged, "action_space_cfg", source)
+    d = ActionSpaceSettings()
+    positive = {"dt", "accel_std", "curvature_std", "v_ridge", "theta_ridge", "a_ridge", "kappa_ridge"}
+    values: dict[str, Any] = {
+        name: s.number(name, getattr(d, name), positive=name in positive)
+        for name in (
+            "dt",
+            "accel_mean",
+            "accel_std",
+            "curvature_mean",
+            "curvature_std",
+            *(f"{q}_{kind}" for q in ("v", "theta", "a", "kappa") for kind in ("lambda", "ridge")),
+        )
+    }
+    values["n_waypoints"] = s.integer("n_waypoints", d.n_waypoints, minimum=2)
+    for name in ("accel_bounds", "curvature_bounds"):
+        bounds = s.numbers(name, getattr(d, name))
+        if bounds[0] >= bounds[1]:
+            raise s._fail(name, "[min, max] with min < max")
+        values[name] = bounds
+    return ActionSpaceSettings(**values)
+
+
+def parse_planner_settings(extra: dict[str, Any], source: str = "config.json") -> PlannerSettings:
+    """`PlannerSettings` from the top-level keys of an Alpamayo `config.json` (see the module docstring)."""
+    fut = _Section(extra.get("traj_tokenizer_cfg"), "traj_tokenizer_cfg", source)
+    hist = _Section(extra.get("hist_traj_tokenizer_cfg"), "hist_traj_tokenizer_cfg", source)
+    df, dh = FutureTokenizerSettings(), HistoryTokenizerSettings()
+    dims_min, dims_max = _ranges(fut, "dims_min", "dims_max", df.dims_min, df.dims_max)
+    xyz_min, xyz_max = _ranges(hist, "ego_xyz_min", "ego_xyz_max", dh.xyz_min, dh.xyz_max)
+    settings = PlannerSettings(
+        future=FutureTokenizerSettings(fut.integer("num_bins", df.num_bins, 2), dims_min, dims_max),
+        history=HistoryTokenizerSettings(
+            hist.integer("num_bins", dh.num_bins, 2),
+            xyz_min,
+            xyz_max,
+            hist.flag("pad_origin_at_beginning", dh.pad_origin),
+        ),
+        action_space=_action_space(extra, source),
+    )
+    top = _Section(extra, "", source)
+    expected = {
+        "tokens_per_future_traj": settings.tokens_per_future,
+        "tokens_per_history_traj": settings.history.num_tokens,
+        "traj_vocab_size": settings.future.num_bins + settings.history.num_bins,
+    }
+    for key, value in expected.items():
+        if key in extra and top.integer(key, value) != value:
+            raise ConfigError(
+                f"{source}: field '{key}' = {extra[key]} disagrees with the trajectory tokenizer settings, "
+                f"which give {value}"
+            )
+    return settings

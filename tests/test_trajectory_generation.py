@@ -1,0 +1,155 @@
+"""Reasoning-then-trajectory generation on the demo checkpoint's text model and real tokenizer, against
+transformers' `generate` with the same constraints, plus sampling semantics against transformers' warpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alpamayo.config import load_config
+from alpamayo.generation import Sampling, TokenSampler, nucleus_logits, row_seeds
+from alpamayo.profiling.tracer import Tracer
+from alpamayo.text import TextModel
+from alpamayo.tokenizer import load_tokenizer
+from alpamayo.trajectory_generation import PlanLimits, generate_plans
+from planner.tokenizers import TrajectoryVocab
+from tests.hf_checkpoints import load_alpamayo_hf
+
+PROMPT = (
+    "<|im_start|>user\nThe light ahead turned red. What now?<|im_end|>\n<|im_start|>assistant\n<|cot_start|>"
+)
+
+
+class Demo:
+    def __init__(self, path):
+        self.cfg = load_config(path)
+        self.tokenizer = load_tokenizer(path)
+        self.vocab = TrajectoryVocab.from_tokenizer(self.tokenizer, vocab_size=self.cfg.text.vocab_size)
+        self.model = TextModel.from_checkpoint(path, self.cfg)
+        self.prompt = torch.tensor(self.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+        self.path = path
+
+    def plans(self, sampler: TokenSampler, limits: PlanLimits, tracer: Tracer | None = None):
+        """Prefill once, then generate len(sampler.generators) plans from the shared prompt cache."""
+        self.model.setup_cache(len(self.prompt) + limits.decode_positions, len(sampler.generators))
+        logits = self.model.prefill(self.prompt)
+        return generate_plans(self.model, logits, self.vocab, sampler, limits, self.cfg.eos_token_ids, tracer)
+
+
+@pytest.fixture(scope="module")
+def demo(demo_checkpoint):
+    return Demo(demo_checkpoint)
+
+
+class PlanConstraints:
+    """transformers logits processor with the constraints of `generate_plans`, for the golden run."""
+
+    def __init__(self, demo: Demo, prompt_len: int, cap: int):
+        self.prompt_len, self.cap = prompt_len, cap
+        self.start = demo.vocab.marker("traj_future_start")
+        self.traj = torch.cat(
+            [torch.as_tensor(demo.vocab.future_ids), torch.as_tensor(demo.vocab.history_ids)]
+        )
+        self.eos = torch.tensor(demo.cfg.eos_token_ids)
+        self.future = torch.as_tensor(demo.vocab.future_ids)
+
+    def __call__(self, input_ids, scores):
+        out = torch.full_like(scores, float("-inf"))
+        for row, ids in enumerate(input_ids[:, self.prompt_len :].tolist()):
+            if self.start in ids:
+                out[row, self.future] = scores[row, self.future]
+            elif len(ids) == self.cap:
+                out[row, self.start] = 0.0
+            else:
+                out[row] = scores[row]
+                out[row, self.traj] = float("-inf")
+                out[row, self.eos] = float("-inf")
+        return out
+
+
+def test_greedy_plan_matches_transformers_generate(demo, record_figure):
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    limits = PlanLimits(max_reasoning_tokens=20, tokens_per_future=128)
+    (plan,) = demo.plans(TokenSampler.for_request(Sampling(), None, 1), limits)
+
+    hf = load_alpamayo_hf(demo.path)
+    n = len(demo.prompt)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=limits.max_reasoning_tokens + 1 + 128)
+    gen.eos_token_id, gen.pad_token_id = None, demo.cfg.eos_token_ids[-1]
+    with torch.no_grad():
+        hf.model.rope_deltas = None
+        out = hf.generate(
+            input_ids=demo.prompt.view(1, -1),
+            attention_mask=torch.ones(1, n, dtype=torch.long),
+            generation_config=gen,
+            logits_processor=LogitsProcessorList([PlanConstraints(demo, n, limits.max_reasoning_tokens)]),
+        )[0, n:].tolist()
+    start = out.index(demo.vocab.marker("traj_future_start"))
+    assert plan.reasoning_token_ids == out[:start]
+    assert plan.future_token_ids == out[start + 1 : start + 129]
+    assert plan.reasoning_capped == (start == limits.max_reasoning_tokens)
+    assert plan.future_bins.tolist() == demo.vocab.future_bins(plan.future_token_ids).tolist()
+    record_figure("greedy tokens equal to transformers", f"{len(plan.reasoning_token_ids) + 129}")
+
+
+def test_samples_in_one_batch_equal_samples_run_alone(demo):
+    """K rows forked from one prefill give what each row gives from its own prefill: the KV copy is exact."""
+    sampling, limits = Sampling(temperature=0.8, top_p=0.95), PlanLimits(8, 24)
+    batch = demo.plans(TokenSampler.for_request(sampling, 1234, 3), limits)
+    seeds = row_seeds(1234, 3)
+    for i in (0, 2):
+        (alone,) = demo.plans(TokenSampler(sampling, [seeds[i]]), limits)
+        assert alone.reasoning_token_ids == batch[i].reasoning_token_ids
+        assert alone.future_token_ids == batch[i].future_token_ids
+    assert batch[0].future_token_ids != batch[1].future_token_ids  # independent streams
+    again = demo.plans(TokenSampler.for_request(sampling, 1234, 2), limits)
+    assert [p.future_token_ids for p in again] == [p.future_token_ids for p in batch[:2]]
+
+
+def test_reasoning_ends_on_traj_future_start_or_at_the_cap(demo):
+    """Near-uniform sampling over the ~560 tokens allowed in the reasoning: with this seed one of 8 rows emits
+    <|traj_future_start|> (after 109 tokens) and 7 are cut off by the cap."""
+    limits = PlanLimits(max_reasoning_tokens=160, tokens_per_future=8)
+    tracer = Tracer()
+    plans = demo.plans(TokenSampler.for_request(Sampling(temperature=50.0), 5, 8), limits, tracer)
+    blocked = set(demo.vocab.future_ids.tolist()) | set(demo.vocab.history_ids.tolist())
+    blocked |= set(demo.cfg.eos_token_ids)
+    future = set(demo.vocab.future_ids.tolist())
+    for plan in plans:
+        assert not blocked & set(plan.reasoning_token_ids)
+        assert len(plan.reasoning_token_ids) <= limits.max_reasoning_tokens
+        assert plan.reasoning_capped == (len(plan.reasoning_token_ids) == limits.max_reasoning_tokens)
+        assert len(plan.future_token_ids) == 8 and set(plan.future_token_ids) <= future
+        assert plan.future_bins.min() >= 0 and plan.future_bins.max() < 3000
+    capped = [p.reasoning_capped for p in plans]
+    assert any(capped) and not all(capped), capped
+    assert [s.name for s in tracer.spans] == ["reasoning_decode", "trajectory_decode"]
+
+
+def test_nucleus_sampling_matches_transformers_warpers():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(4, 997, generator=torch.Generator().manual_seed(0)) * 3
+    for temperature, top_p in [(0.6, 0.98), (1.0, 0.5), (1.7, 0.9), (0.3, 1.0)]:
+        expected = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(temperature)(None, logits.clone()))
+        torch.testing.assert_close(nucleus_logits(logits, temperature, top_p), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=-0.1), r"temperature must be a finite number >= 0 \(0 = greedy\), got -0.1"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+        (dict(temperature=float("nan")), r"temperature must be a finite number"),
+    ],
+)
+def test_bad_sampling_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Sampling(**kwargs)
+
+
+def test_sample_streams_depend_only_on_seed_and_row():
+    assert row_seeds(7, 3)[:2] == row_seeds(7, 2) and row_seeds(7, 2) != row_seeds(8, 2)
+    with pytest.raises(ValueError, match=r"seed must be None or an integer >= 0, got -1"):
+        row_seeds(-1, 2)
