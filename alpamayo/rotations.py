@@ -1,23 +1,9 @@
-"""Unit quaternions (x, y, z, w) for ego poses: rotation matrices, yaw, interpolation and the t0 ego frame.
-
-A pose quaternion gives the ego->world rotation (alpamayo.prediction.EgoHistory). All arrays are float64.
-"""
+"""Unit quaternions (x, y, z, w) of ego poses: from yaw, and interpolated. Rotation matrices and the t0 ego frame
+are in planner.ego_frame. A pose quaternion gives the ego->world rotation (alpamayo.prediction.EgoHistory)."""
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def quat_to_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
-    """[..., 4] unit quaternions (x, y, z, w) -> [..., 3, 3] rotation matrices."""
-    q = np.asarray(quat_xyzw, dtype=np.float64)
-    x, y, z, w = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
-    rows = [
-        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-    ]
-    return np.stack([np.stack(r, axis=-1) for r in rows], axis=-2)
 
 
 def yaw_to_quat(yaw: np.ndarray) -> np.ndarray:
@@ -44,9 +30,3 @@ def slerp(q0: np.ndarray, q1: np.ndarray, w: np.ndarray) -> np.ndarray:
     b = np.where(near, w, np.sin(w * theta) / safe)
     out = a * q0 + b * q1
     return out / np.linalg.norm(out, axis=-1, keepdims=True)
-
-
-def world_to_ego(xyz_world: np.ndarray, origin_xyz: np.ndarray, origin_quat_xyzw: np.ndarray) -> np.ndarray:
-    """[N, 3] world points -> the ego frame of the pose (origin_xyz, origin_quat): R^-1 (xyz - origin)."""
-    rot = quat_to_matrix(origin_quat_xyzw)
-    return (np.asarray(xyz_world, dtype=np.float64) - origin_xyz) @ rot

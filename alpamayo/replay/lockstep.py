@@ -20,8 +20,8 @@ from alpamayo.replay.outputs import TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
 from alpamayo.replay.settings import ReplayJob
 from alpamayo.replay.ticks import Tick, TickAssembler
-from alpamayo.rotations import world_to_ego
 from bridges.recording import FrameError
+from planner.ego_frame import to_t0_frame
 
 
 def replay_lockstep(job: ReplayJob) -> ReplayRun:
@@ -87,7 +87,7 @@ def _run_tick(tick: Tick, job: ReplayJob, begin: int) -> TickResult | FrameError
         warmup=False,
         predicted_xyz=predicted,
         future_xyz=future_xyz,
-        history_xyz=world_to_ego(ego.xyz, ego.xyz[-1], ego.quat_xyzw[-1]),
+        history_xyz=to_t0_frame(ego).xyz,
         errors_m=tick_errors(predicted, future_xyz),
         invalid_reasons=invalid_reasons(prediction),
         stages_ms={},

@@ -34,7 +34,7 @@ from bridges.node import InferenceNode
 from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
 from PIL import Image
 
-from alpamayo.prediction import Prediction, TrajectorySample
+from alpamayo.prediction import EgoHistory, Prediction, TrajectorySample
 from alpamayo.replay.accuracy import tick_errors
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
@@ -46,8 +46,8 @@ from alpamayo.replay.ticks import (
     TickAssembler,
     recorded_future,
 )
-from alpamayo.rotations import world_to_ego
 from bridges.recording import CameraFrame, Drive
+from planner.ego_frame import to_t0_frame
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
@@ -226,7 +226,9 @@ def _results(
             stale.extend(msg.invalid_reasons or ["output without a trajectory"])
             continue
         xyz = np.stack([msg.x, msg.y, msg.z], axis=1)
-        history_xyz, history_quat = drive.poses.interpolate(msg.t0_ns + HISTORY_OFFSETS_NS)
+        history = EgoHistory(
+            *drive.poses.interpolate(msg.t0_ns + HISTORY_OFFSETS_NS), msg.t0_ns + HISTORY_OFFSETS_NS
+        )
         future = recorded_future(drive.poses, msg.t0_ns)
         future_xyz = None if future is None else future[0]
         stages = {**msg.timings_ms, "e2e_age": msg.frame_age_ms or 0.0}
@@ -236,7 +238,7 @@ def _results(
             warmup=False,
             predicted_xyz=xyz[None],
             future_xyz=future_xyz,
-            history_xyz=world_to_ego(history_xyz, history_xyz[-1], history_quat[-1]),
+            history_xyz=to_t0_frame(history).xyz,
             errors_m=tick_errors(xyz[None], future_xyz),
             invalid_reasons=list(msg.invalid_reasons),
             stages_ms=stages,
@@ -254,8 +256,8 @@ def _results(
                 seq=msg.seq,
                 t0_ns=msg.t0_ns,
                 frame_times_ns={c.index: list(c.t_sof_ns) for c in msg.cameras},
-                ego_xyz=history_xyz[-1],
-                ego_quat_xyzw=history_quat[-1],
+                ego_xyz=history.xyz[-1],
+                ego_quat_xyzw=history.quat_xyzw[-1],
                 prediction=Prediction([sample], np.asarray(msg.t)),
                 future_xyz=future_xyz,
                 future_heading=None if future is None else future[1],

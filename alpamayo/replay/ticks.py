@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, EgoHistory
-from alpamayo.rotations import quat_to_matrix, world_to_ego
 from bridges.recording import CameraFrame, Drive, PoseTrack, Warn
+from planner.ego_frame import quat_to_matrix
 
 PERIOD_NS = round(DT_S * 1e9)
 FRAME_TOLERANCE_NS = PERIOD_NS // 2  # nearest frame within half a period: never the neighbouring slot's frame
@@ -51,8 +51,9 @@ def recorded_future(poses: PoseTrack, t0_ns: int) -> tuple[np.ndarray, np.ndarra
     if origin is None or future is None:
         return None
     (xyz0,), (quat0,) = origin
-    relative = quat_to_matrix(quat0).T @ quat_to_matrix(future[1])
-    return world_to_ego(future[0], xyz0, quat0), np.arctan2(relative[:, 1, 0], relative[:, 0, 0])
+    to_t0 = quat_to_matrix(quat0).T  # R_t0^-1
+    relative = to_t0 @ quat_to_matrix(future[1])
+    return (future[0] - xyz0) @ to_t0.T, np.arctan2(relative[:, 1, 0], relative[:, 0, 0])
 
 
 @dataclass
