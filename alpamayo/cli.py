@@ -12,6 +12,7 @@ from alpamayo.errors import CheckpointError, ConfigError
 COMMANDS = [
     "alpamayo.commands.generate",
     "alpamayo.commands.make_demo_checkpoint",
+    "alpamayo.commands.predict",
     "alpamayo.commands.make_demo_drive",
 ]
 

@@ -71,7 +71,10 @@ class VisionLanguageModel:
 
         numpy images are uint8 [H, W, 3] in `channel_order` ("RGB" or "BGR"); PIL images any mode.
         """
-        pixel_values, grid = preprocess_images(images, self.preprocess, channel_order)
+        return self.encode_pixels(*preprocess_images(images, self.preprocess, channel_order))
+
+    def encode_pixels(self, pixel_values: torch.Tensor, grid: torch.Tensor) -> list[ImageFeatures]:
+        """Preprocessed images (`vision.preprocess.preprocess_images` output) -> one ImageFeatures per image."""
         embeds, deepstack = self.vision.encode(pixel_values, grid)
         counts = image_token_counts(grid, self.preprocess.merge_size)
         levels = [level.split(counts) for level in deepstack]
@@ -117,6 +120,10 @@ class VisionLanguageModel:
         hidden = self.prefill_hidden(input_ids, features)
         with torch.inference_mode():
             return self.text.logits(hidden[-1])
+
+    def fork(self, n: int) -> None:
+        """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""
+        self.text.fork(n)
 
     def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
         """Append one token per active cache row -> float32 logits ([V] for an int, [B, V] for ids [B])."""

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from alpamayo.commands.common import DTYPES
 from alpamayo.configs import CONFIG_DIR
+from alpamayo.devices import DTYPES
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
 from alpamayo.text.weights import text_tensor_shapes

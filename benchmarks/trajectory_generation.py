@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alpamayo.commands.common import resolve_device
 from alpamayo.config import load_config
 from alpamayo.demo_checkpoint import make_demo_checkpoint
+from alpamayo.devices import resolve_device
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.text import TextModel

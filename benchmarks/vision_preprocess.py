@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alpamayo.commands.common import DTYPES
 from alpamayo.configs import CONFIG_DIR
+from alpamayo.devices import DTYPES
 from alpamayo.numerics import max_abs_error, pcc
 from vision.encoder import VisionEncoder
 from vision.preprocess import PreprocessConfig, preprocess_images

@@ -228,3 +228,29 @@ def load_alpamayo_hf(directory: Path) -> torch.nn.Module:
     weights = load_file(str(directory / "model.safetensors"))
     model.load_state_dict({k.removeprefix("vlm."): v for k, v in weights.items()}, strict=True)
     return model
+
+
+class PlanConstraints:
+    """transformers logits processor with the constraints of `alpamayo.trajectory_generation.generate_plans`
+    (reasoning without trajectory tokens or EOS, `<|traj_future_start|>` forced at the cap, then future-trajectory
+    tokens only), for golden runs of `generate`."""
+
+    def __init__(self, vocab, eos_ids, prompt_len: int, cap: int):
+        self.prompt_len, self.cap = prompt_len, cap
+        self.start = vocab.marker("traj_future_start")
+        self.traj = torch.cat([torch.as_tensor(vocab.future_ids), torch.as_tensor(vocab.history_ids)])
+        self.eos = torch.tensor(list(eos_ids))
+        self.future = torch.as_tensor(vocab.future_ids)
+
+    def __call__(self, input_ids, scores):
+        out = torch.full_like(scores, float("-inf"))
+        for row, ids in enumerate(input_ids[:, self.prompt_len :].tolist()):
+            if self.start in ids:
+                out[row, self.future] = scores[row, self.future]
+            elif len(ids) == self.cap:
+                out[row, self.start] = 0.0
+            else:
+                out[row] = scores[row]
+                out[row, self.traj] = float("-inf")
+                out[row, self.eos] = float("-inf")
+        return out

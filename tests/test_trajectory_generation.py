@@ -13,7 +13,7 @@ from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
 from alpamayo.trajectory_generation import PlanLimits, generate_plans
 from planner.tokenizers import TrajectoryVocab
-from tests.hf_checkpoints import load_alpamayo_hf
+from tests.hf_checkpoints import PlanConstraints, load_alpamayo_hf
 
 PROMPT = (
     "<|im_start|>user\nThe light ahead turned red. What now?<|im_end|>\n<|im_start|>assistant\n<|cot_start|>"
@@ -41,32 +41,6 @@ def demo(demo_checkpoint):
     return Demo(demo_checkpoint)
 
 
-class PlanConstraints:
-    """transformers logits processor with the constraints of `generate_plans`, for the golden run."""
-
-    def __init__(self, demo: Demo, prompt_len: int, cap: int):
-        self.prompt_len, self.cap = prompt_len, cap
-        self.start = demo.vocab.marker("traj_future_start")
-        self.traj = torch.cat(
-            [torch.as_tensor(demo.vocab.future_ids), torch.as_tensor(demo.vocab.history_ids)]
-        )
-        self.eos = torch.tensor(demo.cfg.eos_token_ids)
-        self.future = torch.as_tensor(demo.vocab.future_ids)
-
-    def __call__(self, input_ids, scores):
-        out = torch.full_like(scores, float("-inf"))
-        for row, ids in enumerate(input_ids[:, self.prompt_len :].tolist()):
-            if self.start in ids:
-                out[row, self.future] = scores[row, self.future]
-            elif len(ids) == self.cap:
-                out[row, self.start] = 0.0
-            else:
-                out[row] = scores[row]
-                out[row, self.traj] = float("-inf")
-                out[row, self.eos] = float("-inf")
-        return out
-
-
 def test_greedy_plan_matches_transformers_generate(demo, record_figure):
     from transformers import GenerationConfig, LogitsProcessorList
 
@@ -83,7 +57,9 @@ def test_greedy_plan_matches_transformers_generate(demo, record_figure):
             input_ids=demo.prompt.view(1, -1),
             attention_mask=torch.ones(1, n, dtype=torch.long),
             generation_config=gen,
-            logits_processor=LogitsProcessorList([PlanConstraints(demo, n, limits.max_reasoning_tokens)]),
+            logits_processor=LogitsProcessorList(
+                [PlanConstraints(demo.vocab, demo.cfg.eos_token_ids, n, limits.max_reasoning_tokens)]
+            ),
         )[0, n:].tolist()
     start = out.index(demo.vocab.marker("traj_future_start"))
     assert plan.reasoning_token_ids == out[:start]

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-import torch
+from alpamayo.devices import DTYPES, resolve_device
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+__all__ = ["DTYPES", "add_model_args", "resolve_device"]
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory (HF or Alpamayo layout)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations")
     parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda[:N]")
-
-
-def resolve_device(name: str) -> torch.device:
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name}: supported devices are cpu and cuda")
-    return device

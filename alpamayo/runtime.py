@@ -1,0 +1,228 @@
+"""`AlpamayoVLA`: camera frames + ego history -> reasoning, trajectory tokens and 64 waypoints.
+
+    vla = AlpamayoVLA.from_checkpoint(ckpt_dir, device="cpu", dtype=torch.bfloat16)
+    prediction = vla.predict(frames, ego_history, frame_times_ns=times)   # alpamayo.prediction.Prediction
+
+One prediction: validate the inputs; ego history -> t0 frame -> 48 history tokens; vision features for every
+frame (cached per (camera, start-of-frame time), so at a 10 Hz tick only each camera's newest frame is
+encoded); the Alpamayo prompt with one `<|image_pad|>` per image, expanded per image grid; prefill; reasoning
+until `<|traj_future_start|>`, then 128 constrained trajectory tokens (K samples share the prefill); tokens ->
+(acceleration, curvature) -> unicycle rollout. Every stage is a span of the model's `Tracer`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from alpamayo.devices import parse_dtype
+from alpamayo.generation import Sampling, TokenSampler
+from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory, Prediction
+from alpamayo.profiling import Tracer
+from alpamayo.tokenizer import load_tokenizer
+from alpamayo.trajectory_generation import generate_plans
+from alpamayo.vlm import ImageFeatures, VisionLanguageModel
+from planner.pipeline import Planner
+from vision.preprocess import preprocess_images
+
+BACKENDS = ("torch",)
+GREEDY = Sampling()
+# Cache positions are allocated in steps of this many, so a prompt that grows by a few tokens between ticks
+# (route text) does not reallocate the KV cache.
+CACHE_STEP = 256
+
+
+class FeatureCache:
+    """Vision features of recent frames keyed by (camera, start-of-frame ns); the oldest entry is evicted first.
+
+    Holds two windows' worth (2 x 4 frames per camera): a tick reuses the previous tick's three newest frames.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[int, int], ImageFeatures] = OrderedDict()
+
+    def get(self, key: tuple[int, int]) -> ImageFeatures | None:
+        return self._entries.get(key)
+
+    def put(self, key: tuple[int, int], features: ImageFeatures) -> None:
+        self._entries[key] = features
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self._entries
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def check_frames(
+    frames: Mapping[int, Sequence[np.ndarray]], frame_times_ns: Mapping[int, Sequence[int]] | None
+) -> list[int]:
+    """Validate the camera frames (and their times); returns the camera indices in prompt (index) order."""
+    if not isinstance(frames, Mapping) or not frames:
+        raise ValueError("frames must be a non-empty mapping camera index -> 4 frames (oldest first)")
+    cameras = sorted(frames)
+    for cam in cameras:
+        if not isinstance(cam, int) or isinstance(cam, bool) or cam < 0:
+            raise ValueError(f"camera keys must be integer indices >= 0, got {cam!r}")
+        seq = frames[cam]
+        if len(seq) != FRAMES_PER_CAMERA:
+            raise ValueError(
+                f"camera {cam}: expected {FRAMES_PER_CAMERA} frames (oldest first), got {len(seq)}"
+            )
+        for i, img in enumerate(seq):
+            if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+                got = f"{type(img).__name__} {getattr(img, 'dtype', '')} {list(getattr(img, 'shape', []))}"
+                raise ValueError(f"camera {cam} frame {i}: expected an HxWx3 uint8 RGB array, got {got}")
+            if img.shape[0] == 0 or img.shape[1] == 0:
+                raise ValueError(f"camera {cam} frame {i}: empty image {list(img.shape)}")
+    if frame_times_ns is not None:
+        if sorted(frame_times_ns) != cameras:
+            raise ValueError(
+                f"frame_times_ns cameras {sorted(frame_times_ns)} differ from the frames' cameras {cameras}"
+            )
+        for cam in cameras:
+            times = [int(t) for t in frame_times_ns[cam]]
+            if len(times) != FRAMES_PER_CAMERA or any(b <= a for a, b in itertools.pairwise(times)):
+                raise ValueError(
+                    f"camera {cam}: frame_times_ns must be {FRAMES_PER_CAMERA} strictly increasing times, got {times}"
+                )
+    return cameras
+
+
+class AlpamayoVLA:
+    """The driving model of one checkpoint (implements `alpamayo.prediction.Predictor`)."""
+
+    def __init__(
+        self,
+        vlm: VisionLanguageModel,
+        planner: Planner,
+        tracer: Tracer | None = None,
+        sampling: Sampling = GREEDY,
+        max_reasoning_tokens: int = 256,
+    ):
+        self.vlm, self.planner = vlm, planner
+        self.tracer = tracer or Tracer()
+        self.sampling = sampling
+        self.limits = planner.limits(max_reasoning_tokens)
+        self.cache = FeatureCache(capacity=0)
+        self.frames_encoded = 0  # vision forwards run since construction (the frame cache's misses)
+        self.precision = str(vlm.text.dtype).removeprefix("torch.")
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        directory: str | Path,
+        backend: str = "torch",
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str = torch.float32,
+        tracer: Tracer | None = None,
+        sampling: Sampling = GREEDY,
+        max_reasoning_tokens: int = 256,
+    ) -> AlpamayoVLA:
+        """Load an Alpamayo (or plain Qwen3-VL plus trajectory vocabulary) checkpoint directory."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+        vlm = VisionLanguageModel.from_checkpoint(directory, parse_dtype(dtype), device)
+        planner = Planner.from_config(vlm.config, load_tokenizer(directory))
+        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens)
+
+    @property
+    def model_resolution(self) -> tuple[int, int] | None:
+        """(height, width) the last frame was resized to, None before the first prediction."""
+        return getattr(self, "_resolution", None)
+
+    def reset(self) -> None:
+        """Forget cached frame features (e.g. after a camera restart or a seek in a recording)."""
+        self.cache.clear()
+
+    def predict(
+        self,
+        frames: Mapping[int, Sequence[np.ndarray]],
+        ego_history: EgoHistory,
+        route: str | None = None,
+        num_samples: int = 1,
+        seed: int | None = None,
+        frame_times_ns: Mapping[int, Sequence[int]] | None = None,
+        sampling: Sampling | None = None,
+    ) -> Prediction:
+        """See `alpamayo.prediction.Predictor`. Greedy unless `sampling` (or the model's default) samples;
+        K > 1 samples need a temperature > 0, and with a seed the result is reproducible."""
+        sampling = sampling or self.sampling
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        if num_samples > 1 and sampling.greedy:
+            raise ValueError(
+                f"num_samples={num_samples} with greedy decoding would repeat one sample; "
+                "pass sampling=Sampling(temperature>0, top_p)"
+            )
+        cameras = check_frames(frames, frame_times_ns)
+        mark = len(self.tracer.spans)
+        history = self.planner.history(ego_history)
+        prompt = self.planner.prompt(cameras, FRAMES_PER_CAMERA, history, route)
+        features = self._features(frames, frame_times_ns, prompt.images)
+        ids = self.vlm.expand_image_pads(prompt.token_ids, features)
+        self._ensure_cache(len(ids) + self.limits.decode_positions, num_samples)
+        with self.tracer.span("prefill", tokens=len(ids)):
+            logits = self.vlm.prefill(ids, features)
+        sampler = TokenSampler.for_request(sampling, seed, num_samples)
+        plans = generate_plans(
+            self.vlm,
+            logits,
+            self.planner.vocab,
+            sampler,
+            self.limits,
+            self.vlm.config.eos_token_ids,
+            self.tracer,
+        )
+        with self.tracer.span("rollout", samples=num_samples):
+            samples = self.planner.samples(plans, history)
+        timings: dict[str, float] = {}
+        for span in self.tracer.spans[mark:]:
+            timings[span.name] = timings.get(span.name, 0.0) + span.ms
+        return Prediction(samples=samples, timings_ms=timings)
+
+    def _features(
+        self,
+        frames: Mapping[int, Sequence[np.ndarray]],
+        frame_times_ns: Mapping[int, Sequence[int]] | None,
+        order: Sequence[tuple[int, int]],
+    ) -> list[ImageFeatures]:
+        """Features of every (camera, frame) in prompt order; cached frames are looked up, new ones encoded."""
+        self.cache.capacity = 2 * FRAMES_PER_CAMERA * len(frames)
+        out = []
+        for cam, i in order:
+            key = None if frame_times_ns is None else (cam, int(frame_times_ns[cam][i]))
+            if key is not None and key in self.cache:
+                with self.tracer.span("vision", camera=cam, frame=i, cached=True):
+                    out.append(self.cache.get(key))
+                continue
+            with self.tracer.span("preprocess", camera=cam, frame=i):
+                pixels, grid = preprocess_images([frames[cam][i]], self.vlm.preprocess)
+            with self.tracer.span("vision", camera=cam, frame=i, cached=False):
+                (feats,) = self.vlm.encode_pixels(pixels, grid)
+            self.frames_encoded += 1
+            self._resolution = (
+                int(grid[0, 1]) * self.vlm.preprocess.patch_size,
+                int(grid[0, 2]) * self.vlm.preprocess.patch_size,
+            )
+            if key is not None:
+                self.cache.put(key, feats)
+            out.append(feats)
+        return out
+
+    def _ensure_cache(self, positions: int, rows: int) -> None:
+        cache = self.vlm.text.cache
+        if cache is None or cache.max_seq_len < positions or cache.max_batch < rows:
+            need = -(-positions // CACHE_STEP) * CACHE_STEP
+            self.vlm.setup_cache(need, max(rows, 1 if cache is None else cache.max_batch))

@@ -1,0 +1,203 @@
+"""`AlpamayoVLA.predict` on the demo checkpoint: against transformers end to end, the per-frame vision cache,
+shared-prefill samples, input validation and `alpamayo predict`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from alpamayo.cli import main
+from alpamayo.generation import Sampling
+from alpamayo.prediction import EgoHistory
+from alpamayo.runtime import AlpamayoVLA
+from tests.hf_checkpoints import PlanConstraints, hf_image_processor, load_alpamayo_hf
+
+CAMERAS = (0, 1, 2, 6)
+# 320 x 576 is Alpamayo's model resolution: already a multiple of 32 inside the demo's pixel bounds, so no
+# resize happens and preprocessing equals transformers' bit for bit.
+H, W = 320, 576
+TICK_NS = 100_000_000
+
+
+def frames_at(tick: int, seed: int = 0) -> tuple[dict[int, list[np.ndarray]], dict[int, list[int]]]:
+    """The 4-frame window of every camera ending at `tick` (frame k of a camera is the same array in every
+    window that contains it, as a camera stream would be)."""
+    frames, times = {}, {}
+    for cam in CAMERAS:
+        ks = range(tick - 3, tick + 1)
+        frames[cam] = [
+            np.random.default_rng((seed, cam, k)).integers(0, 256, (H, W, 3), dtype=np.uint8) for k in ks
+        ]
+        times[cam] = [k * TICK_NS for k in ks]
+    return frames, times
+
+
+def straight_history(speed: float = 8.0, yaw: float = 0.3) -> EgoHistory:
+    t = np.arange(16) * 0.1
+    xyz = np.stack([speed * t * np.cos(yaw) + 5.0, speed * t * np.sin(yaw) - 2.0, np.full(16, 0.5)], 1)
+    quat = np.tile([0.0, 0.0, np.sin(yaw / 2), np.cos(yaw / 2)], (16, 1))
+    return EgoHistory(xyz=xyz, quat_xyzw=quat, t_ns=(t * 1e9).astype(np.int64))
+
+
+@pytest.fixture(scope="module")
+def vla(demo_checkpoint):
+    return AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=6)
+
+
+def test_greedy_prediction_matches_transformers_end_to_end(vla, demo_checkpoint, record_figure):
+    """Same prompt, pixels, positions and constrained greedy decoding as transformers' generate with images."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    frames, times = frames_at(3)
+    pred = vla.predict(frames, straight_history(), frame_times_ns=times)
+    (sample,) = pred.samples
+
+    planner = vla.planner
+    prompt = planner.prompt(list(CAMERAS), 4, planner.history(straight_history()))
+    images = [frames[c][i] for c, i in prompt.images]
+    processor = hf_image_processor(vla.vlm.preprocess.min_pixels, vla.vlm.preprocess.max_pixels)
+    vision = processor(images=images, return_tensors="pt")
+    ids = vla.vlm.expand_image_pads(prompt.token_ids, vla.vlm.encode_images(images))
+    ids = torch.tensor(ids)
+    n = ids.numel()
+    hf = load_alpamayo_hf(demo_checkpoint)
+    cfg = vla.vlm.config
+    gen = GenerationConfig(do_sample=False, max_new_tokens=vla.limits.max_reasoning_tokens + 129)
+    gen.eos_token_id, gen.pad_token_id = None, cfg.eos_token_ids[-1]
+    constraints = PlanConstraints(planner.vocab, cfg.eos_token_ids, n, vla.limits.max_reasoning_tokens)
+    with torch.no_grad():
+        hf.model.rope_deltas = None
+        out = hf.generate(
+            input_ids=ids.view(1, -1),
+            attention_mask=torch.ones(1, n, dtype=torch.long),
+            pixel_values=vision["pixel_values"],
+            image_grid_thw=vision["image_grid_thw"],
+            mm_token_type_ids=(ids == cfg.image_token_id).to(torch.int32).view(1, -1),
+            generation_config=gen,
+            logits_processor=LogitsProcessorList([constraints]),
+        )[0, n:].tolist()
+    start = out.index(planner.vocab.marker("traj_future_start"))
+    assert sample.reasoning_token_ids == out[:start]
+    assert sample.token_ids == out[start + 1 : start + 129]
+    record_figure("prompt tokens (16 images)", n)
+    record_figure("greedy tokens equal to transformers", len(sample.reasoning_token_ids) + 129)
+    assert sample.xyz.shape == (64, 3) and sample.heading.shape == (64,) and sample.actions.shape == (64, 2)
+    assert np.isfinite(sample.xyz).all()
+    assert np.allclose(pred.t_s, np.arange(1, 65) / 10)
+    for stage in ("preprocess", "vision", "prefill", "reasoning_decode", "trajectory_decode", "rollout"):
+        assert pred.timings_ms[stage] > 0
+
+
+def test_vision_runs_once_per_new_frame(vla):
+    vla.reset()
+    before = vla.frames_encoded
+    first = vla.predict(*_args(10))
+    assert vla.frames_encoded - before == 16
+    second = vla.predict(*_args(11))  # the window slid by one frame: one new frame per camera
+    assert vla.frames_encoded - before == 16 + len(CAMERAS)
+    vla.predict(*_args(11))
+    assert vla.frames_encoded - before == 16 + len(CAMERAS)
+    cached = [s for s in vla.tracer.spans if s.name == "vision" and s.args.get("cached")]
+    assert len(cached) >= 12 + 16
+    assert first.best.token_ids and second.best.token_ids
+
+
+def _args(tick: int):
+    frames, times = frames_at(tick)
+    return frames, straight_history(), None, 1, None, times
+
+
+def test_cached_features_give_the_same_prediction_as_fresh_ones(vla):
+    frames, times = frames_at(20)
+    vla.predict(frames, straight_history(), frame_times_ns=frames_at(19)[1])  # warms the cache for 17..19
+    cached = vla.predict(frames, straight_history(), frame_times_ns=times)
+    fresh = vla.predict(frames, straight_history())  # no times: every frame encoded
+    assert cached.best.token_ids == fresh.best.token_ids
+    assert np.array_equal(cached.best.xyz, fresh.best.xyz)
+
+
+def test_samples_share_one_prefill_and_are_reproducible(vla):
+    frames, times = frames_at(30)
+    sampling = Sampling(temperature=0.8, top_p=0.95)
+    a = vla.predict(
+        frames, straight_history(), num_samples=3, seed=7, frame_times_ns=times, sampling=sampling
+    )
+    b = vla.predict(
+        frames, straight_history(), num_samples=3, seed=7, frame_times_ns=times, sampling=sampling
+    )
+    assert len(a.samples) == 3
+    assert [s.token_ids for s in a.samples] == [s.token_ids for s in b.samples]
+    assert len({tuple(s.token_ids) for s in a.samples}) > 1
+    prefills = [s for s in vla.tracer.spans if s.name == "prefill"]
+    assert len(prefills) >= 2
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda f, t, e: f.__setitem__(1, f[1][:3]), "camera 1: expected 4 frames"),
+        (
+            lambda f, t, e: f[2].__setitem__(0, f[2][0].astype(np.float32)),
+            r"camera 2 frame 0: expected an HxWx3 uint8",
+        ),
+        (lambda f, t, e: f[0].__setitem__(1, f[0][1][..., :2]), r"camera 0 frame 1: expected an HxWx3 uint8"),
+        (
+            lambda f, t, e: t.__setitem__(6, [4, 3, 2, 1]),
+            "camera 6: frame_times_ns must be 4 strictly increasing",
+        ),
+        (lambda f, t, e: t.pop(0), r"frame_times_ns cameras \[1, 2, 6\] differ"),
+        (lambda f, t, e: e.xyz.__setitem__((3, 0), np.nan), "nan|NaN|finite"),
+        (lambda f, t, e: e.t_ns.__setitem__(5, 0), "increas"),
+    ],
+)
+def test_bad_inputs_are_rejected_with_precise_errors(vla, mutate, message):
+    frames, times = frames_at(40)
+    ego = straight_history()
+    mutate(frames, times, ego)
+    with pytest.raises(ValueError, match=message):
+        vla.predict(frames, ego, frame_times_ns=times)
+
+
+def test_greedy_cannot_draw_several_samples(vla):
+    frames, times = frames_at(40)
+    with pytest.raises(ValueError, match="would repeat one sample"):
+        vla.predict(frames, straight_history(), num_samples=2, frame_times_ns=times)
+
+
+def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
+    frames, times = frames_at(5)
+    for cam in CAMERAS:
+        (tmp_path / "frames" / str(cam)).mkdir(parents=True)
+        for img, t in zip(frames[cam], times[cam], strict=True):
+            Image.fromarray(img).save(tmp_path / "frames" / str(cam) / f"{t:012d}.png")
+    ego = straight_history()
+    rows = ["t_ns,x,y,z,qx,qy,qz,qw"] + [
+        ",".join(map(str, [int(t), *p, *q])) for t, p, q in zip(ego.t_ns, ego.xyz, ego.quat_xyzw, strict=True)
+    ]
+    (tmp_path / "ego.csv").write_text("\n".join(rows) + "\n")
+    args = [
+        "predict",
+        "--checkpoint",
+        str(demo_checkpoint),
+        "--frames",
+        str(tmp_path / "frames"),
+        "--ego",
+        str(tmp_path / "ego.csv"),
+        "--max-reasoning-tokens",
+        "4",
+    ]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (sample,) = out["samples"]
+    assert len(sample["xyz"]) == 64 and len(sample["trajectory_token_ids"]) == 128
+    assert out["t_s"][0] == 0.1 and out["t_s"][-1] == 6.4
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "sample 0: reasoning" in text and text.count("\n") > 64
+    (tmp_path / "frames" / "6" / f"{times[6][0]:012d}.png").write_bytes(b"not an image")
+    assert main(args) == 2
+    assert "cannot decode image" in capsys.readouterr().err
