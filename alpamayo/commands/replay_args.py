@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args
+from alpamayo.commands.common import add_model_args, add_sampling_args
 from alpamayo.replay.settings import ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
@@ -41,8 +41,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layout", type=Path, default=None, help="YAML topic-to-camera layout (default: the drive's)"
     )
-    p.add_argument("--samples", type=int, default=1, help="trajectory samples per tick (default 1, greedy)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: greedy decoding)")
+    add_sampling_args(p)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON here")
     p.add_argument(
         "--json", type=Path, default=None, help="write the report (latency, decode, accuracy) here"
@@ -63,7 +62,10 @@ def settings_from_args(
         start_s=args.start,
         duration_s=args.duration,
         num_samples=args.samples,
+        temperature=args.temperature,
+        top_p=args.top_p,
         seed=args.seed,
+        max_reasoning_tokens=args.max_reasoning_tokens,
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,
