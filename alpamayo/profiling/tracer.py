@@ -91,12 +91,13 @@ class Tracer:
         with self._lock:
             return list(self._spans)
 
-    def __len__(self) -> int:
+    def mark(self) -> int:
+        """The number of spans recorded so far, for `since`."""
         with self._lock:
             return len(self._spans)
 
     def since(self, mark: int) -> list[Span]:
-        """Spans recorded after the first `mark` (a `len(tracer)` taken earlier)."""
+        """Spans recorded after the first `mark` (a `tracer.mark()` taken earlier)."""
         with self._lock:
             return self._spans[mark:]
 
