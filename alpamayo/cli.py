@@ -14,6 +14,9 @@ COMMANDS = [
     "alpamayo.commands.make_demo_checkpoint",
     "alpamayo.commands.predict",
     "alpamayo.commands.make_demo_drive",
+    "alpamayo.commands.replay",
+    "alpamayo.commands.profile",
+    "alpamayo.commands.demo",
 ]
 
 

@@ -42,7 +42,7 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
         if tick is None:
             break
         offered += 1
-        mark = len(tracer)
+        mark = tracer.mark()
         with tracer.tick(tick.index, warmup=len(results) < warmup):
             tracer.record("receive", begin, time.perf_counter_ns() - begin)
             result = _run_tick(tick, job, begin)

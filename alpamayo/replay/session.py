@@ -11,39 +11,39 @@ from typing import Any
 
 from tqdm import tqdm
 
+from alpamayo.generation import Sampling
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware, software, source_commit
 from alpamayo.replay.accuracy import summarize_accuracy
 from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import PredictionRecorder
-from alpamayo.replay.realtime import replay_realtime
 from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
 from alpamayo.replay.results import ReplayRun
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
+from alpamayo.runtime import AlpamayoVLA
 from bridges.mcap_writer import RecordingWriter
 from bridges.recording import Drive, RecordingLayout, Warn
 
 RUN_METADATA = "alpamayo.run"
 
 
-def load_predictor(settings: ReplaySettings, tracer: Tracer) -> Any:
-    from alpamayo.runtime import AlpamayoVLA
-
+def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
     return AlpamayoVLA.from_checkpoint(
         settings.checkpoint,
         backend=settings.backend,
         device=settings.device,
         dtype=settings.dtype,
         tracer=tracer,
+        sampling=Sampling(settings.temperature, settings.top_p),
+        max_reasoning_tokens=settings.max_reasoning_tokens,
     )
 
 
-def run_info(settings: ReplaySettings, drive: Drive, predictor: Any) -> dict[str, Any]:
+def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> dict[str, Any]:
     """Settings and environment recorded in every output (JSON report, trace metadata, MCAP metadata)."""
     first = next(drive.frames(), None)
     input_size = "?" if first is None else "{}x{}".format(*first.rgb().shape[:2])
-    model_size = getattr(predictor, "model_resolution", None)
     return {
         "mode": settings.mode,
         "speed": settings.speed if settings.mode == "realtime" else None,
@@ -52,14 +52,14 @@ def run_info(settings: ReplaySettings, drive: Drive, predictor: Any) -> dict[str
         "backend": settings.backend,
         "device": settings.device,
         "dtype": settings.dtype,
-        "precision": getattr(predictor, "precision", settings.dtype),
+        "precision": predictor.precision,
         "cameras": [c.camera for c in drive.layout.cameras],
         "resolution": {
             "input": input_size,
-            "model": "?" if model_size is None else "{}x{}".format(*model_size),
+            "model": "?",  # known once a frame has been resized: set after the replay
         },
         "samples": settings.num_samples,
-        "seed": settings.seed,
+        "sampling": {"temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed},
         "warmup_ticks": settings.warmup,
         "hardware": hardware(settings.device),
         "software": software(),
@@ -82,7 +82,6 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
     try:
         recorder = None
         if writer is not None:
-            writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
             recorder = PredictionRecorder(writer, settings.encoding)
         reference = drive.info.message_counts[drive.layout.cameras[0].topic]
         total = settings.max_ticks or max(reference - len(HISTORY_OFFSETS_NS), 1)
@@ -93,9 +92,17 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
             disable=None if settings.progress else True,
             file=sys.stderr,
         ) as bar:
-            replay = replay_realtime if settings.mode == "realtime" else replay_lockstep
+            if settings.mode == "realtime":
+                # The node stack (ZeroMQ sockets, threads) is loaded only for real-time replay.
+                from alpamayo.replay.realtime import replay_realtime as replay
+            else:
+                replay = replay_lockstep
             job = ReplayJob(drive, predictor, tracer, settings, recorder, info, bar.update, tqdm_warn(bar))
             run = replay(job)
+        if predictor.model_resolution is not None:
+            info["resolution"]["model"] = "{}x{}".format(*predictor.model_resolution)
+        if writer is not None:
+            writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
         if writer is not None and settings.copy_inputs and run.ticks:
             # The inputs the replayed ticks used, with their history and recorded future, for Foxglove.
             begin = run.ticks[0].t0_ns + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0] - FRAME_TOLERANCE_NS)

@@ -32,7 +32,10 @@ class ReplaySettings:
     max_ticks: int | None = None
     warmup: int = 0
     num_samples: int = 1
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
     seed: int | None = None
+    max_reasoning_tokens: int = 256
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"
