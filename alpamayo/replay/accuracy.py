@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from planner.metrics import HORIZONS_S, ade, horizon_errors
 
 from alpamayo.prediction import FUTURE_STEPS, Prediction
 from alpamayo.replay.results import TickResult
+from planner.metrics import HORIZONS_S, ade, horizon_errors
 
 METRICS = ("ade", "fde", "min_ade")
 
