@@ -52,9 +52,8 @@ from planner.ego_frame import to_t0_frame
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
 SUBSCRIBE_TIMEOUT_S = 10.0
-# After the last message the node still answers the newest window: wait until outputs stop for this long
-# (or twice the slowest model call seen), at most DRAIN_MAX_S.
-DRAIN_QUIET_S = 2.0
+# After the last message the node finishes its prediction and then answers the newest window, which is the last
+# tick: wait for that answer, at most this long (the demo model takes ~10 s per tick on 2 busy cores).
 DRAIN_MAX_S = 120.0
 
 
@@ -130,15 +129,18 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
             collector = _Collector(subscriber)
             collector.start()
             wall_start = time.perf_counter()
+            first_send_ns = time.perf_counter_ns()
             late_ms = _publish_drive(drive, publisher, begin, end, settings.speed, job.progress)
-            _drain(collector, node)
+            _drain(collector, offered[-1])
             collector.stop.set()
             collector.join()
             wall_s = time.perf_counter() - wall_start
         status = node.status()
     finally:
         node.stop()
-    ticks, stale = _results(drive, collector.outputs, set(offered), job.recorder)
+    # Outputs published before the first frame was sent (inputs not yet flowing) say nothing about the replay.
+    outputs = [(t, m) for t, m in collector.outputs if t >= first_send_ns]
+    ticks, stale = _results(drive, outputs, set(offered), job.recorder)
     answered = {t.t0_ns for t in ticks}
     info = {
         **job.info,
@@ -199,16 +201,13 @@ def _publish_drive(
     return late
 
 
-def _drain(collector: _Collector, node: InferenceNode) -> None:
+def _drain(collector: _Collector, last_t0_ns: int) -> None:
+    """Wait until the node has answered the last tick (or DRAIN_MAX_S passed)."""
     deadline = time.monotonic() + DRAIN_MAX_S
-    last = (time.monotonic(), len(collector.outputs))
     while time.monotonic() < deadline:
-        time.sleep(0.1)
-        slowest = max((m.model_execution_ms or 0.0 for _, m in collector.outputs), default=0.0) / 1e3
-        if len(collector.outputs) != last[1]:
-            last = (time.monotonic(), len(collector.outputs))
-        elif time.monotonic() - last[0] > max(DRAIN_QUIET_S, 2 * slowest):
+        if any(m.t0_ns is not None and m.t0_ns >= last_t0_ns for _, m in collector.outputs):
             return
+        time.sleep(0.05)
 
 
 def _results(
