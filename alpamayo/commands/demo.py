@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--size", type=parse_size, default=(1080, 1920), help="frame HEIGHTxWIDTH (default 1080x1920)"
     )
     p.add_argument("--seed", type=int, default=0, help="checkpoint and drive seed (default 0)")
+    # The demo model's random weights never close their reasoning, so every tick runs to this cap.
+    p.add_argument("--max-reasoning-tokens", type=int, default=32, help="reasoning length cap (default 32)")
     p.set_defaults(handler=run)
 
 
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=checkpoint,
         out=out / "predictions.mcap",
         warmup=1,  # the first tick encodes all 4 frames of every camera; later ticks only the newest
+        max_reasoning_tokens=args.max_reasoning_tokens,
         trace=out / "trace.json",
         json=out / "report.json",
         plots=out / "plots",

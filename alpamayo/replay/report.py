@@ -83,13 +83,15 @@ def decode_stats(run: ReplayRun) -> DecodeStats | None:
 
 
 def describe_run(info: dict[str, Any]) -> str:
+    """One line: backend, device, dtype, precision, cameras and resolution, hardware and commit."""
     hw = info.get("hardware", {})
     res = info.get("resolution", {})
+    cameras = info.get("cameras", [])
     return (
         f"{info.get('backend', '?')} {info.get('device', '?')} {info.get('dtype', '?')} "
-        f"(precision {info.get('precision', '?')}), {info.get('cameras', '?')} cameras "
-        f"{res.get('input', '?')} -> {res.get('model', '?')}, {hw.get('cpu', '?')} x{hw.get('torch_threads', '?')} "
-        f"threads, commit {info.get('commit', '?')}"
+        f"(precision {info.get('precision', '?')}), {len(cameras)} camera(s) {cameras} "
+        f"{res.get('input', '?')} -> {res.get('model', '?')}, {hw.get('cpu', '?')} "
+        f"({hw.get('torch_threads', '?')} torch threads), commit {info.get('commit', '?')}"
     )
 
 

@@ -103,12 +103,8 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
             info["resolution"]["model"] = "{}x{}".format(*predictor.model_resolution)
         if writer is not None:
             writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
-        if writer is not None and settings.copy_inputs and run.ticks:
-            # The inputs the replayed ticks used, with their history and recorded future, for Foxglove.
-            begin = run.ticks[0].t0_ns + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0] - FRAME_TOLERANCE_NS)
-            end = run.ticks[-1].t0_ns + FUTURE_OFFSETS_NS[-1] + 1
-            for schema, channel, message in drive.raw_messages(begin, end):
-                writer.copy(schema, channel, message)
+        if writer is not None and settings.copy_inputs:
+            copy_inputs(drive, run, writer)
     finally:
         if writer is not None:
             writer.close()
@@ -118,6 +114,17 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
     if settings.plots is not None:
         write_plots(run, settings.plots)
     return run
+
+
+def copy_inputs(drive: Drive, run: ReplayRun, writer: RecordingWriter) -> None:
+    """Copy the camera and pose messages the replayed ticks used (with their history and recorded future) into
+    the output, so it opens in Foxglove on its own."""
+    if not run.ticks:
+        return
+    begin = run.ticks[0].t0_ns + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0] - FRAME_TOLERANCE_NS)
+    end = run.ticks[-1].t0_ns + FUTURE_OFFSETS_NS[-1] + 1
+    for schema, channel, message in drive.raw_messages(begin, end):
+        writer.copy(schema, channel, message)
 
 
 def summary(run: ReplayRun) -> str:
