@@ -145,3 +145,10 @@ def test_truncated_recording_replays_what_is_left_with_a_warning(tmp_path, demo_
     )
     assert "truncated" in capsys.readouterr().err
     assert len(messages(out)["/alpamayo/prediction"]) == 2
+
+
+def test_a_window_without_ticks_is_a_clear_error(tmp_path, demo_checkpoint, drive, capsys):
+    args = ["replay", str(drive), "--checkpoint", str(demo_checkpoint), "--out", str(tmp_path / "o.mcap")]
+    assert main([*args, "--start", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "has no tick between 100 s and the end" in err and "Traceback" not in err

@@ -57,6 +57,8 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
             recorder.timings(result.seq, result.t0_ns, result.stages_ms, result.e2e_ms)
         results.append(result)
         job.progress(1)
+    if offered == 0:
+        raise assembler.no_ticks_error()
     skipped.update(assembler.skipped)
     return ReplayRun(
         "lockstep", results, tracer, offered, time.perf_counter() - wall_start, job.info, skipped=skipped

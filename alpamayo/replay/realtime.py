@@ -108,11 +108,10 @@ class _Collector(threading.Thread):
 def replay_realtime(job: ReplayJob) -> ReplayRun:
     drive, tracer, settings = job.drive, job.tracer, job.settings
     settings.validate()
-    offered = [t.t0_ns for t in TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)]
-    if settings.max_ticks is not None:
-        offered = offered[: settings.max_ticks]
+    assembler = TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)
+    offered = [t.t0_ns for t in assembler][: settings.max_ticks]
     if not offered:
-        raise ValueError(f"recording {drive.path} has no tick in the requested window to replay")
+        raise assembler.no_ticks_error()
     begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
     end = offered[-1] + FRAME_TOLERANCE_NS + 1
     first = next(drive.frames(begin, end))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, EgoHistory
-from bridges.recording import CameraFrame, Drive, PoseTrack, Warn
+from bridges.recording import CameraFrame, Drive, PoseTrack, RecordingError, Warn
 from planner.ego_frame import quat_to_matrix
 
 PERIOD_NS = round(DT_S * 1e9)
@@ -150,6 +150,15 @@ class TickAssembler:
             return self._skip(t0, "the ego poses have a gap over 0.25 s in the 1.5 s history")
         ego = EgoHistory(xyz=history[0], quat_xyzw=history[1], t_ns=t0 + HISTORY_OFFSETS_NS)
         return Tick(index, t0, frames, ego, recorded_future(self.drive.poses, t0))
+
+    def no_ticks_error(self) -> RecordingError:
+        """The error for a window that held no tick, naming the window and what a tick needs."""
+        end = "the end" if self.duration_s is None else f"{self.start_s + self.duration_s:g} s"
+        return RecordingError(
+            f"recording {self.drive.path} has no tick between {self.start_s:g} s and {end} after its first "
+            f"frame (the first tick needs {-HISTORY_OFFSETS_NS[0] / 1e9:g} s of ego poses and "
+            f"{FRAMES_PER_CAMERA} frames per camera; {sum(self.skipped.values())} tick(s) were skipped)"
+        )
 
     def _skip(self, t0: int, reason: str) -> None:
         self.skipped[reason] += 1
