@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from alpamayo.errors import CheckpointError, ConfigError
+from alpamayo.errors import BackendUnavailable, CheckpointError, ConfigError
 
 COMMANDS = [
     "alpamayo.commands.generate",
@@ -17,6 +17,7 @@ COMMANDS = [
     "alpamayo.commands.replay",
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
+    "alpamayo.commands.plan",
 ]
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ConfigError, CheckpointError, ValueError) as e:
+    except (ConfigError, CheckpointError, ValueError, BackendUnavailable) as e:
         print(f"alpamayo {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -10,3 +10,10 @@ class ConfigError(ValueError):
 
 class CheckpointError(ValueError):
     """A safetensors checkpoint is missing, truncated, mis-shaped or inconsistent with its config."""
+
+
+class BackendUnavailable(RuntimeError):
+    """A compute backend cannot run here: its library is not installed or its device is absent.
+
+    The message says which of the two it is and what still works without it.
+    """

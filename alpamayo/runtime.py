@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alpamayo.devices import parse_dtype
+from alpamayo.backends import BackendOptions
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
@@ -30,7 +30,6 @@ from alpamayo.vlm import ImageFeatures, VisionLanguageModel
 from planner.pipeline import Planner
 from vision.preprocess import preprocess_images
 
-BACKENDS = ("torch",)
 GREEDY = Sampling()
 # Cache positions are allocated in steps of this many, so a prompt that grows by a few tokens between ticks
 # (route text) does not reallocate the KV cache.
@@ -110,6 +109,7 @@ class AlpamayoVLA:
         tracer: Tracer | None = None,
         sampling: Sampling = GREEDY,
         max_reasoning_tokens: int = 256,
+        precision: str = "float32",
     ):
         self.vlm, self.planner = vlm, planner
         self.tracer = tracer or Tracer()
@@ -117,7 +117,7 @@ class AlpamayoVLA:
         self.limits = planner.limits(max_reasoning_tokens)
         self.cache = FeatureCache(capacity=0)
         self.frames_encoded = 0  # vision forwards run since construction (the frame cache's misses)
-        self.precision = str(vlm.text.dtype).removeprefix("torch.")
+        self.precision = precision
 
     @classmethod
     def from_checkpoint(
@@ -129,13 +129,23 @@ class AlpamayoVLA:
         tracer: Tracer | None = None,
         sampling: Sampling = GREEDY,
         max_reasoning_tokens: int = 256,
+        recipe: str = "performance",
+        tt_cache: str | Path | None = None,
     ) -> AlpamayoVLA:
-        """Load an Alpamayo (or plain Qwen3-VL plus trajectory vocabulary) checkpoint directory."""
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-        vlm = VisionLanguageModel.from_checkpoint(directory, parse_dtype(dtype), device)
+        """Load an Alpamayo (or plain Qwen3-VL plus trajectory vocabulary) checkpoint directory.
+
+        backend "torch" runs on `device` in `dtype`; "ttnn" runs the text backbone on one Blackhole p150 with
+        the precision `recipe` (one sample per prediction) and the vision tower in torch.
+        """
+        options = BackendOptions(backend, dtype, device, recipe, tt_cache)
+        vlm = VisionLanguageModel.from_checkpoint(directory, options)
         planner = Planner.from_config(vlm.config, load_tokenizer(directory))
-        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens)
+        precision = recipe if backend == "ttnn" else str(options.torch_dtype).removeprefix("torch.")
+        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, precision)
+
+    def close(self) -> None:
+        """Release device resources (the ttnn backend's trace and device)."""
+        self.vlm.close()
 
     @property
     def model_resolution(self) -> tuple[int, int] | None:

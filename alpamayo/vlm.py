@@ -1,6 +1,6 @@
 """The full Qwen3-VL image + text model: preprocessing, vision tower, text decoder, glued by the prompt layout.
 
-    vlm = VisionLanguageModel.from_checkpoint(ckpt_dir, dtype=torch.bfloat16)
+    vlm = VisionLanguageModel.from_checkpoint(ckpt_dir, BackendOptions(dtype=torch.bfloat16))
     features = vlm.encode_images(frames)                 # one ImageFeatures per image (cacheable per frame)
     ids = vlm.expand_image_pads(prompt_ids, features)    # one <|image_pad|> per image -> one per token
     vlm.setup_cache(len(ids) + max_new_tokens)
@@ -17,16 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from alpamayo.backends import BackendOptions, load_text_model
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import load_config
+from alpamayo.devices import resolve_device
 from alpamayo.errors import ConfigError
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
-from alpamayo.text import TextModel
 from vision.encoder import VisionEncoder
 from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
+
+TORCH_CPU = BackendOptions()
 
 
 @dataclass(frozen=True)
@@ -40,16 +44,23 @@ class ImageFeatures:
 
 
 class VisionLanguageModel:
-    """`.config` (ModelConfig), `.text` (TextModel), `.vision` (VisionEncoder), `.preprocess` (PreprocessConfig)."""
+    """`.config` (ModelConfig), `.text` (the text backbone: `alpamayo.text.TextModel` or the ttnn one),
+    `.vision` (VisionEncoder), `.preprocess` (PreprocessConfig)."""
 
-    def __init__(self, text: TextModel, vision: VisionEncoder, preprocess: PreprocessConfig):
+    def __init__(self, text: Any, vision: VisionEncoder, preprocess: PreprocessConfig):
         self.config, self.text, self.vision, self.preprocess = text.cfg, text, vision, preprocess
 
     @classmethod
     def from_checkpoint(
-        cls, directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+        cls, directory: str | Path, options: BackendOptions | torch.dtype = TORCH_CPU
     ) -> VisionLanguageModel:
-        """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json)."""
+        """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json).
+
+        `options` chooses the text backbone's backend (a bare dtype means the torch backend on CPU); the vision
+        tower runs in torch on the torch backend's device and dtype (on CPU in bfloat16 for ttnn).
+        """
+        if isinstance(options, torch.dtype):
+            options = BackendOptions(dtype=options)
         cfg = load_config(directory)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
@@ -62,8 +73,23 @@ class VisionLanguageModel:
                 f"{(pre.patch_size, pre.merge_size, pre.temporal_patch_size)} differ from vision_config's {model_side}"
             )
         ckpt = Checkpoint(directory, cfg.weight_prefix)
-        text = TextModel.from_checkpoint(ckpt, cfg, dtype, device)
-        return cls(text, VisionEncoder.from_checkpoint(ckpt, cfg, dtype, device), pre)
+        torch_side = options if options.backend == "torch" else BackendOptions(dtype=torch.bfloat16)
+        vision = VisionEncoder.from_checkpoint(
+            ckpt, cfg, torch_side.torch_dtype, resolve_device(torch_side.device)
+        )
+        return cls(load_text_model(ckpt, cfg, options), vision, pre)
+
+    def close(self) -> None:
+        """Release the text backend's device resources (ttnn); a no-op for torch."""
+        close = getattr(self.text, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> VisionLanguageModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ images
     def encode_images(self, images: Sequence[ImageInput], channel_order: str = "RGB") -> list[ImageFeatures]:
@@ -91,14 +117,16 @@ class VisionLanguageModel:
     def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
         self.text.setup_cache(max_seq_len, max_batch)
 
-    def prefill_hidden(
+    def prefill_inputs(
         self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
-    ) -> torch.Tensor:
-        """Expanded prompt ids [L] + the features of its images (prompt order) -> final-normed hidden [L, H]."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None]:
+        """Expanded prompt ids [L] + its images' features (prompt order) -> the text backbone's prefill
+        arguments: ids [L] or embeddings [L, H] with the image rows replaced, positions [3, L], the image-row
+        mask [L] and the DeepStack levels."""
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
         if not features:
             positions, _ = mrope_position_ids(ids, None, self.config)
-            return self.text.prefill_hidden(ids, positions)
+            return ids, positions, None, None
         positions, _ = mrope_position_ids(ids, _grids(features), self.config)
         mask = ids == self.config.image_token_id
         embeds = self.text.embed(ids)
@@ -111,15 +139,19 @@ class VisionLanguageModel:
             )
         embeds[mask.to(embeds.device)] = image_embeds.to(embeds.device, embeds.dtype)
         deepstack = [torch.cat(level) for level in zip(*(f.deepstack for f in features), strict=True)]
-        return self.text.prefill_hidden(embeds, positions, mask, deepstack)
+        return embeds, positions, mask, deepstack
+
+    def prefill_hidden(
+        self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
+    ) -> torch.Tensor:
+        """Run the prompt (see `prefill_inputs`) and fill the cache -> final-normed hidden [L, H]."""
+        return self.text.prefill_hidden(*self.prefill_inputs(input_ids, features))
 
     def prefill(
         self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
     ) -> torch.Tensor:
-        """`prefill_hidden`, then float32 logits [V] of the last prompt position."""
-        hidden = self.prefill_hidden(input_ids, features)
-        with torch.inference_mode():
-            return self.text.logits(hidden[-1])
+        """Run the prompt (see `prefill_inputs`) and fill the cache -> float32 logits [V] of its last position."""
+        return self.text.prefill(*self.prefill_inputs(input_ids, features))
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""

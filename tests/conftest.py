@@ -49,3 +49,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not cuda:
             item.add_marker(pytest.mark.skipif(True, reason="no CUDA device on this machine"))
+    blackhole = [item for item in items if "blackhole" in item.keywords]
+    if blackhole:
+        from alpamayo.tt.runtime import device_unavailable_reason
+
+        reason = device_unavailable_reason()  # imports ttnn (host mode) only when such tests are collected
+        for item in blackhole if reason else ():
+            item.add_marker(pytest.mark.skip(reason=f"needs a Blackhole p150: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def ttnn_host():
+    """ttnn for host-side work (mock p150 descriptor when no card is present); skipped where not installed."""
+    from alpamayo.errors import BackendUnavailable
+    from alpamayo.tt.runtime import import_ttnn
+
+    try:
+        return import_ttnn()
+    except BackendUnavailable as e:
+        pytest.skip(f"ttnn is not importable here: {e}")

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from alpamayo.backends import BackendOptions
 from alpamayo.errors import ConfigError
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import max_abs_error, pcc
@@ -70,7 +71,7 @@ def vlm(checkpoint):
 
 @pytest.fixture(scope="module")
 def vlm_bf16(checkpoint):
-    return VisionLanguageModel.from_checkpoint(checkpoint[0], dtype=torch.bfloat16)
+    return VisionLanguageModel.from_checkpoint(checkpoint[0], torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +287,7 @@ def test_checkpoint_without_a_vision_tower_is_rejected(checkpoint, tmp_path):
 def test_cuda_matches_transformers_on_cpu(checkpoint, case):
     ids = case["inputs"]["ids"]
     for dtype, floor in ((torch.float32, 0.99999), (torch.bfloat16, 0.999)):
-        model = VisionLanguageModel.from_checkpoint(checkpoint[0], dtype=dtype, device="cuda")
+        model = VisionLanguageModel.from_checkpoint(checkpoint[0], BackendOptions(dtype=dtype, device="cuda"))
         features = model.encode_images(case["images"])
         model.setup_cache(ids.numel())
         logits = model.text.logits(model.prefill_hidden(ids, features)).cpu()

@@ -3,16 +3,53 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-from alpamayo.devices import DTYPES, resolve_device
+from alpamayo.backends import BACKENDS, BackendOptions, load_text_model
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import ModelConfig
+from alpamayo.devices import DTYPES
 
-__all__ = ["DTYPES", "add_model_args", "add_sampling_args", "resolve_device"]
+RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory (HF or Alpamayo layout)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda[:N]")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="torch",
+        help="torch (CPU/CUDA reference) or ttnn (one Tenstorrent Blackhole p150)",
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="torch backend: weights and activations"
+    )
+    parser.add_argument("--device", default="cpu", help="torch backend: cpu or cuda[:N]")
+    parser.add_argument("--recipe", default="performance", help=RECIPE_HELP)
+    parser.add_argument(
+        "--tt-cache",
+        default=None,
+        help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
+    )
+
+
+def backend_options(args: argparse.Namespace) -> BackendOptions:
+    return BackendOptions(args.backend, args.dtype, args.device, args.recipe, args.tt_cache)
+
+
+@contextmanager
+def text_model(args: argparse.Namespace, cfg: ModelConfig, max_seq_len: int) -> Iterator[Any]:
+    """The text backbone of `--backend` with its cache set up for `max_seq_len`; closed on exit (ttnn)."""
+    model = load_text_model(Checkpoint(args.checkpoint, cfg.weight_prefix), cfg, backend_options(args))
+    try:
+        model.setup_cache(max_seq_len)
+        yield model
+    finally:
+        close = getattr(model, "close", None)
+        if close is not None:
+            close()
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -8,10 +8,9 @@ import json
 import torch
 from PIL import Image
 
-from alpamayo.commands.common import DTYPES, add_model_args, resolve_device
+from alpamayo.commands.common import add_model_args, backend_options, text_model
 from alpamayo.config import load_config
 from alpamayo.generation import greedy_continue
-from alpamayo.text import TextModel
 from alpamayo.tokenizer import chat_prompt_ids, load_tokenizer
 from alpamayo.vlm import VisionLanguageModel
 
@@ -52,22 +51,21 @@ def run(args: argparse.Namespace) -> int:
     images = load_images(args.image)
     cfg = load_config(args.checkpoint)
     tokenizer = load_tokenizer(args.checkpoint)
-    dtype, device = DTYPES[args.dtype], resolve_device(args.device)
     if images:
         content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]
-        model = VisionLanguageModel.from_checkpoint(args.checkpoint, dtype, device)
-        features = model.encode_images(images)
-        prompt = model.expand_image_pads(
-            chat_prompt_ids(tokenizer, [{"role": "user", "content": content}]), features
-        )
-        model.setup_cache(len(prompt) + args.max_new_tokens)
-        logits = model.prefill(prompt, features)
+        with VisionLanguageModel.from_checkpoint(args.checkpoint, backend_options(args)) as model:
+            features = model.encode_images(images)
+            prompt = model.expand_image_pads(
+                chat_prompt_ids(tokenizer, [{"role": "user", "content": content}]), features
+            )
+            model.setup_cache(len(prompt) + args.max_new_tokens)
+            logits = model.prefill(prompt, features)
+            tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
     else:
         prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}])
-        model = TextModel.from_checkpoint(args.checkpoint, cfg, dtype, device)
-        model.setup_cache(len(prompt) + args.max_new_tokens)
-        logits = model.prefill(torch.tensor(prompt))
-    tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
+        with text_model(args, cfg, len(prompt) + args.max_new_tokens) as model:
+            logits = model.prefill(torch.tensor(prompt))
+            tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     if args.json:
         print(json.dumps({"prompt_token_ids": prompt, "token_ids": tokens, "text": text}))

@@ -27,14 +27,20 @@ def run(args: argparse.Namespace) -> int:
     ego = read_ego_csv(args.ego)
     vla = AlpamayoVLA.from_checkpoint(
         args.checkpoint,
+        backend=args.backend,
         device=args.device,
         dtype=args.dtype,
+        recipe=args.recipe,
+        tt_cache=args.tt_cache,
         sampling=Sampling(args.temperature, args.top_p),
         max_reasoning_tokens=args.max_reasoning_tokens,
     )
-    pred = vla.predict(
-        frames, ego, route=args.route, num_samples=args.samples, seed=args.seed, frame_times_ns=times
-    )
+    try:
+        pred = vla.predict(
+            frames, ego, route=args.route, num_samples=args.samples, seed=args.seed, frame_times_ns=times
+        )
+    finally:
+        vla.close()
     if args.json:
         print(
             json.dumps(

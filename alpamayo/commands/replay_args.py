@@ -9,12 +9,9 @@ from alpamayo.commands.common import add_model_args, add_sampling_args
 from alpamayo.replay.settings import ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
-BACKENDS = ("torch", "ttnn")
-
 
 def add_replay_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
-    p.add_argument("--backend", choices=BACKENDS, default="torch", help="compute backend (default torch)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--lockstep",
@@ -67,6 +64,8 @@ def settings_from_args(
         seed=args.seed,
         max_reasoning_tokens=args.max_reasoning_tokens,
         backend=args.backend,
+        recipe=args.recipe,
+        tt_cache=args.tt_cache,
         device=args.device,
         dtype=args.dtype,
         layout=args.layout,

@@ -34,6 +34,8 @@ def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
         backend=settings.backend,
         device=settings.device,
         dtype=settings.dtype,
+        recipe=settings.recipe,
+        tt_cache=settings.tt_cache,
         tracer=tracer,
         sampling=Sampling(settings.temperature, settings.top_p),
         max_reasoning_tokens=settings.max_reasoning_tokens,
@@ -77,9 +79,10 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
     drive = Drive.open(settings.drive, layout, warn)
     tracer = Tracer()
     predictor = load_predictor(settings, tracer)
-    info = run_info(settings, drive, predictor)
-    writer = None if settings.out is None else RecordingWriter(settings.out)
+    writer = None
     try:
+        info = run_info(settings, drive, predictor)
+        writer = None if settings.out is None else RecordingWriter(settings.out)
         recorder = None
         if writer is not None:
             recorder = PredictionRecorder(writer, settings.encoding)
@@ -106,6 +109,7 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
         if writer is not None and settings.copy_inputs:
             copy_inputs(drive, run, writer)
     finally:
+        predictor.close()
         if writer is not None:
             writer.close()
     for path, write in ((settings.trace, write_trace), (settings.json, write_json)):

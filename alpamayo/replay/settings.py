@@ -39,6 +39,8 @@ class ReplaySettings:
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"
+    recipe: str = "performance"  # ttnn precision recipe
+    tt_cache: Path | None = None
     layout: Path | None = None
     encoding: str = "protobuf"
     copy_inputs: bool = True

@@ -23,6 +23,7 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig
+from alpamayo.text.inputs import check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.linear import Linear
@@ -118,11 +119,7 @@ class TextModel(nn.Module):
     # ------------------------------------------------------------------ compute
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids [...] -> embeddings [..., H] in the model dtype."""
-        vocab = self.text_cfg.vocab_size
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            raise ValueError(
-                f"token ids must be in [0, {vocab}), got range [{int(ids.min())}, {int(ids.max())}]"
-            )
+        check_token_ids(ids, self.text_cfg.vocab_size)
         return F.embedding(ids.to(self.device), self.embed_weight)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -161,47 +158,19 @@ class TextModel(nn.Module):
         the output of layer k at those positions.
         """
         cache = self._require_cache()
-        h = self.embed(inputs) if not inputs.is_floating_point() else inputs.to(self.device, self.dtype)
-        if h.dim() != 2 or h.shape[1] != self.text_cfg.hidden_size:
-            raise ValueError(
-                f"prefill inputs must be ids [L] or embeddings [L, {self.text_cfg.hidden_size}], "
-                f"got shape {list(inputs.shape)}"
-            )
+        h = prompt_hidden(self.text_cfg, inputs, self.embed).to(self.device, self.dtype)
         length = h.shape[0]
-        if not 1 <= length <= cache.max_seq_len:
-            raise ValueError(f"prompt length {length} must be in [1, max_seq_len={cache.max_seq_len}]")
-        if position_ids is None:
-            position_ids = torch.arange(length).view(1, -1).expand(3, -1)
-        if tuple(position_ids.shape) != (3, length):
-            raise ValueError(f"position_ids must have shape [3, {length}], got {list(position_ids.shape)}")
-        self._check_deepstack(length, visual_pos_mask, deepstack)
+        position_ids = check_prefill(
+            self.text_cfg, length, cache.max_seq_len, position_ids, visual_pos_mask, deepstack
+        )
         self.reset()
         cos, sin = self.rope.cos_sin(position_ids, self.dtype)
         if visual_pos_mask is not None:
             visual_pos_mask = visual_pos_mask.to(self.device)
         out = self._layers(h.unsqueeze(0), cos, sin, 0, visual_pos_mask, deepstack)[0]
         self.cache_len = length
-        self.rope_delta = int(position_ids.max()) + 1 - length
+        self.rope_delta = rope_delta(position_ids)
         return out
-
-    def _check_deepstack(
-        self, length: int, mask: torch.Tensor | None, deepstack: Sequence[torch.Tensor] | None
-    ) -> None:
-        if deepstack is None or len(deepstack) == 0:
-            return
-        if mask is None or mask.dtype != torch.bool or tuple(mask.shape) != (length,):
-            raise ValueError(f"deepstack features need visual_pos_mask as a bool tensor [{length}]")
-        if len(deepstack) > self.text_cfg.num_hidden_layers:
-            raise ValueError(
-                f"{len(deepstack)} deepstack levels for {self.text_cfg.num_hidden_layers} decoder layers"
-            )
-        n = int(mask.sum())
-        for k, feats in enumerate(deepstack):
-            if tuple(feats.shape) != (n, self.text_cfg.hidden_size):
-                raise ValueError(
-                    f"deepstack[{k}] has shape {list(feats.shape)}, expected [{n}, "
-                    f"{self.text_cfg.hidden_size}] ({n} visual positions)"
-                )
 
     def prefill(
         self,

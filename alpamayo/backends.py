@@ -1,0 +1,50 @@
+"""Which implementation runs the text backbone: the torch reference (CPU/CUDA) or ttnn (one Blackhole p150).
+
+Both expose the same interface (`setup_cache`, `embed`, `prefill`, `prefill_hidden`, `decode`, `fork`); the
+vision encoder and everything on the host are shared. The ttnn backend is imported only when asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import ModelConfig
+from alpamayo.devices import parse_dtype, resolve_device
+
+BACKENDS = ("torch", "ttnn")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """backend: "torch" or "ttnn"; dtype/device: the torch backend's; recipe: the ttnn precision recipe
+    (`accuracy`, `performance` or a YAML file); tt_cache: directory of the ttnn packed-weight cache."""
+
+    backend: str = "torch"
+    dtype: torch.dtype | str = torch.float32
+    device: str | torch.device = "cpu"
+    recipe: str = "performance"
+    tt_cache: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)
+
+
+def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOptions) -> Any:
+    """The text backbone of `options.backend`, weights from `source` (validated against `cfg`)."""
+    if options.backend == "ttnn":
+        from alpamayo.tt.text import TTTextModel
+
+        return TTTextModel.from_checkpoint(source, cfg, precision=options.recipe, cache_dir=options.tt_cache)
+    from alpamayo.text import TextModel
+
+    return TextModel.from_checkpoint(source, cfg, options.torch_dtype, resolve_device(options.device))

@@ -1,0 +1,44 @@
+"""What the planners know about the chip: compute grid, DRAM banks and capacity, L1 per core.
+
+`P150` is the planning default (no device needed); `DeviceSpec.from_device` reads the grid of an opened
+device, so a harvested chip is planned for the cores it really has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TILE = 32  # tile edge: every device dimension is counted in 32x32 tiles
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A single Tenstorrent chip as the planners see it (x = columns, y = rows of Tensix cores)."""
+
+    name: str
+    grid_x: int
+    grid_y: int
+    dram_banks: int
+    dram_bytes: int
+    l1_bytes: int
+
+    @classmethod
+    def from_device(cls, device: Any) -> DeviceSpec:
+        """The opened device's compute grid and DRAM bank count; capacity and L1 as on a p150."""
+        grid = device.compute_with_storage_grid_size()
+        return cls(
+            name=f"{P150.name} (device grid {grid.x}x{grid.y})",
+            grid_x=grid.x,
+            grid_y=grid.y,
+            dram_banks=device.dram_grid_size().x,
+            dram_bytes=P150.dram_bytes,
+            l1_bytes=P150.l1_bytes,
+        )
+
+
+# Blackhole p150: 13x10 usable Tensix grid, 8 GDDR6 banks of 4 GiB (32 GiB, ~512 GB/s), 1.5 MiB L1 per core.
+P150 = DeviceSpec(
+    name="Blackhole p150", grid_x=13, grid_y=10, dram_banks=8, dram_bytes=32 * GIB, l1_bytes=1536 * 1024
+)

@@ -1,0 +1,153 @@
+"""Precision recipes of the ttnn text backbone: a dtype per tensor group and a math fidelity per op group.
+
+A recipe is data (tt-metal `DecodersPrecision` style), validated on construction:
+
+    name: my-recipe
+    base: performance          # optional: start from a preset, then override
+    dtypes:   {qkv: bfp8, o: bfp8, mlp_gate_up: bfp4, mlp_down: bfp4, lm_head: bfp8, kv_cache: bfp8}
+    fidelity: {qkv: hifi2, o: hifi2, mlp_gate_up: lofi, mlp_down: lofi, lm_head: hifi2, sdpa: hifi4, norm: hifi4}
+
+Presets:
+  * `accuracy`: bfp8 weights everywhere, bf16 KV cache, HiFi4 math throughout.
+  * `performance`: bfp4 MLP, bfp8 attention and lm_head, bfp8 KV cache; LoFi for the bfp4 matmuls and HiFi2
+    for the bfp8 ones (fidelity matched to the weight mantissa: bfp4 keeps 3 bits, which one LoFi pass
+    covers; bfp8 keeps 7, which HiFi2 covers). Qwen3-VL-32B in this recipe is ~21 GB of weights, the
+    configuration tt-metal runs Qwen3-VL-32B in (../shared/reference/ttmetal.md §3).
+
+Block-float sizes per 32x32 tile (measured with ttnn 0.81.1's host packer as `.tensorbin` payloads): bf16
+2048 bytes; bfp8 1088 (1024 mantissa bytes + 64 shared exponents, one per 16 values); bfp4 576.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alpamayo.errors import ConfigError
+
+DTYPES = ("bf16", "bfp8", "bfp4")
+KV_CACHE_DTYPES = ("bf16", "bfp8")  # paged_update_cache repacks into these; bfp4 K/V is not supported
+TENSOR_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "lm_head", "kv_cache")
+FIDELITIES = ("lofi", "hifi2", "hifi3", "hifi4")
+OP_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "lm_head", "sdpa", "norm")
+TILE_BYTES = {"bf16": 2048, "bfp8": 1088, "bfp4": 576}
+# Largest error of one element after block-float packing, as a fraction of the largest magnitude in its
+# 16-value block (measured with ttnn 0.81.1's host packer on heavy-tailed data: bfp8 2^-7, bfp4 2^-3).
+BLOCK_FLOAT_ERROR = {"bf16": 0.0, "bfp8": 2.0**-7, "bfp4": 2.0**-3}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """dtypes: tensor group -> bf16|bfp8|bfp4; fidelity: op group -> lofi|hifi2|hifi3|hifi4."""
+
+    name: str
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+    fidelity: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_table(self.name, "dtypes", self.dtypes, TENSOR_GROUPS, DTYPES)
+        _check_table(self.name, "fidelity", self.fidelity, OP_GROUPS, FIDELITIES)
+        if self.dtypes["kv_cache"] not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"recipe {self.name!r}: dtypes.kv_cache = {self.dtypes['kv_cache']!r}; "
+                f"allowed: {', '.join(KV_CACHE_DTYPES)}"
+            )
+
+    def dtype(self, group: str) -> str:
+        return self.dtypes[group]
+
+    def math_fidelity(self, op: str) -> str:
+        return self.fidelity[op]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtypes": dict(self.dtypes), "fidelity": dict(self.fidelity)}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> Precision:
+        """Parse a recipe object (see module docstring); `source` names the file in errors."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: a precision recipe must be a mapping, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"name", "base", "dtypes", "fidelity"})
+        if unknown:
+            raise ConfigError(f"{source}: unknown field(s) {unknown}; allowed: name, base, dtypes, fidelity")
+        base_name = data.get("base")
+        if base_name is not None and base_name not in PRESETS:
+            raise ConfigError(f"{source}: base = {base_name!r}; allowed: {', '.join(PRESETS)}")
+        base = PRESETS[base_name] if base_name else None
+        tables = {}
+        for key in ("dtypes", "fidelity"):
+            table = data.get(key, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{source}: '{key}' must be a mapping, got {table!r}")
+            tables[key] = {**(dict(getattr(base, key)) if base else {}), **table}
+        return cls(name=str(data.get("name", source)), **tables)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Precision:
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read precision recipe ({e})") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from e
+        return cls.from_dict(data, str(path))
+
+
+def _check_table(
+    name: str, what: str, table: Mapping[str, str], keys: tuple[str, ...], values: tuple[str, ...]
+) -> None:
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise ConfigError(f"recipe {name!r}: unknown {what} group(s) {unknown}; allowed: {', '.join(keys)}")
+    missing = [k for k in keys if k not in table]
+    if missing:
+        raise ConfigError(f"recipe {name!r}: {what} has no entry for {missing} (and no 'base' preset)")
+    for key in keys:
+        if table[key] not in values:
+            raise ConfigError(f"recipe {name!r}: {what}.{key} = {table[key]!r}; allowed: {', '.join(values)}")
+
+
+PRESETS: dict[str, Precision] = {
+    "accuracy": Precision(
+        name="accuracy",
+        dtypes={**dict.fromkeys(TENSOR_GROUPS, "bfp8"), "kv_cache": "bf16"},
+        fidelity=dict.fromkeys(OP_GROUPS, "hifi4"),
+    ),
+    "performance": Precision(
+        name="performance",
+        dtypes={
+            "qkv": "bfp8",
+            "o": "bfp8",
+            "mlp_gate_up": "bfp4",
+            "mlp_down": "bfp4",
+            "lm_head": "bfp8",
+            "kv_cache": "bfp8",
+        },
+        fidelity={
+            "qkv": "hifi2",
+            "o": "hifi2",
+            "mlp_gate_up": "lofi",
+            "mlp_down": "lofi",
+            "lm_head": "hifi2",
+            "sdpa": "hifi4",
+            "norm": "hifi4",
+        },
+    ),
+}
+
+
+def load_precision(spec: str | Precision) -> Precision:
+    """A preset name (`accuracy`, `performance`), a YAML file path, or an existing `Precision`."""
+    if isinstance(spec, Precision):
+        return spec
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        return Precision.from_yaml(path)
+    raise ConfigError(f"--recipe {spec!r}: not a preset ({', '.join(PRESETS)}) and not a YAML file")

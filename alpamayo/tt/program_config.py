@@ -1,0 +1,364 @@
+"""Grid and program-config planner of the ttnn text backbone (pure Python: no ttnn, no device).
+
+`plan_text(cfg, precision, device)` picks every grid and block size the device code uses and refuses an
+impossible model/recipe/device combination with an error that names the dimension and the rule, before any
+device call. Choices and the measurements behind them (seed design for Qwen3-VL-32B on one p150):
+
+  * Decode matmuls are DRAM-sharded: the weight `[K, N_p]` is width-sharded over the DRAM banks and read by
+    `workers_per_bank` cores per bank (2 measured fastest: QKV 0.140 ms, O 0.124 ms, gate 0.19 ms + 0.05 SiLU,
+    down 0.175 ms per layer); the activation `[32, K]` is width-sharded in L1 over a grid of at most 8x10 = 80
+    cores whose core count divides both K and N_p in tiles (else per_core_N * cores would not cover N).
+  * The residual stream and its RMSNorms are width-sharded over the largest such grid dividing hidden.
+  * The lm_head is an interleaved 1D-multicast matmul on 11x10 cores (2.3 ms for 32B; its vocabulary does not
+    split over the DRAM banks), logits row 0 untilized on device.
+  * Prefill matmuls are `minimal_matmul` on 11x10 (x >= 10 garbles the older 2D multicast matmul; minimal_matmul
+    was measured correct and fastest there), causal SDPA on the same grid with 256-row chunks when the padded
+    length allows, else 128. Prompts are padded to a multiple of 128.
+  * The prefill K/V are height-sharded over at most 8x8 cores for `fill_cache` (interleaved multi-head inputs
+    are mis-addressed: heads 1..7 corrupted, measured), each core holding rows of a single head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.errors import ConfigError
+from alpamayo.tt.device_spec import P150, TILE, DeviceSpec
+from alpamayo.tt.precision import TILE_BYTES, Precision
+from alpamayo.tt.weights import round_up
+
+DECODE_MAX_GRID = (8, 10)  # activation grids of the decode matmuls and norms (seed: 8x10 = 80 cores)
+PREFILL_MAX_GRID = (11, 10)  # minimal_matmul, SDPA and lm_head grid
+KV_FILL_MAX_GRID = (8, 8)
+SDPA_DECODE_GRID = (8, 8)
+SDPA_DECODE_K_CHUNK = 128
+PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
+MAX_BLOCK = (
+    8  # largest in0_block_w / minimal_matmul block in tiles (tt_transformers' find_largest_divisor cap)
+)
+DEST_TILES = 4  # dest-register tiles with fp32 accumulation: bounds a matmul output subblock (h * w)
+# L1 kept free beside the planned circular buffers (allocator alignment, semaphores, kernel config buffers).
+L1_HEADROOM = 64 * 1024
+# Trace region: tt-metal's Qwen3-VL-32B decode trace takes 28,467,200 B for 64 layers (~445 KB per layer);
+# 1 MiB per layer plus 8 MiB for embedding, head and logits leaves more than 2x headroom.
+TRACE_BYTES_PER_LAYER = 1 << 20
+TRACE_BYTES_FIXED = 8 << 20
+
+
+class PlanError(ConfigError):
+    """The model, recipe and device cannot be planned: the message names the dimension and the rule."""
+
+
+@dataclass(frozen=True)
+class CoreGrid:
+    x: int
+    y: int
+
+    @property
+    def cores(self) -> int:
+        return self.x * self.y
+
+    def __str__(self) -> str:
+        return f"{self.x}x{self.y}"
+
+
+@dataclass(frozen=True)
+class DecodeMatmul:
+    """One DRAM-sharded decode matmul `[32, K] x [K, N_p]`; `grid` holds both the input and output shards."""
+
+    name: str
+    k: int
+    n: int
+    n_padded: int
+    grid: CoreGrid
+    in0_block_w: int
+    per_core_n: int
+    workers_per_bank: int
+    fused_silu: bool
+    l1_bytes: int
+
+    def describe(self) -> str:
+        silu = " +silu" if self.fused_silu else ""
+        return (
+            f"{self.name:<8} [{self.k}, {self.n_padded}] grid {self.grid} ({self.grid.cores} cores) "
+            f"in0_block_w {self.in0_block_w} per_core_N {self.per_core_n} "
+            f"workers/bank {self.workers_per_bank}{silu}; L1 ~{self.l1_bytes / 1024:.0f} KiB/core"
+        )
+
+
+@dataclass(frozen=True)
+class HeadMatmul:
+    """The lm_head `[32, hidden] x [hidden, V_p]` as a 1D multicast matmul over `grid`."""
+
+    k: int
+    n_padded: int
+    grid: CoreGrid
+    in0_block_w: int
+    per_core_n: int
+    out_subblock_w: int
+    l1_bytes: int
+
+
+@dataclass(frozen=True)
+class PrefillMatmul:
+    """`minimal_matmul` block sizes (tiles) for one `[M, K] x [K, N]` prefill matmul."""
+
+    grid: CoreGrid
+    m_block: int
+    k_block: int
+    n_block: int
+    subblock_h: int
+    subblock_w: int
+
+
+@dataclass(frozen=True)
+class TextPlan:
+    """Every grid and block size of one model on one device (see module docstring)."""
+
+    model: str
+    device: DeviceSpec
+    residual_grid: CoreGrid
+    norm_block_w: int
+    norm_subblock_w: int
+    qkv: DecodeMatmul
+    o: DecodeMatmul
+    gate: DecodeMatmul | None  # None when every layer is a sparse MoE block (planned with the MoE backend)
+    up: DecodeMatmul | None
+    down: DecodeMatmul | None
+    head: HeadMatmul
+    prefill_grid: CoreGrid
+    sdpa_decode_grid: CoreGrid
+    n_kv_heads: int
+    trace_region_bytes: int
+
+    @property
+    def decode_matmuls(self) -> list[DecodeMatmul]:
+        return [m for m in (self.qkv, self.o, self.gate, self.up, self.down) if m is not None]
+
+    def prefill_matmul(self, m: int, k: int, n: int) -> PrefillMatmul:
+        return _prefill_matmul(self.prefill_grid, m, k, n)
+
+    @staticmethod
+    def padded_length(length: int) -> int:
+        return round_up(length, PREFILL_PAD)
+
+    @staticmethod
+    def prefill_sdpa_chunk(padded_length: int) -> int:
+        """q/k chunk of the causal prefill SDPA: 256 when it divides the padded length, else 128."""
+        return 256 if padded_length % 256 == 0 else 128
+
+    @staticmethod
+    def cache_length(max_seq_len: int) -> int:
+        """KV cache rows: whole prefill pads and whole flash-decode K chunks."""
+        return round_up(max_seq_len, math.lcm(PREFILL_PAD, SDPA_DECODE_K_CHUNK))
+
+    def kv_fill_grid(self, padded_length: int) -> CoreGrid:
+        return _kv_fill_grid(self.n_kv_heads, padded_length)
+
+    def describe(self) -> list[str]:
+        lines = [
+            f"device: {self.device.name}, {self.device.grid_x}x{self.device.grid_y} cores, "
+            f"{self.device.dram_banks} DRAM banks",
+            f"decode residual stream + RMSNorm: width-sharded over {self.residual_grid} "
+            f"({self.residual_grid.cores} cores), block_w {self.norm_block_w}, subblock_w {self.norm_subblock_w}",
+            *(f"decode {m.describe()}" for m in self.decode_matmuls),
+            f"decode lm_head  [{self.head.k}, {self.head.n_padded}] 1D mcast grid {self.head.grid} "
+            f"in0_block_w {self.head.in0_block_w} per_core_N {self.head.per_core_n}; "
+            f"L1 ~{self.head.l1_bytes / 1024:.0f} KiB/core",
+            f"decode SDPA: flash-decode grid {self.sdpa_decode_grid}, k_chunk {SDPA_DECODE_K_CHUNK}; "
+            f"trace region {self.trace_region_bytes / 2**20:.0f} MiB",
+            f"prefill: minimal_matmul + causal SDPA on {self.prefill_grid}, length padded to a multiple of "
+            f"{PREFILL_PAD}, SDPA chunk 256 (128 when 256 does not divide)",
+        ]
+        if self.gate is None:
+            lines.append("MLP: sparse MoE in every layer (planned by the MoE backend)")
+        return lines
+
+
+def model_name(cfg: ModelConfig) -> str:
+    """Short name of a config for reports: the checkpoint directory, or the built-in config's name."""
+    path = Path(cfg.source or "config")
+    return path.parent.name if path.name == "config.json" else path.stem
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+def _rectangle(cores: int, max_x: int, max_y: int) -> CoreGrid | None:
+    """`cores` as an x-by-y rectangle (fewest rows) within max_x columns and max_y rows, if possible."""
+    for y in range(1, max_y + 1):
+        if cores % y == 0 and cores // y <= max_x:
+            return CoreGrid(cores // y, y)
+    return None
+
+
+def _grid_dividing(tiles: tuple[int, ...], max_grid: tuple[int, int]) -> CoreGrid:
+    """Largest rectangular grid within max_grid whose core count divides every count in `tiles`."""
+    common = math.gcd(*tiles)
+    for cores in range(min(common, max_grid[0] * max_grid[1]), 0, -1):
+        if common % cores == 0 and (grid := _rectangle(cores, *max_grid)) is not None:
+            return grid
+    raise AssertionError("a 1x1 grid always divides")  # unreachable: cores = 1 is a rectangle
+
+
+def _device_grid(device: DeviceSpec, max_grid: tuple[int, int]) -> tuple[int, int]:
+    return min(device.grid_x, max_grid[0]), min(device.grid_y, max_grid[1])
+
+
+def _l1_budget(device: DeviceSpec) -> int:
+    return device.l1_bytes - L1_HEADROOM
+
+
+def _decode_matmul(
+    name: str, k: int, n: int, dtype: str, device: DeviceSpec, fused_silu: bool = False
+) -> DecodeMatmul:
+    banks = device.dram_banks
+    n_padded = round_up(n, TILE * banks)
+    k_tiles, n_tiles = k // TILE, n_padded // TILE
+    grid = _grid_dividing((k_tiles, n_tiles), _device_grid(device, DECODE_MAX_GRID))
+    bank_tiles = n_tiles // banks
+    workers = 2 if bank_tiles % 2 == 0 else 1
+    per_core_n = n_tiles // grid.cores
+    in_tiles = k_tiles // grid.cores
+
+    def l1(block_w: int) -> int:
+        # activation shard + output shard (bf16) + triple-buffered weight blocks of one worker's N slice
+        return (in_tiles + per_core_n) * TILE_BYTES["bf16"] + 3 * block_w * (
+            bank_tiles // workers
+        ) * TILE_BYTES[dtype]
+
+    for block_w in sorted(
+        (d for d in range(1, min(in_tiles, MAX_BLOCK) + 1) if in_tiles % d == 0), reverse=True
+    ):
+        if l1(block_w) <= _l1_budget(device):
+            return DecodeMatmul(
+                name, k, n, n_padded, grid, block_w, per_core_n, workers, fused_silu, l1(block_w)
+            )
+    raise PlanError(
+        f"decode {name} [{k}, {n_padded}] ({dtype}): the smallest in0_block_w needs {l1(1)} bytes of L1 per "
+        f"core on grid {grid}; the budget is {_l1_budget(device)} bytes ({device.name})"
+    )
+
+
+def _head_matmul(k: int, n: int, dtype: str, device: DeviceSpec) -> HeadMatmul:
+    n_padded = round_up(n, TILE)
+    grid = CoreGrid(*_device_grid(device, PREFILL_MAX_GRID))
+    k_tiles = k // TILE
+    per_core_n = -(-(n_padded // TILE) // grid.cores)
+    subblock_w = _largest_divisor(per_core_n, DEST_TILES)
+
+    def l1(block_w: int) -> int:
+        # double-buffered weight and activation blocks + one output row block (bf16)
+        bf16 = TILE_BYTES["bf16"]
+        return 2 * block_w * per_core_n * TILE_BYTES[dtype] + 2 * block_w * bf16 + per_core_n * bf16
+
+    for block_w in sorted(
+        (d for d in range(1, min(k_tiles, MAX_BLOCK) + 1) if k_tiles % d == 0), reverse=True
+    ):
+        if l1(block_w) <= _l1_budget(device):
+            return HeadMatmul(k, n_padded, grid, block_w, per_core_n, subblock_w, l1(block_w))
+    raise PlanError(
+        f"lm_head [{k}, {n_padded}] ({dtype}) on {grid}: {per_core_n} output tiles per core need {l1(1)} bytes "
+        f"of L1; the budget is {_l1_budget(device)} bytes ({device.name})"
+    )
+
+
+@lru_cache(maxsize=256)
+def _prefill_matmul(grid: CoreGrid, m: int, k: int, n: int) -> PrefillMatmul:
+    m_tiles, k_tiles, n_tiles = -(-m // TILE), -(-k // TILE), -(-n // TILE)
+    m_block = min(MAX_BLOCK, -(-m_tiles // grid.y))
+    n_block = min(MAX_BLOCK, -(-n_tiles // grid.x))
+    sub_h = 2 if m_block % 2 == 0 else 1
+    sub_w = _largest_divisor(n_block, DEST_TILES // sub_h)
+    return PrefillMatmul(grid, m_block, _largest_divisor(k_tiles, MAX_BLOCK), n_block, sub_h, sub_w)
+
+
+@lru_cache(maxsize=256)
+def _kv_fill_grid(n_kv: int, padded_length: int) -> CoreGrid:
+    """Height-shard grid for filling [1, n_kv, Lp, head_dim]: n_kv * d cores, each holding Lp / d rows of
+    one head (a whole number of tiles), as many cores as fit in 8x8."""
+    max_x, max_y = KV_FILL_MAX_GRID
+    row_tiles = padded_length // TILE
+    for d in sorted((d for d in range(1, row_tiles + 1) if row_tiles % d == 0), reverse=True):
+        if n_kv * d <= max_x * max_y and (grid := _rectangle(n_kv * d, max_x, max_y)) is not None:
+            return grid
+    raise PlanError(
+        f"num_key_value_heads = {n_kv}: the prefill KV fill shards one head per core group and supports at "
+        f"most {max_x * max_y} heads on an {max_x}x{max_y} grid"
+    )
+
+
+def _check_dims(t: TextConfig, device: DeviceSpec, source: str) -> None:
+    bank_multiple = TILE * device.dram_banks
+    if t.attention_bias:
+        raise PlanError(
+            f"{source}: attention_bias = true is not supported by the ttnn backend (Qwen3-VL attention has no "
+            "biases); run this checkpoint with --backend torch"
+        )
+    if t.head_dim % TILE or (t.head_dim != TILE and t.head_dim % (2 * TILE)):
+        raise PlanError(
+            f"{source}: head_dim = {t.head_dim}; the device rotary (rotary_embedding_hf) needs 32 or a "
+            f"multiple of 64"
+        )
+    if t.hidden_size % bank_multiple:
+        raise PlanError(
+            f"{source}: hidden_size = {t.hidden_size} must be a multiple of {bank_multiple} (32 x "
+            f"{device.dram_banks} DRAM banks): it is the N of the DRAM-sharded o_proj and down_proj"
+        )
+    qkv = t.q_dim + 2 * t.kv_dim
+    if qkv % bank_multiple:
+        raise PlanError(
+            f"{source}: (num_attention_heads + 2 num_key_value_heads) x head_dim = {qkv} must be a multiple of "
+            f"{bank_multiple}: the decode head split reads the fused QKV row unpadded"
+        )
+
+
+def plan_text(cfg: ModelConfig, precision: Precision, device: DeviceSpec = P150) -> TextPlan:
+    """Plan the text backbone of `cfg` in `precision` on `device`; PlanError if it cannot run there."""
+    t = cfg.text
+    source = model_name(cfg)
+    _check_dims(t, device, source)
+    h_tiles = t.hidden_size // TILE
+    residual = _grid_dividing((h_tiles,), _device_grid(device, DECODE_MAX_GRID))
+    block_w = h_tiles // residual.cores
+    dense = t.moe is None or any(not t.moe.is_sparse(i) for i in range(t.num_hidden_layers))
+    inter_p = round_up(t.intermediate_size, TILE * device.dram_banks)
+    mlp = (
+        (
+            _decode_matmul(
+                "gate",
+                t.hidden_size,
+                t.intermediate_size,
+                precision.dtype("mlp_gate_up"),
+                device,
+                fused_silu=True,
+            ),
+            _decode_matmul("up", t.hidden_size, t.intermediate_size, precision.dtype("mlp_gate_up"), device),
+            _decode_matmul("down", inter_p, t.hidden_size, precision.dtype("mlp_down"), device),
+        )
+        if dense
+        else (None, None, None)
+    )
+    _kv_fill_grid(t.num_key_value_heads, PREFILL_PAD)  # refuses a head count the KV fill cannot shard
+    return TextPlan(
+        model=source,
+        device=device,
+        residual_grid=residual,
+        norm_block_w=block_w,
+        norm_subblock_w=_largest_divisor(block_w, DEST_TILES),
+        qkv=_decode_matmul("qkv", t.hidden_size, t.q_dim + 2 * t.kv_dim, precision.dtype("qkv"), device),
+        o=_decode_matmul("o", t.q_dim, t.hidden_size, precision.dtype("o"), device),
+        gate=mlp[0],
+        up=mlp[1],
+        down=mlp[2],
+        head=_head_matmul(t.hidden_size, t.vocab_size, precision.dtype("lm_head"), device),
+        prefill_grid=CoreGrid(*_device_grid(device, PREFILL_MAX_GRID)),
+        sdpa_decode_grid=CoreGrid(*_device_grid(device, SDPA_DECODE_GRID)),
+        n_kv_heads=t.num_key_value_heads,
+        trace_region_bytes=TRACE_BYTES_PER_LAYER * t.num_hidden_layers + TRACE_BYTES_FIXED,
+    )

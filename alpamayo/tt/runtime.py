@@ -1,0 +1,92 @@
+"""The one place that imports `ttnn` and opens the Blackhole device.
+
+Importing `alpamayo` (or `alpamayo.tt`) never imports `ttnn`: every ttnn user calls `import_ttnn()`.
+
+Without a card, ttnn 0.81.1 cannot even convert a tensor on the host (`TT_FATAL … No chips detected`, measured
+in ../shared/reference/ttmetal.md §4.1) unless `TT_METAL_MOCK_CLUSTER_DESC_PATH` names a cluster descriptor.
+So when no card is present and the variable is unset, `import_ttnn()` points it at the one-chip p150 descriptor
+shipped beside this module before ttnn initialises its cluster. Host work then runs (tilize, bfloat8_b /
+bfloat4_b packing, `.tensorbin` dump/load); opening a device does not, and `open_device()` says so up front.
+With a card present the variable is left alone, since it would make ttnn open a mock device instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from alpamayo.errors import BackendUnavailable
+
+MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
+SIMULATOR_ENV = "TT_METAL_SIMULATOR"
+MOCK_DESCRIPTOR = Path(__file__).resolve().with_name("p150_mock_cluster.yaml")
+# The Tenstorrent kernel driver (tt-kmd) creates one character device per card here.
+DEVICE_DIR = Path("/dev/tenstorrent")
+INSTALL_HINT = (
+    "install the 'tt' extra (pip install -e '.[tt]'); ttnn 0.81.1 has wheels for CPython 3.10 and 3.12 "
+    "on x86_64 Linux"
+)
+
+
+def card_present() -> bool:
+    """A Blackhole card (tt-kmd device node) or the ttsim simulator (`TT_METAL_SIMULATOR`) is available."""
+    simulator = os.environ.get(SIMULATOR_ENV)
+    if simulator and Path(simulator).is_file():
+        return True
+    return DEVICE_DIR.is_dir() and any(DEVICE_DIR.iterdir())
+
+
+def configure_host_mode() -> None:
+    """Point ttnn at the shipped p150 mock descriptor when no card is present (and nothing else was chosen)."""
+    if not card_present() and not os.environ.get(MOCK_ENV):
+        os.environ[MOCK_ENV] = str(MOCK_DESCRIPTOR)
+
+
+def import_ttnn() -> Any:
+    """The `ttnn` module, host mode configured first; `BackendUnavailable` when it is not installed."""
+    configure_host_mode()
+    try:
+        import ttnn
+    except ImportError as e:
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        raise BackendUnavailable(
+            f"ttnn is not installed in this Python {version} environment ({e}); {INSTALL_HINT}"
+        ) from e
+    return ttnn
+
+
+def device_unavailable_reason() -> str | None:
+    """None when a ttnn model can run here; otherwise why not (ttnn missing, or no Blackhole device)."""
+    try:
+        import_ttnn()
+    except BackendUnavailable as e:
+        return str(e)
+    if not card_present():
+        return (
+            f"ttnn is installed but no Blackhole device is present ({DEVICE_DIR} has no card "
+            f"and {SIMULATOR_ENV} is unset); host-side work such as `alpamayo plan` still runs"
+        )
+    mock = os.environ.get(MOCK_ENV)
+    if mock and not os.environ.get(SIMULATOR_ENV):
+        return f"{MOCK_ENV}={mock} makes ttnn open a mock device; unset it to use the card"
+    return None
+
+
+def open_device(trace_region_size: int) -> Any:
+    """Open Blackhole device 0 with a trace region of `trace_region_size` bytes (for the decode trace)."""
+    reason = device_unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(reason)
+    ttnn = import_ttnn()
+    device = ttnn.open_device(device_id=0, trace_region_size=trace_region_size)
+    arch = device.arch()
+    if arch != ttnn.device.Arch.BLACKHOLE:
+        ttnn.close_device(device)
+        raise BackendUnavailable(f"device 0 is {arch}; the ttnn backend targets a Blackhole p150")
+    return device
+
+
+def close_device(device: Any) -> None:
+    import_ttnn().close_device(device)

@@ -1,0 +1,119 @@
+"""Recipe and plan values as ttnn objects: dtypes, compute-kernel configs, memory and program configs.
+
+Everything here is a pure translation of validated data (`Precision`, `TextPlan`) into ttnn constructors, so
+an impossible combination has already been refused by the planners before any of this runs. The functions
+take the `ttnn` module as their first argument (see `alpamayo.tt.runtime.import_ttnn`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alpamayo.tt.device_spec import TILE
+from alpamayo.tt.program_config import CoreGrid, DecodeMatmul, HeadMatmul, PrefillMatmul
+
+FIDELITY_NAMES = {"lofi": "LoFi", "hifi2": "HiFi2", "hifi3": "HiFi3", "hifi4": "HiFi4"}
+
+
+def ttnn_dtype(ttnn: Any, name: str) -> Any:
+    """Recipe dtype name (bf16 | bfp8 | bfp4) -> ttnn.DataType."""
+    return {"bf16": ttnn.bfloat16, "bfp8": ttnn.bfloat8_b, "bfp4": ttnn.bfloat4_b}[name]
+
+
+def compute_config(ttnn: Any, fidelity: str, fp32_acc: bool = True, l1_acc: bool = True) -> Any:
+    """Compute-kernel config; `WormholeComputeKernelConfig` is the type ttnn uses for Blackhole too."""
+    return ttnn.WormholeComputeKernelConfig(
+        math_fidelity=getattr(ttnn.MathFidelity, FIDELITY_NAMES[fidelity]),
+        math_approx_mode=False,
+        fp32_dest_acc_en=fp32_acc,
+        packer_l1_acc=l1_acc,
+    )
+
+
+def core_range(ttnn: Any, x: int, y: int = 1) -> Any:
+    """Cores (0,0)..(x-1,y-1)."""
+    return ttnn.CoreRangeSet({ttnn.CoreRange(ttnn.CoreCoord(0, 0), ttnn.CoreCoord(x - 1, y - 1))})
+
+
+def dram_sharded_weight(ttnn: Any, k: int, n_padded: int, banks: int) -> Any:
+    """DRAM WIDTH_SHARDED memory config of a `[K, N_p]` weight: `[K, N_p / banks]` per bank."""
+    spec = ttnn.ShardSpec(core_range(ttnn, banks), (k, n_padded // banks), ttnn.ShardOrientation.ROW_MAJOR)
+    return ttnn.MemoryConfig(ttnn.TensorMemoryLayout.WIDTH_SHARDED, ttnn.BufferType.DRAM, spec)
+
+
+def width_sharded(ttnn: Any, width: int, grid: CoreGrid) -> Any:
+    """L1 WIDTH_SHARDED config of a `[32, width]` activation row block split over `grid`."""
+    return ttnn.create_sharded_memory_config(
+        shape=(TILE, width // grid.cores),
+        core_grid=ttnn.CoreGrid(x=grid.x, y=grid.y),
+        strategy=ttnn.ShardStrategy.WIDTH,
+        orientation=ttnn.ShardOrientation.ROW_MAJOR,
+        use_height_and_width_as_shard_shape=True,
+    )
+
+
+def height_sharded(ttnn: Any, rows: int, width: int, grid: CoreGrid) -> Any:
+    """L1 HEIGHT_SHARDED config: `rows` x `width` per core over `grid`."""
+    return ttnn.create_sharded_memory_config(
+        shape=(rows, width),
+        core_grid=ttnn.CoreGrid(x=grid.x, y=grid.y),
+        strategy=ttnn.ShardStrategy.HEIGHT,
+        orientation=ttnn.ShardOrientation.ROW_MAJOR,
+        use_height_and_width_as_shard_shape=True,
+    )
+
+
+def decode_matmul(ttnn: Any, mm: DecodeMatmul) -> Any:
+    """DRAM-sharded program config of one decode matmul (SiLU fused into the gate projection)."""
+    return ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(
+        in0_block_w=mm.in0_block_w,
+        per_core_M=1,
+        per_core_N=mm.per_core_n,
+        fused_activation=ttnn.UnaryOpType.SILU if mm.fused_silu else None,
+        num_workers_per_dram_bank=mm.workers_per_bank,
+    )
+
+
+def head_matmul(ttnn: Any, mm: HeadMatmul) -> Any:
+    """1D multicast program config of the lm_head (interleaved weight, one tile row of activations)."""
+    return ttnn.MatmulMultiCoreReuseMultiCast1DProgramConfig(
+        compute_with_storage_grid_size=ttnn.CoreCoord(mm.grid.x, mm.grid.y),
+        in0_block_w=mm.in0_block_w,
+        out_subblock_h=1,
+        out_subblock_w=mm.out_subblock_w,
+        per_core_M=1,
+        per_core_N=mm.per_core_n,
+        fuse_batch=True,
+        fused_activation=None,
+        mcast_in0=True,
+    )
+
+
+def prefill_matmul(ttnn: Any, mm: PrefillMatmul) -> Any:
+    return ttnn.MinimalMatmulConfig(
+        M_block_size=mm.m_block,
+        K_block_size=mm.k_block,
+        N_block_size=mm.n_block,
+        subblock_h=mm.subblock_h,
+        subblock_w=mm.subblock_w,
+        compute_with_storage_grid_size=ttnn.CoreCoord(mm.grid.x, mm.grid.y),
+    )
+
+
+def sharded_norm(ttnn: Any, grid: CoreGrid, block_w: int, subblock_w: int) -> Any:
+    return ttnn.LayerNormShardedMultiCoreProgramConfig(
+        compute_with_storage_grid_size=ttnn.CoreCoord(grid.x, grid.y),
+        subblock_w=subblock_w,
+        block_h=1,
+        block_w=block_w,
+        inplace=False,
+    )
+
+
+def sdpa(ttnn: Any, grid: CoreGrid, q_chunk: int, k_chunk: int) -> Any:
+    return ttnn.SDPAProgramConfig(
+        compute_with_storage_grid_size=ttnn.CoreCoord(grid.x, grid.y),
+        q_chunk_size=q_chunk,
+        k_chunk_size=k_chunk,
+        exp_approx_mode=False,
+    )

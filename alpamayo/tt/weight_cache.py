@@ -1,0 +1,93 @@
+"""Prepared device weights cached on disk as ttnn `.tensorbin` files (host tensors: tilized and packed).
+
+A file's name carries the tensor name, dtype, padded shape and a fingerprint:
+
+    layers.3.wqkv.bfp8.5120x10240.3f9a0c1d2e4b5a69.tensorbin
+
+The fingerprint is a BLAKE2b digest of every source tensor's bytes, dtype and shape plus the recipe that
+turns them into the device tensor (transform, shapes, layout, dtype, the ttnn version that packed it and the
+preparation format version). A changed checkpoint or recipe therefore gets a new file and never reuses a stale
+one; the price is reading and hashing each source tensor on every load (the expensive step saved is the
+block-float packing). Files are written to a temporary name and renamed, so a crash leaves no torn file.
+Memory placement (DRAM-sharded or interleaved) is applied when the host tensor is moved to the device, so it
+is not part of the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alpamayo.tt.ttnn_configs import ttnn_dtype
+from alpamayo.tt.weights import Getter, WeightSpec, prepare
+
+# Bump when `alpamayo.tt.weights.prepare` changes what it produces for the same spec.
+PREPARE_VERSION = 1
+
+
+def _ttnn_version() -> str:
+    try:
+        return metadata.version("ttnn")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def fingerprint(spec: WeightSpec, dtype: str, sources: list[torch.Tensor]) -> str:
+    """16 hex digits identifying the prepared tensor: source contents plus recipe."""
+    h = hashlib.blake2b(digest_size=8)
+    recipe = (PREPARE_VERSION, _ttnn_version(), spec.transform, spec.shape, spec.padded, spec.layout, dtype)
+    h.update(repr(recipe).encode())
+    for t in sources:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+def file_name(spec: WeightSpec, dtype: str, digest: str) -> str:
+    return f"{spec.name}.{dtype}.{'x'.join(str(d) for d in spec.padded)}.{digest}.tensorbin"
+
+
+def to_host_tensor(ttnn: Any, t: torch.Tensor, dtype: str, layout: str) -> Any:
+    """Tilize (or keep row-major) and pack a prepared torch tensor on the host in the recipe dtype."""
+    if dtype == "bf16":
+        t = t.to(torch.bfloat16)
+    tt_layout = ttnn.TILE_LAYOUT if layout == "tile" else ttnn.ROW_MAJOR_LAYOUT
+    return ttnn.from_torch(t, dtype=ttnn_dtype(ttnn, dtype), layout=tt_layout)
+
+
+class WeightCache:
+    """Host tensors for `WeightSpec`s, from `directory` when a matching file exists (None: never cache)."""
+
+    def __init__(self, ttnn: Any, directory: str | Path | None):
+        self.ttnn = ttnn
+        self.directory = Path(directory) if directory is not None else None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self.hits = 0
+        self.built = 0
+
+    def path(self, spec: WeightSpec, dtype: str, sources: list[torch.Tensor]) -> Path | None:
+        if self.directory is None:
+            return None
+        return self.directory / file_name(spec, dtype, fingerprint(spec, dtype, sources))
+
+    def host_tensor(self, spec: WeightSpec, dtype: str, get: Getter) -> Any:
+        """The packed host tensor of `spec` in `dtype`: loaded from the cache or prepared (and stored)."""
+        sources = {name: get(name) for name in spec.sources}
+        path = self.path(spec, dtype, list(sources.values()))
+        if path is not None and path.is_file():
+            self.hits += 1
+            return self.ttnn.load_tensor(str(path))
+        host = to_host_tensor(self.ttnn, prepare(spec, sources.__getitem__), dtype, spec.layout)
+        self.built += 1
+        if path is not None:
+            tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}{path.suffix}")  # ttnn wants .tensorbin
+            self.ttnn.dump_tensor(str(tmp), host)
+            os.replace(tmp, path)
+        return host

@@ -1,0 +1,77 @@
+"""The ttnn runtime seam: lazy import, the shipped mock descriptor, and `--backend ttnn` without ttnn or a card."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from alpamayo.cli import main
+from alpamayo.tt import runtime
+from tests.hf_checkpoints import save_checkpoint, text_config
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tt-cli")
+    save_checkpoint(path, text_config(), seed=5)
+    return path
+
+
+def generate_ttnn(checkpoint) -> int:
+    return main(["generate", "--checkpoint", str(checkpoint), "--prompt", "hi", "--backend", "ttnn"])
+
+
+def test_importing_the_package_never_imports_ttnn():
+    code = "import sys, alpamayo.cli, alpamayo.tt.text, alpamayo.commands.plan; print('ttnn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_shipped_descriptor_is_a_one_chip_p150():
+    desc = yaml.safe_load(runtime.MOCK_DESCRIPTOR.read_text())
+    assert desc["arch"] == {0: "blackhole"} and desc["chips_with_mmio"] == [{0: 0}]
+    board = {k: v for item in desc["boards"][0] for k, v in item.items()}
+    assert board["board_type"] == "p150" and board["chips"] == [0]
+
+
+def test_host_mode_points_ttnn_at_the_shipped_descriptor(ttnn_host):
+    if runtime.card_present():
+        pytest.skip("a card is present: host mode leaves TT_METAL_MOCK_CLUSTER_DESC_PATH alone")
+    assert os.environ[runtime.MOCK_ENV]  # set by import_ttnn() unless the user chose one
+    import torch
+
+    host = ttnn_host.from_torch(torch.ones(32, 32), dtype=ttnn_host.bfloat8_b, layout=ttnn_host.TILE_LAYOUT)
+    assert torch.equal(ttnn_host.to_torch(host).float(), torch.ones(32, 32))
+
+
+def test_backend_ttnn_without_ttnn_says_ttnn_is_missing(checkpoint, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ttnn", None)  # `import ttnn` now raises ImportError
+    assert generate_ttnn(checkpoint) == 2
+    err = capsys.readouterr().err
+    assert "alpamayo generate: error: ttnn is not installed" in err
+    assert "pip install -e '.[tt]'" in err
+
+
+def test_backend_ttnn_without_a_card_says_the_device_is_missing(
+    ttnn_host, checkpoint, monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
+    monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    assert generate_ttnn(checkpoint) == 2
+    err = capsys.readouterr().err
+    assert "alpamayo generate: error: ttnn is installed but no Blackhole device is present" in err
+    assert "Traceback" not in err
+
+
+def test_a_mock_descriptor_is_refused_when_a_card_is_present(ttnn_host, monkeypatch, tmp_path):
+    cards = tmp_path / "tenstorrent"
+    cards.mkdir()
+    (cards / "0").touch()
+    monkeypatch.setattr(runtime, "DEVICE_DIR", cards)
+    monkeypatch.setenv(runtime.MOCK_ENV, str(runtime.MOCK_DESCRIPTOR))
+    monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    assert "makes ttnn open a mock device; unset it to use the card" in runtime.device_unavailable_reason()

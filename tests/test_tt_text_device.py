@@ -1,0 +1,301 @@
+"""The ttnn text backbone on a Blackhole p150 against the torch reference (marked `blackhole`).
+
+Runs on random tiny checkpoints built here (both presets) and, when `ALPAMAYO_TT_CHECKPOINT` names a Qwen3-VL
+checkpoint directory, on that checkpoint (recipe from `ALPAMAYO_TT_RECIPE`, default performance; packed
+weights cached in `ALPAMAYO_TT_CACHE` if set). The torch reference runs in float32 for the tiny checkpoints and
+in bfloat16 for the real one, on the recipe-rounded weights (`RecipeRoundedCheckpoint`), so the thresholds
+measure the device implementation; what the recipe's rounding costs is recorded beside them. Figures land in
+the "measured figures" table at the end of the run.
+
+Per-layer checks feed the reference's own input to one device layer (`layer_prefill` / `layer_decode`), so
+each layer's figure is that layer's error alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from alpamayo.config import load_config
+from alpamayo.generation import greedy_continue
+from alpamayo.numerics import pcc
+from alpamayo.profiling import Tracer
+from alpamayo.text import TextModel
+from alpamayo.text.inputs import rope_delta
+from alpamayo.tt.precision import load_precision
+from alpamayo.tt.program_config import plan_text
+from tests.hf_checkpoints import TOKEN_IDS
+from tests.tt_checkpoints import TT_TINY, RecipeRoundedCheckpoint, save_tt_checkpoint
+
+pytestmark = pytest.mark.blackhole
+
+REAL_ENV, RECIPE_ENV, CACHE_ENV = "ALPAMAYO_TT_CHECKPOINT", "ALPAMAYO_TT_RECIPE", "ALPAMAYO_TT_CACHE"
+CASES = [f"{name}-{recipe}" for name in TT_TINY for recipe in ("accuracy", "performance")] + ["real"]
+LAYER_PCC, LOGITS_PCC, KV_PCC, TOP1 = 0.99, 0.97, 0.999, 0.95
+PROMPT_LEN = 126  # decode positions 126..129 cross a tile and a 128-row flash-decode chunk
+
+
+@pytest.fixture(scope="module")
+def device():
+    """Device 0 for this module's models (closed at the end of the module, so other modules can open it)."""
+    from alpamayo.tt.runtime import close_device, open_device
+
+    trace = 64 << 20  # the tiny models' plans need ~10 MiB
+    if os.environ.get(REAL_ENV):
+        recipe = load_precision(os.environ.get(RECIPE_ENV, "performance"))
+        trace = max(trace, plan_text(load_config(os.environ[REAL_ENV]), recipe).trace_region_bytes)
+    dev = open_device(trace)
+    yield dev
+    close_device(dev)
+
+
+class Case:
+    """A checkpoint on the device and in the torch reference (recipe-rounded weights), with a prompt."""
+
+    def __init__(self, name, path, recipe, ref_dtype, device):
+        from alpamayo.tt.runtime import import_ttnn
+        from alpamayo.tt.text import TTTextModel
+
+        self.name, self.path, self.precision = name, path, load_precision(recipe)
+        rounded = RecipeRoundedCheckpoint(Path(path), self.precision, import_ttnn())
+        self.ref = TextModel.from_checkpoint(rounded, dtype=ref_dtype)
+        self.tt = TTTextModel.from_checkpoint(
+            path, precision=self.precision, device=device, cache_dir=os.environ.get(CACHE_ENV)
+        )
+        vocab = self.ref.text_cfg.vocab_size
+        self.prompt = torch.randint(
+            0, min(vocab, 256), (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)
+        )
+
+    def __repr__(self) -> str:
+        return f"Case({self.name})"
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request, device, tmp_path_factory):
+    if request.param == "real":
+        path = os.environ.get(REAL_ENV)
+        if not path:
+            pytest.skip(f"set {REAL_ENV} to a Qwen3-VL checkpoint directory to run the real-checkpoint tests")
+        c = Case("real", path, os.environ.get(RECIPE_ENV, "performance"), torch.bfloat16, device)
+    else:
+        name, recipe = request.param.rsplit("-", 1)
+        path = tmp_path_factory.mktemp(request.param)
+        save_tt_checkpoint(path, name, seed=17)
+        c = Case(request.param, path, recipe, torch.float32, device)
+    yield c
+    c.tt.close()
+
+
+def text_positions(length: int, start: int = 0) -> torch.Tensor:
+    return torch.arange(start, start + length).view(1, -1).expand(3, -1)
+
+
+@torch.inference_mode()
+def reference_prefill_io(ref: TextModel, hidden: torch.Tensor, position_ids: torch.Tensor) -> list:
+    """(input, output) [L, H] of every reference decoder layer on a fresh prompt; fills its KV cache."""
+    cos, sin = ref.rope.cos_sin(position_ids, ref.dtype)
+    ref.reset()
+    ios, x = [], hidden.to(ref.dtype)[None]
+    for layer in ref.layers:
+        y = layer(x, cos, sin, ref.cache, 0)
+        ios.append((x[0].clone(), y[0].clone()))
+        x = y
+    ref.cache_len, ref.rope_delta = hidden.shape[0], rope_delta(position_ids)
+    return ios
+
+
+@torch.inference_mode()
+def reference_decode_io(ref: TextModel, token: int, position: int) -> list:
+    """(input, output) [H] of every reference decoder layer for `token` at cache index `position`."""
+    cos, sin = ref.rope.cos_sin_1d(torch.tensor([position + ref.rope_delta]), ref.dtype)
+    ios, x = [], ref.embed(torch.tensor([token]))[None]
+    for layer in ref.layers:
+        y = layer(x, cos, sin, ref.cache, position)
+        ios.append((x[0, 0].clone(), y[0, 0].clone()))
+        x = y
+    ref.cache_len = position + 1
+    return ios
+
+
+def test_prefill_layers_and_kv_cache_match_the_reference(case, record_figure):
+    ref, tt = case.ref, case.tt
+    ref.setup_cache(256)
+    tt.setup_cache(256)
+    positions = text_positions(PROMPT_LEN)
+    ios = reference_prefill_io(ref, ref.embed(case.prompt), positions)
+    worst, worst_kv = 1.0, 1.0
+    for i, (x, y) in enumerate(ios):
+        p = pcc(y, tt.layer_prefill(i, x, positions))
+        k, v = tt.kv_cache_host(i, PROMPT_LEN)
+        kv = min(pcc(ref.cache.k[i][0, :, :PROMPT_LEN], k), pcc(ref.cache.v[i][0, :, :PROMPT_LEN], v))
+        assert p >= LAYER_PCC, f"prefill layer {i}: PCC {p}"
+        assert kv >= KV_PCC, f"layer {i} KV cache: PCC {kv}"
+        worst, worst_kv = min(worst, p), min(worst_kv, kv)
+    record_figure("prefill worst layer PCC", worst)
+    record_figure("KV cache worst PCC", worst_kv)
+
+
+def test_decode_layers_match_the_reference_at_several_positions(case, record_figure):
+    ref, tt = case.ref, case.tt
+    ref.setup_cache(256)
+    tt.setup_cache(256)
+    ref.prefill(case.prompt)
+    tt.prefill(case.prompt)
+    worst = 1.0
+    for step, position in enumerate(range(PROMPT_LEN, PROMPT_LEN + 4)):
+        token = int(case.prompt[step])
+        for i, (x, y) in enumerate(reference_decode_io(ref, token, position)):
+            p = pcc(y, tt.layer_decode(i, x, position))
+            assert p >= LAYER_PCC, f"decode layer {i} at position {position}: PCC {p}"
+            worst = min(worst, p)
+    record_figure("decode worst layer PCC (positions 126..129)", worst)
+
+
+@pytest.mark.parametrize("length", [PROMPT_LEN, 300])
+def test_prefill_logits_match_the_reference(case, length, record_figure):
+    ref, tt = case.ref, case.tt
+    ref.setup_cache(length)
+    tt.setup_cache(length)
+    ids = torch.cat([case.prompt] * 3)[:length]
+    expected, actual = ref.prefill(ids), tt.prefill(ids)
+    p = pcc(expected, actual)
+    record_figure(f"prefill logits PCC (L={length})", p)
+    if case.name != "real":  # what the recipe's rounding costs on top: against the unrounded float32 model
+        plain = TextModel.from_checkpoint(case.path)
+        plain.setup_cache(length)
+        record_figure(
+            f"prefill logits PCC vs unrounded weights (L={length})", pcc(plain.prefill(ids), actual)
+        )
+    assert p >= LOGITS_PCC
+    hidden = pcc(ref.prefill_hidden(ids), tt.prefill_hidden(ids))
+    record_figure(f"prefill final hidden PCC (L={length})", hidden)
+    assert hidden >= LOGITS_PCC
+
+
+def test_teacher_forced_top1_agreement_over_128_tokens(case, record_figure):
+    ref, tt = case.ref, case.tt
+    n = 128
+    ref.setup_cache(PROMPT_LEN + n)
+    tt.setup_cache(PROMPT_LEN + n)
+    expected = greedy_continue(ref, ref.prefill(case.prompt), n)  # the reference's own argmax at every step
+    logits, agree = tt.prefill(case.prompt), 0
+    for j in range(n):
+        agree += int(torch.argmax(logits)) == expected[j]
+        if j + 1 < n:
+            logits = tt.decode(expected[j])  # teacher forcing: the reference token, whatever the device chose
+    record_figure("teacher-forced top-1 agreement (128 tokens)", agree / n)
+    assert agree / n >= TOP1
+
+
+def test_traced_decode_is_identical_to_untraced_decode(case):
+    tt = case.tt
+    tokens = [int(t) for t in case.prompt[:12]]
+    tt.setup_cache(PROMPT_LEN + len(tokens))
+    runs = []
+    for traced in (True, False):
+        tt.prefill(case.prompt)
+        runs.append([tt.decode(t, traced=traced) for t in tokens])
+    for step, (a, b) in enumerate(zip(*runs, strict=True)):
+        assert torch.equal(a, b), f"step {step}: traced and untraced logits differ"
+
+
+def test_decode_layer_seam_binds_at_capture(case):
+    """A layer installed in decode_layers runs at compile and capture; replays never call Python again."""
+    tt = case.tt
+    calls = []
+
+    def layer0(i, x, cos, sin, pos):
+        calls.append(i)
+        return tt._layer_decode(i, x, cos, sin, pos)
+
+    tt.setup_cache(PROMPT_LEN + 4)  # drops any earlier trace
+    tt.prefill(case.prompt)
+    baseline = [tt.decode(t, traced=False) for t in (3, 5, 7)]
+    tt.prefill(case.prompt)
+    tt.decode_layers[0] = layer0
+    try:
+        seam = [tt.decode(t) for t in (3, 5, 7)]
+    finally:
+        tt.decode_layers.clear()
+    assert calls == [0, 0]
+    assert all(torch.equal(a, b) for a, b in zip(baseline, seam, strict=True))
+
+
+def test_profiling_spans_cover_every_stage(case):
+    tt = case.tt
+    tt.tracer = Tracer()
+    try:
+        tt.setup_cache(PROMPT_LEN + 4)
+        tt.prefill(case.prompt)
+        for t in (1, 2, 3):
+            tt.decode(t)
+        names = {s.name for s in tt.tracer.spans}
+    finally:
+        tt.tracer = Tracer(enabled=False)
+    assert {
+        "tt.prefill_setup",
+        "tt.prefill_layers",
+        "tt.prefill_head",
+        "tt.decode_compile_and_capture",
+        "tt.decode_trace_execute",
+        "tt.host_to_device",
+        "tt.device_to_host",
+    } <= names
+
+
+@pytest.fixture(scope="module")
+def image_case(device, tmp_path_factory):
+    """A TT-shaped checkpoint with a vision tower, one 64x96 image prompt, transformers' features and positions."""
+    from alpamayo.tt.runtime import import_ttnn
+    from alpamayo.tt.text import TTTextModel
+
+    path = tmp_path_factory.mktemp("tt-image")
+    hf = save_tt_checkpoint(path, "gqa2", seed=23)
+    n_img = (4 * 6) // 4
+    ids = torch.tensor(
+        [TOKEN_IDS["<|im_start|>"], *b"user\n", TOKEN_IDS["<|vision_start|>"]]
+        + [TOKEN_IDS["<|image_pad|>"]] * n_img
+        + [TOKEN_IDS["<|vision_end|>"], *b"Describe this image.", TOKEN_IDS["<|im_end|>"]]
+    )
+    grid = torch.tensor([[1, 4, 6]])
+    pixels = torch.randn(24, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    mask = ids == TOKEN_IDS["<|image_pad|>"]
+    with torch.no_grad():
+        visual = hf.model.visual(pixels, grid_thw=grid)
+        positions, _ = hf.model.get_rope_index(
+            ids.view(1, -1),
+            mask.to(torch.int32).view(1, -1),
+            image_grid_thw=grid,
+            attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+        )
+    precision = load_precision("accuracy")
+    ref = TextModel.from_checkpoint(RecipeRoundedCheckpoint(path, precision, import_ttnn()))
+    tt = TTTextModel.from_checkpoint(path, precision=precision, device=device)
+    embeds = ref.embed(ids).clone()
+    embeds[mask] = visual.pooler_output
+    yield dict(
+        ref=ref,
+        tt=tt,
+        embeds=embeds,
+        positions=positions[:, 0],
+        mask=mask,
+        deepstack=list(visual.deepstack_features),
+    )
+    tt.close()
+
+
+def test_image_prompt_with_deepstack_matches_the_reference(image_case, record_figure):
+    ref, tt, c = image_case["ref"], image_case["tt"], image_case
+    args = (c["embeds"], c["positions"], c["mask"], c["deepstack"])
+    ref.setup_cache(64)
+    tt.setup_cache(64)
+    p = pcc(ref.prefill(*args), tt.prefill(*args))
+    record_figure("image prompt logits PCC", p)
+    assert p >= LOGITS_PCC
+    assert tt.rope_delta == ref.rope_delta < 0
+    for token in (11, 12, 13):  # decode positions carry the prompt's rope delta
+        assert pcc(ref.decode(token), tt.decode(token)) >= LOGITS_PCC
