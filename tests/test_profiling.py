@@ -58,3 +58,14 @@ def test_plots_are_pngs_of_the_stated_size(tmp_path):
     for png in written:
         with Image.open(png) as img:
             assert img.format == "PNG" and img.size == plots.FIGURE_PX
+
+
+def test_totals_after_a_mark_add_up_per_stage():
+    tracer = Tracer()
+    assert tracer  # an empty tracer stays truthy: callers write `tracer or Tracer()`
+    tracer.record("prefill", 0, 1_000_000)
+    mark = tracer.mark()
+    tracer.record("vision", 0, 2_000_000, cached=False)
+    tracer.record("vision", 0, 3_000_000, cached=True)
+    assert tracer.totals_ms(mark) == {"vision": 5.0}
+    assert tracer.totals_ms() == {"prefill": 1.0, "vision": 5.0}

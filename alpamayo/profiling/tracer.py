@@ -92,14 +92,19 @@ class Tracer:
             return list(self._spans)
 
     def mark(self) -> int:
-        """The number of spans recorded so far, for `since`."""
+        """The number of spans recorded so far, for `totals_ms`."""
         with self._lock:
             return len(self._spans)
 
-    def since(self, mark: int) -> list[Span]:
-        """Spans recorded after the first `mark` (a `tracer.mark()` taken earlier)."""
+    def totals_ms(self, mark: int = 0) -> dict[str, float]:
+        """Total ms per stage over the spans recorded after the first `mark` (a `tracer.mark()` taken earlier);
+        stages recorded once per frame (vision) add up."""
         with self._lock:
-            return self._spans[mark:]
+            spans = self._spans[mark:]
+        totals: dict[str, float] = {}
+        for span in spans:
+            totals[span.name] = totals.get(span.name, 0.0) + span.ms
+        return totals
 
     def clear(self) -> None:
         with self._lock:

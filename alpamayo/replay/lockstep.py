@@ -14,7 +14,6 @@ from collections import Counter
 
 import numpy as np
 
-from alpamayo.profiling import Tracer
 from alpamayo.replay.accuracy import invalid_reasons, tick_errors
 from alpamayo.replay.outputs import TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
@@ -51,7 +50,7 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
             warn(f"skipped the tick at t0 = {tick.t0_ns} ns: {result}")
             continue
         result.warmup = len(results) < warmup
-        result.stages_ms = _stage_ms(tracer, mark)
+        result.stages_ms = tracer.totals_ms(mark)
         result.e2e_ms = result.stages_ms.get("e2e_age", 0.0)
         if recorder is not None:
             recorder.timings(result.seq, result.t0_ns, result.stages_ms, result.e2e_ms)
@@ -116,11 +115,3 @@ def _run_tick(tick: Tick, job: ReplayJob, begin: int) -> TickResult | FrameError
             recorder.publish(encoded, tick.t0_ns)
     tracer.record("e2e_age", begin, time.perf_counter_ns() - begin)
     return result
-
-
-def _stage_ms(tracer: Tracer, mark: int) -> dict[str, float]:
-    """Total ms per stage over the spans recorded since `mark` (vision sums its per-frame spans)."""
-    totals: dict[str, float] = {}
-    for span in tracer.since(mark):
-        totals[span.name] = totals.get(span.name, 0.0) + span.ms
-    return totals
