@@ -18,6 +18,10 @@ COMMANDS = [
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
     "alpamayo.commands.plan",
+    "alpamayo.commands.serve",
+    "alpamayo.commands.camera_sim",
+    "alpamayo.commands.node_ctl",
+    "alpamayo.commands.curve_keys",
 ]
 
 

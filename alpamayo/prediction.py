@@ -80,3 +80,6 @@ class Predictor(Protocol):
         seed: int | None = None,
         frame_times_ns: Mapping[int, Sequence[int]] | None = None,
     ) -> Prediction: ...
+
+    def reset(self) -> None:
+        """Forget per-frame state cached by frame time (a camera restarted, its clock may repeat times)."""

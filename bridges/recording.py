@@ -29,8 +29,8 @@ from mcap.records import Channel, Message, Metadata, Schema
 from mcap.stream_reader import StreamReader
 from PIL import Image, UnidentifiedImageError
 
-from alpamayo.rotations import slerp
 from bridges.mcap_messages import MessageDecoder, MessageError, timestamp_ns
+from bridges.window import slerp
 
 # Alpamayo's camera indices (NVlabs/alpamayo common/constants.py); the index is the model's only camera cue.
 ALPAMAYO_CAMERAS = {
@@ -227,7 +227,10 @@ class PoseTrack:
             return None
         w = (times_ns - self.t_ns[lo]) / span
         xyz = self.xyz[lo] + w[:, None] * (self.xyz[hi] - self.xyz[lo])
-        return xyz, slerp(self.quat_xyzw[lo], self.quat_xyzw[hi], w)
+        quat = [
+            slerp(self.quat_xyzw[a], self.quat_xyzw[b], float(u)) for a, b, u in zip(lo, hi, w, strict=True)
+        ]
+        return xyz, np.array(quat)
 
 
 @dataclass

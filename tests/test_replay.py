@@ -10,7 +10,7 @@ from mcap.reader import make_reader
 from PIL import Image
 
 from alpamayo.cli import main
-from alpamayo.demo_drive import make_demo_drive
+from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
 from alpamayo.replay.report import REPORT_SCHEMA
@@ -152,3 +152,30 @@ def test_a_window_without_ticks_is_a_clear_error(tmp_path, demo_checkpoint, driv
     assert main([*args, "--start", "100"]) == 2
     err = capsys.readouterr().err
     assert "has no tick between 100 s and the end" in err and "Traceback" not in err
+
+
+def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
+    tmp_path, demo_checkpoint, drive, capsys
+):
+    out, report = tmp_path / "rt.mcap", tmp_path / "rt.json"
+    args = [
+        "replay",
+        str(drive),
+        "--checkpoint",
+        str(demo_checkpoint),
+        "--out",
+        str(out),
+        "--json",
+        str(report),
+    ]
+    assert main([*args, "--realtime", "--speed", "2", *FAST]) == 0
+    assert "real-time at 2.0x" in capsys.readouterr().out
+    ticks = json.loads(report.read_text())["ticks"]
+    assert ticks["offered"] == 2 and ticks["answered"] >= 1
+    assert ticks["answered"] + ticks["dropped"] == ticks["offered"]
+    answered = [json.loads(data) for _, data in messages(out)["/alpamayo/prediction"]]
+    assert len(answered) == ticks["answered"]
+    # Answers are for recorded ticks (t0 = 1.5 or 1.6 s into the drive) and carry 64 waypoints and 128 tokens.
+    for prediction in answered:
+        assert round((prediction["t0_ns"] - START_NS) / 1e8) in (15, 16)
+        assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128

@@ -11,6 +11,7 @@ from alpamayo.backends import BACKENDS, BackendOptions, load_text_model
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.devices import DTYPES
+from bridges.sockets import CurveClientKeys
 
 RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
 
@@ -61,3 +62,17 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, help="sampling seed (reproducible samples)")
     parser.add_argument("--max-reasoning-tokens", type=int, default=256)
+
+
+def add_curve_client_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--curve-key", help="CURVE: this client's NAME.key_secret file (enables CURVE)")
+    parser.add_argument("--curve-server-key", help="CURVE: the node's public NAME.key file")
+
+
+def curve_client_keys(args: argparse.Namespace) -> CurveClientKeys | None:
+    """The CURVE client keys named by --curve-key/--curve-server-key, or None when CURVE is off."""
+    if (args.curve_key is None) != (args.curve_server_key is None):
+        raise ValueError("--curve-key and --curve-server-key must be given together")
+    if args.curve_key is None:
+        return None
+    return CurveClientKeys.from_files(args.curve_key, args.curve_server_key)

@@ -21,17 +21,6 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
-from bridges.client import FramePublisher, TrajectorySubscriber
-from bridges.config import (
-    ControlSection,
-    InputSection,
-    ModelSection,
-    NodeConfig,
-    OutputSection,
-    WarmupSection,
-)
-from bridges.node import InferenceNode
-from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
 from PIL import Image
 
 from alpamayo.prediction import EgoHistory, Prediction, TrajectorySample
@@ -46,6 +35,17 @@ from alpamayo.replay.ticks import (
     TickAssembler,
     recorded_future,
 )
+from bridges.client import FramePublisher, TrajectorySubscriber
+from bridges.config import (
+    ControlSection,
+    InputSection,
+    ModelSection,
+    NodeConfig,
+    OutputSection,
+    WarmupSection,
+)
+from bridges.node import InferenceNode
+from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
 from bridges.recording import CameraFrame, Drive
 from planner.ego_frame import to_t0_frame
 

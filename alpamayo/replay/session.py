@@ -17,6 +17,7 @@ from alpamayo.profiling.environment import hardware, software, source_commit
 from alpamayo.replay.accuracy import summarize_accuracy
 from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import PredictionRecorder
+from alpamayo.replay.realtime import replay_realtime
 from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
 from alpamayo.replay.results import ReplayRun
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
@@ -95,11 +96,7 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
             disable=None if settings.progress else True,
             file=sys.stderr,
         ) as bar:
-            if settings.mode == "realtime":
-                # The node stack (ZeroMQ sockets, threads) is loaded only for real-time replay.
-                from alpamayo.replay.realtime import replay_realtime as replay
-            else:
-                replay = replay_lockstep
+            replay = replay_realtime if settings.mode == "realtime" else replay_lockstep
             job = ReplayJob(drive, predictor, tracer, settings, recorder, info, bar.update, tqdm_warn(bar))
             run = replay(job)
         if predictor.model_resolution is not None:

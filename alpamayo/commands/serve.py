@@ -1,0 +1,97 @@
+"""`alpamayo serve`: the on-vehicle inference node (camera frames in over ZeroMQ, trajectories out)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+import yaml
+
+from alpamayo.commands.common import DTYPES
+from alpamayo.generation import Sampling
+from alpamayo.runtime import AlpamayoVLA
+from bridges.config import NodeConfig, load_node_config
+from bridges.node import InferenceNode
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the inference node: frames in over ZeroMQ, trajectories out")
+    p.add_argument("--checkpoint", help="checkpoint directory (overrides model.checkpoint)")
+    p.add_argument("--config", help="node YAML file (docs/protocol.md); keys it omits take their defaults")
+    p.add_argument("--input", action="append", help="input endpoint (repeatable; overrides input.endpoints)")
+    p.add_argument("--output", help="output endpoint (overrides output.endpoint)")
+    p.add_argument("--control", help="control endpoint (overrides control.endpoint)")
+    p.add_argument("--device", help="overrides model.device (cpu, cuda[:N])")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="overrides model.dtype")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set timing.stale_after_ms=500 (repeatable)",
+    )
+    p.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    p.add_argument(
+        "--no-model",
+        action="store_true",
+        help="intake only, to check sensor wiring: validate and window the inputs, answer with valid=false",
+    )
+    p.add_argument("--quiet", action="store_true", help="log warnings only (no line per trajectory)")
+    p.set_defaults(handler=run)
+
+
+def effective_config(args: argparse.Namespace) -> NodeConfig:
+    """Defaults < --config file < --set KEY=VALUE < the dedicated flags."""
+    flags = {
+        "model.checkpoint": args.checkpoint,
+        "input.endpoints": args.input,
+        "output.endpoint": args.output,
+        "control.endpoint": args.control,
+        "model.device": args.device,
+        "model.dtype": args.dtype,
+    }
+    return load_node_config(args.config, [*args.set, *((k, v) for k, v in flags.items() if v is not None)])
+
+
+def run(args: argparse.Namespace) -> int:
+    config = effective_config(args)
+    print("# effective node config")
+    print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="", flush=True)
+    if args.print_config:
+        return 0
+    if config.model.checkpoint is None and not args.no_model:
+        raise ValueError("no checkpoint: pass --checkpoint DIR or set model.checkpoint in the config")
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
+    node = InferenceNode(None if args.no_model else load_model(config), config).start()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: node.request_shutdown())
+    print(f"serving: {node.endpoints}", flush=True)
+    while not node.wait(0.2):
+        pass
+    finished = node.stop()
+    print("stopped" + ("" if finished else " (current prediction abandoned)"), flush=True)
+    if not finished:
+        # The abandoned prediction still runs in a daemon thread inside torch; interpreter finalisation under
+        # it aborted the process (SIGABRT, measured). Sockets are closed and output is flushed: leave now.
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+def load_model(config: NodeConfig) -> AlpamayoVLA:
+    m = config.model
+    return AlpamayoVLA.from_checkpoint(
+        m.checkpoint,
+        backend=m.backend,
+        device=m.device,
+        dtype=m.dtype,
+        sampling=Sampling(m.temperature, m.top_p),
+        max_reasoning_tokens=m.max_reasoning_tokens,
+    )

@@ -1,0 +1,141 @@
+"""Client side of the node: a publisher for camera drivers, a subscriber for trajectory consumers, and a
+control client. Each owns one socket on a shared (or given) ZeroMQ context; all are context managers.
+
+    with FramePublisher("tcp://127.0.0.1:5555") as pub:
+        pub.wait_for_subscriber(5.0)
+        pub.send(encode_ego(t_ns, xyz, quat_xyzw))
+        pub.send(encode_frame("camera_front_wide_120fov", frame_id, t_sof_ns, t_eof_ns, rgb))
+    with TrajectorySubscriber("tcp://127.0.0.1:5556") as sub:
+        msg = sub.recv(timeout_s=1.0)          # TrajectoryMessage or None
+    ControlClient("tcp://127.0.0.1:5557").status()
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+import zmq
+
+from bridges.protocol import TrajectoryMessage, decode_trajectory
+from bridges.sockets import CurveClientKeys, attach, make_socket
+
+# Frames a publisher queues per subscriber before ZeroMQ drops new ones: a stalled node must never
+# back-pressure the camera (PUB never blocks), and a short queue keeps what does arrive recent.
+PUBLISHER_HWM = 8
+ZERO_COPY_BYTES = 65536  # pyzmq's copy_threshold: smaller messages are cheaper to copy than to track
+
+ClientT = TypeVar("ClientT", bound="_Client")
+
+
+class _Client:
+    """One socket of kind KIND with the project's options (plus OPTIONS), bound or connected; `hwm` overrides
+    the high-water mark (messages queued per peer)."""
+
+    KIND: int
+    OPTIONS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(
+        self,
+        endpoint: str,
+        bind: bool = False,
+        curve: CurveClientKeys | None = None,
+        ctx: zmq.Context | None = None,
+        hwm: int | None = None,
+    ):
+        options = self.OPTIONS if hwm is None else {**self.OPTIONS, "hwm": hwm}
+        self._sock = make_socket(ctx or zmq.Context.instance(), self.KIND, **options)
+        if curve is not None:
+            curve.apply(self._sock)
+        self._configure()
+        self.endpoint = attach(self._sock, endpoint, bind)
+
+    def _configure(self) -> None:
+        """Socket options specific to the subclass, set before bind/connect."""
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self: ClientT) -> ClientT:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FramePublisher(_Client):
+    """Publishes camera frames and ego poses, one ZeroMQ frame per message built by
+    `bridges.protocol.encode_frame` / `encode_ego`.
+
+    An XPUB socket, so `wait_for_subscriber` can tell when the node's subscription has arrived (messages sent
+    before that are dropped by PUB/SUB: the "slow joiner")."""
+
+    KIND = zmq.XPUB
+    OPTIONS: ClassVar[dict[str, Any]] = {"hwm": PUBLISHER_HWM}
+
+    def _configure(self) -> None:
+        self._sock.xpub_verbose = 1  # report every subscription, also a node re-subscribing after a reconnect
+
+    def wait_for_subscriber(self, timeout_s: float) -> bool:
+        """True once a subscriber has subscribed (within timeout_s seconds)."""
+        if self._sock.poll(int(timeout_s * 1000)):
+            self._sock.recv()
+            return True
+        return False
+
+    def send(self, message: bytes | bytearray | memoryview) -> int:
+        """Send one message; never blocks (frames beyond the HWM are dropped). Returns its size in bytes."""
+        self._sock.send(message, copy=len(message) < ZERO_COPY_BYTES)
+        return len(message)
+
+
+class TrajectorySubscriber(_Client):
+    """Receives the node's trajectory messages."""
+
+    KIND = zmq.SUB
+
+    def _configure(self) -> None:
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+
+    def recv(self, timeout_s: float) -> TrajectoryMessage | None:
+        """The next message, or None after timeout_s seconds."""
+        if not self._sock.poll(int(timeout_s * 1000)):
+            return None
+        return decode_trajectory(self._sock.recv())
+
+
+class ControlClient(_Client):
+    """Requests to the node's control socket. REQ with relaxed, correlated requests: after a lost reply the
+    next request can still be sent (zguide's Lazy Pirate without recreating the socket)."""
+
+    KIND = zmq.REQ
+
+    def __init__(
+        self,
+        endpoint: str,
+        timeout_s: float = 2.0,
+        curve: CurveClientKeys | None = None,
+        ctx: zmq.Context | None = None,
+    ):
+        super().__init__(endpoint, False, curve, ctx)
+        self.timeout_s = timeout_s
+
+    def _configure(self) -> None:
+        self._sock.req_relaxed = 1
+        self._sock.req_correlate = 1
+
+    def request(self, cmd: str) -> dict[str, Any]:
+        """Send {"cmd": cmd}; returns the reply map. Raises TimeoutError if no reply within timeout_s."""
+        self._sock.send(msgpack.packb({"cmd": cmd}))
+        if not self._sock.poll(int(self.timeout_s * 1000)):
+            raise TimeoutError(f"no reply to {cmd!r} from {self.endpoint} within {self.timeout_s:g} s")
+        return msgpack.unpackb(self._sock.recv(), raw=False)
+
+    def status(self) -> dict[str, Any]:
+        return self.request("status")
+
+    def reset(self) -> dict[str, Any]:
+        return self.request("reset")
+
+    def shutdown(self) -> dict[str, Any]:
+        return self.request("shutdown")

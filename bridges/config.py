@@ -1,0 +1,326 @@
+"""The node's configuration: one YAML file (`node.yaml`) plus command-line overrides, validated on load.
+
+Every key has a default (`NodeConfig()` is a complete config), unknown keys are errors, and each error names
+the key path, the value and the allowed range. `NodeConfig.to_dict()` is the effective config the node prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from alpamayo.errors import ConfigError
+from bridges.protocol import Limits
+
+# Alpamayo's default four cameras and their model indices (reference/alpamayo.md §1.3).
+DEFAULT_CAMERAS = {
+    "camera_cross_left_120fov": 0,
+    "camera_front_wide_120fov": 1,
+    "camera_cross_right_120fov": 2,
+    "camera_front_tele_30fov": 6,
+}
+
+
+def _check(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r} is invalid; allowed: {allowed}")
+
+
+def _check_endpoint(key: str, endpoint: str) -> None:
+    scheme = endpoint.split("://", 1)[0]
+    _check(
+        "://" in endpoint and scheme in ("tcp", "ipc", "inproc"),
+        key,
+        endpoint,
+        "a ZeroMQ endpoint tcp://HOST:PORT, ipc://PATH or inproc://NAME",
+    )
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """What to load and how to call it (`AlpamayoVLA.from_checkpoint`, `predict`)."""
+
+    checkpoint: str | None = None
+    backend: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    route: str | None = None  # navigation text passed to every prediction
+    num_samples: int = 1
+    seed: int | None = None
+    temperature: float = 0.0  # 0 = greedy; Alpamayo samples its reasoning at 0.6
+    top_p: float = 1.0
+    max_reasoning_tokens: int = 256  # after this many, <|traj_future_start|> is forced
+
+    def __post_init__(self) -> None:
+        _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
+        _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
+        _check(1 <= self.num_samples <= 64, "model.num_samples", self.num_samples, "1..64")
+        _check(0 <= self.temperature <= 10, "model.temperature", self.temperature, "0 (greedy) .. 10")
+        _check(0 < self.top_p <= 1, "model.top_p", self.top_p, "(0, 1]")
+        _check(
+            1 <= self.max_reasoning_tokens <= 4096,
+            "model.max_reasoning_tokens",
+            self.max_reasoning_tokens,
+            "1..4096",
+        )
+        _check(
+            self.num_samples == 1 or self.temperature > 0,
+            "model.num_samples",
+            self.num_samples,
+            "1 with greedy decoding (set model.temperature > 0 to draw several samples)",
+        )
+
+
+@dataclass(frozen=True)
+class InputSection:
+    """Camera frames and ego poses arrive on one SUB socket, bound (drivers connect) or connected."""
+
+    endpoints: list[str] = field(default_factory=lambda: ["tcp://*:5555"])
+    bind: bool = True
+    # Messages queued per publisher before ZeroMQ drops new ones. Small, so a backlog never holds more than a
+    # fraction of a second of 1080p frames (newest wins); the intake thread drains continuously.
+    hwm: int = 32
+
+    def __post_init__(self) -> None:
+        _check(len(self.endpoints) >= 1, "input.endpoints", self.endpoints, "at least one endpoint")
+        _check(
+            not self.bind or len(self.endpoints) == 1, "input.endpoints", self.endpoints, "one when binding"
+        )
+        for i, ep in enumerate(self.endpoints):
+            _check_endpoint(f"input.endpoints[{i}]", ep)
+        _check(1 <= self.hwm <= 10_000, "input.hwm", self.hwm, "1..10000")
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    """Trajectories are published on a PUB socket (bound: consumers connect; or connected to a proxy)."""
+
+    endpoint: str = "tcp://*:5556"
+    bind: bool = True
+
+    def __post_init__(self) -> None:
+        _check_endpoint("output.endpoint", self.endpoint)
+
+
+@dataclass(frozen=True)
+class ControlSection:
+    """The control socket (ROUTER, always bound): status, reset, shutdown."""
+
+    endpoint: str = "tcp://127.0.0.1:5557"
+
+    def __post_init__(self) -> None:
+        _check_endpoint("control.endpoint", self.endpoint)
+
+
+@dataclass(frozen=True)
+class TimingSection:
+    """Cadence and freshness, in the units of each name."""
+
+    rate_hz: float = 10.0  # the model's frame cadence: window frames at t0 - k/rate_hz
+    sync_tolerance_ms: float = 50.0  # a window slot takes the frame nearest its time, at most this far off
+    cadence_tolerance_ms: float = 10.0  # a new window needs t0 >= last t0 + 1/rate_hz - this
+    # Inputs silent for longer, or an output whose frames arrived longer ago, are stale: output valid=false.
+    # 10 periods at 10 Hz, openpilot SubMaster's `alive` rule (reference/bridge.md §1.2).
+    stale_after_ms: float = 1000.0
+    max_ego_extrapolation_ms: float = 50.0  # the newest ego pose may lag t0 by this much
+    shutdown_timeout_s: float = 5.0  # how long SIGTERM waits for the current prediction
+    linger_ms: int = 100
+    heartbeat_ms: int = 1000  # ZMTP ping interval; peers are dropped after 3 missed
+
+    def __post_init__(self) -> None:
+        _check(0.1 <= self.rate_hz <= 100, "timing.rate_hz", self.rate_hz, "0.1..100")
+        period_ms = 1000.0 / self.rate_hz
+        _check(
+            0 < self.sync_tolerance_ms <= period_ms / 2,
+            "timing.sync_tolerance_ms",
+            self.sync_tolerance_ms,
+            f"(0, {period_ms / 2:g}] (half a period)",
+        )
+        _check(
+            0 <= self.cadence_tolerance_ms < period_ms,
+            "timing.cadence_tolerance_ms",
+            self.cadence_tolerance_ms,
+            f"[0, {period_ms:g})",
+        )
+        _check(self.stale_after_ms > 0, "timing.stale_after_ms", self.stale_after_ms, "> 0")
+        _check(
+            0 <= self.max_ego_extrapolation_ms <= period_ms,
+            "timing.max_ego_extrapolation_ms",
+            self.max_ego_extrapolation_ms,
+            f"[0, {period_ms:g}]",
+        )
+        _check(self.shutdown_timeout_s > 0, "timing.shutdown_timeout_s", self.shutdown_timeout_s, "> 0")
+        _check(0 <= self.linger_ms <= 10_000, "timing.linger_ms", self.linger_ms, "0..10000")
+        _check(100 <= self.heartbeat_ms <= 60_000, "timing.heartbeat_ms", self.heartbeat_ms, "100..60000")
+
+
+@dataclass(frozen=True)
+class LimitsSection:
+    """Input size limits; the message limit (and ZMQ_MAXMSGSIZE) follow from them."""
+
+    max_width: int = 3840
+    max_height: int = 2160
+    ring_frames: int = 16  # frames kept per camera (0.4 s of a 30 Hz camera, enough for a 4-frame window)
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.max_width <= 16384, "limits.max_width", self.max_width, "1..16384")
+        _check(1 <= self.max_height <= 16384, "limits.max_height", self.max_height, "1..16384")
+        _check(4 <= self.ring_frames <= 256, "limits.ring_frames", self.ring_frames, "4..256")
+
+    @property
+    def protocol(self) -> Limits:
+        return Limits(self.max_width, self.max_height)
+
+
+@dataclass(frozen=True)
+class WarmupSection:
+    """Predictions on synthetic frames before the node reports ready (compiles kernels, fills caches)."""
+
+    runs: int = 1
+    width: int = 1920
+    height: int = 1080
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.runs <= 100, "warmup.runs", self.runs, "0..100")
+        _check(1 <= self.width <= 16384, "warmup.width", self.width, "1..16384")
+        _check(1 <= self.height <= 16384, "warmup.height", self.height, "1..16384")
+
+
+@dataclass(frozen=True)
+class CurveSection:
+    """CURVE on every node socket: the node's secret key file and a directory of authorised client public keys
+    (`*.key` files as written by `zmq.auth.create_certificates`)."""
+
+    server_secret_key: str
+    authorized_keys: str
+
+    def __post_init__(self) -> None:
+        secret, allowed = Path(self.server_secret_key), Path(self.authorized_keys)
+        _check(secret.is_file(), "curve.server_secret_key", str(secret), "an existing NAME.key_secret file")
+        _check(
+            allowed.is_dir(), "curve.authorized_keys", str(allowed), "an existing directory of *.key files"
+        )
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    input: InputSection = field(default_factory=InputSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    control: ControlSection = field(default_factory=ControlSection)
+    cameras: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_CAMERAS))
+    timing: TimingSection = field(default_factory=TimingSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    warmup: WarmupSection = field(default_factory=WarmupSection)
+    curve: CurveSection | None = None
+
+    def __post_init__(self) -> None:
+        _check(1 <= len(self.cameras) <= 16, "cameras", self.cameras, "1..16 cameras")
+        for name, index in self.cameras.items():
+            _check(0 <= index <= 15, f"cameras.{name}", index, "0..15")
+        _check(
+            len(set(self.cameras.values())) == len(self.cameras), "cameras", self.cameras, "distinct indices"
+        )
+        if self.curve is not None:
+            endpoints = [*self.input.endpoints, self.output.endpoint, self.control.endpoint]
+            for ep in endpoints:
+                _check(ep.startswith("tcp://"), "curve", ep, "tcp:// endpoints only (CURVE needs TCP)")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeConfig:
+        return _build(cls, data, "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, overrides: Sequence[str | tuple[str, Any]]) -> NodeConfig:
+        """A copy with overrides applied: "section.key=value" strings (the value parsed as YAML) or
+        ("section.key", value) pairs."""
+        data = self.to_dict()
+        for item in overrides:
+            if isinstance(item, str):
+                key, sep, raw = item.partition("=")
+                _check(bool(sep) and bool(key), "override", item, "KEY=VALUE, e.g. timing.stale_after_ms=500")
+                value = yaml.safe_load(raw)
+            else:
+                key, value = item
+            *parents, leaf = key.split(".")
+            node = data
+            for part in parents:
+                child = node.get(part)
+                if child is None:  # an optional section that is off (curve) or a key the file did not set
+                    child = node[part] = {}
+                _check(isinstance(child, dict), "override", item, f"{part!r} names a section")
+                node = child
+            node[leaf] = value
+        return NodeConfig.from_dict(data)
+
+
+def load_node_config(path: str | Path | None, overrides: Sequence[str | tuple[str, Any]] = ()) -> NodeConfig:
+    """Defaults, then the YAML file (if given), then the overrides (see `NodeConfig.replace`)."""
+    data: Any = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read node config: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: node config must be a YAML mapping, got {type(data).__name__}")
+    try:
+        config = NodeConfig.from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
+    return config.replace(overrides) if overrides else config
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(path + str(k) for k in unknown)}; allowed: {', '.join(names)}"
+        )
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"missing key(s) {', '.join(path + k for k in missing)}")
+    return cls(**{k: _coerce(hints[k], v, f"{path}{k}") for k, v in data.items()})
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(inner, value, key)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".")
+    if origin is list:
+        _check(isinstance(value, list), key, value, "a list")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _check(isinstance(value, dict) and all(isinstance(k, str) for k in value), key, value, "a mapping")
+        return {k: _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    if tp is float:
+        _check(type(value) in (int, float), key, value, "a number")
+        return float(value)
+    _check(type(value) is tp, key, value, f"a {tp.__name__}")
+    return value

@@ -1,0 +1,516 @@
+"""The inference node: camera frames and ego poses in over ZeroMQ, trajectories out.
+
+Python API (what `alpamayo serve` and real-time replay use):
+
+    node = InferenceNode(predictor, NodeConfig(...), tracer=Tracer()).start()
+    node.endpoints       # {"input": [...], "output": ..., "control": ...}, bound `:*` ports resolved
+    node.status()        # liveness, readiness, counters, per-stream state, last error (as the control reply)
+    node.ingest(buf)     # feed one message in-process, through the same validation and counters as the socket
+    node.wait(timeout)   # True once a shutdown was requested (control `shutdown`, or request_shutdown())
+    node.stop()          # stop intake, finish (or after timing.shutdown_timeout_s abandon) the prediction, close
+
+With `predictor=None` the node runs intake-only: sockets, validation, windows, counters and control work, and
+each window is answered with a valid=false output ("no model loaded"); the node never reports ready. This is
+for checking sensor wiring before a model is loaded (`alpamayo serve --no-model`) and for timing the node's
+own work (benchmarks/node_overhead.py).
+
+Threads: the intake thread owns the input SUB socket, its monitor and the control ROUTER socket, and drains
+the input continuously (decode, validate, update the frame rings), so the newest frames are kept while the
+model runs and `status` answers during a prediction. The predict thread warms the model up, then takes the
+newest complete window whenever t0 advances, predicts and publishes on the PUB socket. While inputs are stale
+it publishes a valid=false message once per period instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory, Prediction, Predictor
+from alpamayo.profiling import Tracer
+from bridges.config import NodeConfig
+from bridges.protocol import (
+    CameraFrame,
+    CameraTable,
+    ProtocolError,
+    TrajectoryMessage,
+    decode_message,
+    encode_trajectory,
+)
+from bridges.sockets import CurveServer, attach, make_socket
+from bridges.window import InputState, Window
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 50  # intake poll timeout: how quickly the intake thread notices stop()
+DRAIN_BATCH = 256  # messages drained before the control socket is looked at again
+MAX_CONTROL_BYTES = 4096
+CONTROL_COMMANDS = ("status", "reset", "shutdown")
+NO_MODEL = "no model loaded (intake-only node)"
+# Receiving sockets disconnect peers whose message exceeds the protocol limit by half again (bridge.md §3.2):
+# messages between 1x and 1.5x still reach the validator, so most oversize input is counted, not just dropped.
+MAXMSGSIZE_FACTOR = 1.5
+
+
+@dataclass
+class NodeCounters:
+    """Cumulative node counts. Every input message is either accepted (frame or ego) or rejected by reason:
+    messages == frames_accepted + ego_accepted + rejected_total (a message whose processing raised an
+    unexpected exception is counted in internal_errors instead)."""
+
+    messages: int = 0
+    frames_accepted: int = 0
+    ego_accepted: int = 0
+    rejected_total: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    predictions: int = 0
+    prediction_errors: int = 0
+    published: int = 0
+    published_invalid: int = 0
+    input_disconnects: int = 0  # peers dropped by libzmq, including those over ZMQ_MAXMSGSIZE
+    auth_failures: int = 0  # CURVE handshakes refused (key not on the allow-list)
+    control_requests: int = 0
+    internal_errors: int = 0  # unexpected exceptions in a node thread (bugs); logged with their traceback
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in vars(self).items()}
+
+
+class InferenceNode:
+    """See the module docstring. `predictor` is any `alpamayo.prediction.Predictor` (AlpamayoVLA), or None
+    for an intake-only node."""
+
+    def __init__(self, predictor: Predictor | None, config: NodeConfig, tracer: Tracer | None = None):
+        self.predictor = predictor
+        self.config = config
+        self.tracer = tracer if tracer is not None else Tracer(enabled=False)
+        self.cameras = CameraTable(dict(config.cameras))
+        self.limits = config.limits.protocol
+        self.state = InputState(self.cameras, config.timing, config.limits.ring_frames)
+        self.counters = NodeCounters()
+        self.endpoints: dict[str, Any] = {}
+        self.warmed_up = False
+        self.period_ns = round(1e9 / config.timing.rate_hz)
+        self._lock = threading.Lock()  # counters, last error, last output
+        self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
+        self._last_output: TrajectoryMessage | None = None
+        self._seq = 0
+        self._predictor_epoch = 0
+        self._started_at = 0.0
+        self._stopping = threading.Event()
+        self._shutdown_requested = threading.Event()
+        self._new_input = threading.Event()
+        self._pub_lock = threading.Lock()
+        self._ctx: zmq.Context | None = None
+        self._curve: CurveServer | None = None
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def start(self) -> InferenceNode:
+        """Create and bind/connect the sockets, then start the intake and predict threads."""
+        cfg, timing = self.config, self.config.timing
+        self._started_at = time.monotonic()
+        ctx = self._ctx = zmq.Context()
+        if cfg.curve is not None:
+            try:
+                self._curve = CurveServer(ctx, cfg.curve.server_secret_key, cfg.curve.authorized_keys)
+            except (OSError, ValueError):
+                self._close_context()
+                raise
+        opts = dict(linger_ms=timing.linger_ms, heartbeat_ms=timing.heartbeat_ms)
+        sub = make_socket(
+            ctx,
+            zmq.SUB,
+            max_message_bytes=int(MAXMSGSIZE_FACTOR * self.limits.max_message_bytes),
+            hwm=cfg.input.hwm,
+            **opts,
+        )
+        pub = make_socket(ctx, zmq.PUB, **opts)
+        control = make_socket(ctx, zmq.ROUTER, max_message_bytes=MAX_CONTROL_BYTES, **opts)
+        sockets = (sub, pub, control)
+        try:
+            for sock in sockets:
+                if self._curve is not None:
+                    self._curve.apply(sock)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self.endpoints = {
+                "input": [attach(sub, ep, cfg.input.bind) for ep in cfg.input.endpoints],
+                "output": attach(pub, cfg.output.endpoint, cfg.output.bind),
+                "control": attach(control, cfg.control.endpoint, True),
+            }
+        except (ValueError, zmq.ZMQError):
+            for sock in sockets:
+                sock.close(0)
+            self._close_context()
+            raise
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        )
+        self._pub = pub
+        self._threads = [
+            threading.Thread(target=self._intake_loop, args=(sub, control, monitor), name="node-intake"),
+            threading.Thread(target=self._predict_loop, name="node-predict", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        log.info("node listening: %s", self.endpoints)
+        return self
+
+    def request_shutdown(self) -> None:
+        """Ask the owner to stop (what the control `shutdown` command and SIGTERM do); see `wait`."""
+        self._shutdown_requested.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a shutdown is requested or `timeout` s pass; True if requested."""
+        return self._shutdown_requested.wait(timeout)
+
+    def stop(self) -> bool:
+        """Stop intake, let the current prediction finish for at most timing.shutdown_timeout_s, close every
+        socket with the configured linger. Returns False if the prediction was abandoned."""
+        if not self._threads:
+            return True
+        self._shutdown_requested.set()
+        self._stopping.set()
+        self._new_input.set()
+        intake, predict = self._threads
+        intake.join()
+        predict.join(self.config.timing.shutdown_timeout_s)
+        finished = not predict.is_alive()
+        if not finished:
+            log.warning(
+                "prediction still running after %.1f s: abandoned", self.config.timing.shutdown_timeout_s
+            )
+        with self._pub_lock:
+            self._pub.close()
+            self._pub = None
+        self._close_context()
+        self._threads = []
+        log.info("node stopped")
+        return finished
+
+    def _close_context(self) -> None:
+        if self._curve is not None:
+            self._curve.stop()
+            self._curve = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def __enter__(self) -> InferenceNode:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------------------------------ intake
+    def ingest(self, message: bytes | bytearray | memoryview, recv_ns: int | None = None) -> str | None:
+        """Validate and add one input message; returns the rejection reason, or None if accepted."""
+        recv_ns = time.perf_counter_ns() if recv_ns is None else recv_ns
+        start = time.perf_counter_ns()
+        try:
+            decoded = decode_message(message, self.limits, self.cameras)
+            decode_ms = (time.perf_counter_ns() - start) / 1e6
+            self.state.accept(decoded, recv_ns, decode_ms)
+        except ProtocolError as e:
+            with self._lock:
+                self.counters.messages += 1
+                self.counters.rejected_total += 1
+                self.counters.rejected[e.reason] = self.counters.rejected.get(e.reason, 0) + 1
+                self._last_error = (e.reason, str(e), time.monotonic())
+            log.debug("rejected (%s): %s", e.reason, e)
+            return e.reason
+        self.tracer.record("decode", start, time.perf_counter_ns() - start, kind=type(decoded).__name__)
+        with self._lock:
+            self.counters.messages += 1
+            if isinstance(decoded, CameraFrame):
+                self.counters.frames_accepted += 1
+            else:
+                self.counters.ego_accepted += 1
+        self._new_input.set()
+        return None
+
+    def _intake_loop(self, sub: zmq.Socket, control: zmq.Socket, monitor: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        for sock in (sub, control, monitor):
+            poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                events = dict(poller.poll(POLL_MS))
+                if sub in events:
+                    self._drain(sub)
+                if control in events:
+                    self._serve_control(control)
+                if monitor in events:
+                    self._count_monitor_event(monitor)
+        finally:
+            sub.disable_monitor()
+            for sock in (monitor, sub, control):
+                sock.close()
+
+    def _drain(self, sub: zmq.Socket) -> None:
+        for _ in range(DRAIN_BATCH):
+            start = time.perf_counter_ns()
+            try:
+                frame = sub.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            recv_ns = time.perf_counter_ns()
+            self.tracer.record("receive", start, recv_ns - start, bytes=len(frame))
+            with self._guard("intake"):
+                self.ingest(frame.buffer, recv_ns)
+
+    def _count_monitor_event(self, monitor: zmq.Socket) -> None:
+        event = recv_monitor_message(monitor)["event"]
+        with self._lock:
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.counters.auth_failures += 1
+            else:
+                self.counters.input_disconnects += 1
+
+    # ------------------------------------------------------------------------------------------ control
+    def _serve_control(self, control: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = control.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            with self._lock:
+                self.counters.control_requests += 1
+            reply = {"ok": False, "error": "internal error, see the node's log"}
+            with self._guard("control"):
+                reply = self.control_reply(frames[-1])
+            control.send_multipart([*frames[:-1], msgpack.packb(reply, use_bin_type=True)])
+
+    def control_reply(self, body: bytes) -> dict[str, Any]:
+        """Answer one control request: a msgpack map {"cmd": "status" | "reset" | "shutdown"}."""
+        try:
+            request = msgpack.unpackb(body, raw=False, max_array_len=16, max_map_len=16)
+        except (ValueError, TypeError) as e:
+            return {"ok": False, "error": f"request is not valid msgpack: {e}"}
+        cmd = request.get("cmd") if isinstance(request, dict) else None
+        if cmd not in CONTROL_COMMANDS:
+            return {"ok": False, "error": f"cmd {cmd!r} is not one of: {', '.join(CONTROL_COMMANDS)}"}
+        if cmd == "reset":
+            self.state.reset()
+            log.info("reset: frame rings and ego history cleared")
+        elif cmd == "shutdown":
+            log.info("shutdown requested over the control socket")
+            self.request_shutdown()
+        return {"ok": True, "cmd": cmd, **self.status()}
+
+    def status(self) -> dict[str, Any]:
+        """Liveness (both threads running), readiness (warmed up, inputs fresh, not stopping), counters,
+        per-stream state, the last error and the last output."""
+        now = time.perf_counter_ns()
+        stale = self.state.stale_reasons(now)
+        not_ready = list(stale)
+        if self.predictor is None:
+            not_ready.insert(0, NO_MODEL)
+        elif not self.warmed_up:
+            not_ready.insert(0, "model not warmed up yet")
+        if self._shutdown_requested.is_set():
+            not_ready.insert(0, "shutting down")
+        with self._lock:
+            counters = self.counters.as_dict()
+            error, output = self._last_error, self._last_output
+        return {
+            "alive": bool(self._threads) and all(t.is_alive() for t in self._threads),
+            "ready": not not_ready,
+            "not_ready_reasons": not_ready,
+            "uptime_s": time.monotonic() - self._started_at,
+            "endpoints": self.endpoints,
+            "counters": counters,
+            "ticks_dropped": self.state.ticks_dropped,
+            "frame_drop_perc": self.state.frame_drop_perc(),
+            "streams": self.state.snapshot(now),
+            "waiting_for": self.state.waiting_for,
+            "last_error": None
+            if error is None
+            else {"reason": error[0], "message": error[1], "age_s": time.monotonic() - error[2]},
+            "last_output": None
+            if output is None
+            else {
+                "seq": output.seq,
+                "t0_ns": output.t0_ns,
+                "valid": output.valid,
+                "invalid_reasons": output.invalid_reasons,
+                "model_execution_ms": output.model_execution_ms,
+            },
+        }
+
+    # ------------------------------------------------------------------------------------------ predict
+    def _predict_loop(self) -> None:
+        self._warm_up()
+        last_invalid_ns = 0
+        while not self._stopping.is_set():
+            self._new_input.wait(self.period_ns / 2e9)
+            self._new_input.clear()
+            if self._stopping.is_set():
+                return
+            with self._guard("predict"):
+                last_invalid_ns = self._tick(last_invalid_ns)
+
+    def _tick(self, last_invalid_ns: int) -> int:
+        """Predict on a new window, or report stale inputs once a period; returns when it last reported."""
+        start = time.perf_counter_ns()
+        window = self.state.take_window(start)
+        window_ms = (time.perf_counter_ns() - start) / 1e6
+        if window is not None:
+            self.tracer.record("window", start, time.perf_counter_ns() - start, t0_ns=window.t0_ns)
+            self._predict(window, window_ms)
+            return last_invalid_ns
+        stale = self.state.stale_reasons(start)
+        if stale and start - last_invalid_ns >= self.period_ns:
+            self._publish(self._message(None, False, stale), None)
+            return start
+        return last_invalid_ns
+
+    @contextmanager
+    def _guard(self, where: str) -> Iterator[None]:
+        """Keep a node thread alive through an unexpected exception (a bug): it is logged with its traceback,
+        counted in `internal_errors` and reported as the last error, and the thread carries on."""
+        try:
+            yield
+        except Exception as e:
+            log.exception("internal error in the %s thread", where)
+            self._record_error("internal", f"{where}: {type(e).__name__}: {e}")
+            with self._lock:
+                self.counters.internal_errors += 1
+
+    def _warm_up(self) -> None:
+        """Predictions on mid-grey frames and a straight 10 m/s drive; no frame_times_ns, so nothing is cached."""
+        if self.predictor is None:
+            return
+        w = self.config.warmup
+        frames = {
+            i: [np.full((w.height, w.width, 3), 128, np.uint8)] * FRAMES_PER_CAMERA
+            for i in self.cameras.indices.values()
+        }
+        steps = np.arange(HISTORY_STEPS)
+        ego = EgoHistory(
+            xyz=np.stack([steps * 1.0, np.zeros(HISTORY_STEPS), np.zeros(HISTORY_STEPS)], axis=1),
+            quat_xyzw=np.tile([0.0, 0.0, 0.0, 1.0], (HISTORY_STEPS, 1)),
+            t_ns=steps * self.period_ns,
+        )
+        start = time.perf_counter()
+        try:
+            for _ in range(w.runs):
+                self._call_predictor(frames, ego, None)
+        except Exception as e:  # a failing model must leave the node up, to report it in `status`
+            self._record_error("warmup", f"warm-up prediction failed: {type(e).__name__}: {e}")
+            log.error("warm-up failed: %s", e)
+            return
+        self.warmed_up = True
+        log.info("warmed up: %d prediction(s) in %.2f s", w.runs, time.perf_counter() - start)
+
+    def _call_predictor(
+        self,
+        frames: dict[int, list[np.ndarray]],
+        ego: EgoHistory,
+        frame_times_ns: dict[int, list[int]] | None,
+    ) -> Prediction:
+        m = self.config.model
+        return self.predictor.predict(
+            frames, ego, route=m.route, num_samples=m.num_samples, seed=m.seed, frame_times_ns=frame_times_ns
+        )
+
+    def _predict(self, window: Window, window_ms: float) -> None:
+        if self.predictor is None:
+            self._publish(self._message(window, False, [NO_MODEL]), window)
+            return
+        if window.epoch != self._predictor_epoch:
+            self.predictor.reset()  # streams restarted: cached per-frame features may share times with new frames
+            self._predictor_epoch = window.epoch
+        start = time.perf_counter()
+        try:
+            prediction = self._call_predictor(window.frames, window.ego, window.frame_times_ns)
+            best = prediction.best
+            xyz, heading = np.asarray(best.xyz, np.float64), np.asarray(best.heading, np.float64)
+            if xyz.shape != (len(prediction.t_s), 3) or heading.shape != (len(prediction.t_s),):
+                raise ValueError(
+                    f"waypoints {list(xyz.shape)}, heading {list(heading.shape)} for {len(prediction.t_s)} times"
+                )
+        except Exception as e:  # one bad window must not stop the node; it is reported and published
+            message = f"prediction failed: {type(e).__name__}: {e}"
+            self._record_error("prediction", message)
+            with self._lock:
+                self.counters.prediction_errors += 1
+            self._publish(self._message(window, False, [message]), window)
+            return
+        model_ms = (time.perf_counter() - start) * 1e3
+        reasons = self.state.stale_reasons(time.perf_counter_ns())
+        age_ms = (time.perf_counter_ns() - window.recv_ns) / 1e6
+        if age_ms > self.config.timing.stale_after_ms:
+            reasons.append(f"frame age {age_ms:.0f} ms exceeds {self.config.timing.stale_after_ms:.0f} ms")
+        if not (np.isfinite(xyz).all() and np.isfinite(heading).all()):
+            reasons.append("trajectory has non-finite waypoints")
+        msg = self._message(window, not reasons, reasons)
+        msg.token_ids = [int(t) for t in best.token_ids]
+        msg.t = [float(v) for v in prediction.t_s]
+        msg.x, msg.y, msg.z = (xyz[:, k].tolist() for k in range(3))
+        msg.heading = heading.tolist()
+        msg.reasoning = best.reasoning
+        msg.model_execution_ms = model_ms
+        msg.timings_ms = {"decode": window.decode_ms, "window": window_ms, **prediction.timings_ms}
+        with self._lock:
+            self.counters.predictions += 1
+        self._publish(msg, window)
+
+    def _message(self, window: Window | None, valid: bool, reasons: list[str]) -> TrajectoryMessage:
+        return TrajectoryMessage(
+            seq=0,
+            t0_ns=None if window is None else window.t0_ns,
+            valid=valid,
+            invalid_reasons=reasons,
+            cameras=[] if window is None else window.cameras,
+            frame_age_ms=None if window is None else (time.perf_counter_ns() - window.recv_ns) / 1e6,
+            frame_drop_perc=self.state.frame_drop_perc(),
+        )
+
+    def _publish(self, msg: TrajectoryMessage, window: Window | None) -> None:
+        with self._pub_lock:
+            if self._pub is None:  # stopped while an abandoned prediction ran
+                return
+            msg.seq = self._seq
+            self._seq += 1
+            with self.tracer.span("serialise", seq=msg.seq):
+                data = encode_trajectory(msg)
+            with self.tracer.span("publish", seq=msg.seq, bytes=len(data)):
+                self._pub.send(data)
+        end = time.perf_counter_ns()
+        if window is not None:
+            self.tracer.record(
+                "e2e_age", window.recv_ns, end - window.recv_ns, seq=msg.seq, t0_ns=window.t0_ns
+            )
+        with self._lock:
+            self.counters.published += 1
+            self.counters.published_invalid += not msg.valid
+            self._last_output = msg
+        log.info("%s", summary(msg))
+
+    def _record_error(self, reason: str, message: str) -> None:
+        with self._lock:
+            self._last_error = (reason, message, time.monotonic())
+
+
+def summary(msg: TrajectoryMessage) -> str:
+    """One log line per output: validity, timing, the 6.4 s waypoint and the reasoning."""
+    head = f"seq={msg.seq} t0_ns={msg.t0_ns} valid={msg.valid}"
+    if not msg.valid:
+        head += f" ({'; '.join(msg.invalid_reasons)})"
+    if not msg.x:
+        return head
+    return (
+        f"{head} model={msg.model_execution_ms:.0f}ms age={msg.frame_age_ms:.0f}ms drop={msg.frame_drop_perc:.0f}% "
+        f"end=({msg.x[-1]:.1f}, {msg.y[-1]:.1f}) m @ {msg.t[-1]:.1f} s | {msg.reasoning[:80]!r}"
+    )

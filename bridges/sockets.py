@@ -1,0 +1,107 @@
+"""ZeroMQ socket set-up shared by the node and the clients: options, bind/connect, CURVE keys.
+
+Options (reference/bridge.md §3.2): LINGER short so closing never hangs `ctx.term()`; ZMTP heartbeats so a
+dead peer is noticed within 3 intervals; ZMQ_MAXMSGSIZE on every receiving socket so a peer sending more is
+disconnected by libzmq before the message is buffered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+DEFAULT_LINGER_MS = 100
+DEFAULT_HEARTBEAT_MS = 1000
+
+
+def make_socket(
+    ctx: zmq.Context,
+    kind: int,
+    *,
+    linger_ms: int = DEFAULT_LINGER_MS,
+    heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+    max_message_bytes: int | None = None,
+    hwm: int | None = None,
+) -> zmq.Socket:
+    """A socket of `kind` (zmq.SUB, zmq.PUB, ...) with the project's options; hwm sets both SND and RCV."""
+    sock = ctx.socket(kind)
+    sock.linger = linger_ms
+    sock.heartbeat_ivl = heartbeat_ms
+    sock.heartbeat_timeout = 3 * heartbeat_ms
+    sock.heartbeat_ttl = 3 * heartbeat_ms
+    if max_message_bytes is not None:
+        sock.maxmsgsize = max_message_bytes
+    if hwm is not None:
+        sock.sndhwm = hwm
+        sock.rcvhwm = hwm
+    return sock
+
+
+def attach(sock: zmq.Socket, endpoint: str, bind: bool) -> str:
+    """Bind or connect; returns the endpoint peers should use (a bound `tcp://HOST:*` resolves its port)."""
+    try:
+        if bind:
+            sock.bind(endpoint)
+            return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        sock.connect(endpoint)
+    except zmq.ZMQError as e:
+        raise ValueError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {e}") from None
+    return endpoint
+
+
+@dataclass(frozen=True)
+class CurveClientKeys:
+    """A client's CURVE key pair and the server's public key (Z85 bytes, 40 characters each)."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+    @classmethod
+    def from_files(cls, client_secret_file: str | Path, server_public_file: str | Path) -> CurveClientKeys:
+        """client_secret_file: the client's NAME.key_secret; server_public_file: the node's NAME.key."""
+        public, secret = zmq.auth.load_certificate(str(client_secret_file))
+        server_public, _ = zmq.auth.load_certificate(str(server_public_file))
+        if secret is None:
+            raise ValueError(f"{client_secret_file}: no secret key in it (use the .key_secret file)")
+        return cls(public, secret, server_public)
+
+    def apply(self, sock: zmq.Socket) -> None:
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+        sock.curve_serverkey = self.server_public
+
+
+class CurveServer:
+    """The node's CURVE identity plus a ZAP authenticator that admits only the allow-listed client keys."""
+
+    def __init__(self, ctx: zmq.Context, server_secret_key: str | Path, authorized_keys: str | Path):
+        public, secret = zmq.auth.load_certificate(str(server_secret_key))
+        if secret is None:
+            raise ValueError(f"{server_secret_key}: no secret key in it (use the .key_secret file)")
+        self.public, self._secret = public, secret
+        self.authorized_keys = Path(authorized_keys)
+        self._auth = ThreadAuthenticator(ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=str(self.authorized_keys))
+
+    def apply(self, sock: zmq.Socket) -> None:
+        sock.curve_server = True
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self._secret
+
+    def stop(self) -> None:
+        self._auth.stop()
+
+
+def create_keys(directory: str | Path, name: str) -> tuple[Path, Path]:
+    """Write NAME.key (public) and NAME.key_secret (both keys) into `directory`; returns their paths."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(str(out), name)
+    Path(secret).chmod(0o600)
+    return Path(public), Path(secret)

@@ -1,0 +1,83 @@
+"""Helpers for tests that run an `InferenceNode` on loopback: ephemeral ports, small frames, clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from alpamayo.prediction import Predictor
+from alpamayo.profiling import Tracer
+from bridges.client import ControlClient, FramePublisher, TrajectorySubscriber
+from bridges.config import NodeConfig
+from bridges.node import InferenceNode
+from bridges.protocol import TrajectoryMessage
+from bridges.sockets import CurveClientKeys
+
+CAMERAS = {"left": 0, "front": 1}
+WIDTH, HEIGHT = 64, 48
+T = TypeVar("T")
+
+
+def node_config(**sections: dict[str, Any]) -> NodeConfig:
+    """Loopback endpoints on free ports (`:*`), two small cameras; `sections` override per section."""
+    data: dict[str, Any] = {
+        "input": {"endpoints": ["tcp://127.0.0.1:*"]},
+        "output": {"endpoint": "tcp://127.0.0.1:*"},
+        "control": {"endpoint": "tcp://127.0.0.1:*"},
+        "cameras": dict(CAMERAS),
+        "limits": {"max_width": WIDTH, "max_height": HEIGHT},
+        "warmup": {"runs": 1, "width": WIDTH, "height": HEIGHT},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values} if isinstance(values, dict) else values
+    return NodeConfig.from_dict(data)
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
+    """Poll `predicate` until it returns something truthy; fail naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def answering_window(msg: TrajectoryMessage | None) -> TrajectoryMessage | None:
+    """The output if it answers a window (outputs before the first window report missing inputs)."""
+    return msg if msg is not None and msg.t0_ns is not None else None
+
+
+@dataclass
+class Clients:
+    node: InferenceNode
+    publisher: FramePublisher
+    subscriber: TrajectorySubscriber
+    control: ControlClient
+
+    def counters(self) -> dict[str, Any]:
+        return self.node.status()["counters"]
+
+
+@contextmanager
+def running_node(
+    predictor: Predictor | None,
+    config: NodeConfig,
+    tracer: Tracer | None = None,
+    curve: CurveClientKeys | None = None,
+) -> Iterator[Clients]:
+    """A started node plus a connected publisher (subscription confirmed), subscriber and control client;
+    everything is closed and the node stopped on exit."""
+    node = InferenceNode(predictor, config, tracer).start()
+    with ExitStack() as stack:
+        stack.callback(node.stop)
+        publisher = stack.enter_context(FramePublisher(node.endpoints["input"][0], curve=curve))
+        subscriber = stack.enter_context(TrajectorySubscriber(node.endpoints["output"], curve=curve))
+        control = stack.enter_context(ControlClient(node.endpoints["control"], curve=curve))
+        assert publisher.wait_for_subscriber(5.0), "the node never subscribed to the publisher"
+        yield Clients(node, publisher, subscriber, control)

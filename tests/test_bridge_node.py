@@ -1,0 +1,132 @@
+"""The node over real ZeroMQ sockets on loopback: windows and outputs, control, size limits, CURVE."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from bridges.camera_sim import CameraSim
+from bridges.client import ControlClient, FramePublisher
+from bridges.node import NO_MODEL, InferenceNode
+from bridges.protocol import encode_ego, encode_frame
+from bridges.sockets import CurveClientKeys, create_keys
+from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
+
+IMAGE = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+
+
+def test_intake_only_node_answers_each_window_with_the_frames_it_used():
+    with running_node(None, node_config()) as c:
+        stats = CameraSim(c.publisher, list(CAMERAS), WIDTH, HEIGHT, speedup=10).run(ticks=20)
+        assert stats.frames == 40
+        msg = wait_until(
+            lambda: answering_window(c.subscriber.recv(1.0)), 5.0, "an output answering a window"
+        )
+        assert msg.valid is False and msg.invalid_reasons == [NO_MODEL]
+        assert [w.name for w in msg.cameras] == ["left", "front"]
+        ids = msg.cameras[0].frame_ids
+        assert ids == list(range(ids[0], ids[0] + 4)) and ids[0] >= 12  # 10 Hz slots; 1.5 s of ego first
+        assert msg.t0_ns == msg.cameras[0].t_sof_ns[-1]
+        assert msg.token_ids == [] and msg.x == []
+        status = c.control.status()
+        assert status["ok"] and status["alive"] and not status["ready"]
+        assert status["not_ready_reasons"][0] == NO_MODEL
+        counters = status["counters"]
+        assert (counters["messages"], counters["frames_accepted"], counters["ego_accepted"]) == (60, 40, 20)
+        assert counters["rejected_total"] == 0
+
+
+def test_control_reset_and_shutdown_and_bad_requests():
+    with running_node(None, node_config()) as c:
+        for k in range(3):
+            c.publisher.send(encode_frame("left", k, (k + 1) * 100_000_000, (k + 1) * 100_000_000, IMAGE))
+        wait_until(lambda: c.counters()["frames_accepted"] == 3, 5.0, "3 frames")
+        assert c.control.status()["streams"]["left"]["buffered"] == 3
+        reply = c.control.reset()
+        assert reply["ok"] and reply["cmd"] == "reset" and reply["streams"]["left"]["buffered"] == 0
+        # after a reset a camera may start again at any frame id
+        c.publisher.send(encode_frame("left", 0, 50, 50, IMAGE))
+        wait_until(lambda: c.counters()["frames_accepted"] == 4, 5.0, "the restarted frame")
+        assert c.counters()["rejected_total"] == 0
+        assert c.control.request("reboot") == {
+            "ok": False,
+            "error": "cmd 'reboot' is not one of: status, reset, shutdown",
+        }
+        assert c.node.control_reply(b"\xc1")["error"].startswith("request is not valid msgpack")
+        assert c.node.control_reply(msgpack.packb([1]))["ok"] is False
+        assert not c.node.wait(0)
+        assert c.control.shutdown()["ok"]
+        assert c.node.wait(1.0)
+        assert "shutting down" in c.control.status()["not_ready_reasons"]
+
+
+def test_oversize_messages_are_counted_or_disconnected_and_the_node_keeps_serving():
+    with running_node(None, node_config()) as c:
+        limit = c.node.limits.max_message_bytes
+        c.publisher.send(bytes(limit + 1))  # over the protocol limit, under ZMQ_MAXMSGSIZE: rejected, counted
+        wait_until(lambda: c.counters()["rejected"].get("too_large") == 1, 5.0, "the too_large rejection")
+        c.publisher.send(bytes(2 * limit))  # over ZMQ_MAXMSGSIZE: libzmq drops the connection
+        wait_until(lambda: c.counters()["input_disconnects"] >= 1, 5.0, "the disconnect")
+        assert c.publisher.wait_for_subscriber(5.0)  # the publisher reconnects and the node re-subscribes
+        c.publisher.send(encode_ego(1, [0, 0, 0], [0, 0, 0, 1]))
+        wait_until(lambda: c.counters()["ego_accepted"] == 1, 5.0, "a message after the reconnect")
+        assert c.counters()["messages"] == 2
+        assert c.control.status()["last_error"]["reason"] == "too_large"
+
+
+def test_curve_admits_allow_listed_clients_only(tmp_path):
+    _, node_secret = create_keys(tmp_path / "node", "node")
+    cam_public, cam_secret = create_keys(tmp_path / "cam", "cam")
+    _, intruder_secret = create_keys(tmp_path / "intruder", "intruder")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / cam_public.name).write_bytes(cam_public.read_bytes())
+    config = node_config(curve={"server_secret_key": str(node_secret), "authorized_keys": str(allowed)})
+    server_public = tmp_path / "node" / "node.key"
+    camera = CurveClientKeys.from_files(cam_secret, server_public)
+    intruder = CurveClientKeys.from_files(intruder_secret, server_public)
+    with running_node(None, config, curve=camera) as c:
+        endpoint = c.node.endpoints["input"][0]
+        with FramePublisher(endpoint, curve=intruder) as bad, FramePublisher(endpoint) as plain:
+            assert not bad.wait_for_subscriber(1.0) and not plain.wait_for_subscriber(0.2)
+            for pub in (bad, plain, c.publisher):
+                pub.send(encode_ego(1, [0, 0, 0], [0, 0, 0, 1]))
+            wait_until(lambda: c.counters()["ego_accepted"] == 1, 5.0, "the allowed client's pose")
+            assert c.counters()["auth_failures"] >= 1
+            assert c.counters()["messages"] == 1
+        ctl = ControlClient(c.node.endpoints["control"], timeout_s=0.5, curve=intruder)
+        with ctl, pytest.raises(TimeoutError, match="no reply to 'status'"):
+            ctl.status()
+        assert c.control.status()["ok"]
+
+
+def test_an_unexpected_exception_is_counted_and_the_threads_carry_on(monkeypatch):
+    with running_node(None, node_config()) as c:
+        accept = c.node.state.accept
+        calls = []
+
+        def fail_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("injected fault")
+            return accept(*args, **kwargs)
+
+        monkeypatch.setattr(c.node.state, "accept", fail_once)
+        c.publisher.send(encode_ego(1, [0, 0, 0], [0, 0, 0, 1]))
+        c.publisher.send(encode_ego(2, [0, 0, 0], [0, 0, 0, 1]))
+        wait_until(lambda: c.counters()["ego_accepted"] == 1, 5.0, "the second pose")
+        status = c.control.status()
+        assert status["alive"] and status["counters"]["internal_errors"] == 1
+        assert status["last_error"]["message"] == "intake: RuntimeError: injected fault"
+        monkeypatch.setattr(c.node, "control_reply", lambda body: 1 / 0)
+        assert c.control.status() == {"ok": False, "error": "internal error, see the node's log"}
+
+
+def test_start_fails_cleanly_on_a_taken_port():
+    with running_node(None, node_config()) as c:
+        taken = c.node.endpoints["control"]
+        node = InferenceNode(None, node_config(control={"endpoint": taken}))
+        with pytest.raises(ValueError, match=f"cannot bind {taken}: Address already in use"):
+            node.start()
+        assert node.stop()  # nothing started: a no-op

@@ -1,0 +1,102 @@
+"""`alpamayo serve` and `alpamayo camera-sim` as two processes (the two-terminal demo), SIGTERM and SIGINT."""
+
+from __future__ import annotations
+
+import ast
+import signal
+import subprocess
+import sys
+import time
+
+from bridges.client import ControlClient, TrajectorySubscriber
+from bridges.node import NO_MODEL
+from tests.bridge_nodes import CAMERAS, answering_window, wait_until
+
+LOOPBACK = "tcp://127.0.0.1:*"
+SHUTDOWN_TIMEOUT_S = 0.5
+
+
+def start_serve(*args: str) -> tuple[subprocess.Popen, dict]:
+    """`alpamayo serve` on free loopback ports; returns the process and its endpoints (from its output)."""
+    cameras = "{" + ", ".join(f"{n}: {i}" for n, i in CAMERAS.items()) + "}"
+    cmd = [sys.executable, "-m", "alpamayo.cli", "serve", "--input", LOOPBACK, "--output", LOOPBACK]
+    cmd += ["--control", LOOPBACK, "--set", f"cameras={cameras}", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("serving: "):
+            return proc, ast.literal_eval(line.removeprefix("serving: "))
+    proc.wait()
+    raise AssertionError("serve exited before serving:\n" + "".join(lines))
+
+
+def camera_sim(endpoint: str, seconds: float, *args: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "alpamayo.cli",
+        "camera-sim",
+        "--endpoint",
+        endpoint,
+        "--seconds",
+        str(seconds),
+    ]
+    cmd += ["--cameras", ",".join(CAMERAS), "--width", "64", "--height", "48", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_serve_and_camera_sim_stream_trajectories_and_sigterm_exits_0_mid_prediction(demo_checkpoint):
+    serve, endpoints = start_serve(
+        "--checkpoint",
+        str(demo_checkpoint),
+        "--set",
+        "warmup.runs=0",
+        "--set",
+        "model.max_reasoning_tokens=4",
+        "--set",
+        "timing.stale_after_ms=600000",
+        "--set",
+        f"timing.shutdown_timeout_s={SHUTDOWN_TIMEOUT_S}",
+    )
+    sim = None
+    try:
+        with TrajectorySubscriber(endpoints["output"]) as sub, ControlClient(endpoints["control"]) as ctl:
+            assert ctl.status()["alive"]
+            sim = camera_sim(endpoints["input"][0], 3.0, "--speedup", "10")
+            msg = wait_until(lambda: answering_window(sub.recv(0.5)), 300.0, "a trajectory")
+            assert msg.valid and len(msg.x) == 64 and [c.name for c in msg.cameras] == list(CAMERAS)
+            assert sim.wait(30) == 0
+            assert "camera-sim: sent 30 ticks, 60 frames" in sim.stdout.read()
+            # the newest window (t0 = 2.9 s) is being predicted now
+            wait_until(lambda: ctl.status()["counters"]["predictions"] >= 1, 30.0, "the first prediction")
+        start = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(30) == 0
+        assert time.monotonic() - start < SHUTDOWN_TIMEOUT_S + 5.0
+        output = serve.stdout.read()
+        assert "valid=True" in output and "Traceback" not in output
+        assert output.rstrip().splitlines()[-1] in ("stopped", "stopped (current prediction abandoned)")
+    finally:
+        stop(serve, sim)
+
+
+def test_serve_without_a_model_answers_status_and_exits_0_on_sigint():
+    serve, endpoints = start_serve("--no-model")
+    try:
+        with ControlClient(endpoints["control"]) as ctl:
+            status = ctl.status()
+        assert status["alive"] and status["not_ready_reasons"][0] == NO_MODEL
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(30) == 0
+        assert serve.stdout.read().rstrip().endswith("stopped")
+    finally:
+        stop(serve)
+
+
+def stop(*procs: subprocess.Popen | None) -> None:
+    """Kill what a failed test left running."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
