@@ -58,8 +58,9 @@ DRAIN_MAX_S = 120.0
 
 
 def node_config(drive: Drive, settings: ReplaySettings, frame_size: tuple[int, int]) -> NodeConfig:
-    """The node set up for this drive: its cameras, loopback endpoints on free ports, the replay's sampling,
-    and warm-up on frames of the drive's size."""
+    """The node set up for this drive: its cameras, loopback endpoints on free ports, the replay's model and
+    sampling settings (the node calls the predictor it is given with them), and warm-up on frames of the drive's
+    size."""
     height, width = frame_size
     return NodeConfig(
         model=ModelSection(
@@ -69,6 +70,9 @@ def node_config(drive: Drive, settings: ReplaySettings, frame_size: tuple[int, i
             dtype=settings.dtype,
             num_samples=settings.num_samples,
             seed=settings.seed,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_reasoning_tokens=settings.max_reasoning_tokens,
         ),
         input=InputSection(endpoints=[LOOPBACK], bind=True),
         output=OutputSection(endpoint=LOOPBACK, bind=True),
