@@ -58,8 +58,8 @@ def measured(spans: Iterable[Span]) -> list[Span]:
     return [s for s in spans if not s.args.get("warmup", False)]
 
 
-def stage_table(spans: Iterable[Span]) -> list[StageStats]:
-    """One row per stage label over the measured spans, in pipeline order (STAGES), unknown stages last."""
+def measured_durations(spans: Iterable[Span]) -> dict[str, list[float]]:
+    """Measured span durations (ms) by stage label, in pipeline order (STAGES), unknown stages last."""
     groups: dict[str, list[float]] = {}
     for span in measured(spans):
         groups.setdefault(stage_label(span), []).append(span.ms)
@@ -68,7 +68,12 @@ def stage_table(spans: Iterable[Span]) -> list[StageStats]:
     def key(label: str) -> tuple[int, str]:
         return order.get(label.split(" (")[0], len(STAGES)), label
 
-    return [summarize(label, groups[label]) for label in sorted(groups, key=key)]
+    return {label: groups[label] for label in sorted(groups, key=key)}
+
+
+def stage_table(spans: Iterable[Span]) -> list[StageStats]:
+    """One row per stage label over the measured spans, in pipeline order (STAGES), unknown stages last."""
+    return [summarize(label, values) for label, values in measured_durations(spans).items()]
 
 
 def simulated_drop_pct(arrivals_ns: Sequence[int], durations_ns: Sequence[int]) -> float:

@@ -19,9 +19,8 @@ from alpamayo.profiling import STAGES
 from alpamayo.profiling import plots as plotting
 from alpamayo.profiling.stats import (
     DecodeStats,
-    measured,
+    measured_durations,
     simulated_drop_pct,
-    stage_label,
     stage_table,
     summarize,
 )
@@ -160,9 +159,7 @@ def write_plots(run: ReplayRun, directory: Path) -> list[Path]:
     """latency_histograms.png, tick_timeline.png and birdseye.png (see alpamayo.profiling.plots)."""
     directory.mkdir(parents=True, exist_ok=True)
     title = describe_run(run.info)
-    durations: dict[str, list[float]] = {}
-    for span in measured(run.tracer.spans):
-        durations.setdefault(stage_label(span), []).append(span.ms)
+    durations = measured_durations(run.tracer.spans)
     per_tick = {t.seq: {k: v for k, v in t.stages_ms.items() if k != "e2e_age"} for t in run.ticks}
     warmup = {t.seq for t in run.ticks if t.warmup}
     chosen = [run.ticks[i] for i in plotting.select_evenly(len(run.ticks))]
