@@ -17,6 +17,7 @@ import numpy as np
 
 from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, EgoHistory
 from bridges.recording import CameraFrame, Drive, PoseTrack, RecordingError, Warn
+from bridges.window import window_slots
 from planner.ego_frame import quat_to_matrix
 
 PERIOD_NS = round(DT_S * 1e9)
@@ -128,20 +129,17 @@ class TickAssembler:
         frames = {}
         for camera, buffer in buffers.items():
             times = np.array([f.t_ns for f in buffer], dtype=np.int64)
-            picked = []
-            for offset in FRAME_OFFSETS_NS:
-                err = np.abs(times - (t0 + offset)) if len(times) else np.array([FRAME_TOLERANCE_NS + 1])
-                j = int(np.argmin(err))
-                if err[j] > FRAME_TOLERANCE_NS:
-                    if t0 + offset < first_seen.get(camera, t0 + 1):
-                        self.not_ready += 1
-                        return None
-                    return self._skip(
-                        t0,
-                        f"camera {camera} has no frame within {FRAME_TOLERANCE_NS / 1e6:g} ms of t0{offset / 1e9:+.1f} s",
-                    )
-                picked.append(buffer[j])
-            frames[camera] = picked
+            picked = window_slots(times, t0, PERIOD_NS, FRAME_TOLERANCE_NS)
+            if picked is None:
+                if t0 + FRAME_OFFSETS_NS[0] + FRAME_TOLERANCE_NS < first_seen.get(camera, t0 + 1):
+                    self.not_ready += 1
+                    return None
+                return self._skip(
+                    t0,
+                    f"camera {camera} lacks a frame within {FRAME_TOLERANCE_NS / 1e6:g} ms of one of "
+                    f"t0 {FRAME_OFFSETS_NS[0] / 1e9:+.1f} .. 0 s",
+                )
+            frames[camera] = [buffer[j] for j in picked]
         history = self.drive.poses.interpolate(t0 + HISTORY_OFFSETS_NS)
         if history is None:
             if t0 + HISTORY_OFFSETS_NS[0] < self.drive.poses.t_ns[0]:
