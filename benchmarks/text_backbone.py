@@ -38,12 +38,17 @@ TINY_VISION = dict(
 )
 
 
-def save_random_checkpoint(config_name: str, out: Path, dtype: torch.dtype) -> None:
+def save_random_checkpoint(
+    config_name: str, out: Path, dtype: torch.dtype, text_overrides: dict | None = None
+) -> None:
+    """A published config (vision tower shrunk; `text_overrides` replace text_config fields) with random weights."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     cfg = AutoConfig.from_pretrained(CONFIG_DIR / f"{config_name}.json")
     for key, value in TINY_VISION.items():
         setattr(cfg.vision_config, key, value)
+    for key, value in (text_overrides or {}).items():
+        setattr(cfg.text_config, key, value)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(cfg)
     model = model.to_empty(device="cpu").to(dtype)
@@ -113,8 +118,18 @@ def bench_transformers(path: Path, dtype: torch.dtype, ids: torch.Tensor, new: i
 
 
 def bench_ours(path: Path, dtype: torch.dtype, ids: torch.Tensor, forced: torch.Tensor, rounds: int) -> dict:
-    """Prefill, then decode teacher-forced on transformers' tokens (the same work as greedy decoding)."""
+    """`bench_model` on the checkpoint, plus the bytes one decode step must read."""
     model = TextModel.from_checkpoint(path, dtype=dtype)
+    # bytes one decode step must read: every weight once (a tied table is read by the head, one row by the lookup)
+    weight_bytes = sum(math.prod(s[0]) for s in text_tensor_shapes(model.cfg).values()) * dtype.itemsize
+    return {**bench_model(model, ids, forced, rounds), "weight_bytes": weight_bytes}
+
+
+def bench_model(model: TextModel, ids: torch.Tensor, forced: torch.Tensor, rounds: int) -> dict:
+    """Prefill, then decode teacher-forced on transformers' tokens (the same work as greedy decoding).
+
+    Returns the median prefill seconds, the median decode ms/token and the logits [len(forced), V].
+    """
     model.setup_cache(ids.numel() + forced.numel())
     model.prefill(ids[:32])  # warm-up
     prefill, decode = [], []
@@ -123,13 +138,10 @@ def bench_ours(path: Path, dtype: torch.dtype, ids: torch.Tensor, forced: torch.
         prefill.append(t)
         rest, t = timed(lambda: [model.decode(int(tok)) for tok in forced[:-1]])
         decode.append(t)
-    # bytes one decode step must read: every weight once (a tied table is read by the head, one row by the lookup)
-    weight_bytes = sum(math.prod(s[0]) for s in text_tensor_shapes(model.cfg).values()) * dtype.itemsize
     return {
         "prefill_s": statistics.median(prefill),
         "decode_ms": statistics.median(decode) / (forced.numel() - 1) * 1e3,
         "logits": torch.stack([first, *rest]),
-        "weight_bytes": weight_bytes,
     }
 
 

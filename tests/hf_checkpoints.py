@@ -88,6 +88,15 @@ def text_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
+# MoE settings merged under a text config when `save_checkpoint(..., moe=True)`; transformers' defaults (60
+# experts of width 1408) would dwarf the small test models. 2 * 24 != hidden 64, so the two on-disk expert
+# layouts (hub [E, H, 2I] vs transformers 5 [E, 2I, H]) cannot be confused.
+MOE_TEXT = dict(
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1, mlp_only_layers=[]
+)
+EXPERT_KEYS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
 def build_tokenizer():
     from tokenizers import pre_tokenizers
     from transformers import Qwen2Tokenizer
@@ -130,10 +139,16 @@ def save_checkpoint(
     moe: bool = False,
     seed: int = 0,
 ) -> torch.nn.Module:
-    """Build, randomise and `save_pretrained` a Qwen3-VL(-MoE) model with tokenizer; returns the fp32 model."""
+    """Build, randomise and `save_pretrained` a Qwen3-VL(-MoE) model with tokenizer; returns the fp32 model.
+
+    With `moe`, `MOE_TEXT` fills the MoE fields `text` does not set. Experts are saved in transformers 5's
+    layout; `rewrite_hub_layout` turns the file into the released hub layout.
+    """
     from transformers import Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration
 
     cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
+    if moe:
+        text = {**MOE_TEXT, **text}
     torch.manual_seed(seed)
     model = cls(hf_config(text, vision, tie, moe))
     randomize_weights(model, seed)
@@ -149,19 +164,47 @@ def save_checkpoint(
     return model
 
 
-def load_hf(directory: Path, dtype: torch.dtype = torch.float32, moe: bool = False) -> torch.nn.Module:
-    from transformers import Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration
+def rewrite_hub_layout(directory: Path, suffixes: tuple[str, ...] = EXPERT_KEYS) -> int:
+    """Rewrite a saved MoE checkpoint with experts as the hub files hold them (gate_up [E, H, 2I], down [E, I, H]).
 
-    cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
-    return cls.from_pretrained(directory, dtype=dtype).eval()
+    transformers 5 transposes such files back on load (as `reference/make_tiny.py::hub_layout_check` checks).
+    Only tensors whose names end with one of `suffixes` are rewritten; returns how many were.
+    """
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    experts = [k for k in tensors if k.endswith(suffixes)]
+    for key in experts:
+        tensors[key] = tensors[key].transpose(1, 2).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+    return len(experts)
+
+
+def load_hf(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """transformers' own load of a saved checkpoint; config.json's architecture picks dense or MoE."""
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(directory, dtype=dtype).eval()
 
 
 @torch.no_grad()
-def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any) -> list[int]:
-    """`generate` greedily for exactly n tokens with EOS stopping off (so no EOS masking changes the logits)."""
+def hf_generate(
+    model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any
+) -> tuple[list[int], torch.Tensor]:
+    """`generate` greedily for exactly n tokens with EOS stopping off (so no EOS masking changes the logits).
+
+    Returns the tokens and the float32 logits [n, V] each was chosen from (step 0: the prompt's last position).
+    """
     from transformers import GenerationConfig
 
-    gen = GenerationConfig(do_sample=False, max_new_tokens=n, pad_token_id=TOKEN_IDS["<|endoftext|>"])
+    gen = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=n,
+        pad_token_id=TOKEN_IDS["<|endoftext|>"],
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     saved_eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = None  # generate() falls back to the model's EOS when ours is None
     try:
@@ -174,9 +217,86 @@ def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any) 
         )
     finally:
         model.generation_config.eos_token_id = saved_eos
-    tokens = out[0, ids.numel() :].tolist()
+    tokens = out.sequences[0, ids.numel() :].tolist()
     assert len(tokens) == n, f"generate() stopped after {len(tokens)} of {n} tokens"
-    return tokens
+    return tokens, torch.stack(out.logits, 1)[0].float()
+
+
+def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any) -> list[int]:
+    """The tokens of `hf_generate`."""
+    return hf_generate(model, ids, n, **inputs)[0]
+
+
+# Vision tower of the image-prompt goldens: 3 DeepStack levels at uneven blocks incl. the last; a learned 4x4
+# position grid vs the image's 4x6 patch grid.
+IMAGE_VISION = dict(
+    depth=4,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=4,
+    in_channels=3,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    num_position_embeddings=16,
+    deepstack_visual_indexes=[0, 2, 3],
+    hidden_act="gelu_pytorch_tanh",
+)
+IMAGE_GRID = (1, 4, 6)  # (t, h, w) patches of one 64x96 image -> 6 merged image tokens
+
+
+@torch.no_grad()
+def image_reference(hf: torch.nn.Module) -> dict[str, Any]:
+    """One chat prompt with a 64x96 image, and what transformers computes for it.
+
+    Returns ids [L], hf_inputs (pixel_values, image_grid_thw, mm_token_type_ids for `generate`), logits
+    [L, V], image_embeds [6, H], deepstack (one [6, H] per level), positions [3, L] and the rope delta.
+    """
+    t, h, w = IMAGE_GRID
+    ids = torch.tensor(
+        [
+            TOKEN_IDS["<|im_start|>"],
+            *b"user\n",
+            TOKEN_IDS["<|vision_start|>"],
+            *[TOKEN_IDS["<|image_pad|>"]] * (t * h * w // 4),
+            TOKEN_IDS["<|vision_end|>"],
+            *b"Describe this image.",
+            TOKEN_IDS["<|im_end|>"],
+            *b"\n",
+            TOKEN_IDS["<|im_start|>"],
+            *b"assistant\n",
+        ]
+    )
+    grid = torch.tensor([IMAGE_GRID])
+    pixels = torch.randn(t * h * w, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    mm_types = (ids == TOKEN_IDS["<|image_pad|>"]).to(torch.int32).view(1, -1)
+    hf_inputs = dict(pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm_types)
+    hf.model.rope_deltas = None
+    logits = hf(input_ids=ids.view(1, -1), **hf_inputs).logits[0]
+    visual = hf.model.visual(pixels, grid_thw=grid)
+    positions, deltas = hf.model.get_rope_index(
+        ids.view(1, -1),
+        mm_types,
+        image_grid_thw=grid,
+        attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+    )
+    return dict(
+        ids=ids,
+        hf_inputs=hf_inputs,
+        logits=logits,
+        image_embeds=visual.pooler_output,
+        deepstack=list(visual.deepstack_features),
+        positions=positions[:, 0],
+        delta=int(deltas),
+    )
+
+
+def image_prefill_inputs(model: Any, case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embeddings [L, H] with transformers' image embeds scattered in, image-token mask [L]) for `model.prefill`."""
+    mask = case["ids"] == TOKEN_IDS["<|image_pad|>"]
+    embeds = model.embed(case["ids"]).clone()
+    embeds[mask] = case["image_embeds"]
+    return embeds, mask
 
 
 # Qwen3-VL's published preprocessor_config.json values (transformers' class defaults are Qwen2-VL's).

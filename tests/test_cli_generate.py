@@ -15,10 +15,10 @@ from tests.hf_checkpoints import build_tokenizer, save_checkpoint, text_config
 PROMPT = "Is the lane ahead clear?"
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cli")
-    hf = save_checkpoint(path, text_config(num_hidden_layers=3), seed=21)
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"cli-{request.param}")
+    hf = save_checkpoint(path, text_config(num_hidden_layers=3), moe=request.param == "moe", seed=21)
     return path, hf
 
 

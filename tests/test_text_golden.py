@@ -1,4 +1,9 @@
-"""The torch text backbone against transformers' Qwen3VLForConditionalGeneration on saved random checkpoints."""
+"""The torch text backbone against transformers' Qwen3VL(Moe)ForConditionalGeneration on saved random checkpoints.
+
+MoE checkpoints are tested in both on-disk expert layouts: as transformers 5 saves them ([E, 2I, H] /
+[E, H, I]) and rewritten as the released hub files hold them ([E, H, 2I] / [E, I, H]); the reference is then
+transformers loading that same file.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,17 @@ import torch
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import max_abs_error, pcc
 from alpamayo.text import TextModel
-from tests.hf_checkpoints import TOKEN_IDS, hf_greedy, load_hf, save_checkpoint, text_config
+from tests.hf_checkpoints import (
+    IMAGE_VISION,
+    hf_generate,
+    hf_greedy,
+    image_prefill_inputs,
+    image_reference,
+    load_hf,
+    rewrite_hub_layout,
+    save_checkpoint,
+    text_config,
+)
 
 GOLDEN = {
     # GQA 4:1, head_dim (32) != hidden/heads (12), odd vocab/intermediate, attention biases, untied head
@@ -60,13 +75,46 @@ GOLDEN = {
         tie=False,
     ),
 }
+MOE_GOLDEN = {
+    # every layer sparse: 8 experts, top-2, 2 * moe_intermediate (48) != hidden (64), GQA 2:1
+    "all-sparse": dict(text=text_config(num_hidden_layers=3), tie=False),
+    # the real top-8, head_dim 128 and mrope sections [24, 20, 20]; 32 experts. (transformers' grouped_mm
+    # experts fail on CPU for widths whose rows are not 16-byte multiples, hence moe_intermediate 56.)
+    "top8-of-32": dict(
+        text=dict(
+            GOLDEN["real-head-dim"]["text"], num_experts=32, num_experts_per_tok=8, moe_intermediate_size=56
+        ),
+        tie=False,
+    ),
+    # dense layers among sparse ones: decoder_sparse_step 2 and mlp_only_layers [3] -> layers 1 and 5 sparse
+    "mixed-dense": dict(
+        text=text_config(
+            num_hidden_layers=6,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3],
+            num_experts=6,
+            num_experts_per_tok=3,
+            moe_intermediate_size=40,
+        ),
+        tie=True,
+    ),
+}
+GOLDEN |= {
+    f"moe-{name}-{layout}": dict(spec, moe=True, layout=layout)
+    for name, spec in MOE_GOLDEN.items()
+    for layout in ("v5", "hub")
+}
 
 
 @pytest.fixture(scope="module", params=sorted(GOLDEN))
 def golden(request, tmp_path_factory):
     spec = GOLDEN[request.param]
     path = tmp_path_factory.mktemp(request.param)
-    hf = save_checkpoint(path, spec["text"], tie=spec["tie"], seed=sorted(GOLDEN).index(request.param) + 7)
+    seed = sorted(GOLDEN).index(request.param) + 7
+    hf = save_checkpoint(path, spec["text"], tie=spec["tie"], moe=spec.get("moe", False), seed=seed)
+    if spec.get("layout") == "hub":
+        rewrite_hub_layout(path)
+        hf = load_hf(path)  # transformers transposes hub-layout experts back on load
     return Golden(request.param, path, hf)
 
 
@@ -137,6 +185,22 @@ def test_prefill_logits_bfloat16_match_transformers(golden, record_figure):
     assert p >= 0.999
 
 
+def test_decode_logits_bfloat16_match_generate(golden, record_figure):
+    """bfloat16 decode steps (packed CPU weights; MoE: only the k chosen experts), teacher-forced on the tokens
+    of transformers' own bfloat16 `generate`, give the logits it chose them from."""
+    _name, path, _ = golden
+    hf = load_hf(path, torch.bfloat16)
+    ids = prompt(hf.config.text_config.vocab_size, seed=7)
+    tokens, expected = hf_generate(hf, ids, 16)
+    model = TextModel.from_checkpoint(path, dtype=torch.bfloat16)
+    model.setup_cache(ids.numel() + 16)
+    actual = torch.stack([model.prefill(ids), *(model.decode(t) for t in tokens[:-1])])
+    p = min(pcc(e, a) for e, a in zip(expected, actual, strict=True))
+    record_figure("bfloat16 decode logits min PCC", p)
+    record_figure("bfloat16 decode logits max abs", max_abs_error(expected, actual))
+    assert p >= 0.999
+
+
 def test_forked_rows_decode_like_a_single_sequence(golden):
     """fork(n) shares one prefill: every row then decodes exactly as the unforked sequence would."""
     _, path, hf = golden
@@ -151,6 +215,22 @@ def test_forked_rows_decode_like_a_single_sequence(golden):
         rows = model.decode(torch.tensor([t, t, t]))
         assert max_abs_error(ref.expand(3, -1), rows) <= 1e-5
     assert first.shape == (hf.config.text_config.vocab_size,)
+
+
+def test_forked_rows_decoding_different_tokens_match_single_sequences(golden):
+    """One decode step over rows with different tokens (an MoE routes each row to its own experts)."""
+    _, path, hf = golden
+    ids = prompt(hf.config.text_config.vocab_size, seed=4)
+    tokens = (5, 77, 140)
+    model = TextModel.from_checkpoint(path)
+    model.setup_cache(ids.numel() + 1, max_batch=3)
+    single = []
+    for t in tokens:
+        model.prefill(ids)
+        single.append(model.decode(t))
+    model.prefill(ids)
+    model.fork(3)
+    assert max_abs_error(torch.stack(single), model.decode(torch.tensor(tokens))) <= 1e-5
 
 
 def test_hub_rope_spelling_loads_to_identical_logits(tmp_path):
@@ -171,66 +251,13 @@ def test_hub_rope_spelling_loads_to_identical_logits(tmp_path):
     assert torch.equal(model.prefill(ids), v5)
 
 
-@pytest.fixture(scope="module")
-def image_case(tmp_path_factory):
+@pytest.fixture(scope="module", params=["real-head-dim", "moe-top8-of-32-v5"])
+def image_case(request, tmp_path_factory):
     """A checkpoint plus one 64x96 image prompt, and transformers' own image features and positions."""
-    path = tmp_path_factory.mktemp("deepstack")
-    text = GOLDEN["real-head-dim"]["text"]
-    # 3 DeepStack levels at uneven blocks incl. the last; learned 4x4 position grid vs a 4x6 patch grid
-    vision = dict(
-        depth=4,
-        hidden_size=64,
-        intermediate_size=128,
-        num_heads=4,
-        in_channels=3,
-        patch_size=16,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-        num_position_embeddings=16,
-        deepstack_visual_indexes=[0, 2, 3],
-        hidden_act="gelu_pytorch_tanh",
-    )
-    hf = save_checkpoint(path, text, vision=vision, seed=11)
-    n_img = (4 * 6) // 4
-    ids = torch.tensor(
-        [
-            TOKEN_IDS["<|im_start|>"],
-            *b"user\n",
-            TOKEN_IDS["<|vision_start|>"],
-            *[TOKEN_IDS["<|image_pad|>"]] * n_img,
-            TOKEN_IDS["<|vision_end|>"],
-            *b"Describe this image.",
-            TOKEN_IDS["<|im_end|>"],
-            *b"\n",
-            TOKEN_IDS["<|im_start|>"],
-            *b"assistant\n",
-        ]
-    )
-    grid = torch.tensor([[1, 4, 6]])
-    pixels = torch.randn(24, 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
-    mm_types = (ids == TOKEN_IDS["<|image_pad|>"]).to(torch.int32).view(1, -1)
-    hf_inputs = dict(pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=mm_types)
-    with torch.no_grad():
-        hf.model.rope_deltas = None
-        logits = hf(input_ids=ids.view(1, -1), **hf_inputs).logits[0]
-        visual = hf.model.visual(pixels, grid_thw=grid)
-        positions, deltas = hf.model.get_rope_index(
-            ids.view(1, -1),
-            mm_types,
-            image_grid_thw=grid,
-            attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
-        )
-    return Case(
-        path=path,
-        hf=hf,
-        ids=ids,
-        hf_inputs=hf_inputs,
-        logits=logits,
-        image_embeds=visual.pooler_output,
-        deepstack=list(visual.deepstack_features),
-        positions=positions[:, 0],
-        delta=int(deltas),
-    )
+    path = tmp_path_factory.mktemp(f"deepstack-{request.param}")
+    spec = GOLDEN[request.param]
+    hf = save_checkpoint(path, spec["text"], vision=IMAGE_VISION, moe=spec.get("moe", False), seed=11)
+    return Case(path=path, hf=hf, **image_reference(hf))
 
 
 class Case(dict):
@@ -238,17 +265,10 @@ class Case(dict):
         return f"Case({self['path'].name})"
 
 
-def _image_prefill_inputs(model: TextModel, case: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    mask = case["ids"] == TOKEN_IDS["<|image_pad|>"]
-    embeds = model.embed(case["ids"]).clone()
-    embeds[mask] = case["image_embeds"]
-    return embeds, mask
-
-
 def test_deepstack_and_3row_positions_match_transformers(image_case, record_figure):
     model = TextModel.from_checkpoint(image_case["path"])
     model.setup_cache(96)
-    embeds, mask = _image_prefill_inputs(model, image_case)
+    embeds, mask = image_prefill_inputs(model, image_case)
     hidden = model.prefill_hidden(embeds, image_case["positions"], mask, image_case["deepstack"])
     actual = model.logits(hidden)
     p, err = pcc(image_case["logits"], actual), max_abs_error(image_case["logits"], actual)
@@ -263,7 +283,7 @@ def test_decode_after_image_prompt_uses_rope_delta(image_case):
     expected = hf_greedy(image_case["hf"], image_case["ids"], 32, **image_case["hf_inputs"])
     model = TextModel.from_checkpoint(image_case["path"])
     model.setup_cache(image_case["ids"].numel() + 32)
-    embeds, mask = _image_prefill_inputs(model, image_case)
+    embeds, mask = image_prefill_inputs(model, image_case)
     logits = model.prefill(embeds, image_case["positions"], mask, image_case["deepstack"])
     assert greedy_continue(model, logits, 32) == expected
 
@@ -271,7 +291,7 @@ def test_decode_after_image_prompt_uses_rope_delta(image_case):
 def test_deepstack_shape_mismatch_is_rejected(image_case):
     model = TextModel.from_checkpoint(image_case["path"])
     model.setup_cache(96)
-    embeds, mask = _image_prefill_inputs(model, image_case)
+    embeds, mask = image_prefill_inputs(model, image_case)
     bad = [f[:-1] for f in image_case["deepstack"]]
     with pytest.raises(ValueError, match=r"deepstack\[0\] has shape \[5, 128\], expected \[6, 128\]"):
         model.prefill(embeds, image_case["positions"], mask, bad)

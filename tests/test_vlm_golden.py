@@ -187,6 +187,35 @@ def test_bfloat16_matches_transformers_bfloat16(vlm_bf16, hf_bf16, case, record_
     assert min(figures.values()) >= 0.999
 
 
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """The same vision tower and text dims with a sparse MoE MLP in every decoder layer (8 experts, top-2)."""
+    path = tmp_path_factory.mktemp("vlm-moe")
+    hf = save_checkpoint(path, TEXT, vision=VISION, moe=True, seed=37)
+    save_preprocessor_config(path, **PIXELS)
+    return path, hf
+
+
+def test_moe_backbone_with_images_matches_transformers(moe_checkpoint, record_figure):
+    """Images through the vision encoder into a Qwen3-VL-MoE text backbone: logits and greedy tokens."""
+    path, hf = moe_checkpoint
+    sizes = CASES["2-images-of-different-sizes"]
+    images = [Image.fromarray(synthetic_frame(h, w, seed=i)) for i, (h, w) in enumerate(sizes)]
+    inputs = hf_multimodal_inputs(build_tokenizer(), hf_image_processor(**PIXELS), images, PROMPT)
+    expected = hf_outputs(hf, inputs)
+    vlm = VisionLanguageModel.from_checkpoint(path)
+    ids = inputs["ids"]
+    features = vlm.encode_images(images)
+    vlm.setup_cache(ids.numel() + NEW_TOKENS)
+    actual = vlm.text.logits(vlm.prefill_hidden(ids, features))
+    p, err = pcc(expected["logits"], actual), max_abs_error(expected["logits"], actual)
+    record_figure("float32 prefill logits PCC", p)
+    record_figure("float32 prefill logits max abs", err)
+    assert p >= 0.99999 and err <= 1e-4
+    tokens = hf_greedy(hf, ids, NEW_TOKENS, **expected["kwargs"])
+    assert greedy_continue(vlm, vlm.prefill(ids, features), NEW_TOKENS) == tokens
+
+
 def test_an_image_encodes_the_same_alone_or_among_others(vlm, record_figure):
     images = [
         synthetic_frame(96, 160, seed=1),
