@@ -45,12 +45,26 @@ class Span:
 
 
 class Tracer:
-    """Thread-safe span recorder. A disabled tracer records nothing and costs one attribute check per span."""
+    """Thread-safe span recorder. A disabled tracer records nothing and costs one attribute check per span.
+
+    Inside `with tracer.tick(i, warmup=...)` every span the same thread records carries args `tick` (and
+    `warmup`), so per-tick tables, timelines and warm-up exclusion need no cooperation from the stages.
+    """
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self._spans: list[Span] = []
         self._lock = threading.Lock()
+        self._context = threading.local()
+
+    @contextmanager
+    def tick(self, index: int, warmup: bool = False) -> Iterator[None]:
+        """Stamp spans recorded by this thread in the body with tick=index (and warmup=True if warm-up)."""
+        self._context.stamp = {"tick": index, "warmup": True} if warmup else {"tick": index}
+        try:
+            yield
+        finally:
+            self._context.stamp = {}
 
     @contextmanager
     def span(self, name: str, **args: Any) -> Iterator[dict[str, Any]]:
@@ -68,13 +82,29 @@ class Tracer:
             return
         if dur_ns < 0:
             raise ValueError(f"span {name!r} has negative duration {dur_ns} ns")
+        stamp = getattr(self._context, "stamp", {})
         with self._lock:
-            self._spans.append(Span(name, int(start_ns), int(dur_ns), dict(args)))
+            self._spans.append(Span(name, int(start_ns), int(dur_ns), {**stamp, **args}))
 
     @property
     def spans(self) -> list[Span]:
         with self._lock:
             return list(self._spans)
+
+    def mark(self) -> int:
+        """The number of spans recorded so far, for `totals_ms`."""
+        with self._lock:
+            return len(self._spans)
+
+    def totals_ms(self, mark: int = 0) -> dict[str, float]:
+        """Total ms per stage over the spans recorded after the first `mark` (a `tracer.mark()` taken earlier);
+        stages recorded once per frame (vision) add up."""
+        with self._lock:
+            spans = self._spans[mark:]
+        totals: dict[str, float] = {}
+        for span in spans:
+            totals[span.name] = totals.get(span.name, 0.0) + span.ms
+        return totals
 
     def clear(self) -> None:
         with self._lock:
