@@ -112,7 +112,8 @@ class AlpamayoVLA:
         precision: str = "float32",
     ):
         self.vlm, self.planner = vlm, planner
-        self.tracer = tracer or Tracer()
+        # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
+        self.tracer = tracer or Tracer(max_spans=10_000)
         self.sampling = sampling
         self.limits = planner.limits(max_reasoning_tokens)
         self.cache = FeatureCache(capacity=0)
