@@ -8,8 +8,9 @@ import numpy as np
 from mcap.reader import make_reader
 
 from alpamayo.prediction import FUTURE_STEPS, Prediction, TrajectorySample
-from alpamayo.replay.accuracy import invalid_reasons, tick_errors
+from alpamayo.replay.accuracy import invalid_reasons, summarize_accuracy, tick_errors
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
+from alpamayo.replay.results import TickResult
 from bridges.mcap_messages import MessageDecoder
 from bridges.mcap_writer import RecordingWriter
 
@@ -32,6 +33,33 @@ def test_errors_per_horizon_take_sample_zero_and_the_best_sample():
         assert errors[f"min_ade@{h}"] == 0.0
     assert tick_errors(shifted[None], None) is None
     assert tick_errors(np.full((1, FUTURE_STEPS, 3), np.nan), RECORDED) is None
+
+
+def test_summary_scores_the_constant_velocity_baseline_on_the_same_ticks():
+    """History at a constant 12 m/s along x: the baseline extrapolates it exactly and is off by the recorded
+    future's lateral drift; the model (here: the recorded future itself) is exact."""
+    history = np.stack([12.0 * 0.1 * np.arange(-15, 1), np.zeros(16), np.zeros(16)], axis=1)
+    tick = TickResult(
+        0,
+        0,
+        False,
+        RECORDED[None],
+        RECORDED,
+        history,
+        tick_errors(RECORDED[None], RECORDED),
+        [],
+        {},
+        0.0,
+        0,
+        0,
+    )
+    summary = summarize_accuracy([tick, tick])
+    lateral = RECORDED[:, 1]
+    for h, steps in (("1s", 10), ("6.4s", 64)):
+        assert summary.mean_m[f"ade@{h}"] == 0.0
+        assert np.isclose(summary.baseline_ade_m[f"ade@{h}"], np.abs(lateral[:steps]).mean())
+    assert "const-vel ADE m" in summary.table()
+    assert summary.as_dict()["constant_velocity_ade_m"] == summary.baseline_ade_m
 
 
 def test_non_finite_waypoints_make_a_prediction_invalid_with_the_sample_named():

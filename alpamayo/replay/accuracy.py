@@ -2,6 +2,8 @@
 
 Per tick and horizon h (1, 2, 3, 6.4 s): ADE@h of sample 0 (the greedy one when decoding greedily), FDE@h
 (its displacement at h) and minADE_K@h (the best of the K samples). Validity: 64 finite waypoints and headings.
+Beside the model, the constant-velocity baseline (`planner.baselines`) is scored on the same ticks: a model
+worth running beats it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from alpamayo.prediction import FUTURE_STEPS, Prediction
 from alpamayo.replay.results import TickResult
+from planner.baselines import constant_velocity
 from planner.metrics import HORIZONS_S, ade, horizon_errors
 
 METRICS = ("ade", "fde", "min_ade")
@@ -58,6 +61,7 @@ class AccuracySummary:
     valid: int
     samples: int
     mean_m: dict[str, float]
+    baseline_ade_m: dict[str, float]  # constant-velocity ADE per horizon ("ade@1s", ...)
 
     def as_dict(self) -> dict:
         return {
@@ -66,6 +70,7 @@ class AccuracySummary:
             "valid": self.valid,
             "samples": self.samples,
             "mean_m": self.mean_m,
+            "constant_velocity_ade_m": self.baseline_ade_m,
         }
 
     def table(self) -> str:
@@ -75,16 +80,28 @@ class AccuracySummary:
         )
         if not self.mean_m:
             return header + "\n(no tick has a recorded future: nothing to compare)"
-        rows = [header, f"{'horizon':>8} {'ADE m':>9} {'FDE m':>9} {f'minADE_{self.samples} m':>12}"]
+        rows = [
+            header,
+            f"{'horizon':>8} {'ADE m':>9} {'FDE m':>9} {f'minADE_{self.samples} m':>12} {'const-vel ADE m':>16}",
+        ]
         for h in HORIZONS_S:
             values = [self.mean_m[error_key(m, h)] for m in METRICS]
-            rows.append(f"{h:>7g}s {values[0]:>9.3f} {values[1]:>9.3f} {values[2]:>12.3f}")
+            baseline = self.baseline_ade_m[error_key("ade", h)]
+            rows.append(f"{h:>7g}s {values[0]:>9.3f} {values[1]:>9.3f} {values[2]:>12.3f} {baseline:>16.3f}")
         return "\n".join(rows)
 
 
 def summarize_accuracy(ticks: Sequence[TickResult]) -> AccuracySummary:
-    scored = [t.errors_m for t in ticks if t.errors_m is not None]
+    scored = [t for t in ticks if t.errors_m is not None]
     keys = [error_key(m, h) for h in HORIZONS_S for m in METRICS]
-    mean = {k: float(np.mean([e[k] for e in scored])) for k in keys} if scored else {}
+    mean = {k: float(np.mean([t.errors_m[k] for t in scored])) for k in keys} if scored else {}
+    baseline = {}
+    if scored:
+        cv = np.stack([constant_velocity(t.history_xyz) for t in scored])
+        recorded = [t.future_xyz for t in scored]
+        for h in HORIZONS_S:
+            baseline[error_key("ade", h)] = float(
+                np.mean([ade(p, g, h) for p, g in zip(cv, recorded, strict=True)])
+            )
     samples = ticks[0].predicted_xyz.shape[0] if ticks else 0
-    return AccuracySummary(len(ticks), len(scored), sum(t.valid for t in ticks), samples, mean)
+    return AccuracySummary(len(ticks), len(scored), sum(t.valid for t in ticks), samples, mean, baseline)
