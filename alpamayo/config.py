@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
+from alpamayo.json_fields import Fields
 
 ARCHITECTURES = {
     "Qwen3VLForConditionalGeneration": "dense",
@@ -130,107 +131,39 @@ class ModelConfig:
         return self.weight_prefix == ALPAMAYO_WEIGHT_PREFIX
 
 
-class _Fields:
-    """Typed access to one JSON object; errors name the dotted path of the field and the file."""
-
-    def __init__(self, data: Any, path: str, source: str):
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"{source}: '{path or '<root>'}' must be a JSON object, got {type(data).__name__}"
-            )
-        self.data, self.path, self.source = data, path, source
-
-    def _name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def sub(self, key: str) -> _Fields:
-        if not self.has(key):
-            raise ConfigError(f"{self.source}: missing field '{self._name(key)}'")
-        return _Fields(self.data[key], self._name(key), self.source)
-
-    def _get(self, key: str, default: Any, kinds: tuple[type, ...], what: str) -> Any:
-        if not self.has(key):
-            if default is _REQUIRED:
-                raise ConfigError(f"{self.source}: missing field '{self._name(key)}'")
-            return default
-        value = self.data[key]
-        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-            raise ConfigError(f"{self.source}: field '{self._name(key)}' must be {what}, got {value!r}")
-        return value
-
-    def int(self, key: str, default: Any = None, minimum: int = 1) -> int:
-        value = self._get(key, _REQUIRED if default is None else default, (int,), "an integer")
-        if value < minimum:
-            raise ConfigError(f"{self.source}: field '{self._name(key)}' must be >= {minimum}, got {value}")
-        return value
-
-    def float(self, key: str, default: Any = None) -> float:
-        value = self._get(key, _REQUIRED if default is None else default, (int, float), "a number")
-        if value <= 0:
-            raise ConfigError(f"{self.source}: field '{self._name(key)}' must be > 0, got {value}")
-        return float(value)
-
-    def bool(self, key: str, default: bool) -> bool:
-        return self._get(key, default, (bool,), "true or false")
-
-    def str(self, key: str, default: Any = None) -> str:
-        return self._get(key, _REQUIRED if default is None else default, (str,), "a string")
-
-    def int_list(self, key: str, default: Any = None, minimum: int = 0) -> tuple[int, ...]:
-        value = self._get(key, _REQUIRED if default is None else default, (list, tuple), "a list of integers")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value):
-            raise ConfigError(
-                f"{self.source}: field '{self._name(key)}' must be a list of integers >= {minimum}, got {value!r}"
-            )
-        return tuple(value)
-
-    def optional_id(self, key: str) -> int | None:
-        return self.int(key, minimum=0) if self.has(key) else None
-
-
-_REQUIRED = object()
-
-
-def _model_kind(cfg: _Fields) -> str:
+def _model_kind(cfg: Fields) -> str:
     """`dense` or `moe` from `architectures` (preferred) or `model_type`."""
     if cfg.has("architectures"):
         archs = cfg.data["architectures"]
         if not isinstance(archs, list) or not archs:
-            raise ConfigError(f"{cfg.source}: field '{cfg._name('architectures')}' must be a non-empty list")
+            raise ConfigError(f"{cfg.source}: field '{cfg.name('architectures')}' must be a non-empty list")
         known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
         if not known:
             raise ConfigError(
-                f"{cfg.source}: unsupported architecture {archs!r} in field '{cfg._name('architectures')}'; "
+                f"{cfg.source}: unsupported architecture {archs!r} in field '{cfg.name('architectures')}'; "
                 f"supported: {sorted(ARCHITECTURES)}"
             )
         return known[0]
     model_type = cfg.str("model_type")
     if model_type not in MODEL_TYPES:
         raise ConfigError(
-            f"{cfg.source}: unsupported model_type {model_type!r} in field '{cfg._name('model_type')}' "
+            f"{cfg.source}: unsupported model_type {model_type!r} in field '{cfg.name('model_type')}' "
             f"(and no 'architectures'); supported: {sorted(MODEL_TYPES)}"
         )
     return MODEL_TYPES[model_type]
 
 
-def _rope(text: _Fields, head_dim: int) -> tuple[float, tuple[int, int, int]]:
+def _rope(text: Fields, head_dim: int) -> tuple[float, tuple[int, int, int]]:
     """(theta, mrope_section) from `rope_parameters` (transformers 5 save) or `rope_scaling` + `rope_theta` (hub).
 
     `mrope_interleaved` is not read: transformers always uses the interleaved T/H/W layout.
     """
     if text.has("rope_parameters"):
         rope = text.sub("rope_parameters")
-        theta = rope.float("rope_theta") if rope.has("rope_theta") else text.float("rope_theta")
+        theta_from = rope if rope.has("rope_theta") else text
     else:
-        rope = (
-            text.sub("rope_scaling")
-            if text.has("rope_scaling")
-            else _Fields({}, text._name("rope_scaling"), text.source)
-        )
-        theta = text.float("rope_theta")
+        rope, theta_from = text.optional_sub("rope_scaling"), text
+    theta = theta_from.number("rope_theta", positive=True)
     rope_type = rope.data.get("rope_type", rope.data.get("type", "default"))
     if rope_type not in PLAIN_ROPE_TYPES:
         raise ConfigError(
@@ -239,17 +172,17 @@ def _rope(text: _Fields, head_dim: int) -> tuple[float, tuple[int, int, int]]:
     section = rope.int_list("mrope_section", DEFAULT_MROPE_SECTION, minimum=0)
     if len(section) != 3 or sum(section) != head_dim // 2:
         raise ConfigError(
-            f"{text.source}: field '{rope._name('mrope_section')}' = {list(section)} must have 3 entries "
+            f"{text.source}: field '{rope.name('mrope_section')}' = {list(section)} must have 3 entries "
             f"summing to head_dim/2 = {head_dim // 2}"
         )
     return theta, (section[0], section[1], section[2])
 
 
-def _moe(text: _Fields, n_layers: int) -> MoEConfig:
+def _moe(text: Fields, n_layers: int) -> MoEConfig:
     key = "num_experts" if text.has("num_experts") else "num_local_experts"
     if not text.has(key):
         raise ConfigError(
-            f"{text.source}: missing field '{text._name('num_experts')}' (or 'num_local_experts')"
+            f"{text.source}: missing field '{text.name('num_experts')}' (or 'num_local_experts')"
         )
     moe = MoEConfig(
         num_experts=text.int(key),
@@ -260,35 +193,35 @@ def _moe(text: _Fields, n_layers: int) -> MoEConfig:
     )
     if moe.num_experts_per_tok > moe.num_experts:
         raise ConfigError(
-            f"{text.source}: '{text._name('num_experts_per_tok')}' = {moe.num_experts_per_tok} exceeds "
+            f"{text.source}: '{text.name('num_experts_per_tok')}' = {moe.num_experts_per_tok} exceeds "
             f"the number of experts {moe.num_experts}"
         )
     bad = [i for i in moe.mlp_only_layers if i >= n_layers]
     if bad:
         raise ConfigError(
-            f"{text.source}: '{text._name('mlp_only_layers')}' names layers {bad} >= num_hidden_layers {n_layers}"
+            f"{text.source}: '{text.name('mlp_only_layers')}' names layers {bad} >= num_hidden_layers {n_layers}"
         )
     return moe
 
 
-def _text_config(text: _Fields, kind: str) -> TextConfig:
+def _text_config(text: Fields, kind: str) -> TextConfig:
     hidden = text.int("hidden_size")
     heads = text.int("num_attention_heads")
     kv_heads = text.int("num_key_value_heads", heads)
     if heads % kv_heads:
         raise ConfigError(
-            f"{text.source}: '{text._name('num_attention_heads')}' = {heads} is not a multiple of "
-            f"'{text._name('num_key_value_heads')}' = {kv_heads}"
+            f"{text.source}: '{text.name('num_attention_heads')}' = {heads} is not a multiple of "
+            f"'{text.name('num_key_value_heads')}' = {kv_heads}"
         )
     head_dim = text.int("head_dim", hidden // heads)
     if head_dim % 2:
         raise ConfigError(
-            f"{text.source}: '{text._name('head_dim')}' = {head_dim} must be even for rotary embeddings"
+            f"{text.source}: '{text.name('head_dim')}' = {head_dim} must be even for rotary embeddings"
         )
     act = text.str("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(
-            f"{text.source}: unsupported '{text._name('hidden_act')}' = {act!r}; supported: 'silu'"
+            f"{text.source}: unsupported '{text.name('hidden_act')}' = {act!r}; supported: 'silu'"
         )
     theta, section = _rope(text, head_dim)
     n_layers = text.int("num_hidden_layers")
@@ -300,7 +233,7 @@ def _text_config(text: _Fields, kind: str) -> TextConfig:
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=text.float("rms_norm_eps"),
+        rms_norm_eps=text.number("rms_norm_eps", positive=True),
         rope_theta=theta,
         mrope_section=section,
         max_position_embeddings=text.int("max_position_embeddings", 262144),
@@ -309,28 +242,28 @@ def _text_config(text: _Fields, kind: str) -> TextConfig:
     )
 
 
-def _vision_config(vis: _Fields) -> VisionConfig:
+def _vision_config(vis: Fields) -> VisionConfig:
     hidden = vis.int("hidden_size")
     heads = vis.int("num_heads")
     if hidden % heads:
         raise ConfigError(
-            f"{vis.source}: '{vis._name('hidden_size')}' = {hidden} is not a multiple of num_heads {heads}"
+            f"{vis.source}: '{vis.name('hidden_size')}' = {hidden} is not a multiple of num_heads {heads}"
         )
     depth = vis.int("depth")
     deepstack = vis.int_list("deepstack_visual_indexes")
     bad = [i for i in deepstack if i >= depth]
     if bad:
         raise ConfigError(
-            f"{vis.source}: '{vis._name('deepstack_visual_indexes')}' has blocks {bad} >= depth {depth}"
+            f"{vis.source}: '{vis.name('deepstack_visual_indexes')}' has blocks {bad} >= depth {depth}"
         )
     n_pos = vis.int("num_position_embeddings")
     if round(n_pos**0.5) ** 2 != n_pos:
         raise ConfigError(
-            f"{vis.source}: '{vis._name('num_position_embeddings')}' = {n_pos} is not a square grid"
+            f"{vis.source}: '{vis.name('num_position_embeddings')}' = {n_pos} is not a square grid"
         )
     rope_theta = 10000.0
     if vis.has("rope_parameters"):
-        rope_theta = vis.sub("rope_parameters").float("rope_theta", 10000.0)
+        rope_theta = vis.sub("rope_parameters").number("rope_theta", 10000.0, positive=True)
     return VisionConfig(
         depth=depth,
         hidden_size=hidden,
@@ -352,7 +285,7 @@ def parse_config(
     raw: dict[str, Any], source: str = "config.json", eos_token_ids: tuple[int, ...] = ()
 ) -> ModelConfig:
     """Parse a `config.json` object (HF or Alpamayo layout) into a `ModelConfig`."""
-    root = _Fields(raw, "", source)
+    root = Fields(raw, "", source)
     extra: dict[str, Any] = {}
     prefix = ""
     vlm = root

@@ -112,7 +112,8 @@ class AlpamayoVLA:
         precision: str = "float32",
     ):
         self.vlm, self.planner = vlm, planner
-        self.tracer = tracer or Tracer()
+        # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
+        self.tracer = tracer or Tracer(max_spans=10_000)
         self.sampling = sampling
         self.limits = planner.limits(max_reasoning_tokens)
         self.cache = FeatureCache(capacity=0)
@@ -179,7 +180,7 @@ class AlpamayoVLA:
                 "pass sampling=Sampling(temperature>0, top_p)"
             )
         cameras = check_frames(frames, frame_times_ns)
-        mark = len(self.tracer.spans)
+        mark = self.tracer.mark()
         history = self.planner.history(ego_history)
         prompt = self.planner.prompt(cameras, FRAMES_PER_CAMERA, history, route)
         features = self._features(frames, frame_times_ns, prompt.images)
@@ -199,10 +200,7 @@ class AlpamayoVLA:
         )
         with self.tracer.span("rollout", samples=num_samples):
             samples = self.planner.samples(plans, history)
-        timings: dict[str, float] = {}
-        for span in self.tracer.spans[mark:]:
-            timings[span.name] = timings.get(span.name, 0.0) + span.ms
-        return Prediction(samples=samples, timings_ms=timings)
+        return Prediction(samples=samples, timings_ms=self.tracer.totals_ms(mark))
 
     def _features(
         self,

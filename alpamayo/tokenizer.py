@@ -10,13 +10,15 @@ from alpamayo.errors import CheckpointError
 
 def load_tokenizer(directory: str | Path) -> Any:
     """`transformers` fast tokenizer of a checkpoint directory (tokenizer.json + chat template)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PretrainedConfig
 
     directory = Path(directory)
     if not (directory / "tokenizer.json").is_file() and not (directory / "vocab.json").is_file():
         raise CheckpointError(f"{directory}: no tokenizer.json (or vocab.json) in checkpoint directory")
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        # An empty config keeps AutoTokenizer from reading config.json: it cannot parse the Alpamayo layout and
+        # warned on every load; the tokenizer class comes from tokenizer_config.json.
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, config=PretrainedConfig())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{directory}: cannot load tokenizer ({e})") from e
 

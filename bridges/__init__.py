@@ -1,9 +1,13 @@
-"""ZeroMQ bridge: the on-vehicle inference node, its wire protocol, and the client helpers.
+"""Bridges between the model and the outside world: the on-vehicle ZeroMQ node, its wire protocol and client
+helpers, and recorded drives (MCAP).
 
 * `bridges.protocol`: the message schema (camera frames, ego poses in; trajectories out), encode/decode;
 * `bridges.config`: the node's validated configuration (YAML plus overrides);
 * `bridges.window`: per-camera frame rings, the ego track and the 10 Hz input window;
 * `bridges.node`: `InferenceNode`, the node itself (start/stop in-process, endpoints, counters);
 * `bridges.client`: `FramePublisher`, `TrajectorySubscriber`, `ControlClient` for drivers and consumers;
-* `bridges.camera_sim`: synthetic multi-camera frames and ego poses.
+* `bridges.camera_sim`: synthetic multi-camera frames and ego poses;
+* `bridges.mcap_messages`: Foxglove and project message schemas for recordings, protobuf and JSON codecs;
+* `bridges.mcap_writer`: `RecordingWriter`, append-only MCAP writing of message dicts;
+* `bridges.recording`: recorded drives (`Drive`, `RecordingLayout`, camera frames, the ego pose track).
 """

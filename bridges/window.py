@@ -209,14 +209,8 @@ class InputState:
 
     def _slots(self, track: CameraTrack, t0: int) -> list[StoredFrame] | None:
         times = np.array([s.frame.t_sof_ns for s in track.ring], dtype=np.int64)
-        picked: list[StoredFrame] = []
-        for k in range(FRAMES_PER_CAMERA - 1, -1, -1):
-            err = np.abs(times - (t0 - k * self.period_ns))
-            j = int(np.argmin(err))
-            if err[j] > self.sync_ns or (picked and picked[-1] is track.ring[j]):
-                return None
-            picked.append(track.ring[j])
-        return picked
+        picked = window_slots(times, t0, self.period_ns, self.sync_ns)
+        return None if picked is None else [track.ring[j] for j in picked]
 
     def _commit(self, t0: int, slots: dict[int, list[StoredFrame]], ego: EgoHistory, now_ns: int) -> Window:
         ticks = 0 if self._last_t0 is None else max(0, round((t0 - self._last_t0) / self.period_ns) - 1)
@@ -361,6 +355,21 @@ def _extrapolate(last: list[EgoPose], t: int, max_gap_ns: int) -> tuple[np.ndarr
     if b.velocity is not None:
         xyz = b.xyz + b.velocity * (t - b.t_ns) / 1e9
     return xyz, quat
+
+
+def window_slots(times_ns: np.ndarray, t0_ns: int, period_ns: int, tolerance_ns: int) -> list[int] | None:
+    """Indices into `times_ns` of the frames nearest t0 - 3, -2, -1, 0 periods (oldest first), each within
+    `tolerance_ns`; None when a slot has no such frame or two slots would share one."""
+    picked: list[int] = []
+    for k in range(FRAMES_PER_CAMERA - 1, -1, -1):
+        if len(times_ns) == 0:
+            return None
+        err = np.abs(times_ns - (t0_ns - k * period_ns))
+        j = int(np.argmin(err))
+        if err[j] > tolerance_ns or (picked and picked[-1] == j):
+            return None
+        picked.append(j)
+    return picked
 
 
 def slerp(q0: np.ndarray, q1: np.ndarray, u: float) -> np.ndarray:

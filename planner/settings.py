@@ -13,12 +13,12 @@ Keys (Alpamayo 1 / 1.5 `config.json` spelling; every one optional, defaults are 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
+from alpamayo.json_fields import Fields
 from alpamayo.prediction import DT_S, FUTURE_STEPS, HISTORY_STEPS
 
 
@@ -86,50 +86,7 @@ class PlannerSettings:
         return parse_planner_settings(cfg.extra, cfg.source or "config.json")
 
 
-class _Section:
-    """One JSON object of the config; every error names the dotted key and the file."""
-
-    def __init__(self, data: Any, path: str, source: str):
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: '{path}' must be a JSON object, got {type(data).__name__}")
-        self.data, self.path, self.source = data, path, source
-
-    def name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def _fail(self, key: str, what: str) -> ConfigError:
-        return ConfigError(f"{self.source}: field '{self.name(key)}' must be {what}, got {self.data[key]!r}")
-
-    def number(self, key: str, default: float, positive: bool = False) -> float:
-        value = self.data.get(key, default)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or (positive and value <= 0):
-            raise self._fail(key, "a positive finite number" if positive else "a finite number")
-        return float(value)
-
-    def numbers(self, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
-        value = self.data.get(key, default)
-        ok = isinstance(value, (list, tuple)) and len(value) == len(default)
-        if not ok or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in value):
-            raise self._fail(key, f"a list of {len(default)} finite numbers")
-        return tuple(float(v) for v in value)
-
-    def integer(self, key: str, default: int, minimum: int = 1) -> int:
-        value = self.data.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise self._fail(key, f"an integer >= {minimum}")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            raise self._fail(key, "true or false")
-        return value
-
-
-def _ranges(section: _Section, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -> tuple[tuple, tuple]:
+def _ranges(section: Fields, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -> tuple[tuple, tuple]:
     low, high = section.numbers(lo_key, lo), section.numbers(hi_key, hi)
     if not all(a < b for a, b in zip(low, high, strict=True)):
         raise ConfigError(
@@ -139,13 +96,11 @@ def _ranges(section: _Section, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -
     return low, high
 
 
-def _action_space(extra: dict[str, Any], source: str) -> ActionSpaceSettings:
-    merged = dict(_Section(extra.get("action_space_cfg"), "action_space_cfg", source).data)
-    nested = _Section(extra.get("traj_tokenizer_cfg"), "traj_tokenizer_cfg", source).data
-    merged.update(
-        _Section(nested.get("action_space_cfg"), "traj_tokenizer_cfg.action_space_cfg", source).data
-    )
-    s = _Section(merged, "action_space_cfg", source)
+def _action_space(root: Fields) -> ActionSpaceSettings:
+    """`action_space_cfg`, overridden by `traj_tokenizer_cfg.action_space_cfg` where both are given."""
+    merged = dict(root.optional_sub("action_space_cfg").data)
+    merged.update(root.optional_sub("traj_tokenizer_cfg").optional_sub("action_space_cfg").data)
+    s = Fields(merged, "action_space_cfg", root.source)
     d = ActionSpaceSettings()
     positive = {"dt", "accel_std", "curvature_std", "v_ridge", "theta_ridge", "a_ridge", "kappa_ridge"}
     values: dict[str, Any] = {
@@ -159,40 +114,39 @@ def _action_space(extra: dict[str, Any], source: str) -> ActionSpaceSettings:
             *(f"{q}_{kind}" for q in ("v", "theta", "a", "kappa") for kind in ("lambda", "ridge")),
         )
     }
-    values["n_waypoints"] = s.integer("n_waypoints", d.n_waypoints, minimum=2)
+    values["n_waypoints"] = s.int("n_waypoints", d.n_waypoints, minimum=2)
     for name in ("accel_bounds", "curvature_bounds"):
         bounds = s.numbers(name, getattr(d, name))
         if bounds[0] >= bounds[1]:
-            raise s._fail(name, "[min, max] with min < max")
+            raise s.fail(name, "[min, max] with min < max")
         values[name] = bounds
     return ActionSpaceSettings(**values)
 
 
 def parse_planner_settings(extra: dict[str, Any], source: str = "config.json") -> PlannerSettings:
     """`PlannerSettings` from the top-level keys of an Alpamayo `config.json` (see the module docstring)."""
-    fut = _Section(extra.get("traj_tokenizer_cfg"), "traj_tokenizer_cfg", source)
-    hist = _Section(extra.get("hist_traj_tokenizer_cfg"), "hist_traj_tokenizer_cfg", source)
+    root = Fields(extra, "", source)
+    fut, hist = root.optional_sub("traj_tokenizer_cfg"), root.optional_sub("hist_traj_tokenizer_cfg")
     df, dh = FutureTokenizerSettings(), HistoryTokenizerSettings()
     dims_min, dims_max = _ranges(fut, "dims_min", "dims_max", df.dims_min, df.dims_max)
     xyz_min, xyz_max = _ranges(hist, "ego_xyz_min", "ego_xyz_max", dh.xyz_min, dh.xyz_max)
     settings = PlannerSettings(
-        future=FutureTokenizerSettings(fut.integer("num_bins", df.num_bins, 2), dims_min, dims_max),
+        future=FutureTokenizerSettings(fut.int("num_bins", df.num_bins, 2), dims_min, dims_max),
         history=HistoryTokenizerSettings(
-            hist.integer("num_bins", dh.num_bins, 2),
+            hist.int("num_bins", dh.num_bins, 2),
             xyz_min,
             xyz_max,
-            hist.flag("pad_origin_at_beginning", dh.pad_origin),
+            hist.bool("pad_origin_at_beginning", dh.pad_origin),
         ),
-        action_space=_action_space(extra, source),
+        action_space=_action_space(root),
     )
-    top = _Section(extra, "", source)
     expected = {
         "tokens_per_future_traj": settings.tokens_per_future,
         "tokens_per_history_traj": settings.history.num_tokens,
         "traj_vocab_size": settings.future.num_bins + settings.history.num_bins,
     }
     for key, value in expected.items():
-        if key in extra and top.integer(key, value) != value:
+        if key in extra and root.int(key, value) != value:
             raise ConfigError(
                 f"{source}: field '{key}' = {extra[key]} disagrees with the trajectory tokenizer settings, "
                 f"which give {value}"

@@ -119,7 +119,7 @@ def test_wrong_type_is_reported_with_value():
     raw = copy.deepcopy(HUB_2B)
     raw["text_config"]["num_attention_heads"] = "16"
     with pytest.raises(
-        ConfigError, match=r"field 'text_config.num_attention_heads' must be an integer, got '16'"
+        ConfigError, match=r"field 'text_config.num_attention_heads' must be an integer >= 1, got '16'"
     ):
         parse_config(raw)
 

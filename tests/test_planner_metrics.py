@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from planner.action_space import UnicycleActionSpace
+from planner.baselines import constant_velocity
 from planner.metrics import ade, comfort, displacement, fde, horizon_errors, horizon_steps, min_ade
 
 T = 0.1 * np.arange(1, 65)
@@ -73,3 +74,16 @@ def test_comfort_sees_a_jerk_and_a_hard_brake():
     assert c.min_lon_accel == pytest.approx(-6.0, rel=1e-6)
     assert c.max_abs_jerk == pytest.approx(30.0, rel=1e-6)  # the step spreads over two trapezoid intervals
     assert not c.within_limits
+
+
+def test_constant_velocity_baseline_extrapolates_the_last_half_second():
+    t = 0.1 * np.arange(-15, 1)
+    history = np.stack([9.0 * t, -2.0 * t, np.full(16, 0.3)], axis=1)
+    future = constant_velocity(history)
+    tf = 0.1 * np.arange(1, 65)
+    assert np.allclose(future, np.stack([9.0 * tf, -2.0 * tf, np.full(64, 0.3)], axis=1))
+    history[:-6, 0] = 0.0  # only the last 0.5 s (5 steps) sets the velocity
+    assert np.allclose(constant_velocity(history), future)
+    history[3, 1] = np.nan
+    with pytest.raises(ValueError, match="history_xyz"):
+        constant_velocity(history)

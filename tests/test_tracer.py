@@ -55,3 +55,18 @@ def test_concurrent_recording_keeps_every_span():
     for t in threads:
         t.join()
     assert len(tracer.durations_ms("receive")) == 2000
+
+
+def test_bounded_tracer_keeps_the_newest_spans_and_marks_stay_valid():
+    tracer = Tracer(max_spans=3)
+    for i in range(5):
+        tracer.record("vision", i, 1_000_000)
+    mark = tracer.mark()
+    assert mark == 5 and [s.start_ns for s in tracer.spans] == [2, 3, 4]
+    tracer.record("prefill", 9, 2_000_000)
+    tracer.record("vision", 10, 1_000_000)
+    assert tracer.totals_ms(mark) == {"prefill": 2.0, "vision": 1.0}
+    tracer.clear()
+    assert tracer.spans == [] and tracer.mark() == 7 and tracer.totals_ms(mark) == {}
+    with pytest.raises(ValueError, match="max_spans must be None or >= 1"):
+        Tracer(max_spans=0)

@@ -191,7 +191,7 @@ BAD_CONFIGS = {
     "bounds": ({"min_pixels": 10, "max_pixels": 5}, r"min_pixels 10 must be <= max_pixels 5"),
     "resample": ({"resample": 7}, r"'resample' = 7 is not a PIL filter id"),
     "no-resize": ({"do_resize": False}, r"'do_resize' = false is not supported"),
-    "patch": ({"patch_size": 0}, r"field 'patch_size' must be >= 1, got 0"),
+    "patch": ({"patch_size": 0}, r"field 'patch_size' must be an integer >= 1, got 0"),
     "size-type": ({"size": 448}, r"'size' must be a JSON object, got int"),
 }
 

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from alpamayo.config import _Fields
 from alpamayo.errors import ConfigError
+from alpamayo.json_fields import Fields
 from vision.resize import PIL_FILTERS, resize
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -81,11 +81,11 @@ class PreprocessConfig:
     @classmethod
     def from_dict(cls, raw: dict, source: str = PREPROCESSOR_FILE) -> PreprocessConfig:
         """Parse the JSON object of a `preprocessor_config.json`; errors name `source` and the field."""
-        f = _Fields(raw, "", source)
+        f = Fields(raw, "", source)
         d = cls()
         if not f.bool("do_resize", True):
             raise ConfigError(f"{source}: 'do_resize' = false is not supported (images must be resized)")
-        size = f.sub("size") if f.has("size") else _Fields({}, "size", source)
+        size = f.optional_sub("size")
         cfg = cls(
             patch_size=f.int("patch_size", d.patch_size),
             merge_size=f.int("merge_size", d.merge_size),
@@ -95,7 +95,7 @@ class PreprocessConfig:
             min_pixels=f.int("min_pixels", size.int("shortest_edge", d.min_pixels)),
             max_pixels=f.int("max_pixels", size.int("longest_edge", d.max_pixels)),
             resample=f.int("resample", d.resample, minimum=0),
-            rescale_factor=f.float("rescale_factor", d.rescale_factor),
+            rescale_factor=f.number("rescale_factor", d.rescale_factor, positive=True),
             do_rescale=f.bool("do_rescale", True),
             do_normalize=f.bool("do_normalize", True),
         )
@@ -108,10 +108,14 @@ class PreprocessConfig:
         return cfg
 
 
-def _triple(f: _Fields, key: str, default: tuple[float, ...], positive: bool) -> tuple[float, float, float]:
-    value = f._get(key, default, (list, tuple), "a list of 3 numbers")
-    ok = len(value) == 3 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 or not positive) for v in value
+def _triple(f: Fields, key: str, default: tuple[float, ...], positive: bool) -> tuple[float, float, float]:
+    value = f.data.get(key, default)
+    ok = (
+        isinstance(value, (list, tuple))
+        and len(value) == 3
+        and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 or not positive) for v in value
+        )
     )
     if not ok:
         bound = "positive " if positive else ""

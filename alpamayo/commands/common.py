@@ -59,6 +59,17 @@ def text_model(args: argparse.Namespace, cfg: ModelConfig, max_seq_len: int) -> 
             close()
 
 
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """How trajectories are sampled: `--samples`, `--temperature`, `--top-p`, `--seed`, `--max-reasoning-tokens`."""
+    parser.add_argument("--samples", type=int, default=1, help="trajectory samples sharing one prefill")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default); Alpamayo uses 0.6"
+    )
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, help="sampling seed (reproducible samples)")
+    parser.add_argument("--max-reasoning-tokens", type=int, default=256)
+
+
 def add_curve_client_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--curve-key", help="CURVE: this client's NAME.key_secret file (enables CURVE)")
     parser.add_argument("--curve-server-key", help="CURVE: the node's public NAME.key file")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from alpamayo.commands.common import add_model_args
+from alpamayo.commands.common import add_model_args, add_sampling_args
 from alpamayo.generation import Sampling
 from alpamayo.inputs import read_ego_csv, read_frames
 from alpamayo.runtime import AlpamayoVLA
@@ -17,11 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frames", required=True, help="directory with one sub-directory of 4 frames per camera")
     p.add_argument("--ego", required=True, help="CSV of 16 ego poses: t_ns,x,y,z,qx,qy,qz,qw")
     p.add_argument("--route", help="optional navigation text, e.g. 'Turn left in 40 m'")
-    p.add_argument("--samples", type=int, default=1, help="trajectory samples sharing one prefill")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); Alpamayo uses 0.6")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, help="sampling seed (reproducible samples)")
-    p.add_argument("--max-reasoning-tokens", type=int, default=256)
+    add_sampling_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     p.set_defaults(handler=run)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,12 +46,30 @@ class Span:
 
 
 class Tracer:
-    """Thread-safe span recorder. A disabled tracer records nothing and costs one attribute check per span."""
+    """Thread-safe span recorder. A disabled tracer records nothing and costs one attribute check per span.
 
-    def __init__(self, enabled: bool = True):
+    Inside `with tracer.tick(i, warmup=...)` every span the same thread records carries args `tick` (and
+    `warmup`), so per-tick tables, timelines and warm-up exclusion need no cooperation from the stages.
+    """
+
+    def __init__(self, enabled: bool = True, max_spans: int | None = None):
+        """max_spans: keep only the newest spans (a long-running node would otherwise grow without bound)."""
+        if max_spans is not None and max_spans < 1:
+            raise ValueError(f"max_spans must be None or >= 1, got {max_spans}")
         self.enabled = enabled
-        self._spans: list[Span] = []
+        self._spans: deque[Span] = deque(maxlen=max_spans)
+        self._evicted = 0  # spans pushed out of a bounded tracer; marks count them too
         self._lock = threading.Lock()
+        self._context = threading.local()
+
+    @contextmanager
+    def tick(self, index: int, warmup: bool = False) -> Iterator[None]:
+        """Stamp spans recorded by this thread in the body with tick=index (and warmup=True if warm-up)."""
+        self._context.stamp = {"tick": index, "warmup": True} if warmup else {"tick": index}
+        try:
+            yield
+        finally:
+            self._context.stamp = {}
 
     @contextmanager
     def span(self, name: str, **args: Any) -> Iterator[dict[str, Any]]:
@@ -68,27 +87,39 @@ class Tracer:
             return
         if dur_ns < 0:
             raise ValueError(f"span {name!r} has negative duration {dur_ns} ns")
+        stamp = getattr(self._context, "stamp", {})
         with self._lock:
-            self._spans.append(Span(name, int(start_ns), int(dur_ns), dict(args)))
+            if len(self._spans) == self._spans.maxlen:
+                self._evicted += 1
+            self._spans.append(Span(name, int(start_ns), int(dur_ns), {**stamp, **args}))
 
     @property
     def spans(self) -> list[Span]:
         with self._lock:
             return list(self._spans)
 
+    def mark(self) -> int:
+        """The number of spans recorded so far, for `totals_ms`."""
+        with self._lock:
+            return self._evicted + len(self._spans)
+
+    def totals_ms(self, mark: int = 0) -> dict[str, float]:
+        """Total ms per stage over the spans recorded after the first `mark` (a `tracer.mark()` taken earlier);
+        stages recorded once per frame (vision) add up."""
+        with self._lock:
+            spans = list(self._spans)[max(0, mark - self._evicted) :]
+        totals: dict[str, float] = {}
+        for span in spans:
+            totals[span.name] = totals.get(span.name, 0.0) + span.ms
+        return totals
+
     def clear(self) -> None:
         with self._lock:
+            self._evicted += len(self._spans)
             self._spans.clear()
 
     def durations_ms(self, name: str) -> list[float]:
         return [s.ms for s in self.spans if s.name == name]
-
-    def last_ms(self) -> dict[str, float]:
-        """Duration of the most recent span of each stage (per-prediction timings)."""
-        out: dict[str, float] = {}
-        for s in self.spans:
-            out[s.name] = s.ms
-        return out
 
     def chrome_trace(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Chrome Trace Event JSON object (complete 'X' events, microseconds), one named track per stage."""

@@ -1,0 +1,86 @@
+"""Arguments shared by `alpamayo replay` and `alpamayo profile`, and their translation to ReplaySettings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from alpamayo.commands.common import add_model_args, add_sampling_args
+from alpamayo.replay.settings import ReplaySettings
+from bridges.mcap_messages import ENCODINGS
+
+
+def add_replay_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--lockstep",
+        dest="mode",
+        action="store_const",
+        const="lockstep",
+        help="every tick in order, no drops (default)",
+    )
+    mode.add_argument(
+        "--realtime",
+        dest="mode",
+        action="store_const",
+        const="realtime",
+        help="drive the ZeroMQ node at the recorded pace x --speed; drops are measured",
+    )
+    p.set_defaults(mode="lockstep")
+    p.add_argument("--speed", type=float, default=1.0, help="real-time pace factor (default 1)")
+    p.add_argument(
+        "--start", type=float, default=0.0, help="seconds from the drive's first frame (default 0)"
+    )
+    p.add_argument(
+        "--duration", type=float, default=None, help="seconds of drive to replay (default: to the end)"
+    )
+    p.add_argument(
+        "--layout", type=Path, default=None, help="YAML topic-to-camera layout (default: the drive's)"
+    )
+    add_sampling_args(p)
+    p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON here")
+    p.add_argument(
+        "--json", type=Path, default=None, help="write the report (latency, decode, accuracy) here"
+    )
+    p.add_argument("--plots", type=Path, default=None, help="write PNG plots into this directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def settings_from_args(
+    args: argparse.Namespace, drive: Path, out: Path | None, **overrides
+) -> ReplaySettings:
+    return ReplaySettings(
+        drive=drive,
+        checkpoint=Path(args.checkpoint),
+        out=out,
+        mode=args.mode,
+        speed=args.speed,
+        start_s=args.start,
+        duration_s=args.duration,
+        num_samples=args.samples,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        max_reasoning_tokens=args.max_reasoning_tokens,
+        backend=args.backend,
+        recipe=args.recipe,
+        tt_cache=args.tt_cache,
+        device=args.device,
+        dtype=args.dtype,
+        layout=args.layout,
+        trace=args.trace,
+        json=args.json,
+        plots=args.plots,
+        progress=not args.no_progress,
+        **overrides,
+    )
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoding", choices=ENCODINGS, default="protobuf", help="Foxglove message encoding")
+    p.add_argument(
+        "--no-copy-inputs",
+        action="store_true",
+        help="do not copy the replayed camera and pose topics into the output",
+    )

@@ -1,0 +1,107 @@
+"""Open-loop accuracy of replayed predictions against the recorded future, per horizon (planner.metrics).
+
+Per tick and horizon h (1, 2, 3, 6.4 s): ADE@h of sample 0 (the greedy one when decoding greedily), FDE@h
+(its displacement at h) and minADE_K@h (the best of the K samples). Validity: 64 finite waypoints and headings.
+Beside the model, the constant-velocity baseline (`planner.baselines`) is scored on the same ticks: a model
+worth running beats it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from alpamayo.prediction import FUTURE_STEPS, Prediction
+from alpamayo.replay.results import TickResult
+from planner.baselines import constant_velocity
+from planner.metrics import HORIZONS_S, ade, horizon_errors
+
+METRICS = ("ade", "fde", "min_ade")
+
+
+def error_key(metric: str, horizon_s: float) -> str:
+    return f"{metric}@{horizon_s:g}s"
+
+
+def invalid_reasons(prediction: Prediction) -> list[str]:
+    """Why a prediction cannot be used (empty when it can)."""
+    reasons = []
+    for k, sample in enumerate(prediction.samples):
+        if sample.xyz.shape != (FUTURE_STEPS, 3) or sample.heading.shape != (FUTURE_STEPS,):
+            reasons.append(f"sample {k}: waypoints {list(sample.xyz.shape)}, expected [{FUTURE_STEPS}, 3]")
+        elif not (np.isfinite(sample.xyz).all() and np.isfinite(sample.heading).all()):
+            reasons.append(f"sample {k}: non-finite waypoints or headings")
+    if not prediction.samples:
+        reasons.append("no samples")
+    return reasons
+
+
+def tick_errors(predicted: np.ndarray, recorded: np.ndarray | None) -> dict[str, float] | None:
+    """predicted [K, 64, 3], recorded [64, 3] (t0 ego frame, metres) -> {"ade@1s": m, ...}; None without a
+    recorded future or with non-finite predictions."""
+    if recorded is None or not np.isfinite(predicted).all():
+        return None
+    at = horizon_errors(predicted[0], recorded)
+    errors = {}
+    for h in HORIZONS_S:
+        errors[error_key("ade", h)] = float(ade(predicted[0], recorded, h))
+        errors[error_key("fde", h)] = float(at[h])
+        errors[error_key("min_ade", h)] = float(np.min(ade(predicted, recorded, h)))
+    return errors
+
+
+@dataclass(frozen=True)
+class AccuracySummary:
+    """Mean errors (metres) over the measured ticks that have a recorded future."""
+
+    ticks: int
+    with_future: int
+    valid: int
+    samples: int
+    mean_m: dict[str, float]
+    baseline_ade_m: dict[str, float]  # constant-velocity ADE per horizon ("ade@1s", ...)
+
+    def as_dict(self) -> dict:
+        return {
+            "ticks": self.ticks,
+            "with_future": self.with_future,
+            "valid": self.valid,
+            "samples": self.samples,
+            "mean_m": self.mean_m,
+            "constant_velocity_ade_m": self.baseline_ade_m,
+        }
+
+    def table(self) -> str:
+        header = (
+            f"Accuracy vs the recorded future: {self.with_future} of {self.ticks} ticks have a 6.4 s future; "
+            f"valid {self.valid}/{self.ticks}"
+        )
+        if not self.mean_m:
+            return header + "\n(no tick has a recorded future: nothing to compare)"
+        rows = [
+            header,
+            f"{'horizon':>8} {'ADE m':>9} {'FDE m':>9} {f'minADE_{self.samples} m':>12} {'const-vel ADE m':>16}",
+        ]
+        for h in HORIZONS_S:
+            values = [self.mean_m[error_key(m, h)] for m in METRICS]
+            baseline = self.baseline_ade_m[error_key("ade", h)]
+            rows.append(f"{h:>7g}s {values[0]:>9.3f} {values[1]:>9.3f} {values[2]:>12.3f} {baseline:>16.3f}")
+        return "\n".join(rows)
+
+
+def summarize_accuracy(ticks: Sequence[TickResult]) -> AccuracySummary:
+    scored = [t for t in ticks if t.errors_m is not None]
+    keys = [error_key(m, h) for h in HORIZONS_S for m in METRICS]
+    mean = {k: float(np.mean([t.errors_m[k] for t in scored])) for k in keys} if scored else {}
+    baseline = {}
+    if scored:
+        cv = np.stack([constant_velocity(t.history_xyz) for t in scored])
+        recorded = [t.future_xyz for t in scored]
+        for h in HORIZONS_S:
+            baseline[error_key("ade", h)] = float(
+                np.mean([ade(p, g, h) for p, g in zip(cv, recorded, strict=True)])
+            )
+    samples = ticks[0].predicted_xyz.shape[0] if ticks else 0
+    return AccuracySummary(len(ticks), len(scored), sum(t.valid for t in ticks), samples, mean, baseline)

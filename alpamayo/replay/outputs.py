@@ -1,0 +1,164 @@
+"""Replay outputs as MCAP topics that open in Foxglove beside the recording's camera topics.
+
+Per tick, all logged at t0 on the recording clock (so outputs line up with the camera frames they answer):
+  /tf                       foxglove.FrameTransform  world -> base_link (the ego pose at t0)
+  /alpamayo/trajectory      foxglove.PosesInFrame    predicted waypoints, base_link (t0 ego frame), best sample
+  /alpamayo/recorded_future foxglove.PosesInFrame    the recorded 6.4 s after t0, base_link (when recorded)
+  /alpamayo/reasoning       foxglove.Log             the best sample's reasoning text
+  /alpamayo/prediction      alpamayo.Prediction      every sample: tokens, waypoints, actions, errors, validity
+  /alpamayo/timings         alpamayo.Timings         per-stage milliseconds (the only non-deterministic topic)
+`docs/recordings.md` documents the fields. Serialising and publishing are separate calls so that profiling
+times them as the `serialise` and `publish` stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from alpamayo.prediction import Prediction
+from alpamayo.rotations import yaw_to_quat
+from bridges.mcap_messages import LOG_LEVEL_INFO, encode, encodings_for, timestamp
+from bridges.mcap_writer import RecordingWriter
+
+TIMINGS_TOPIC = "/alpamayo/timings"
+EGO_FRAME = "base_link"
+WORLD_FRAME = "world"
+
+
+@dataclass(frozen=True)
+class TickOutput:
+    """What one tick produced, ready to serialise. errors_m: metric name -> metres (None without a recorded
+    future); ego_xyz/ego_quat_xyzw: the t0 pose in the world frame."""
+
+    seq: int
+    t0_ns: int
+    frame_times_ns: dict[int, list[int]]
+    ego_xyz: np.ndarray
+    ego_quat_xyzw: np.ndarray
+    prediction: Prediction
+    future_xyz: np.ndarray | None
+    future_heading: np.ndarray | None
+    errors_m: dict[str, float] | None
+    invalid_reasons: list[str]
+
+
+Encoded = list[tuple[str, str, str, bytes]]  # (topic, schema, encoding, payload)
+
+
+def _poses(xyz: np.ndarray, heading: np.ndarray) -> list[dict[str, Any]]:
+    quats = yaw_to_quat(heading)
+    return [
+        {
+            "position": {"x": float(p[0]), "y": float(p[1]), "z": float(p[2])},
+            "orientation": {"x": float(q[0]), "y": float(q[1]), "z": float(q[2]), "w": float(q[3])},
+        }
+        for p, q in zip(xyz, quats, strict=True)
+    ]
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    return [float(v) for v in np.asarray(values).reshape(-1)]
+
+
+def prediction_record(out: TickOutput) -> dict[str, Any]:
+    """The alpamayo.Prediction message of a tick (timings excluded: they live on TIMINGS_TOPIC)."""
+    return {
+        "seq": out.seq,
+        "t0_ns": out.t0_ns,
+        "frame_times_ns": {str(c): [int(t) for t in ts] for c, ts in sorted(out.frame_times_ns.items())},
+        "valid": not out.invalid_reasons,
+        "invalid_reasons": list(out.invalid_reasons),
+        "t_s": _floats(out.prediction.t_s),
+        "samples": [
+            {
+                "reasoning": s.reasoning,
+                "reasoning_token_ids": [int(t) for t in s.reasoning_token_ids],
+                "reasoning_capped": bool(s.reasoning_capped),
+                "token_ids": [int(t) for t in s.token_ids],
+                "x": _floats(s.xyz[:, 0]),
+                "y": _floats(s.xyz[:, 1]),
+                "z": _floats(s.xyz[:, 2]),
+                "heading": _floats(s.heading),
+                "accel": _floats(s.actions[:, 0]),
+                "curvature": _floats(s.actions[:, 1]),
+            }
+            for s in out.prediction.samples
+        ],
+        "errors_m": None if out.errors_m is None else {k: float(v) for k, v in sorted(out.errors_m.items())},
+    }
+
+
+class PredictionRecorder:
+    """Writes tick outputs to an MCAP file; Foxglove schemas in `encoding` (protobuf or json)."""
+
+    def __init__(self, writer: RecordingWriter, encoding: str = "protobuf"):
+        self.writer = writer
+        self.encoding = encoding
+
+    def _encode(self, topic: str, schema: str, message: dict[str, Any]) -> tuple[str, str, str, bytes]:
+        encoding = self.encoding if self.encoding in encodings_for(schema) else "json"
+        return topic, schema, encoding, encode(schema, message, encoding)
+
+    def serialise(self, out: TickOutput) -> Encoded:
+        stamp = timestamp(out.t0_ns)
+        best = out.prediction.best
+        x, y, z = (float(v) for v in out.ego_xyz)
+        qx, qy, qz, qw = (float(v) for v in out.ego_quat_xyzw)
+        encoded = [
+            self._encode(
+                "/tf",
+                "foxglove.FrameTransform",
+                {
+                    "timestamp": stamp,
+                    "parent_frame_id": WORLD_FRAME,
+                    "child_frame_id": EGO_FRAME,
+                    "translation": {"x": x, "y": y, "z": z},
+                    "rotation": {"x": qx, "y": qy, "z": qz, "w": qw},
+                },
+            ),
+            self._encode(
+                "/alpamayo/trajectory",
+                "foxglove.PosesInFrame",
+                {"timestamp": stamp, "frame_id": EGO_FRAME, "poses": _poses(best.xyz, best.heading)},
+            ),
+            self._encode(
+                "/alpamayo/reasoning",
+                "foxglove.Log",
+                {
+                    "timestamp": stamp,
+                    "level": LOG_LEVEL_INFO,
+                    "message": best.reasoning,
+                    "name": "alpamayo",
+                    "file": "",
+                    "line": 0,
+                },
+            ),
+            self._encode("/alpamayo/prediction", "alpamayo.Prediction", prediction_record(out)),
+        ]
+        if out.future_xyz is not None and out.future_heading is not None:
+            poses = _poses(out.future_xyz, out.future_heading)
+            encoded.append(
+                self._encode(
+                    "/alpamayo/recorded_future",
+                    "foxglove.PosesInFrame",
+                    {"timestamp": stamp, "frame_id": EGO_FRAME, "poses": poses},
+                )
+            )
+        return encoded
+
+    def publish(self, encoded: Encoded, t0_ns: int) -> None:
+        for topic, schema, encoding, payload in encoded:
+            self.writer.write_encoded(topic, schema, encoding, payload, t0_ns)
+
+    def timings(self, seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> None:
+        """Per-stage ms of a tick, and its end-to-end age (publish end minus the tick's start)."""
+        message = {
+            "seq": seq,
+            "t0_ns": t0_ns,
+            "stages_ms": {k: float(v) for k, v in sorted(stages_ms.items())},
+            "e2e_age_ms": float(e2e_age_ms),
+        }
+        self.writer.write(TIMINGS_TOPIC, "alpamayo.Timings", message, t0_ns, "json")

@@ -1,0 +1,271 @@
+"""Real-time replay: a recorded drive published over ZeroMQ to the real inference node at the recorded pace.
+
+The node (`bridges.node.InferenceNode`, started in this process on loopback TCP with the predictor) receives
+the drive's camera frames (JPEG passed through, raw images as rgb8) and ego poses from a `FramePublisher`, each
+sent when its recorded time, divided by `speed`, has elapsed since the first one. The node windows, predicts
+on the newest complete window (dropping what it cannot keep up with) and publishes; a `TrajectorySubscriber`
+collects the outputs. Outputs are matched to the drive's ticks by t0, scored against the recorded future and
+written like lock-step outputs. Drops are the drive's ticks that got no output; staleness is each output's
+frame age (publish time minus the arrival of its newest frame, as the node measures it) and the node's
+valid=false outputs.
+
+The node's own warm-up predictions run before the first frame is sent and are excluded (the tracer is cleared).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+from PIL import Image
+
+from alpamayo.prediction import EgoHistory, Prediction, TrajectorySample
+from alpamayo.replay.accuracy import tick_errors
+from alpamayo.replay.outputs import PredictionRecorder, TickOutput
+from alpamayo.replay.results import ReplayRun, TickResult
+from alpamayo.replay.settings import ReplayJob, ReplaySettings
+from alpamayo.replay.ticks import (
+    FRAME_OFFSETS_NS,
+    FRAME_TOLERANCE_NS,
+    HISTORY_OFFSETS_NS,
+    TickAssembler,
+    recorded_future,
+)
+from bridges.client import FramePublisher, TrajectorySubscriber
+from bridges.config import (
+    ControlSection,
+    InputSection,
+    ModelSection,
+    NodeConfig,
+    OutputSection,
+    WarmupSection,
+)
+from bridges.node import InferenceNode
+from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
+from bridges.recording import CameraFrame, Drive
+from planner.ego_frame import to_t0_frame
+
+LOOPBACK = "tcp://127.0.0.1:*"
+WARMUP_TIMEOUT_S = 600.0
+SUBSCRIBE_TIMEOUT_S = 10.0
+# After the last message the node finishes its prediction and then answers the newest window, which is the last
+# tick: wait for that answer, at most this long (the demo model takes ~10 s per tick on 2 busy cores).
+DRAIN_MAX_S = 120.0
+
+
+def node_config(drive: Drive, settings: ReplaySettings, frame_size: tuple[int, int]) -> NodeConfig:
+    """The node set up for this drive: its cameras, loopback endpoints on free ports, the replay's model and
+    sampling settings (the node calls the predictor it is given with them), and warm-up on frames of the drive's
+    size."""
+    height, width = frame_size
+    return NodeConfig(
+        model=ModelSection(
+            checkpoint=str(settings.checkpoint),
+            backend=settings.backend,
+            device=settings.device,
+            dtype=settings.dtype,
+            num_samples=settings.num_samples,
+            seed=settings.seed,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_reasoning_tokens=settings.max_reasoning_tokens,
+        ),
+        input=InputSection(endpoints=[LOOPBACK], bind=True),
+        output=OutputSection(endpoint=LOOPBACK, bind=True),
+        control=ControlSection(endpoint=LOOPBACK),
+        cameras={c.name or str(c.camera): c.camera for c in drive.layout.cameras},
+        warmup=WarmupSection(runs=max(1, settings.warmup), width=width, height=height),
+    )
+
+
+def _frame_message(frame: CameraFrame, frame_id: int) -> bytearray:
+    image = frame.image
+    if frame.schema_name == "foxglove.CompressedImage" and image.get("format") == "jpeg":
+        with Image.open(io.BytesIO(image["data"])) as img:  # reads the header only
+            width, height = img.size
+        return encode_frame(
+            frame.camera, frame_id, frame.t_ns, frame.t_ns, image["data"], "jpeg", width, height
+        )
+    return encode_frame(frame.camera, frame_id, frame.t_ns, frame.t_ns, frame.rgb())
+
+
+class _Collector(threading.Thread):
+    """Receives the node's outputs until stopped: (arrival perf_counter ns, message)."""
+
+    def __init__(self, subscriber: TrajectorySubscriber):
+        super().__init__(name="replay-collector", daemon=True)
+        self.subscriber = subscriber
+        self.outputs: list[tuple[int, TrajectoryMessage]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            msg = self.subscriber.recv(0.1)
+            if msg is not None:
+                self.outputs.append((time.perf_counter_ns(), msg))
+
+
+def replay_realtime(job: ReplayJob) -> ReplayRun:
+    drive, tracer, settings = job.drive, job.tracer, job.settings
+    settings.validate()
+    assembler = TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)
+    offered = [t.t0_ns for t in assembler][: settings.max_ticks]
+    if not offered:
+        raise assembler.no_ticks_error()
+    begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
+    end = offered[-1] + FRAME_TOLERANCE_NS + 1
+    first = next(drive.frames(begin, end))
+    node = InferenceNode(job.predictor, node_config(drive, settings, first.rgb().shape[:2]), tracer).start()
+    try:
+        _wait_warm(node)
+        tracer.clear()  # the node's warm-up predictions are not part of the measurement
+        with (
+            FramePublisher(node.endpoints["input"][0]) as publisher,
+            TrajectorySubscriber(node.endpoints["output"]) as subscriber,
+        ):
+            if not publisher.wait_for_subscriber(SUBSCRIBE_TIMEOUT_S):
+                raise RuntimeError(f"the node did not subscribe to {node.endpoints['input'][0]} in time")
+            collector = _Collector(subscriber)
+            collector.start()
+            wall_start = time.perf_counter()
+            first_send_ns = time.perf_counter_ns()
+            late_ms = _publish_drive(drive, publisher, begin, end, settings.speed, job.progress)
+            _drain(collector, offered[-1])
+            collector.stop.set()
+            collector.join()
+            wall_s = time.perf_counter() - wall_start
+        status = node.status()
+    finally:
+        node.stop()
+    # Outputs published before the first frame was sent (inputs not yet flowing) say nothing about the replay.
+    outputs = [(t, m) for t, m in collector.outputs if t >= first_send_ns]
+    ticks, stale = _results(drive, outputs, set(offered), job.recorder)
+    answered = {t.t0_ns for t in ticks}
+    info = {
+        **job.info,
+        "node": {
+            "frame_drop_perc": status["frame_drop_perc"],
+            "ticks_dropped": status["ticks_dropped"],
+            "counters": status["counters"],
+        },
+        "send_late_ms": {"mean": float(np.mean(late_ms)), "max": float(np.max(late_ms))} if late_ms else None,
+    }
+    dropped = len(set(offered) - answered)
+    return ReplayRun("realtime", ticks, tracer, len(offered), wall_s, info, Counter(stale), dropped)
+
+
+def _wait_warm(node: InferenceNode) -> None:
+    deadline = time.monotonic() + WARMUP_TIMEOUT_S
+    while not node.warmed_up:
+        status = node.status()
+        if status["last_error"] is not None and status["last_error"]["reason"] == "warmup":
+            raise RuntimeError(f"the node's warm-up failed: {status['last_error']['message']}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the node did not warm up within {WARMUP_TIMEOUT_S:g} s")
+        time.sleep(0.05)
+
+
+def _publish_drive(
+    drive: Drive,
+    publisher: FramePublisher,
+    begin: int,
+    end: int,
+    speed: float,
+    progress: Callable[[int], None],
+) -> list[float]:
+    """Send frames and poses in [begin, end) at the recorded pace / speed; returns how late each send was (ms)."""
+    poses = drive.poses
+    pose_index = int(np.searchsorted(poses.t_ns, begin))
+    frame_ids: Counter = Counter()
+    late: list[float] = []
+    wall0 = time.perf_counter()
+    reference = drive.layout.cameras[0].camera
+
+    def send_at(t_ns: int, message: bytes | bytearray) -> None:
+        delay = wall0 + (t_ns - begin) / 1e9 / speed - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        late.append(max(0.0, -delay) * 1e3)
+        publisher.send(message)
+
+    for frame in drive.frames(begin, end):
+        while pose_index < len(poses.t_ns) and poses.t_ns[pose_index] <= frame.t_ns:
+            t = int(poses.t_ns[pose_index])
+            send_at(max(t, begin), encode_ego(t, poses.xyz[pose_index], poses.quat_xyzw[pose_index]))
+            pose_index += 1
+        frame_ids[frame.camera] += 1
+        send_at(frame.t_ns, _frame_message(frame, frame_ids[frame.camera]))
+        if frame.camera == reference and frame.t_ns >= begin - HISTORY_OFFSETS_NS[0]:
+            progress(1)
+    return late
+
+
+def _drain(collector: _Collector, last_t0_ns: int) -> None:
+    """Wait until the node has answered the last tick (or DRAIN_MAX_S passed)."""
+    deadline = time.monotonic() + DRAIN_MAX_S
+    while time.monotonic() < deadline:
+        if any(m.t0_ns is not None and m.t0_ns >= last_t0_ns for _, m in collector.outputs):
+            return
+        time.sleep(0.05)
+
+
+def _results(
+    drive: Drive,
+    outputs: list[tuple[int, TrajectoryMessage]],
+    offered: set[int],
+    recorder: PredictionRecorder | None,
+) -> tuple[list[TickResult], list[str]]:
+    """TickResults of the outputs that answer an offered tick (offered ticks have a full pose history by
+    construction), and the reasons of the outputs that carry no trajectory."""
+    ticks: list[TickResult] = []
+    stale: list[str] = []
+    for _, msg in outputs:
+        if msg.t0_ns not in offered or not msg.x:
+            stale.extend(msg.invalid_reasons or ["output without a trajectory"])
+            continue
+        xyz = np.stack([msg.x, msg.y, msg.z], axis=1)
+        history = EgoHistory(
+            *drive.poses.interpolate(msg.t0_ns + HISTORY_OFFSETS_NS), msg.t0_ns + HISTORY_OFFSETS_NS
+        )
+        future = recorded_future(drive.poses, msg.t0_ns)
+        future_xyz = None if future is None else future[0]
+        stages = {**msg.timings_ms, "e2e_age": msg.frame_age_ms or 0.0}
+        result = TickResult(
+            seq=msg.seq,
+            t0_ns=msg.t0_ns,
+            warmup=False,
+            predicted_xyz=xyz[None],
+            future_xyz=future_xyz,
+            history_xyz=to_t0_frame(history).xyz,
+            errors_m=tick_errors(xyz[None], future_xyz),
+            invalid_reasons=list(msg.invalid_reasons),
+            stages_ms=stages,
+            e2e_ms=stages["e2e_age"],
+            decode_tokens=0,  # the node's message carries the trajectory tokens only
+            trajectory_tokens=len(msg.token_ids),
+        )
+        ticks.append(result)
+        if recorder is not None:
+            # The node sends sample 0's waypoints, tokens and reasoning; actions are not on the wire.
+            sample = TrajectorySample(
+                msg.reasoning, [], list(msg.token_ids), np.zeros((0, 2)), xyz, np.asarray(msg.heading)
+            )
+            output = TickOutput(
+                seq=msg.seq,
+                t0_ns=msg.t0_ns,
+                frame_times_ns={c.index: list(c.t_sof_ns) for c in msg.cameras},
+                ego_xyz=history.xyz[-1],
+                ego_quat_xyzw=history.quat_xyzw[-1],
+                prediction=Prediction([sample], np.asarray(msg.t)),
+                future_xyz=future_xyz,
+                future_heading=None if future is None else future[1],
+                errors_m=result.errors_m,
+                invalid_reasons=result.invalid_reasons,
+            )
+            recorder.publish(recorder.serialise(output), msg.t0_ns)
+            recorder.timings(msg.seq, msg.t0_ns, stages, result.e2e_ms)
+    return ticks, stale

@@ -1,0 +1,136 @@
+"""One replay from settings to files: open the drive, load the model, replay, write outputs and reports.
+
+This is what `alpamayo replay`, `alpamayo profile` and `alpamayo demo` run; the commands only parse arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+from alpamayo.generation import Sampling
+from alpamayo.profiling import Tracer
+from alpamayo.profiling.environment import hardware, software, source_commit
+from alpamayo.replay.accuracy import summarize_accuracy
+from alpamayo.replay.lockstep import replay_lockstep
+from alpamayo.replay.outputs import PredictionRecorder
+from alpamayo.replay.realtime import replay_realtime
+from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
+from alpamayo.replay.results import ReplayRun
+from alpamayo.replay.settings import ReplayJob, ReplaySettings
+from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
+from alpamayo.runtime import AlpamayoVLA
+from bridges.mcap_writer import RecordingWriter
+from bridges.recording import Drive, RecordingLayout, Warn
+
+RUN_METADATA = "alpamayo.run"
+
+
+def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
+    return AlpamayoVLA.from_checkpoint(
+        settings.checkpoint,
+        backend=settings.backend,
+        device=settings.device,
+        dtype=settings.dtype,
+        recipe=settings.recipe,
+        tt_cache=settings.tt_cache,
+        tracer=tracer,
+        sampling=Sampling(settings.temperature, settings.top_p),
+        max_reasoning_tokens=settings.max_reasoning_tokens,
+    )
+
+
+def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> dict[str, Any]:
+    """Settings and environment recorded in every output (JSON report, trace metadata, MCAP metadata)."""
+    first = next(drive.frames(), None)
+    input_size = "?" if first is None else "{}x{}".format(*first.rgb().shape[:2])
+    return {
+        "mode": settings.mode,
+        "speed": settings.speed if settings.mode == "realtime" else None,
+        "drive": str(settings.drive),
+        "checkpoint": str(settings.checkpoint),
+        "backend": settings.backend,
+        "device": settings.device,
+        "dtype": settings.dtype,
+        "precision": predictor.precision,
+        "cameras": [c.camera for c in drive.layout.cameras],
+        "resolution": {
+            "input": input_size,
+            "model": "?",  # known once a frame has been resized: set after the replay
+        },
+        "samples": settings.num_samples,
+        "sampling": {"temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed},
+        "warmup_ticks": settings.warmup,
+        "hardware": hardware(settings.device),
+        "software": software(),
+        "commit": source_commit(),
+    }
+
+
+def tqdm_warn(bar: tqdm) -> Warn:
+    return lambda message: bar.write(f"warning: {message}", file=sys.stderr)
+
+
+def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
+    settings.validate()
+    layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
+    drive = Drive.open(settings.drive, layout, warn)
+    tracer = Tracer()
+    predictor = load_predictor(settings, tracer)
+    writer = None
+    try:
+        info = run_info(settings, drive, predictor)
+        writer = None if settings.out is None else RecordingWriter(settings.out)
+        recorder = None
+        if writer is not None:
+            recorder = PredictionRecorder(writer, settings.encoding)
+        reference = drive.info.message_counts[drive.layout.cameras[0].topic]
+        total = settings.max_ticks or max(reference - len(HISTORY_OFFSETS_NS), 1)
+        with tqdm(
+            total=total,
+            unit="tick",
+            desc=settings.mode,
+            disable=None if settings.progress else True,
+            file=sys.stderr,
+        ) as bar:
+            replay = replay_realtime if settings.mode == "realtime" else replay_lockstep
+            job = ReplayJob(drive, predictor, tracer, settings, recorder, info, bar.update, tqdm_warn(bar))
+            run = replay(job)
+        if predictor.model_resolution is not None:
+            info["resolution"]["model"] = "{}x{}".format(*predictor.model_resolution)
+        if writer is not None:
+            writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
+        if writer is not None and settings.copy_inputs:
+            copy_inputs(drive, run, writer)
+    finally:
+        predictor.close()
+        if writer is not None:
+            writer.close()
+    for path, write in ((settings.trace, write_trace), (settings.json, write_json)):
+        if path is not None:
+            write(run, path)
+    if settings.plots is not None:
+        write_plots(run, settings.plots)
+    return run
+
+
+def copy_inputs(drive: Drive, run: ReplayRun, writer: RecordingWriter) -> None:
+    """Copy the camera and pose messages the replayed ticks used (with their history and recorded future) into
+    the output, so it opens in Foxglove on its own."""
+    if not run.ticks:
+        return
+    begin = run.ticks[0].t0_ns + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0] - FRAME_TOLERANCE_NS)
+    end = run.ticks[-1].t0_ns + FUTURE_OFFSETS_NS[-1] + 1
+    for schema, channel, message in drive.raw_messages(begin, end):
+        writer.copy(schema, channel, message)
+
+
+def summary(run: ReplayRun) -> str:
+    """The accuracy and latency tables, and what was skipped."""
+    lines = [summarize_accuracy(run.measured).table(), "", latency_table(run)]
+    if run.skipped and run.mode == "lockstep":
+        lines.append("skipped ticks: " + ", ".join(f"{n} x {reason}" for reason, n in run.skipped.items()))
+    return "\n".join(lines)

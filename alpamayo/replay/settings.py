@@ -1,0 +1,78 @@
+"""The settings of one replay (what `alpamayo replay`, `profile` and `demo` ask for), and the job a replay
+mode runs: the opened drive, the predictor, the tracer and where outputs go."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from alpamayo.prediction import Predictor
+from alpamayo.profiling import Tracer
+from bridges.recording import Drive, Warn
+
+if TYPE_CHECKING:  # outputs imports the MCAP writer stack; settings stay importable without it
+    from alpamayo.replay.outputs import PredictionRecorder
+
+MODES = ("lockstep", "realtime")
+
+
+@dataclass
+class ReplaySettings:
+    """Everything a replay needs; times in seconds of the drive (start from its first reference frame)."""
+
+    drive: Path
+    checkpoint: Path
+    out: Path | None = None
+    mode: str = "lockstep"
+    speed: float = 1.0
+    start_s: float = 0.0
+    duration_s: float | None = None
+    max_ticks: int | None = None
+    warmup: int = 0
+    num_samples: int = 1
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    max_reasoning_tokens: int = 256
+    backend: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    recipe: str = "performance"  # ttnn precision recipe
+    tt_cache: Path | None = None
+    layout: Path | None = None
+    encoding: str = "protobuf"
+    copy_inputs: bool = True
+    trace: Path | None = None
+    json: Path | None = None
+    plots: Path | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} unknown; allowed: {list(MODES)}")
+        if not 0.05 <= self.speed <= 20.0:
+            raise ValueError(f"--speed must be in [0.05, 20], got {self.speed}")
+        if self.num_samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
+        if self.max_ticks is not None and self.max_ticks < 1:
+            raise ValueError(f"--max-ticks must be >= 1, got {self.max_ticks}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+
+
+@dataclass
+class ReplayJob:
+    """One replay to run (`replay_lockstep` or `replay_realtime`): `predictor` records its stages into
+    `tracer`; `recorder` (optional) receives the outputs; `info` (run settings and environment) goes into every
+    report; `progress(n)` is told of answered ticks; `warn` of skipped data."""
+
+    drive: Drive
+    predictor: Predictor
+    tracer: Tracer
+    settings: ReplaySettings
+    recorder: PredictionRecorder | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    progress: Callable[[int], None] = lambda n: None
+    warn: Warn = print

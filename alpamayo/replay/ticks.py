@@ -1,0 +1,164 @@
+"""Model inputs from a recorded drive, one tick per 10 Hz reference-camera frame.
+
+At tick t0 (a frame of the layout's first camera, at least one period after the previous tick) each camera
+contributes its frames nearest t0 - 0.3, -0.2, -0.1, 0 s, each within FRAME_TOLERANCE_NS; the ego history is
+the 16 recorded poses interpolated at t0 - 1.5 .. 0 s; the recorded future is the poses at t0 + 0.1 .. 6.4 s
+in the t0 ego frame (None when the recording ends sooner). Ticks before the recording has 4 frames per camera
+and 1.5 s of poses are not ticks; later ticks that lack a frame or a pose are skipped with a warning.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, EgoHistory
+from bridges.recording import CameraFrame, Drive, PoseTrack, RecordingError, Warn
+from bridges.window import window_slots
+from planner.ego_frame import quat_to_matrix
+
+PERIOD_NS = round(DT_S * 1e9)
+FRAME_TOLERANCE_NS = PERIOD_NS // 2  # nearest frame within half a period: never the neighbouring slot's frame
+TICK_JITTER_NS = 10_000_000  # a reference frame up to 10 ms early still starts the next tick
+HISTORY_OFFSETS_NS = PERIOD_NS * np.arange(-(HISTORY_STEPS - 1), 1, dtype=np.int64)
+FRAME_OFFSETS_NS = PERIOD_NS * np.arange(-(FRAMES_PER_CAMERA - 1), 1, dtype=np.int64)
+FUTURE_OFFSETS_NS = PERIOD_NS * np.arange(1, FUTURE_STEPS + 1, dtype=np.int64)
+
+
+@dataclass
+class Tick:
+    """One prediction's inputs. frames: camera index -> 4 frames oldest first; future: the recorded
+    (xyz [64, 3] metres, heading [64] rad) in the t0 ego frame, or None when the recording ends sooner."""
+
+    index: int
+    t0_ns: int
+    frames: dict[int, list[CameraFrame]]
+    ego_history: EgoHistory
+    future: tuple[np.ndarray, np.ndarray] | None
+
+    @property
+    def frame_times_ns(self) -> dict[int, list[int]]:
+        return {c: [f.t_ns for f in frames] for c, frames in self.frames.items()}
+
+
+def recorded_future(poses: PoseTrack, t0_ns: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The recorded ego poses at t0 + 0.1 .. 6.4 s in the t0 ego frame: xyz [64, 3] metres and heading [64]
+    rad; None when the recording does not cover them."""
+    origin = poses.interpolate(np.array([t0_ns]))
+    future = poses.interpolate(t0_ns + FUTURE_OFFSETS_NS)
+    if origin is None or future is None:
+        return None
+    (xyz0,), (quat0,) = origin
+    to_t0 = quat_to_matrix(quat0).T  # R_t0^-1
+    relative = to_t0 @ quat_to_matrix(future[1])
+    return (future[0] - xyz0) @ to_t0.T, np.arctan2(relative[:, 1, 0], relative[:, 0, 0])
+
+
+@dataclass
+class TickAssembler:
+    """Iterates the ticks of `drive` with t0 in [first reference frame + start_s, ... + duration_s).
+
+    `skipped` counts ticks skipped mid-drive by reason; `not_ready` the ticks before inputs were complete.
+    """
+
+    drive: Drive
+    start_s: float = 0.0
+    duration_s: float | None = None
+    warn: Warn = print
+    skipped: Counter = field(default_factory=Counter)
+    not_ready: int = 0
+
+    def __post_init__(self) -> None:
+        if self.start_s < 0:
+            raise ValueError(f"start must be >= 0 s, got {self.start_s}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
+
+    def __iter__(self) -> Iterator[Tick]:
+        cameras = [c.camera for c in self.drive.layout.cameras]
+        reference = cameras[0]
+        buffers: dict[int, deque[CameraFrame]] = {c: deque() for c in cameras}
+        first_seen: dict[int, int] = {}
+        pending: deque[int] = deque()
+        window: tuple[int, int | None] | None = None
+        last_tick: int | None = None
+        index = 0
+        for frame in self.drive.frames():
+            buffers[frame.camera].append(frame)
+            first_seen.setdefault(frame.camera, frame.t_ns)
+            if frame.camera == reference:
+                if window is None:
+                    begin = frame.t_ns + round(self.start_s * 1e9)
+                    window = (
+                        begin,
+                        None if self.duration_s is None else begin + round(self.duration_s * 1e9),
+                    )
+                in_window = frame.t_ns >= window[0] and (window[1] is None or frame.t_ns < window[1])
+                if in_window and (last_tick is None or frame.t_ns - last_tick >= PERIOD_NS - TICK_JITTER_NS):
+                    pending.append(frame.t_ns)
+                    last_tick = frame.t_ns
+            while pending and all(
+                buffers[c] and buffers[c][-1].t_ns > pending[0] + FRAME_TOLERANCE_NS for c in cameras
+            ):
+                tick = self._assemble(index, pending.popleft(), buffers, first_seen)
+                if tick is not None:
+                    index += 1
+                    yield tick
+            oldest = (
+                (pending[0] if pending else last_tick or frame.t_ns)
+                + FRAME_OFFSETS_NS[0]
+                - FRAME_TOLERANCE_NS
+            )
+            for buffer in buffers.values():
+                while buffer and buffer[0].t_ns < oldest:
+                    buffer.popleft()
+            if window is not None and window[1] is not None and not pending and frame.t_ns >= window[1]:
+                break
+        for t0 in pending:
+            tick = self._assemble(index, t0, buffers, first_seen)
+            if tick is not None:
+                index += 1
+                yield tick
+
+    def _assemble(
+        self, index: int, t0: int, buffers: dict[int, deque[CameraFrame]], first_seen: dict[int, int]
+    ) -> Tick | None:
+        frames = {}
+        for camera, buffer in buffers.items():
+            times = np.array([f.t_ns for f in buffer], dtype=np.int64)
+            picked = window_slots(times, t0, PERIOD_NS, FRAME_TOLERANCE_NS)
+            if picked is None:
+                if t0 + FRAME_OFFSETS_NS[0] + FRAME_TOLERANCE_NS < first_seen.get(camera, t0 + 1):
+                    self.not_ready += 1
+                    return None
+                return self._skip(
+                    t0,
+                    f"camera {camera} lacks a frame within {FRAME_TOLERANCE_NS / 1e6:g} ms of one of "
+                    f"t0 {FRAME_OFFSETS_NS[0] / 1e9:+.1f} .. 0 s",
+                )
+            frames[camera] = [buffer[j] for j in picked]
+        history = self.drive.poses.interpolate(t0 + HISTORY_OFFSETS_NS)
+        if history is None:
+            if t0 + HISTORY_OFFSETS_NS[0] < self.drive.poses.t_ns[0]:
+                self.not_ready += 1
+                return None
+            return self._skip(t0, "the ego poses have a gap over 0.25 s in the 1.5 s history")
+        ego = EgoHistory(xyz=history[0], quat_xyzw=history[1], t_ns=t0 + HISTORY_OFFSETS_NS)
+        return Tick(index, t0, frames, ego, recorded_future(self.drive.poses, t0))
+
+    def no_ticks_error(self) -> RecordingError:
+        """The error for a window that held no tick, naming the window and what a tick needs."""
+        end = "the end" if self.duration_s is None else f"{self.start_s + self.duration_s:g} s"
+        return RecordingError(
+            f"recording {self.drive.path} has no tick between {self.start_s:g} s and {end} after its first "
+            f"frame (the first tick needs {-HISTORY_OFFSETS_NS[0] / 1e9:g} s of ego poses and "
+            f"{FRAMES_PER_CAMERA} frames per camera; {sum(self.skipped.values())} tick(s) were skipped)"
+        )
+
+    def _skip(self, t0: int, reason: str) -> None:
+        self.skipped[reason] += 1
+        self.warn(f"skipped the tick at t0 = {t0} ns: {reason}")
+        return None

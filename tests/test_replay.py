@@ -1,0 +1,181 @@
+"""Replay and profiling through the real runtime and the demo checkpoint, end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mcap.reader import make_reader
+from PIL import Image
+
+from alpamayo.cli import main
+from alpamayo.demo_drive import START_NS, make_demo_drive
+from alpamayo.profiling import plots
+from alpamayo.replay.outputs import TIMINGS_TOPIC
+from alpamayo.replay.report import REPORT_SCHEMA
+
+# 1.7 s of the front camera: ticks at t0 = 1.5 and 1.6 s (the first needs 1.5 s of ego history). The random
+# demo weights never end their reasoning, so a short cap keeps each tick to ~140 decode steps.
+DRIVE = {"seconds": 1.7, "cameras": 1, "seed": 5, "size": (72, 128)}
+FAST = ["--max-reasoning-tokens", "4", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def drive(tmp_path_factory) -> Path:
+    return make_demo_drive(tmp_path_factory.mktemp("drive") / "drive.mcap", **DRIVE).path
+
+
+def messages(path: Path) -> dict[str, list[tuple[int, bytes]]]:
+    out: dict[str, list[tuple[int, bytes]]] = {}
+    with open(path, "rb") as f:
+        for _, channel, message in make_reader(f).iter_messages(log_time_order=True):
+            out.setdefault(channel.topic, []).append((message.log_time, message.data))
+    return out
+
+
+def test_lockstep_replay_is_byte_identical_across_runs_except_timings(
+    tmp_path, demo_checkpoint, drive, capsys, record_figure
+):
+    outs = [tmp_path / "a.mcap", tmp_path / "b.mcap"]
+    for out in outs:
+        assert (
+            main(
+                [
+                    "replay",
+                    str(drive),
+                    "--checkpoint",
+                    str(demo_checkpoint),
+                    "--out",
+                    str(out),
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
+    printed = capsys.readouterr().out
+    first, second = (messages(p) for p in outs)
+    timings = first.pop(TIMINGS_TOPIC), second.pop(TIMINGS_TOPIC)
+    assert len(timings[0]) == len(timings[1]) == 2
+    assert first == second
+    assert len(first["/alpamayo/prediction"]) == 2 and len(first["/alpamayo/recorded_future"]) == 2
+    # The inputs are copied in, so one file opens in Foxglove with cameras, poses and predictions.
+    assert {"/cameras/camera_front_wide_120fov/compressed", "/ego/pose", "/tf"} <= set(first)
+    prediction = json.loads(first["/alpamayo/prediction"][0][1])
+    assert prediction["valid"] and len(prediction["samples"][0]["token_ids"]) == 128
+    assert "ADE" in printed and "Latency per stage" in printed and "t/s/u" in printed
+    record_figure("ADE@6.4s of the first tick (m, random weights)", prediction["errors_m"]["ade@6.4s"])
+
+
+def test_profile_writes_the_report_a_valid_trace_and_plots(tmp_path, demo_checkpoint, capsys):
+    trace, report, plot_dir = tmp_path / "trace.json", tmp_path / "report.json", tmp_path / "plots"
+    args = ["profile", "--synthetic", "--checkpoint", str(demo_checkpoint), "--warmup", "1", "--iters", "2"]
+    args += ["--cameras", "1", "--size", "72x128", *FAST]
+    args += ["--trace", str(trace), "--json", str(report), "--plots", str(plot_dir)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "1 warm-up tick(s) excluded" in printed
+
+    doc = json.loads(report.read_text())
+    assert doc["schema"] == REPORT_SCHEMA
+    assert doc["ticks"]["measured"] == 2 and doc["ticks"]["warmup"] == 1
+    assert {"hardware", "commit", "backend", "dtype", "precision", "resolution"} <= set(doc["run"])
+    stages = {row["stage"]: row for row in doc["stages"]}
+    for stage in ("receive", "decode", "prefill", "reasoning_decode", "trajectory_decode", "e2e_age"):
+        assert stages[stage]["n"] == 2, stage
+        assert 0 < stages[stage]["p50_ms"] <= stages[stage]["p90_ms"] <= stages[stage]["max_ms"]
+    # After the warm-up tick only each camera's newest frame is encoded; the three older ones are cached.
+    assert stages["vision (encoded)"]["n"] == 2 and stages["vision (cached)"]["n"] == 6
+    assert doc["decode"]["tokens_per_s_per_user"] > 0 and doc["decode"]["ttft_ms"]["n"] == 2
+
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert spans and all(e["dur"] > 0 and tracks[e["tid"]] == e["name"] for e in spans)
+    assert len(set(tracks.values())) == len(tracks)
+
+    for name in ("latency_histograms.png", "tick_timeline.png", "birdseye.png"):
+        with Image.open(plot_dir / name) as img:
+            assert img.format == "PNG" and img.size == plots.FIGURE_PX
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"not an mcap file", "not an MCAP file"),
+        (None, "lacks topic(s)"),
+    ],
+)
+def test_broken_recordings_are_a_clear_error_not_a_traceback(
+    tmp_path, demo_checkpoint, drive, capsys, content, message
+):
+    path = tmp_path / "broken.mcap"
+    layout = []
+    if content is None:  # a layout naming a camera the drive does not have
+        (tmp_path / "layout.yaml").write_text(
+            "cameras:\n  - {topic: /cameras/missing/compressed, camera: 3}\n"
+        )
+        path = drive
+        layout = ["--layout", str(tmp_path / "layout.yaml")]
+    else:
+        path.write_bytes(content)
+    code = main(
+        [
+            "replay",
+            str(path),
+            "--checkpoint",
+            str(demo_checkpoint),
+            "--out",
+            str(tmp_path / "o.mcap"),
+            *layout,
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_truncated_recording_replays_what_is_left_with_a_warning(tmp_path, demo_checkpoint, drive, capsys):
+    cut = tmp_path / "cut.mcap"
+    cut.write_bytes(drive.read_bytes()[:-200])  # footer and summary lost
+    out = tmp_path / "o.mcap"
+    assert (
+        main(["replay", str(cut), "--checkpoint", str(demo_checkpoint), "--out", str(out), "--no-progress"])
+        == 0
+    )
+    assert "truncated" in capsys.readouterr().err
+    assert len(messages(out)["/alpamayo/prediction"]) == 2
+
+
+def test_a_window_without_ticks_is_a_clear_error(tmp_path, demo_checkpoint, drive, capsys):
+    args = ["replay", str(drive), "--checkpoint", str(demo_checkpoint), "--out", str(tmp_path / "o.mcap")]
+    assert main([*args, "--start", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "has no tick between 100 s and the end" in err and "Traceback" not in err
+
+
+def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
+    tmp_path, demo_checkpoint, drive, capsys
+):
+    out, report = tmp_path / "rt.mcap", tmp_path / "rt.json"
+    args = [
+        "replay",
+        str(drive),
+        "--checkpoint",
+        str(demo_checkpoint),
+        "--out",
+        str(out),
+        "--json",
+        str(report),
+    ]
+    assert main([*args, "--realtime", "--speed", "2", *FAST]) == 0
+    assert "real-time at 2.0x" in capsys.readouterr().out
+    ticks = json.loads(report.read_text())["ticks"]
+    assert ticks["offered"] == 2 and ticks["answered"] >= 1
+    assert ticks["answered"] + ticks["dropped"] == ticks["offered"]
+    answered = [json.loads(data) for _, data in messages(out)["/alpamayo/prediction"]]
+    assert len(answered) == ticks["answered"]
+    # Answers are for recorded ticks (t0 = 1.5 or 1.6 s into the drive) and carry 64 waypoints and 128 tokens.
+    for prediction in answered:
+        assert round((prediction["t0_ns"] - START_NS) / 1e8) in (15, 16)
+        assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128
