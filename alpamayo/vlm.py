@@ -23,7 +23,7 @@ import torch
 
 from alpamayo.backends import BackendOptions, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
+from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import ConfigError
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from vision.encoder import VisionEncoder
@@ -51,16 +51,22 @@ class VisionLanguageModel:
 
     @classmethod
     def from_checkpoint(
-        cls, directory: str | Path, options: BackendOptions | torch.dtype = TORCH_CPU
+        cls,
+        directory: str | Path,
+        options: BackendOptions | torch.dtype = TORCH_CPU,
+        weights: Checkpoint | None = None,
+        cfg: ModelConfig | None = None,
     ) -> VisionLanguageModel:
         """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json).
 
         `options` chooses the backend of the text backbone and the vision tower (a bare dtype means the torch
-        backend on CPU); with ttnn both run on the one Blackhole device.
+        backend on CPU); with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
+        the directory's files and `cfg` replaces its config.json (e.g. `alpamayo.tt.quantized.
+        QuantizedCheckpoint` and its `config`: the model as a precision recipe rounds it).
         """
         if isinstance(options, torch.dtype):
             options = BackendOptions(dtype=options)
-        cfg = load_config(directory)
+        cfg = cfg or load_config(directory)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
         pre = PreprocessConfig.from_checkpoint(directory)
@@ -71,7 +77,7 @@ class VisionLanguageModel:
                 f"{directory}: preprocessor_config.json patch/merge/temporal sizes "
                 f"{(pre.patch_size, pre.merge_size, pre.temporal_patch_size)} differ from vision_config's {model_side}"
             )
-        ckpt = Checkpoint(directory, cfg.weight_prefix)
+        ckpt = weights or Checkpoint(directory, cfg.weight_prefix)
         text = load_text_model(ckpt, cfg, options)
         try:
             vision = load_vision_encoder(ckpt, cfg, options, text)

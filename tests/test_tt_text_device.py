@@ -27,8 +27,8 @@ from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.profiling import Tracer
 from alpamayo.text import TextModel
-from alpamayo.text.inputs import rope_delta
 from alpamayo.tt.precision import load_precision
+from alpamayo.tt.precision_planner import layer_io
 from alpamayo.tt.program_config import plan_text
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.hf_checkpoints import TOKEN_IDS
@@ -99,20 +99,6 @@ def text_positions(length: int, start: int = 0) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def reference_prefill_io(ref: TextModel, hidden: torch.Tensor, position_ids: torch.Tensor) -> list:
-    """(input, output) [L, H] of every reference decoder layer on a fresh prompt; fills its KV cache."""
-    cos, sin = ref.rope.cos_sin(position_ids, ref.dtype)
-    ref.reset()
-    ios, x = [], hidden.to(ref.dtype)[None]
-    for layer in ref.layers:
-        y = layer(x, cos, sin, ref.cache, 0)
-        ios.append((x[0].clone(), y[0].clone()))
-        x = y
-    ref.cache_len, ref.rope_delta = hidden.shape[0], rope_delta(position_ids)
-    return ios
-
-
-@torch.inference_mode()
 def reference_decode_io(ref: TextModel, token: int, position: int) -> list:
     """(input, output) [H] of every reference decoder layer for `token` at cache index `position`."""
     cos, sin = ref.rope.cos_sin_1d(torch.tensor([position + ref.rope_delta]), ref.dtype)
@@ -130,7 +116,7 @@ def test_prefill_layers_and_kv_cache_match_the_reference(case, record_figure):
     ref.setup_cache(256)
     tt.setup_cache(256)
     positions = text_positions(PROMPT_LEN)
-    ios = reference_prefill_io(ref, ref.embed(case.prompt), positions)
+    ios = layer_io(ref, ref.embed(case.prompt), positions)
     worst, worst_kv = 1.0, 1.0
     for i, (x, y) in enumerate(ios):
         p = pcc(y, tt.layer_prefill(i, x, positions))
