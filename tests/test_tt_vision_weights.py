@@ -131,9 +131,18 @@ def test_real_vision_towers_plan_with_their_padded_heads(name):
     assert plan.padded_length(720) == 768 and plan.padded_length(2880) == 2944
 
 
-def test_a_vision_width_off_the_tile_grid_is_refused(checkpoints):
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(hidden_size=80, num_heads=4), r"vision hidden_size = 80 must be a multiple of 32"),
+        (
+            dict(hidden_act="silu"),
+            r"vision hidden_act = 'silu'; the device vision blocks support gelu_pytorch_tanh",
+        ),
+    ],
+)
+def test_a_tower_the_device_layout_cannot_hold_is_refused(checkpoints, change, message):
     from dataclasses import replace
 
-    v = replace(checkpoints["demo"][0].vision, hidden_size=80, num_heads=4)
-    with pytest.raises(ConfigError, match=r"vision hidden_size = 80 must be a multiple of 32"):
-        plan_vision(v)
+    with pytest.raises(ConfigError, match=message):
+        plan_vision(replace(checkpoints["demo"][0].vision, **change))

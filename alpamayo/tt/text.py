@@ -105,6 +105,7 @@ class TTTextModel(DeviceIO):
         self.device, self.weights, self.owns_device = device, weights, owns_device
         self.layer_weights = [_layer_weights(weights, i) for i in range(cfg.text.num_hidden_layers)]
         self.embed_table = embed  # [V, H] bf16, host
+        self.moe: dict[int, TTMoE] = {}
         self.tracer = tracer or Tracer(enabled=False)
         self.rope = MRope(cfg.text)
         self.cache: DeviceKVCache | None = None
@@ -132,6 +133,17 @@ class TTTextModel(DeviceIO):
             if t.moe is not None and t.moe.is_sparse(i)
         }
         self._decode_setup()
+
+    @property
+    def tracer(self) -> Tracer:
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer) -> None:
+        """Stages of this model and of its MoE blocks go to `tracer`."""
+        self._tracer = tracer
+        for block in self.moe.values():
+            block.tracer = tracer
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -84,12 +84,10 @@ class TTVisionEncoder(DeviceIO):
             # fp32 accumulation in a long prefill SDPA overflows L1 (text prefill, measured at ~4.6K rows)
             "sdpa": cfgs.compute_config(ttnn, precision.math_fidelity("sdpa"), fp32_acc=False, l1_acc=False),
         }
-        self.block_gelu = {"gelu_pytorch_tanh": ttnn.GeluVariant.Tanh, "gelu": ttnn.GeluVariant.Accurate}
-        if cfg.hidden_act not in self.block_gelu:
-            raise ConfigError(
-                f"vision_config.hidden_act = {cfg.hidden_act!r}; the ttnn vision tower supports "
-                f"{sorted(self.block_gelu)}"
-            )
+        # the block MLP's GELU (`plan_vision` accepts only these two activations)
+        self.block_gelu = {"gelu_pytorch_tanh": ttnn.GeluVariant.Tanh, "gelu": ttnn.GeluVariant.Accurate}[
+            cfg.hidden_act
+        ]
 
     @classmethod
     def from_checkpoint(
@@ -235,7 +233,7 @@ class TTVisionEncoder(DeviceIO):
         x = self._residual(x, self._attention(n1, j, inputs))
         self._free(n1)
         n2 = self._norm(x, p + "norm2")
-        x = self._residual(x, self._mlp(n2, p + "mlp.", self.block_gelu[self.cfg.hidden_act]))
+        x = self._residual(x, self._mlp(n2, p + "mlp.", self.block_gelu))
         self._free(n2)
         return x
 
