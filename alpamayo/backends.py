@@ -1,7 +1,9 @@
-"""Which implementation runs the text backbone: the torch reference (CPU/CUDA) or ttnn (one Blackhole p150).
+"""Which implementation runs the model: the torch reference (CPU/CUDA) or ttnn (one Blackhole p150).
 
-Both expose the same interface (`setup_cache`, `embed`, `prefill`, `prefill_hidden`, `decode`, `fork`); the
-vision encoder and everything on the host are shared. The ttnn backend is imported only when asked for.
+Both backends expose the same interfaces: the text backbone (`setup_cache`, `embed`, `prefill`,
+`prefill_hidden`, `decode`, `fork`) and the vision tower (`encode`). On ttnn both run on the one device the
+text model opens; everything else stays on the host and is shared. The ttnn backend is imported only when
+asked for.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ BACKENDS = ("torch", "ttnn")
 @dataclass(frozen=True)
 class BackendOptions:
     """backend: "torch" or "ttnn"; dtype/device: the torch backend's; recipe: the ttnn precision recipe
-    (`accuracy`, `performance` or a YAML file); tt_cache: directory of the ttnn packed-weight cache."""
+    (`accuracy`, `performance` or a YAML file); tt_cache: directory of the ttnn packed-weight cache;
+    moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`)."""
 
     backend: str = "torch"
     dtype: torch.dtype | str = torch.float32
     device: str | torch.device = "cpu"
     recipe: str = "performance"
     tt_cache: str | Path | None = None
+    moe_config: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -44,7 +48,22 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
     if options.backend == "ttnn":
         from alpamayo.tt.text import TTTextModel
 
-        return TTTextModel.from_checkpoint(source, cfg, precision=options.recipe, cache_dir=options.tt_cache)
+        return TTTextModel.from_checkpoint(
+            source, cfg, precision=options.recipe, cache_dir=options.tt_cache, moe=options.moe_config
+        )
     from alpamayo.text import TextModel
 
     return TextModel.from_checkpoint(source, cfg, options.torch_dtype, resolve_device(options.device))
+
+
+def load_vision_encoder(source: Checkpoint, cfg: ModelConfig, options: BackendOptions, text: Any) -> Any:
+    """The vision tower of `options.backend`; on ttnn it shares the device of the loaded `text` backbone."""
+    if options.backend == "ttnn":
+        from alpamayo.tt.vision import TTVisionEncoder
+
+        return TTVisionEncoder.from_checkpoint(
+            source, cfg, precision=options.recipe, device=text.device, cache_dir=options.tt_cache
+        )
+    from vision.encoder import VisionEncoder
+
+    return VisionEncoder.from_checkpoint(source, cfg, options.torch_dtype, resolve_device(options.device))

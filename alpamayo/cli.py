@@ -18,6 +18,7 @@ COMMANDS = [
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
     "alpamayo.commands.plan",
+    "alpamayo.commands.precision",
     "alpamayo.commands.serve",
     "alpamayo.commands.camera_sim",
     "alpamayo.commands.node_ctl",

@@ -132,13 +132,15 @@ class AlpamayoVLA:
         max_reasoning_tokens: int = 256,
         recipe: str = "performance",
         tt_cache: str | Path | None = None,
+        moe_config: str | Path | None = None,
     ) -> AlpamayoVLA:
         """Load an Alpamayo (or plain Qwen3-VL plus trajectory vocabulary) checkpoint directory.
 
-        backend "torch" runs on `device` in `dtype`; "ttnn" runs the text backbone on one Blackhole p150 with
-        the precision `recipe` (one sample per prediction) and the vision tower in torch.
+        backend "torch" runs on `device` in `dtype`; "ttnn" runs the vision tower and the text backbone on one
+        Blackhole p150 with the precision `recipe` (one sample per prediction; `moe_config`: the MoE block
+        config YAML of an MoE checkpoint). Either way only frames not seen before are encoded (`FeatureCache`).
         """
-        options = BackendOptions(backend, dtype, device, recipe, tt_cache)
+        options = BackendOptions(backend, dtype, device, recipe, tt_cache, moe_config)
         vlm = VisionLanguageModel.from_checkpoint(directory, options)
         planner = Planner.from_config(vlm.config, load_tokenizer(directory))
         precision = recipe if backend == "ttnn" else str(options.torch_dtype).removeprefix("torch.")

@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
-from alpamayo.backends import BackendOptions, load_text_model
+from alpamayo.backends import BackendOptions, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
-from alpamayo.devices import resolve_device
+from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import ConfigError
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from vision.encoder import VisionEncoder
@@ -45,23 +44,29 @@ class ImageFeatures:
 
 class VisionLanguageModel:
     """`.config` (ModelConfig), `.text` (the text backbone: `alpamayo.text.TextModel` or the ttnn one),
-    `.vision` (VisionEncoder), `.preprocess` (PreprocessConfig)."""
+    `.vision` (`VisionEncoder` or the ttnn `TTVisionEncoder`), `.preprocess` (PreprocessConfig)."""
 
-    def __init__(self, text: Any, vision: VisionEncoder, preprocess: PreprocessConfig):
+    def __init__(self, text: Any, vision: VisionEncoder | Any, preprocess: PreprocessConfig):
         self.config, self.text, self.vision, self.preprocess = text.cfg, text, vision, preprocess
 
     @classmethod
     def from_checkpoint(
-        cls, directory: str | Path, options: BackendOptions | torch.dtype = TORCH_CPU
+        cls,
+        directory: str | Path,
+        options: BackendOptions | torch.dtype = TORCH_CPU,
+        weights: Checkpoint | None = None,
+        cfg: ModelConfig | None = None,
     ) -> VisionLanguageModel:
         """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json).
 
-        `options` chooses the text backbone's backend (a bare dtype means the torch backend on CPU); the vision
-        tower runs in torch on the torch backend's device and dtype (on CPU in bfloat16 for ttnn).
+        `options` chooses the backend of the text backbone and the vision tower (a bare dtype means the torch
+        backend on CPU); with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
+        the directory's files and `cfg` replaces its config.json (e.g. `alpamayo.tt.quantized.
+        QuantizedCheckpoint` and its `config`: the model as a precision recipe rounds it).
         """
         if isinstance(options, torch.dtype):
             options = BackendOptions(dtype=options)
-        cfg = load_config(directory)
+        cfg = cfg or load_config(directory)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
         pre = PreprocessConfig.from_checkpoint(directory)
@@ -72,18 +77,20 @@ class VisionLanguageModel:
                 f"{directory}: preprocessor_config.json patch/merge/temporal sizes "
                 f"{(pre.patch_size, pre.merge_size, pre.temporal_patch_size)} differ from vision_config's {model_side}"
             )
-        ckpt = Checkpoint(directory, cfg.weight_prefix)
-        torch_side = options if options.backend == "torch" else BackendOptions(dtype=torch.bfloat16)
-        vision = VisionEncoder.from_checkpoint(
-            ckpt, cfg, torch_side.torch_dtype, resolve_device(torch_side.device)
-        )
-        return cls(load_text_model(ckpt, cfg, options), vision, pre)
+        ckpt = weights or Checkpoint(directory, cfg.weight_prefix)
+        text = load_text_model(ckpt, cfg, options)
+        try:
+            vision = load_vision_encoder(ckpt, cfg, options, text)
+        except BaseException:
+            _close(text)
+            raise
+        return cls(text, vision, pre)
 
     def close(self) -> None:
-        """Release the text backend's device resources (ttnn); a no-op for torch."""
-        close = getattr(self.text, "close", None)
-        if close is not None:
-            close()
+        """Release the backends' device resources (ttnn: vision weights, then the text model and its device);
+        a no-op for torch."""
+        _close(self.vision)
+        _close(self.text)
 
     def __enter__(self) -> VisionLanguageModel:
         return self
@@ -164,3 +171,9 @@ class VisionLanguageModel:
 
 def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:
     return torch.tensor([f.grid_thw for f in features], dtype=torch.long).view(-1, 3)
+
+
+def _close(model: Any) -> None:
+    close = getattr(model, "close", None)
+    if close is not None:
+        close()

@@ -59,14 +59,26 @@ def test_weights_are_counted_in_whole_padded_tiles():
     assert plan.kv_cache == 28 * 2 * 8 * (4096 // 32) * (128 // 32) * TILE_BYTES["bfp8"]
 
 
-def test_moe_experts_are_counted_at_the_mlp_dtypes():
+def test_moe_experts_are_counted_at_the_experts_dtype_and_the_router_in_bf16():
     cfg = builtin_config("qwen3-vl-30b-a3b")
     perf, acc = (plan_memory(cfg, PRESETS[r], 8192) for r in ("performance", "accuracy"))
     assert "mlp_gate_up" not in perf.weights  # every layer is sparse
-    per_layer = 128 * ((2048 // 32) * (1536 // 32) + (768 // 32) * (2048 // 32))
-    router = (2048 // 32) * (128 // 32) * TILE_BYTES["bf16"]
-    assert perf.weights["experts"] == 48 * (per_layer * TILE_BYTES["bfp4"] + router)
-    assert acc.weights["experts"] == 48 * (per_layer * TILE_BYTES["bfp8"] + router)
+    # gate and up [2048, 768] and down [768, 2048] per expert, 128 experts, 48 layers
+    tiles = 48 * 128 * 3 * (2048 // 32) * (768 // 32)
+    assert perf.weights["experts"] == tiles * TILE_BYTES["bfp4"]
+    assert acc.weights["experts"] == tiles * TILE_BYTES["bfp8"]
+    assert (
+        perf.weights["router"]
+        == acc.weights["router"]
+        == 48 * (2048 // 32) * (128 // 32) * TILE_BYTES["bf16"]
+    )
+
+
+def test_the_vision_tower_is_counted_in_the_vision_dtype():
+    cfg = builtin_config("qwen3-vl-8b")
+    perf, bf16 = plan_memory(cfg, PRESETS["performance"], 4096), plan_memory(cfg, BF16, 4096)
+    assert bf16.weights["vision"] / perf.weights["vision"] == TILE_BYTES["bf16"] / TILE_BYTES["bfp8"]
+    assert 0.5e9 < perf.weights["vision"] < 0.8e9  # ~0.58B vision parameters in bfp8, heads padded 72 -> 128
 
 
 def test_plan_cli_prints_memory_and_grid_plan(capsys):
@@ -82,7 +94,8 @@ def test_plan_cli_prints_memory_and_grid_plan(capsys):
 def test_plan_cli_refuses_what_does_not_fit_and_suggests(tmp_path, capsys):
     recipe = tmp_path / "bf16.yaml"
     recipe.write_text(
-        "name: all-bf16\ndtypes: {qkv: bf16, o: bf16, mlp_gate_up: bf16, mlp_down: bf16, lm_head: bf16, kv_cache: bf16}\nfidelity: {qkv: hifi4, o: hifi4, mlp_gate_up: hifi4, mlp_down: hifi4, lm_head: hifi4, sdpa: hifi4, norm: hifi4}\n"
+        f"name: all-bf16\ndtypes: {dict.fromkeys(TENSOR_GROUPS, 'bf16')}\n"
+        f"fidelity: {dict.fromkeys(OP_GROUPS, 'hifi4')}\n"
     )
     assert main(["plan", "--checkpoint", "qwen3-vl-32b", "--recipe", str(recipe)]) == 2
     captured = capsys.readouterr()

@@ -30,7 +30,8 @@ TILE = 32
 
 
 def tiny_config(spec: dict, name: str):
-    return parse_config(hf_config(spec["text"], tie=spec["tie"]).to_dict(), f"{name}/config.json")
+    cfg = hf_config(spec["text"], tie=spec["tie"], moe=spec.get("moe", False))
+    return parse_config(cfg.to_dict(), f"{name}/config.json")
 
 
 ALL_PLANNABLE = [(n, builtin_config(n)) for n in NAMES] + [(n, tiny_config(s, n)) for n, s in TT_TINY.items()]
@@ -40,7 +41,8 @@ def check_plan_invariants(plan: TextPlan, cfg) -> None:
     """What the device ops require of a plan (the rules in alpamayo.tt.program_config's docstring)."""
     t, dev = cfg.text, plan.device
     max_x, max_y = min(dev.grid_x, DECODE_MAX_GRID[0]), min(dev.grid_y, DECODE_MAX_GRID[1])
-    h_tiles = t.hidden_size // TILE
+    assert plan.hidden_padded % (TILE * dev.dram_banks) == 0 and plan.hidden_padded - t.hidden_size >= 0
+    h_tiles = plan.hidden_padded // TILE
     assert plan.residual_grid.cores * plan.norm_block_w == h_tiles
     assert plan.norm_block_w % plan.norm_subblock_w == 0
     for mm in plan.decode_matmuls:
@@ -52,9 +54,16 @@ def check_plan_invariants(plan: TextPlan, cfg) -> None:
         assert (k_tiles // mm.grid.cores) % mm.in0_block_w == 0, mm.name
         assert (n_tiles // dev.dram_banks) % mm.workers_per_bank == 0, mm.name
         assert mm.l1_bytes <= dev.l1_bytes - L1_HEADROOM, mm.name
+    if plan.moe is not None:
+        for mm in (plan.moe.gate_up, plan.moe.down):
+            assert mm.k % TILE == 0 and mm.n % TILE == 0, mm.name
+            assert mm.per_core_n * mm.grid.cores == mm.n // TILE, mm.name  # N split evenly, whole tiles
+            assert (mm.k // TILE) % mm.in0_block_w == 0 and mm.grid.x <= 8 and mm.grid.y <= 8, mm.name
+            assert mm.l1_bytes <= dev.l1_bytes - L1_HEADROOM, mm.name
+        assert (plan.moe.gate_up.k, plan.moe.down.n) == (plan.hidden_padded,) * 2
     head = plan.head
     assert head.per_core_n * head.grid.cores >= -(-t.vocab_size // TILE)
-    assert (t.hidden_size // TILE) % head.in0_block_w == 0 and head.per_core_n % head.out_subblock_w == 0
+    assert h_tiles % head.in0_block_w == 0 and head.per_core_n % head.out_subblock_w == 0
     assert (
         head.grid.x <= dev.grid_x
         and head.grid.y <= dev.grid_y
@@ -98,7 +107,6 @@ def test_2b_hidden_2048_gets_a_grid_that_divides_it():
     [
         ("gqa4-bias-untied", "attention_bias = true is not supported"),
         ("mha-tied", "head_dim = 16; the device rotary"),
-        ("real-head-dim", "hidden_size = 128 must be a multiple of 256"),
     ],
 )
 def test_golden_test_configs_are_refused_with_the_reason(name, message):
@@ -110,7 +118,6 @@ def test_golden_test_configs_are_refused_with_the_reason(name, message):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(hidden_size=320), r"hidden_size = 320 must be a multiple of 256 \(32 x 8 DRAM banks\)"),
         (
             dict(head_dim=96),
             r"head_dim = 96; the device rotary \(rotary_embedding_hf\) needs 32 or a multiple of 64",
@@ -132,6 +139,16 @@ def test_impossible_configs_fail_with_precise_errors(overrides, message):
     cfg = tiny_config({"text": dict(base, rope_parameters=rope), "tie": False}, "bad")
     with pytest.raises(PlanError, match=message):
         plan_text(cfg, PRESETS["performance"])
+
+
+@pytest.mark.parametrize("hidden, padded", [(128, 256), (320, 512), (2560, 2560)])
+def test_a_hidden_size_that_does_not_split_over_the_banks_gets_a_padded_residual_stream(hidden, padded):
+    """o_proj and down_proj write the residual stream DRAM-sharded over 8 banks: it is padded to 256s."""
+    base = dict(TT_TINY["gqa2"]["text"], hidden_size=hidden)
+    cfg = tiny_config({"text": base, "tie": False}, "padded")
+    plan = plan_text(cfg, PRESETS["performance"])
+    check_plan_invariants(plan, cfg)
+    assert plan.hidden_padded == padded and (plan.o.n_padded, plan.qkv.k, plan.head.k) == (padded,) * 3
 
 
 def test_a_smaller_grid_is_planned_within_that_grid():
@@ -193,3 +210,7 @@ def test_plans_convert_to_ttnn_program_configs(ttnn_host, name):
     assert ttnn_configs.prefill_matmul(ttnn_host, plan.prefill_matmul(4096, 2048, 6144)).M_block_size >= 1
     ttnn_configs.sharded_norm(ttnn_host, plan.residual_grid, plan.norm_block_w, plan.norm_subblock_w)
     ttnn_configs.sdpa(ttnn_host, plan.prefill_grid, 256, 256)
+    if plan.moe is not None:
+        for mm in (plan.moe.gate_up, plan.moe.down):
+            pc = ttnn_configs.sparse_matmul(ttnn_host, mm)
+            assert (pc.per_core_N, pc.in0_block_w) == (mm.per_core_n, mm.in0_block_w)

@@ -3,9 +3,12 @@
 Runs on random tiny checkpoints built here (both presets) and, when `ALPAMAYO_TT_CHECKPOINT` names a Qwen3-VL
 checkpoint directory, on that checkpoint (recipe from `ALPAMAYO_TT_RECIPE`, default performance; packed
 weights cached in `ALPAMAYO_TT_CACHE` if set). The torch reference runs in float32 for the tiny checkpoints and
-in bfloat16 for the real one, on the recipe-rounded weights (`RecipeRoundedCheckpoint`), so the thresholds
+in bfloat16 for the real one, on the recipe-rounded weights (`alpamayo.tt.quantized.QuantizedCheckpoint`,
+bit-exact with ttnn's packer), so the thresholds
 measure the device implementation; what the recipe's rounding costs is recorded beside them. Figures land in
 the "measured figures" table at the end of the run.
+
+The tiny cases include a Qwen3-VL-MoE model (`TT_TINY["moe"]`): its sparse layers run the ttnn MoE block.
 
 Per-layer checks feed the reference's own input to one device layer (`layer_prefill` / `layer_decode`), so
 each layer's figure is that layer's error alone.
@@ -24,11 +27,13 @@ from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.profiling import Tracer
 from alpamayo.text import TextModel
-from alpamayo.text.inputs import rope_delta
 from alpamayo.tt.precision import load_precision
+from alpamayo.tt.precision_planner import layer_io
 from alpamayo.tt.program_config import plan_text
+from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.hf_checkpoints import TOKEN_IDS
-from tests.tt_checkpoints import TT_TINY, RecipeRoundedCheckpoint, save_tt_checkpoint
+from tests.routing import NEAR_TIE, router_margins
+from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 
 pytestmark = pytest.mark.blackhole
 
@@ -56,12 +61,11 @@ class Case:
     """A checkpoint on the device and in the torch reference (recipe-rounded weights), with a prompt."""
 
     def __init__(self, name, path, recipe, ref_dtype, device):
-        from alpamayo.tt.runtime import import_ttnn
         from alpamayo.tt.text import TTTextModel
 
         self.name, self.path, self.precision = name, path, load_precision(recipe)
-        rounded = RecipeRoundedCheckpoint(Path(path), self.precision, import_ttnn())
-        self.ref = TextModel.from_checkpoint(rounded, dtype=ref_dtype)
+        rounded = QuantizedCheckpoint(Path(path), self.precision)
+        self.ref = TextModel.from_checkpoint(rounded, rounded.config, dtype=ref_dtype)
         self.tt = TTTextModel.from_checkpoint(
             path, precision=self.precision, device=device, cache_dir=os.environ.get(CACHE_ENV)
         )
@@ -95,20 +99,6 @@ def text_positions(length: int, start: int = 0) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def reference_prefill_io(ref: TextModel, hidden: torch.Tensor, position_ids: torch.Tensor) -> list:
-    """(input, output) [L, H] of every reference decoder layer on a fresh prompt; fills its KV cache."""
-    cos, sin = ref.rope.cos_sin(position_ids, ref.dtype)
-    ref.reset()
-    ios, x = [], hidden.to(ref.dtype)[None]
-    for layer in ref.layers:
-        y = layer(x, cos, sin, ref.cache, 0)
-        ios.append((x[0].clone(), y[0].clone()))
-        x = y
-    ref.cache_len, ref.rope_delta = hidden.shape[0], rope_delta(position_ids)
-    return ios
-
-
-@torch.inference_mode()
 def reference_decode_io(ref: TextModel, token: int, position: int) -> list:
     """(input, output) [H] of every reference decoder layer for `token` at cache index `position`."""
     cos, sin = ref.rope.cos_sin_1d(torch.tensor([position + ref.rope_delta]), ref.dtype)
@@ -126,7 +116,7 @@ def test_prefill_layers_and_kv_cache_match_the_reference(case, record_figure):
     ref.setup_cache(256)
     tt.setup_cache(256)
     positions = text_positions(PROMPT_LEN)
-    ios = reference_prefill_io(ref, ref.embed(case.prompt), positions)
+    ios = layer_io(ref, ref.embed(case.prompt), positions)
     worst, worst_kv = 1.0, 1.0
     for i, (x, y) in enumerate(ios):
         p = pcc(y, tt.layer_prefill(i, x, positions))
@@ -145,14 +135,21 @@ def test_decode_layers_match_the_reference_at_several_positions(case, record_fig
     tt.setup_cache(256)
     ref.prefill(case.prompt)
     tt.prefill(case.prompt)
-    worst = 1.0
+    worst, ties, checks = 1.0, 0, 0
     for step, position in enumerate(range(PROMPT_LEN, PROMPT_LEN + 4)):
         token = int(case.prompt[step])
-        for i, (x, y) in enumerate(reference_decode_io(ref, token, position)):
-            p = pcc(y, tt.layer_decode(i, x, position))
+        with router_margins(ref) as margins:
+            ios = reference_decode_io(ref, token, position)
+        for i, (x, y) in enumerate(ios):
+            p = pcc(y, tt.layer_decode(i, x, position))  # always run: it writes the layer's K/V row
+            if i in margins and float(margins[i][0]) < NEAR_TIE:  # an MoE routing either way is right
+                ties += 1
+                continue
             assert p >= LAYER_PCC, f"decode layer {i} at position {position}: PCC {p}"
-            worst = min(worst, p)
+            worst, checks = min(worst, p), checks + 1
     record_figure("decode worst layer PCC (positions 126..129)", worst)
+    record_figure("decode layer checks skipped at MoE routing near-ties", f"{ties} of {ties + checks}")
+    assert 2 * checks >= ties + checks
 
 
 @pytest.mark.parametrize("length", [PROMPT_LEN, 300])
@@ -250,7 +247,6 @@ def test_profiling_spans_cover_every_stage(case):
 @pytest.fixture(scope="module")
 def image_case(device, tmp_path_factory):
     """A TT-shaped checkpoint with a vision tower, one 64x96 image prompt, transformers' features and positions."""
-    from alpamayo.tt.runtime import import_ttnn
     from alpamayo.tt.text import TTTextModel
 
     path = tmp_path_factory.mktemp("tt-image")
@@ -273,7 +269,8 @@ def image_case(device, tmp_path_factory):
             attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
         )
     precision = load_precision("accuracy")
-    ref = TextModel.from_checkpoint(RecipeRoundedCheckpoint(path, precision, import_ttnn()))
+    rounded = QuantizedCheckpoint(path, precision)
+    ref = TextModel.from_checkpoint(rounded, rounded.config)
     tt = TTTextModel.from_checkpoint(path, precision=precision, device=device)
     embeds = ref.embed(ids).clone()
     embeds[mask] = visual.pooler_output

@@ -11,13 +11,23 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import load_config
+from alpamayo.moe.weights import ExpertView
 from alpamayo.numerics import pcc
 from alpamayo.text.weights import layer_prefix
 from alpamayo.tt.precision import BLOCK_FLOAT_ERROR
 from alpamayo.tt.weight_cache import to_host_tensor
-from alpamayo.tt.weights import fused_qkv, gamma_row_major, gamma_tile, prepare, text_weight_specs, zero_pad
-from tests.hf_checkpoints import save_checkpoint
-from tests.tt_checkpoints import TT_TINY
+from alpamayo.tt.weights import (
+    fused_qkv,
+    gamma_row_major,
+    gamma_tile,
+    padded_hidden,
+    prepare,
+    residual_norm_eps,
+    text_weight_specs,
+    zero_pad,
+)
+from tests.hf_checkpoints import rewrite_hub_layout, save_checkpoint
+from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +120,65 @@ def test_block_float_weights_stay_within_the_stated_block_error(ttnn_host, tiny,
         worst, worst_pcc = max(worst, ratio), min(worst_pcc, pcc(prepared, back))
     record_figure(f"{dtype} worst error / block max", worst)
     record_figure(f"{dtype} worst weight PCC", worst_pcc)
+
+
+def test_a_residual_stream_off_the_dram_banks_is_zero_padded_and_its_norms_are_exact(demo_checkpoint):
+    """Hidden 128 is padded to 256 columns (8 DRAM banks); the norms over 256 give the model's RMSNorm."""
+    cfg = load_config(demo_checkpoint)
+    ckpt = Checkpoint(demo_checkpoint, cfg.weight_prefix)
+    t = cfg.text
+    assert (t.hidden_size, padded_hidden(t, 8)) == (128, 256)
+    specs = _specs(cfg)
+    qkv = prepare(specs["layers.0.wqkv"], ckpt.get)
+    assert qkv.shape == (256, 256) and not qkv[128:].any()
+    assert not prepare(specs["layers.0.wo"], ckpt.get)[:, 128:].any()
+    assert not prepare(specs["lm_head"], ckpt.get)[128:].any()
+    gamma = prepare(specs["layers.0.attn_norm.tile"], ckpt.get).double().flatten()
+    rm = prepare(specs["layers.0.attn_norm.rm"], ckpt.get).double().flatten()
+    assert torch.equal(gamma, rm) and not gamma[128:].any()
+    x = torch.randn(5, 128, dtype=torch.float64)
+    padded = torch.cat([x, torch.zeros(5, 128, dtype=torch.float64)], 1)
+    eps = residual_norm_eps(t, 8)
+    device = padded * torch.rsqrt(padded.pow(2).mean(-1, keepdim=True) + eps) * gamma
+    g = ckpt.get(layer_prefix(0) + "input_layernorm.weight").double()
+    reference = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + t.rms_norm_eps) * g
+    torch.testing.assert_close(device[:, :128], reference, rtol=1e-6, atol=1e-6)  # gamma x scale in float32
+    assert not device[:, 128:].any()
+
+
+@pytest.fixture(scope="module")
+def moe_layouts(tmp_path_factory):
+    """The MoE tiny checkpoint saved twice: transformers 5's expert layout and the hub layout."""
+    out = {}
+    for layout in ("v5", "hub"):
+        path = tmp_path_factory.mktemp(f"moe-{layout}")
+        save_tt_checkpoint(path, "moe", seed=9)
+        if layout == "hub":
+            rewrite_hub_layout(path)
+        cfg = load_config(path)
+        out[layout] = (cfg, Checkpoint(path, cfg.weight_prefix))
+    return out
+
+
+def test_expert_weights_are_per_expert_k_by_n_zero_padded_whatever_the_disk_layout(moe_layouts):
+    cfg, v5 = moe_layouts["v5"]
+    _, hub = moe_layouts["hub"]
+    specs = _specs(cfg)
+    assert "layers.0.w_gate" not in specs
+    gate_up = v5.get(layer_prefix(1) + "mlp.experts.gate_up_proj")  # [E, 2I, H] in this layout
+    down = v5.get(layer_prefix(1) + "mlp.experts.down_proj")  # [E, H, I]
+    tensors = {}
+    for layout, ckpt in (("v5", v5), ("hub", hub)):
+        view = ExpertView(cfg.text, ckpt.get)
+        tensors[layout] = {k: prepare(specs[f"layers.1.experts.{k}"], view) for k in ("gate", "up", "down")}
+    assert all(torch.equal(tensors["v5"][k], tensors["hub"][k]) for k in ("gate", "up", "down"))
+    gate, up, dn = (tensors["v5"][k] for k in ("gate", "up", "down"))
+    assert gate.shape == up.shape == (1, 32, 256, 64) and dn.shape == (1, 32, 64, 256)
+    assert torch.equal(gate[0, :, :128, :48], gate_up[:, :48].transpose(1, 2))
+    assert torch.equal(up[0, :, :128, :48], gate_up[:, 48:].transpose(1, 2))
+    assert torch.equal(dn[0, :, :48, :128], down.transpose(1, 2))
+    assert not gate[0, :, 128:].any() and not gate[0, :, :, 48:].any() and not dn[0, :, 48:].any()
+    router = prepare(specs["layers.1.router"], v5.get)
+    assert router.shape == (256, 32) and torch.equal(
+        router[:128], v5.get(layer_prefix(1) + "mlp.gate.weight").t()
+    )

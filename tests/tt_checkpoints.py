@@ -1,24 +1,19 @@
-"""Tiny random Qwen3-VL text configs whose dimensions the ttnn backend can place on a Blackhole p150.
+"""Tiny random Qwen3-VL configs whose dimensions the ttnn backend can place on a Blackhole p150.
 
-Device constraints (see `alpamayo.tt.program_config`): head_dim 32 or a multiple of 64 (device rotary), hidden
-and the fused QKV width multiples of 256 (32 x 8 DRAM banks). The intermediate size and vocabulary are
-deliberately not, so the zero padding of the MLP and the lm_head is exercised.
+Device constraints (see `alpamayo.tt.program_config`): head_dim 32 or a multiple of 64 (device rotary), the
+fused QKV width a multiple of 256 (32 x 8 DRAM banks), MoE expert counts a multiple of 32. The intermediate
+sizes, vocabularies and some hidden sizes deliberately are not multiples of their device granule, so the zero
+padding of the MLP, the experts, the lm_head and the residual stream is exercised. `VISION_72` has the real
+models' 72-wide vision heads (padded to 128 lanes on the device) and an MLP width off the tile grid.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
-from alpamayo.text.weights import EMBED
-from alpamayo.tt.precision import Precision
-from alpamayo.tt.weight_cache import to_host_tensor
-from alpamayo.tt.weights import text_weight_specs
 from tests.hf_checkpoints import save_checkpoint, text_config
 
 REAL_ROPE = {"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [24, 20, 20]}
@@ -52,55 +47,67 @@ TT_TINY = {
         ),
         tie=True,
     ),
+    # Qwen3-VL-MoE: hidden 128 (a 256-wide residual stream), 32 experts of width 48 (padded to 64), top-4
+    "moe": dict(
+        text=text_config(
+            vocab_size=300,
+            hidden_size=128,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [8, 4, 4]},
+            num_experts=32,
+            num_experts_per_tok=4,
+            moe_intermediate_size=48,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        ),
+        tie=False,
+        moe=True,
+    ),
 }
 
+# Random routers (logit std ~1 over 32 experts) left 3 of 8 decode tokens of the tiny MoE model within 2% of a
+# top-k tie, where bf16 rounding may pick the other expert; x4 makes the routing as decisive as a trained one.
+ROUTER_SCALE = 4.0
 
-def save_tt_checkpoint(path: Path, name: str, seed: int) -> torch.nn.Module:
-    """Save TT_TINY[name] (random weights, tokenizer) to `path`; returns the transformers model.
+# The real Qwen3-VL vision heads are 72 wide (hidden 1152 / 16 heads): 4 such heads, MLP width 300.
+VISION_72 = dict(
+    depth=2,
+    hidden_size=288,
+    intermediate_size=300,
+    num_heads=4,
+    in_channels=3,
+    patch_size=16,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    num_position_embeddings=64,
+    deepstack_visual_indexes=[0, 1],
+    hidden_act="gelu_pytorch_tanh",
+)
+
+
+def save_tt_checkpoint(path: Path, name: str, seed: int, vision: dict | None = None) -> torch.nn.Module:
+    """Save TT_TINY[name] (random weights, tokenizer; the vision tower `vision`, default the small test one) to
+    `path`; returns the transformers model.
 
     An untied lm_head is overwritten on disk with a copy of the token embeddings (still a separate tensor, so
     the untied load path is what runs). Random heads give near-tied logits: for 'gqa2' 30% of greedy steps have
     a top-1/top-2 gap under 0.1 logit std, so even the torch bfloat16 model agrees with float32 on only 95.3%
     of 128 teacher-forced tokens; an embedding-shaped head peaks like a trained one and keeps the top-1 test
-    about the device rather than about ties.
+    about the device rather than about ties. MoE routers are scaled by `ROUTER_SCALE` for the same reason.
     """
     spec = TT_TINY[name]
-    hf = save_checkpoint(path, spec["text"], tie=spec["tie"], seed=seed)
+    hf = save_checkpoint(path, spec["text"], vision, tie=spec["tie"], moe=spec.get("moe", False), seed=seed)
+    file = path / "model.safetensors"
+    tensors = load_file(file)
     if not spec["tie"]:
-        file = path / "model.safetensors"
-        tensors = load_file(file)
         head = next(k for k in tensors if k.endswith("lm_head.weight"))
         embed = next(k for k in tensors if k.endswith("embed_tokens.weight"))
         tensors[head] = tensors[embed].clone()
-        save_file(tensors, file, metadata={"format": "pt"})
+    for key in [k for k in tensors if k.endswith("mlp.gate.weight")]:
+        tensors[key] = tensors[key] * ROUTER_SCALE
+    save_file(tensors, file, metadata={"format": "pt"})
     return hf
-
-
-class RecipeRoundedCheckpoint(Checkpoint):
-    """A checkpoint whose linear weights read back with the device's rounding for a precision recipe.
-
-    Each weight goes through ttnn's host packer in its group's dtype, in the device layout (`[K, N]`, so the
-    16-value block-float blocks are the device's), and back. A torch `TextModel` built from it is the
-    reference that isolates the device implementation's error from the recipe's quantisation error. A tied
-    head stays unrounded: it is also the input embedding, which the device looks up in bf16.
-    """
-
-    def __init__(self, directory: Path, precision: Precision, ttnn: Any):
-        cfg = load_config(directory)
-        super().__init__(directory, cfg.weight_prefix)
-        self.ttnn = ttnn
-        self.group = {
-            source: precision.dtype(spec.group)
-            for spec in text_weight_specs(cfg, dram_banks=8)
-            if spec.group != "norm" and spec.sources != (EMBED,)
-            for source in spec.sources
-        }
-
-    def get(
-        self, name: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
-    ) -> torch.Tensor:
-        t = super().get(name)
-        if name in self.group:
-            host = to_host_tensor(self.ttnn, t.t().contiguous(), self.group[name], "tile")
-            t = self.ttnn.to_torch(host).reshape(t.shape[1], t.shape[0]).t().to(t.dtype)
-        return t.to(device, dtype or t.dtype)

@@ -85,30 +85,6 @@ class VisionEncoder(nn.Module):
                 module.pack()
         return encoder.eval()
 
-    def _check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
-        v = self.cfg
-        if (
-            grid_thw.dim() != 2
-            or grid_thw.shape[1] != 3
-            or grid_thw.shape[0] == 0
-            or grid_thw.is_floating_point()
-        ):
-            raise ValueError(
-                f"grid_thw must be integer [n_images >= 1, 3], got {grid_thw.dtype} {list(grid_thw.shape)}"
-            )
-        m = v.spatial_merge_size
-        for i, (t, h, w) in enumerate(grid_thw.tolist()):
-            if min(t, h, w) < 1 or h % m or w % m:
-                raise ValueError(
-                    f"grid_thw[{i}] = {[t, h, w]}: t, h, w must be >= 1 and h, w multiples of the merge size {m}"
-                )
-        n = int(grid_thw.prod(-1).sum())
-        if tuple(pixel_values.shape) != (n, v.patch_dim):
-            raise ValueError(
-                f"pixel_values must have shape [{n}, {v.patch_dim}] for grid_thw {grid_thw.tolist()}, "
-                f"got {list(pixel_values.shape)}"
-            )
-
     @torch.inference_mode()
     def encode(
         self, pixel_values: torch.Tensor, grid_thw: torch.Tensor
@@ -119,17 +95,47 @@ class VisionEncoder(nn.Module):
         Each image frame (t step of an image) attends only to itself, so encoding an image alone or among
         others gives the same features.
         """
-        self._check_inputs(pixel_values, grid_thw)
+        check_inputs(self.cfg, pixel_values, grid_thw)
         v = self.cfg
         grid_thw = grid_thw.cpu()
         rows, cols = patch_rows_cols(grid_thw, v.spatial_merge_size)
         x = self.patch_embed(pixel_values.to(self.device, self.dtype))
         x = x + learned_position_embeds(self.pos_table, grid_thw, rows, cols).to(self.device, self.dtype)
         cos, sin = (t.to(self.device) for t in rotary_cos_sin(rows, cols, v.head_dim, v.rope_theta))
-        segments = torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]).tolist()
+        segments = frame_segments(grid_thw)
         deepstack = []
         for j, block in enumerate(self.blocks):
             x = block(x, cos, sin, segments)
             if j in v.deepstack_visual_indexes:
                 deepstack.append(self.deepstack_mergers[v.deepstack_visual_indexes.index(j)](x))
         return self.merger(x), deepstack
+
+
+def check_inputs(v: VisionConfig, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
+    """Refuse a patch grid or pixel tensor the tower cannot encode, naming the offending value."""
+    if (
+        grid_thw.dim() != 2
+        or grid_thw.shape[1] != 3
+        or grid_thw.shape[0] == 0
+        or grid_thw.is_floating_point()
+    ):
+        raise ValueError(
+            f"grid_thw must be integer [n_images >= 1, 3], got {grid_thw.dtype} {list(grid_thw.shape)}"
+        )
+    m = v.spatial_merge_size
+    for i, (t, h, w) in enumerate(grid_thw.tolist()):
+        if min(t, h, w) < 1 or h % m or w % m:
+            raise ValueError(
+                f"grid_thw[{i}] = {[t, h, w]}: t, h, w must be >= 1 and h, w multiples of the merge size {m}"
+            )
+    n = int(grid_thw.prod(-1).sum())
+    if tuple(pixel_values.shape) != (n, v.patch_dim):
+        raise ValueError(
+            f"pixel_values must have shape [{n}, {v.patch_dim}] for grid_thw {grid_thw.tolist()}, "
+            f"got {list(pixel_values.shape)}"
+        )
+
+
+def frame_segments(grid_thw: torch.Tensor) -> list[int]:
+    """Patch rows of each attention segment: one per image frame (t step), in order."""
+    return torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]).tolist()

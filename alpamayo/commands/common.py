@@ -34,10 +34,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
     )
+    parser.add_argument(
+        "--moe-config",
+        default=None,
+        help="ttnn backend, MoE checkpoints: the MoE block config YAML (default: the shipped one for the "
+        "model's shape, see alpamayo.moe.config)",
+    )
 
 
 def backend_options(args: argparse.Namespace) -> BackendOptions:
-    return BackendOptions(args.backend, args.dtype, args.device, args.recipe, args.tt_cache)
+    return BackendOptions(args.backend, args.dtype, args.device, args.recipe, args.tt_cache, args.moe_config)
 
 
 @contextmanager

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         recipe=args.recipe,
         tt_cache=args.tt_cache,
+        moe_config=args.moe_config,
         sampling=Sampling(args.temperature, args.top_p),
         max_reasoning_tokens=args.max_reasoning_tokens,
     )

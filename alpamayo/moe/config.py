@@ -8,6 +8,7 @@ names only device-neutral things, after tt-metal's `TTMoEDecodeConfig`:
     num_routed_experts: 128
     select_experts_k: 8               # routed experts per token
     num_slots: 1                      # devices (or core groups) the routed experts are split over
+    mesh_shape: [1, 1]                # how those devices are arranged (rows, columns); rows x cols = slots
     expert_mapping: sequential        # or a list: the slot of each routed expert
     num_shared_experts: 0             # experts every token visits, ids right after the routed ones
     shared_expert_ids_to_slots: fully_replicated   # or {shared id: [slots holding a replica]}
@@ -15,7 +16,8 @@ names only device-neutral things, after tt-metal's `TTMoEDecodeConfig`:
     has_bias: false                   # per-expert biases on gate, up and down
 
 Validation fails fast, naming the field, the value and the allowed range: the routed count must divide evenly
-over the slots (the hardware shards the expert dim evenly), every mapping entry must name a slot, each slot
+over the slots (the hardware shards the expert dim evenly), the mesh must hold exactly the slots, every mapping
+entry must name a slot, each slot
 must hold the same number of routed experts, shared-expert ids must be exactly
 `num_routed_experts .. num_routed_experts + num_shared_experts - 1`, and per-expert biases cannot be combined
 with shared experts (the hardware block has no bias rows for them).
@@ -32,10 +34,13 @@ from typing import Any
 import yaml
 
 from alpamayo.config import TextConfig
+from alpamayo.configs import CONFIG_DIR
 from alpamayo.errors import ConfigError
 
 SEQUENTIAL = "sequential"
 FULLY_REPLICATED = "fully_replicated"
+# One YAML per published MoE model, `alpamayo/configs/<name>.moe.yaml`; a model whose dimensions match runs with it.
+MOE_SUFFIX = ".moe.yaml"
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,9 @@ class MoEBlockConfig:
     """Dimensions and expert placement of one MoE block; see the module docstring for the YAML form.
 
     `expert_mapping=None` means sequential (slot s holds experts s*E/slots .. (s+1)*E/slots - 1);
-    `shared_expert_ids_to_slots=None` means every shared expert is replicated on every slot. Both are
-    resolved to explicit values on construction.
+    `shared_expert_ids_to_slots=None` means every shared expert is replicated on every slot;
+    `mesh_shape=None` means one row of `num_slots` devices. All are resolved to explicit values on
+    construction. (`alpamayo.tt.moe` runs the block on one chip: mesh [1, 1].)
     """
 
     hidden_size: int
@@ -52,6 +58,7 @@ class MoEBlockConfig:
     num_routed_experts: int
     select_experts_k: int
     num_slots: int = 1
+    mesh_shape: tuple[int, int] | None = None
     expert_mapping: tuple[int, ...] | None = None
     num_shared_experts: int = 0
     shared_expert_ids_to_slots: Mapping[int, tuple[int, ...]] | None = None
@@ -81,6 +88,7 @@ class MoEBlockConfig:
         else:
             mapping = tuple(self.expert_mapping)
         object.__setattr__(self, "expert_mapping", mapping)
+        object.__setattr__(self, "mesh_shape", self._resolve_mesh())
         self._check_mapping()
         object.__setattr__(self, "shared_expert_ids_to_slots", self._resolve_shared())
         scale = self.shared_expert_scale
@@ -93,6 +101,24 @@ class MoEBlockConfig:
                 f"has_bias = true cannot be combined with num_shared_experts = {self.num_shared_experts}: "
                 f"shared experts carry no bias rows in the MoE block"
             )
+
+    def _resolve_mesh(self) -> tuple[int, int]:
+        if self.mesh_shape is None:
+            return (1, self.num_slots)
+        mesh = self.mesh_shape
+        if (
+            not isinstance(mesh, Sequence)
+            or isinstance(mesh, str)
+            or len(mesh) != 2
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in mesh)
+        ):
+            raise ConfigError(f"mesh_shape must be [rows, columns], two integers >= 1, got {mesh!r}")
+        if mesh[0] * mesh[1] != self.num_slots:
+            raise ConfigError(
+                f"mesh_shape {list(mesh)} holds {mesh[0] * mesh[1]} devices but num_slots = {self.num_slots}: "
+                f"the routed experts are split over every device of the mesh"
+            )
+        return (mesh[0], mesh[1])
 
     def _check_mapping(self) -> None:
         e, slots, mapping = self.num_routed_experts, self.num_slots, self.expert_mapping
@@ -248,3 +274,36 @@ def _shared_map(value: Any, source: str) -> dict[int, tuple[int, ...]]:
             )
         out[sid] = _slot_list(f"shared_expert_ids_to_slots[{sid}]", slots, source)
     return out
+
+
+def shipped_block_configs() -> dict[str, MoEBlockConfig]:
+    """The block configs shipped with the package, by model name (`alpamayo/configs/<name>.moe.yaml`)."""
+    paths = sorted(CONFIG_DIR.glob("*" + MOE_SUFFIX))
+    return {path.name.removesuffix(MOE_SUFFIX): MoEBlockConfig.load(path) for path in paths}
+
+
+def block_config_for(text: TextConfig, path: str | Path | None = None) -> MoEBlockConfig:
+    """The MoE block config a model runs with, checked against the model's dimensions.
+
+    `path` names a YAML file; without one, the shipped config whose dimensions are the model's (a
+    Qwen3-VL-30B-A3B-shaped model gets `qwen3-vl-30b-a3b.moe.yaml`), else `MoEBlockConfig.for_text`.
+    """
+    model = MoEBlockConfig.for_text(text)
+    if path is None:
+        shipped = [c for c in shipped_block_configs().values() if _dims(c) == _dims(model)]
+        return shipped[0] if shipped else model
+    block = MoEBlockConfig.load(path)
+    for field_name, model_value in zip(_DIMS, _dims(model), strict=True):
+        if getattr(block, field_name) != model_value:
+            raise ConfigError(
+                f"{path}: {field_name} = {getattr(block, field_name)} but the checkpoint's text config has "
+                f"{model_value}; an MoE block config must describe the model it runs"
+            )
+    return block
+
+
+_DIMS = ("hidden_size", "intermediate_size", "num_routed_experts", "select_experts_k")
+
+
+def _dims(cfg: MoEBlockConfig) -> tuple[int, ...]:
+    return tuple(getattr(cfg, name) for name in _DIMS)

@@ -35,3 +35,45 @@ def expert_weights(cfg: TextConfig, prefix: str, get: Getter) -> tuple[torch.Ten
     if layout == "hub":
         gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
     return gate_up, down
+
+
+# Per-projection views of a sparse layer's fused expert tensors (suffixes under `language_model.layers.{i}.mlp.`),
+# in the in-memory layout: gate and up [E, I, H], down [E, H, I]. They name no tensor on disk.
+EXPERT_GATE = "experts.gate"
+EXPERT_UP = "experts.up"
+EXPERT_DOWN = "experts.down"
+_VIEWS = (EXPERT_GATE, EXPERT_UP, EXPERT_DOWN)
+
+
+class ExpertView:
+    """A getter that also serves the per-projection expert views (`EXPERT_GATE`, ...), whatever the disk layout.
+
+    A view is read through `expert_weights` (hub files transposed once); the last layer's pair of fused tensors
+    is kept, so its three views cost one read. Every other name goes straight to `get`.
+    """
+
+    def __init__(self, cfg: TextConfig, get: Getter):
+        self.cfg, self._get = cfg, get
+        self._layer: tuple[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def __call__(self, name: str) -> torch.Tensor:
+        prefix, _, view = name.rpartition("experts.")
+        view = "experts." + view
+        if view not in _VIEWS:
+            return self._get(name)
+        if self._layer is None or self._layer[0] != prefix:
+            self._layer = (prefix, expert_weights(self.cfg, prefix, self._get))
+        gate_up, down = self._layer[1]
+        inter = gate_up.shape[1] // 2
+        return {EXPERT_GATE: gate_up[:, :inter], EXPERT_UP: gate_up[:, inter:], EXPERT_DOWN: down}[view]
+
+
+def fused_expert_tensors(
+    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, layout: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of the views: (gate_up_proj, down_proj) in the on-disk `layout` ("hub" or "v5", see
+    `alpamayo.checkpoint.expert_layout`) from gate, up [E, I, H] and down [E, H, I]."""
+    gate_up = torch.cat([gate, up], dim=1)
+    if layout == "hub":
+        return gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
+    return gate_up, down

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -10,7 +12,8 @@ class KVCache:
 
     Static shapes keep the hot path free of allocation (and are what CUDA graphs and device traces need).
     Rows are sequences: a prompt is prefilled into row 0 and `fork(n)` copies it into rows 1..n-1 so that
-    n samples share one prefill.
+    n samples share one prefill. `store`, when given, maps K and V on their way in (e.g. to the values a
+    device's cache format holds: `alpamayo.tt.quantized.round_to`).
     """
 
     def __init__(
@@ -22,8 +25,10 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        store: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         shape = (max_batch, kv_heads, max_seq_len, head_dim)
+        self.store = store
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
@@ -31,6 +36,8 @@ class KVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
         """Store k, v [B, kv_heads, T, head_dim] at positions [start, start+T) of rows [0, B)."""
         b, _, t, _ = k.shape
+        if self.store is not None:
+            k, v = self.store(k), self.store(v)
         self.k[layer][:b, :, start : start + t] = k
         self.v[layer][:b, :, start : start + t] = v
 

@@ -14,7 +14,7 @@ the visual positions, during prefill only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -51,6 +51,8 @@ class TextModel(nn.Module):
         self.dtype, self.device = embed.dtype, embed.device
         self.rope = MRope(cfg.text, self.device)
         self.cache: KVCache | None = None
+        # applied to K/V on their way into the cache (None: stored as computed); see KVCache
+        self.kv_store: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.cache_len = 0  # positions filled in the cache (same for every active row)
         self.rope_delta = 0
         self.batch = 1  # active cache rows
@@ -95,6 +97,7 @@ class TextModel(nn.Module):
             t.head_dim,
             self.dtype,
             self.device,
+            self.kv_store,
         )
         self.reset()
 

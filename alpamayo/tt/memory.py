@@ -1,14 +1,18 @@
-"""DRAM budget of the ttnn text backbone: weights, KV cache, prefill activations and the decode trace.
+"""DRAM budget of the ttnn backend: weights, KV cache, prefill activations and the decode trace.
 
 Bytes are counted the way the device stores them: whole 32x32 tiles of the padded shapes in
-`alpamayo.tt.weights.text_weight_specs`, at the tile sizes of `alpamayo.tt.precision.TILE_BYTES` (row-major
-gammas at 2 bytes per element). The token embedding table stays on the host and is not counted. MoE expert
-weights (when the config has them) are counted at the recipe's MLP dtypes, the router in bf16.
+`alpamayo.tt.weights.text_weight_specs` (dense MLPs, MoE routers and experts included) and, for a model with
+a vision tower, `alpamayo.tt.vision_weights.vision_weight_specs`, at the tile sizes of
+`alpamayo.tt.precision.TILE_BYTES` (row-major gammas at 2 bytes per element). The token embedding table and
+the vision position table stay on the host and are not counted.
 
 Prefill activations are the bf16 tensors alive at once at the peak of one decoder layer at
-`max_seq_len` (text.py frees everything else as it goes): in the MLP the residual plus gate, up and their
-product (`H + 3 I` per row); in attention the residual, the fused QKV, the q/k/v heads and their normed and
-rotated copies (`H + 3 (q_dim + 2 kv_dim)`); plus the cos/sin tables and, for images, one DeepStack level.
+`max_seq_len` (text.py frees everything else as it goes): in a dense MLP the residual plus gate, up and their
+product (`H + 3 I` per row); in an MoE block the residual, the k expert rows of every token in gate, up and
+their product, their outputs and the gathered sum (`H + k (3 I + 2 H)`); in attention the residual, the fused
+QKV, the q/k/v heads and their normed and rotated copies (`H + 3 (q_dim + 2 kv_dim)`); plus the cos/sin tables
+and, for images, one DeepStack level. The vision tower runs before the prefill and frees its activations, so
+the peak is the larger of the two; a vision forward encodes at most 4 patches per prompt position.
 """
 
 from __future__ import annotations
@@ -19,8 +23,16 @@ from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec
 from alpamayo.tt.precision import PRESETS, TILE_BYTES, Precision
-from alpamayo.tt.program_config import TextPlan, model_name, plan_text
-from alpamayo.tt.weights import WeightSpec, round_up, text_weight_specs
+from alpamayo.tt.program_config import TextPlan, VisionPlan, model_name, plan_text
+from alpamayo.tt.vision_weights import vision_weight_specs
+from alpamayo.tt.weights import (
+    WeightSpec,
+    padded_hidden,
+    rotary_head_dim,
+    round_up,
+    text_weight_specs,
+    weight_dtype,
+)
 
 BF16 = 2
 
@@ -43,10 +55,6 @@ def spec_bytes(spec: WeightSpec, dtype: str) -> int:
     return _tiles(spec.padded) * TILE_BYTES[dtype]
 
 
-def weight_dtype(spec: WeightSpec, precision: Precision) -> str:
-    return "bf16" if spec.group == "norm" else precision.dtype(spec.group)
-
-
 class DoesNotFit(ConfigError):
     """The model with this recipe and context does not fit in the device's DRAM (message suggests one that does)."""
 
@@ -58,7 +66,7 @@ class MemoryPlan:
     model: str
     recipe: str
     max_seq_len: int
-    weights: dict[str, int]  # precision group (and "norm", "experts") -> bytes
+    weights: dict[str, int]  # precision group (or a bf16 group: norm, bias, router) -> bytes
     kv_cache: int
     activations: int
     trace_region: int
@@ -91,27 +99,25 @@ class MemoryPlan:
         return lines
 
 
-def _expert_bytes(cfg: ModelConfig, precision: Precision) -> int:
-    t, moe = cfg.text, cfg.text.moe
-    if moe is None:
-        return 0
-    sparse = sum(moe.is_sparse(i) for i in range(t.num_hidden_layers))
-    h, i = t.hidden_size, moe.moe_intermediate_size
-    per_expert = _tiles((h, 2 * i)) * TILE_BYTES[precision.dtype("mlp_gate_up")]
-    per_expert += _tiles((i, h)) * TILE_BYTES[precision.dtype("mlp_down")]
-    router = _tiles((h, moe.num_experts)) * TILE_BYTES["bf16"]
-    return sparse * (moe.num_experts * per_expert + router)
-
-
-def _activation_bytes(cfg: ModelConfig, max_seq_len: int) -> int:
+def _activation_bytes(cfg: ModelConfig, max_seq_len: int, device: DeviceSpec) -> int:
     t = cfg.text
     rows = TextPlan.padded_length(max_seq_len)
+    h = padded_hidden(t, device.dram_banks)
     qkv = t.q_dim + 2 * t.kv_dim
-    dense = t.moe is None or any(not t.moe.is_sparse(i) for i in range(t.num_hidden_layers))
-    inter = t.intermediate_size if dense else t.moe.moe_intermediate_size * t.moe.num_experts_per_tok
-    per_row = max(t.hidden_size + 3 * inter, t.hidden_size + 3 * qkv)
-    per_row += 2 * t.head_dim + t.hidden_size  # cos, sin and one DeepStack level
-    return rows * per_row * BF16
+    per_row = h + 3 * qkv
+    if t.moe is None or any(not t.moe.is_sparse(i) for i in range(t.num_hidden_layers)):
+        per_row = max(per_row, h + 3 * t.intermediate_size)
+    if t.moe is not None:
+        per_row = max(per_row, h + t.moe.num_experts_per_tok * (3 * t.moe.moe_intermediate_size + 2 * h))
+    per_row += 2 * t.head_dim + h  # cos, sin and one DeepStack level
+    text = rows * per_row * BF16
+    v = cfg.vision
+    if v is None:
+        return text
+    patches = VisionPlan.padded_length(4 * max_seq_len)
+    lanes = v.num_heads * rotary_head_dim(v.head_dim)
+    vision = patches * (2 * v.hidden_size + 5 * lanes + round_up(v.intermediate_size, TILE)) * BF16
+    return max(text, vision)
 
 
 def plan_memory(
@@ -122,14 +128,10 @@ def plan_memory(
         raise ConfigError(f"max_seq_len must be >= 1, got {max_seq_len}")
     t = cfg.text
     weights: dict[str, int] = {}
-    dense_layers = {i for i in range(t.num_hidden_layers) if t.moe is None or not t.moe.is_sparse(i)}
-    for spec in text_weight_specs(cfg, device.dram_banks):
-        layer = int(spec.name.split(".")[1]) if spec.name.startswith("layers.") else None
-        if spec.group.startswith("mlp_") and layer not in dense_layers:
-            continue
+    specs = text_weight_specs(cfg, device.dram_banks)
+    specs += vision_weight_specs(cfg.vision) if cfg.vision is not None else []
+    for spec in specs:
         weights[spec.group] = weights.get(spec.group, 0) + spec_bytes(spec, weight_dtype(spec, precision))
-    if t.moe is not None:
-        weights["experts"] = _expert_bytes(cfg, precision)
     cache_rows = TextPlan.cache_length(max_seq_len)
     kv_tiles = t.num_key_value_heads * round_up(cache_rows, TILE) // TILE * (t.head_dim // TILE)
     kv = 2 * t.num_hidden_layers * kv_tiles * TILE_BYTES[precision.dtype("kv_cache")]
@@ -139,7 +141,7 @@ def plan_memory(
         max_seq_len=max_seq_len,
         weights=weights,
         kv_cache=kv,
-        activations=_activation_bytes(cfg, max_seq_len),
+        activations=_activation_bytes(cfg, max_seq_len, device),
         trace_region=plan_text(cfg, precision, device).trace_region_bytes,
         capacity=device.dram_bytes,
     )

@@ -1,21 +1,32 @@
-"""Precision recipes of the ttnn text backbone: a dtype per tensor group and a math fidelity per op group.
+"""Precision recipes of the ttnn backend: a dtype per tensor group and a math fidelity per op group.
 
 A recipe is data (tt-metal `DecodersPrecision` style), validated on construction:
 
     name: my-recipe
     base: performance          # optional: start from a preset, then override
-    dtypes:   {qkv: bfp8, o: bfp8, mlp_gate_up: bfp4, mlp_down: bfp4, lm_head: bfp8, kv_cache: bfp8}
-    fidelity: {qkv: hifi2, o: hifi2, mlp_gate_up: lofi, mlp_down: lofi, lm_head: hifi2, sdpa: hifi4, norm: hifi4}
+    dtypes:   {qkv: bfp8, o: bfp8, mlp_gate_up: bfp4, mlp_down: bfp4, experts: bfp4, lm_head: bfp8,
+               vision: bfp8, kv_cache: bfp8}
+    fidelity: {qkv: hifi2, o: hifi2, mlp_gate_up: lofi, mlp_down: lofi, experts: hifi2, router: hifi4,
+               lm_head: hifi2, vision: hifi2, sdpa: hifi4, norm: hifi4}
+
+Tensor groups: the text attention (`qkv`, `o`), the dense MLP (`mlp_gate_up`, `mlp_down`), the routed MoE
+experts (`experts`: gate, up and down of every expert), the `lm_head`, every linear weight of the vision tower
+(`vision`: patch embedding, block and merger projections) and the `kv_cache`. Norm weights, biases and the MoE
+router stay bf16 in every recipe (`alpamayo.tt.weights.BF16_GROUPS`). Op groups add the MoE `router` (fp32
+logits: a bf16 logit rounding can flip a near-tie expert choice) and the prefill-style `vision` matmuls.
 
 Presets:
   * `accuracy`: bfp8 weights everywhere, bf16 KV cache, HiFi4 math throughout.
-  * `performance`: bfp4 MLP, bfp8 attention and lm_head, bfp8 KV cache; LoFi for the bfp4 matmuls and HiFi2
-    for the bfp8 ones (fidelity matched to the weight mantissa: bfp4 keeps 3 bits, which one LoFi pass
-    covers; bfp8 keeps 7, which HiFi2 covers). Qwen3-VL-32B in this recipe is ~21 GB of weights, the
-    configuration tt-metal runs Qwen3-VL-32B in (../shared/reference/ttmetal.md §3).
+  * `performance`: bfp4 MLP and experts, bfp8 attention, lm_head and vision tower, bfp8 KV cache; LoFi for the
+    dense bfp4 matmuls and HiFi2 for the bfp8 ones (fidelity matched to the weight mantissa: bfp4 keeps 3
+    bits, which one LoFi pass covers; bfp8 keeps 7, which HiFi2 covers). The experts get HiFi2 although they
+    are bfp4: tt-metal's single-chip MoE measured LoFi sparse matmuls capping an MoE layer near PCC 0.98
+    (HiFi4 recovered >= 0.99); decode reads only k experts' weights, so the extra pass is not the bottleneck.
+    Qwen3-VL-32B in this recipe is ~21 GB of text weights, the configuration tt-metal runs Qwen3-VL-32B in
+    (../shared/reference/ttmetal.md §3); Qwen3-VL-30B-A3B is 18.4 GB with its vision tower, 16.3 GB of it experts.
 
-Block-float sizes per 32x32 tile (measured with ttnn 0.81.1's host packer as `.tensorbin` payloads): bf16
-2048 bytes; bfp8 1088 (1024 mantissa bytes + 64 shared exponents, one per 16 values); bfp4 576.
+Block-float sizes per 32x32 tile (`alpamayo.tt.block_float`, equal to ttnn 0.81.1's `.tensorbin` payloads):
+bf16 2048 bytes; bfp8 1088 (1024 mantissa bytes + 64 shared exponents, one per 16 values); bfp4 576.
 """
 
 from __future__ import annotations
@@ -26,16 +37,29 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
+from alpamayo.tt.block_float import FORMATS
 
 DTYPES = ("bf16", "bfp8", "bfp4")
 KV_CACHE_DTYPES = ("bf16", "bfp8")  # paged_update_cache repacks into these; bfp4 K/V is not supported
-TENSOR_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "lm_head", "kv_cache")
+TENSOR_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "experts", "lm_head", "vision", "kv_cache")
 FIDELITIES = ("lofi", "hifi2", "hifi3", "hifi4")
-OP_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "lm_head", "sdpa", "norm")
-TILE_BYTES = {"bf16": 2048, "bfp8": 1088, "bfp4": 576}
+OP_GROUPS = (
+    "qkv",
+    "o",
+    "mlp_gate_up",
+    "mlp_down",
+    "experts",
+    "router",
+    "lm_head",
+    "vision",
+    "sdpa",
+    "norm",
+)
+TILE_BYTES = {"bf16": 2048, **{name: f.tile_bytes for name, f in FORMATS.items()}}
 # Largest error of one element after block-float packing, as a fraction of the largest magnitude in its
-# 16-value block (measured with ttnn 0.81.1's host packer on heavy-tailed data: bfp8 2^-7, bfp4 2^-3).
-BLOCK_FLOAT_ERROR = {"bf16": 0.0, "bfp8": 2.0**-7, "bfp4": 2.0**-3}
+# 16-value block: half a step of the shared scale, 2^-W (measured with ttnn 0.81.1's host packer on
+# heavy-tailed data: bfp8 2^-7, bfp4 2^-3).
+BLOCK_FLOAT_ERROR = {"bf16": 0.0, **{name: 2.0**-f.mantissa_bits for name, f in FORMATS.items()}}
 
 
 @dataclass(frozen=True)
@@ -125,7 +149,9 @@ PRESETS: dict[str, Precision] = {
             "o": "bfp8",
             "mlp_gate_up": "bfp4",
             "mlp_down": "bfp4",
+            "experts": "bfp4",
             "lm_head": "bfp8",
+            "vision": "bfp8",
             "kv_cache": "bfp8",
         },
         fidelity={
@@ -133,7 +159,10 @@ PRESETS: dict[str, Precision] = {
             "o": "hifi2",
             "mlp_gate_up": "lofi",
             "mlp_down": "lofi",
+            "experts": "hifi2",
+            "router": "hifi4",
             "lm_head": "hifi2",
+            "vision": "hifi2",
             "sdpa": "hifi4",
             "norm": "hifi4",
         },

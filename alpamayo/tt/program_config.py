@@ -16,24 +16,36 @@ device call. Choices and the measurements behind them (seed design for Qwen3-VL-
     length allows, else 128. Prompts are padded to a multiple of 128.
   * The prefill K/V are height-sharded over at most 8x8 cores for `fill_cache` (interleaved multi-head inputs
     are mis-addressed: heads 1..7 corrupted, measured), each core holding rows of a single head.
+  * The residual stream is `padded_hidden` wide (hidden rounded up to 32 x DRAM banks; see
+    `alpamayo.tt.weights`), so every hidden size plans; the fused QKV row must still split over the banks.
+
+`plan_moe` plans the MoE block of sparse layers (`alpamayo.tt.moe`): router, gate/up and down as
+`ttnn.sparse_matmul` 1D multicasts with N split over at most 8x8 cores (tt-metal's single-chip MoE1D layout),
+and refuses block configs the one-chip block does not implement. `plan_vision` plans the vision tower
+(`alpamayo.tt.vision`): padded head width, patch-count padding and the prefill-style matmuls.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.config import ModelConfig, TextConfig, VisionConfig
 from alpamayo.errors import ConfigError
+from alpamayo.moe.config import MoEBlockConfig, block_config_for
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec
 from alpamayo.tt.precision import TILE_BYTES, Precision
-from alpamayo.tt.weights import round_up
+from alpamayo.tt.weights import padded_hidden, rotary_head_dim, round_up
 
 DECODE_MAX_GRID = (8, 10)  # activation grids of the decode matmuls and norms (seed: 8x10 = 80 cores)
 PREFILL_MAX_GRID = (11, 10)  # minimal_matmul, SDPA and lm_head grid
 KV_FILL_MAX_GRID = (8, 8)
+SPARSE_MAX_GRID = (8, 8)  # sparse_matmul 1D multicast grid (tt-metal MoE1D: cores dividing N within 8x8)
+VISION_PAD = 128  # patches per vision forward are padded to this multiple (SDPA chunks, 4-row merge)
+VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")  # block MLP activations with an exact device GELU
 SDPA_DECODE_GRID = (8, 8)
 SDPA_DECODE_K_CHUNK = 128
 PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
@@ -121,14 +133,16 @@ class TextPlan:
 
     model: str
     device: DeviceSpec
+    hidden_padded: int  # width of the residual stream (`alpamayo.tt.weights.padded_hidden`)
     residual_grid: CoreGrid
     norm_block_w: int
     norm_subblock_w: int
     qkv: DecodeMatmul
     o: DecodeMatmul
-    gate: DecodeMatmul | None  # None when every layer is a sparse MoE block (planned with the MoE backend)
+    gate: DecodeMatmul | None  # None when every layer is a sparse MoE block (then planned in `moe`)
     up: DecodeMatmul | None
     down: DecodeMatmul | None
+    moe: MoEPlan | None  # the MoE block of the sparse layers; None for a dense model
     head: HeadMatmul
     prefill_grid: CoreGrid
     sdpa_decode_grid: CoreGrid
@@ -163,7 +177,7 @@ class TextPlan:
         lines = [
             f"device: {self.device.name}, {self.device.grid_x}x{self.device.grid_y} cores, "
             f"{self.device.dram_banks} DRAM banks",
-            f"decode residual stream + RMSNorm: width-sharded over {self.residual_grid} "
+            f"decode residual stream ({self.hidden_padded} wide) + RMSNorm: width-sharded over {self.residual_grid} "
             f"({self.residual_grid.cores} cores), block_w {self.norm_block_w}, subblock_w {self.norm_subblock_w}",
             *(f"decode {m.describe()}" for m in self.decode_matmuls),
             f"decode lm_head  [{self.head.k}, {self.head.n_padded}] 1D mcast grid {self.head.grid} "
@@ -174,8 +188,8 @@ class TextPlan:
             f"prefill: minimal_matmul + causal SDPA on {self.prefill_grid}, length padded to a multiple of "
             f"{PREFILL_PAD}, SDPA chunk 256 (128 when 256 does not divide)",
         ]
-        if self.gate is None:
-            lines.append("MLP: sparse MoE in every layer (planned by the MoE backend)")
+        if self.moe is not None:
+            lines += self.moe.describe()
         return lines
 
 
@@ -214,6 +228,23 @@ def _l1_budget(device: DeviceSpec) -> int:
     return device.l1_bytes - L1_HEADROOM
 
 
+def _largest_block(k_tiles: int, l1: Callable[[int], int], device: DeviceSpec) -> int | None:
+    """The largest in0_block_w (a divisor of k_tiles, at most MAX_BLOCK) whose `l1` bytes fit; None if none."""
+    for block_w in sorted(
+        (d for d in range(1, min(k_tiles, MAX_BLOCK) + 1) if k_tiles % d == 0), reverse=True
+    ):
+        if l1(block_w) <= _l1_budget(device):
+            return block_w
+    return None
+
+
+def _mcast_l1(block_w: int, per_core_n: int, dtype: str) -> int:
+    """L1 per core of a 1D multicast matmul: double-buffered activation and weight blocks, one output row
+    block (bf16)."""
+    bf16 = TILE_BYTES["bf16"]
+    return 2 * block_w * bf16 + 2 * block_w * per_core_n * TILE_BYTES[dtype] + per_core_n * bf16
+
+
 def _decode_matmul(
     name: str, k: int, n: int, dtype: str, device: DeviceSpec, fused_silu: bool = False
 ) -> DecodeMatmul:
@@ -232,13 +263,9 @@ def _decode_matmul(
             bank_tiles // workers
         ) * TILE_BYTES[dtype]
 
-    for block_w in sorted(
-        (d for d in range(1, min(in_tiles, MAX_BLOCK) + 1) if in_tiles % d == 0), reverse=True
-    ):
-        if l1(block_w) <= _l1_budget(device):
-            return DecodeMatmul(
-                name, k, n, n_padded, grid, block_w, per_core_n, workers, fused_silu, l1(block_w)
-            )
+    block_w = _largest_block(in_tiles, l1, device)
+    if block_w is not None:
+        return DecodeMatmul(name, k, n, n_padded, grid, block_w, per_core_n, workers, fused_silu, l1(block_w))
     raise PlanError(
         f"decode {name} [{k}, {n_padded}] ({dtype}): the smallest in0_block_w needs {l1(1)} bytes of L1 per "
         f"core on grid {grid}; the budget is {_l1_budget(device)} bytes ({device.name})"
@@ -251,19 +278,14 @@ def _head_matmul(k: int, n: int, dtype: str, device: DeviceSpec) -> HeadMatmul:
     k_tiles = k // TILE
     per_core_n = -(-(n_padded // TILE) // grid.cores)
     subblock_w = _largest_divisor(per_core_n, DEST_TILES)
-
-    def l1(block_w: int) -> int:
-        # double-buffered weight and activation blocks + one output row block (bf16)
-        bf16 = TILE_BYTES["bf16"]
-        return 2 * block_w * per_core_n * TILE_BYTES[dtype] + 2 * block_w * bf16 + per_core_n * bf16
-
-    for block_w in sorted(
-        (d for d in range(1, min(k_tiles, MAX_BLOCK) + 1) if k_tiles % d == 0), reverse=True
-    ):
-        if l1(block_w) <= _l1_budget(device):
-            return HeadMatmul(k, n_padded, grid, block_w, per_core_n, subblock_w, l1(block_w))
+    block_w = _largest_block(k_tiles, lambda b: _mcast_l1(b, per_core_n, dtype), device)
+    if block_w is not None:
+        return HeadMatmul(
+            k, n_padded, grid, block_w, per_core_n, subblock_w, _mcast_l1(block_w, per_core_n, dtype)
+        )
     raise PlanError(
-        f"lm_head [{k}, {n_padded}] ({dtype}) on {grid}: {per_core_n} output tiles per core need {l1(1)} bytes "
+        f"lm_head [{k}, {n_padded}] ({dtype}) on {grid}: {per_core_n} output tiles per core need "
+        f"{_mcast_l1(1, per_core_n, dtype)} bytes "
         f"of L1; the budget is {_l1_budget(device)} bytes ({device.name})"
     )
 
@@ -305,11 +327,6 @@ def _check_dims(t: TextConfig, device: DeviceSpec, source: str) -> None:
             f"{source}: head_dim = {t.head_dim}; the device rotary (rotary_embedding_hf) needs 32 or a "
             f"multiple of 64"
         )
-    if t.hidden_size % bank_multiple:
-        raise PlanError(
-            f"{source}: hidden_size = {t.hidden_size} must be a multiple of {bank_multiple} (32 x "
-            f"{device.dram_banks} DRAM banks): it is the N of the DRAM-sharded o_proj and down_proj"
-        )
     qkv = t.q_dim + 2 * t.kv_dim
     if qkv % bank_multiple:
         raise PlanError(
@@ -318,12 +335,17 @@ def _check_dims(t: TextConfig, device: DeviceSpec, source: str) -> None:
         )
 
 
-def plan_text(cfg: ModelConfig, precision: Precision, device: DeviceSpec = P150) -> TextPlan:
-    """Plan the text backbone of `cfg` in `precision` on `device`; PlanError if it cannot run there."""
+def plan_text(
+    cfg: ModelConfig, precision: Precision, device: DeviceSpec = P150, moe: MoEBlockConfig | None = None
+) -> TextPlan:
+    """Plan the text backbone of `cfg` in `precision` on `device`; PlanError if it cannot run there.
+
+    A model with sparse MoE layers is planned with its block config `moe` (default: `block_config_for`)."""
     t = cfg.text
     source = model_name(cfg)
     _check_dims(t, device, source)
-    h_tiles = t.hidden_size // TILE
+    hp = padded_hidden(t, device.dram_banks)
+    h_tiles = hp // TILE
     residual = _grid_dividing((h_tiles,), _device_grid(device, DECODE_MAX_GRID))
     block_w = h_tiles // residual.cores
     dense = t.moe is None or any(not t.moe.is_sparse(i) for i in range(t.num_hidden_layers))
@@ -331,34 +353,178 @@ def plan_text(cfg: ModelConfig, precision: Precision, device: DeviceSpec = P150)
     mlp = (
         (
             _decode_matmul(
-                "gate",
-                t.hidden_size,
-                t.intermediate_size,
-                precision.dtype("mlp_gate_up"),
-                device,
-                fused_silu=True,
+                "gate", hp, t.intermediate_size, precision.dtype("mlp_gate_up"), device, fused_silu=True
             ),
-            _decode_matmul("up", t.hidden_size, t.intermediate_size, precision.dtype("mlp_gate_up"), device),
-            _decode_matmul("down", inter_p, t.hidden_size, precision.dtype("mlp_down"), device),
+            _decode_matmul("up", hp, t.intermediate_size, precision.dtype("mlp_gate_up"), device),
+            _decode_matmul("down", inter_p, hp, precision.dtype("mlp_down"), device),
         )
         if dense
         else (None, None, None)
     )
+    sparse = t.moe is not None and any(t.moe.is_sparse(i) for i in range(t.num_hidden_layers))
+    moe_plan = plan_moe(cfg, moe or block_config_for(t), precision, device) if sparse else None
     _kv_fill_grid(t.num_key_value_heads, PREFILL_PAD)  # refuses a head count the KV fill cannot shard
     return TextPlan(
         model=source,
         device=device,
+        hidden_padded=hp,
         residual_grid=residual,
         norm_block_w=block_w,
         norm_subblock_w=_largest_divisor(block_w, DEST_TILES),
-        qkv=_decode_matmul("qkv", t.hidden_size, t.q_dim + 2 * t.kv_dim, precision.dtype("qkv"), device),
-        o=_decode_matmul("o", t.q_dim, t.hidden_size, precision.dtype("o"), device),
+        qkv=_decode_matmul("qkv", hp, t.q_dim + 2 * t.kv_dim, precision.dtype("qkv"), device),
+        o=_decode_matmul("o", t.q_dim, hp, precision.dtype("o"), device),
         gate=mlp[0],
         up=mlp[1],
         down=mlp[2],
-        head=_head_matmul(t.hidden_size, t.vocab_size, precision.dtype("lm_head"), device),
+        moe=moe_plan,
+        head=_head_matmul(hp, t.vocab_size, precision.dtype("lm_head"), device),
         prefill_grid=CoreGrid(*_device_grid(device, PREFILL_MAX_GRID)),
         sdpa_decode_grid=CoreGrid(*_device_grid(device, SDPA_DECODE_GRID)),
         n_kv_heads=t.num_key_value_heads,
         trace_region_bytes=TRACE_BYTES_PER_LAYER * t.num_hidden_layers + TRACE_BYTES_FIXED,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- MoE
+
+
+@dataclass(frozen=True)
+class SparseMatmul:
+    """One `ttnn.sparse_matmul` of 32-row activation tiles by expert weights `[1, E, K, N]`: a 1D multicast
+    over `grid` with N split evenly across its cores (`per_core_n` tiles each)."""
+
+    name: str
+    k: int
+    n: int
+    grid: CoreGrid
+    in0_block_w: int
+    per_core_n: int
+    l1_bytes: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.name:<8} [32, {self.k}] x [E, {self.k}, {self.n}] grid {self.grid} in0_block_w "
+            f"{self.in0_block_w} per_core_N {self.per_core_n}; L1 ~{self.l1_bytes / 1024:.0f} KiB/core"
+        )
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    """The one-chip MoE block of every sparse layer: its validated config and sparse-matmul configs.
+
+    Decode routes the token's 32-row tile to its k experts (sparsity with exactly k nonzeros); prefill groups
+    the prompt's (token, expert) rows by expert in 32-row groups and runs each group with its expert only."""
+
+    block: MoEBlockConfig
+    hidden_padded: int
+    intermediate_padded: int
+    gate_up: SparseMatmul
+    down: SparseMatmul
+
+    def describe(self) -> list[str]:
+        b = self.block
+        return [
+            f"MoE: {b.num_routed_experts} experts, top-{b.select_experts_k}, router fp32 logits on "
+            f"[{self.hidden_padded}, {b.num_routed_experts}]; mesh {list(b.mesh_shape)}",
+            f"MoE {self.gate_up.describe()}",
+            f"MoE {self.down.describe()}",
+        ]
+
+
+def _sparse_matmul(name: str, k: int, n: int, dtype: str, device: DeviceSpec) -> SparseMatmul:
+    k_tiles, n_tiles = k // TILE, n // TILE
+    grid = _grid_dividing((n_tiles,), _device_grid(device, SPARSE_MAX_GRID))
+    per_core_n = n_tiles // grid.cores
+    block_w = _largest_block(k_tiles, lambda b: _mcast_l1(b, per_core_n, dtype), device)
+    if block_w is not None:
+        return SparseMatmul(name, k, n, grid, block_w, per_core_n, _mcast_l1(block_w, per_core_n, dtype))
+    raise PlanError(
+        f"MoE {name} [E, {k}, {n}] ({dtype}): {per_core_n} output tiles per core on {grid} need "
+        f"{_mcast_l1(1, per_core_n, dtype)} bytes "
+        f"of L1; the budget is {_l1_budget(device)} bytes ({device.name})"
+    )
+
+
+def plan_moe(
+    cfg: ModelConfig, block: MoEBlockConfig, precision: Precision, device: DeviceSpec = P150
+) -> MoEPlan:
+    """Plan the MoE block `block` of `cfg`'s sparse layers on one chip; PlanError for what it does not run."""
+    source = model_name(cfg)
+    mesh = block.mesh_shape
+    if mesh != (1, 1):
+        raise PlanError(
+            f"{source}: MoE mesh_shape {list(mesh)} ({mesh[0] * mesh[1]} devices): the ttnn MoE block runs on "
+            f"one chip, mesh_shape [1, 1]. Several chips (experts sharded over the mesh, tokens dispatched to "
+            f"their experts' devices and combined back, as tt-metal's TTMoEDecode) are not implemented"
+        )
+    if block.num_shared_experts:
+        raise PlanError(
+            f"{source}: num_shared_experts = {block.num_shared_experts}: the one-chip MoE block has routed "
+            "experts only (Qwen3-VL-MoE has no shared experts); allowed: 0"
+        )
+    if block.has_bias:
+        raise PlanError(
+            f"{source}: has_bias = true: the one-chip MoE block has no expert biases; allowed: false"
+        )
+    if block.num_routed_experts % TILE:
+        raise PlanError(
+            f"{source}: num_routed_experts = {block.num_routed_experts}: the device router's softmax, top-k "
+            f"and sparsity rows run over whole {TILE}-wide tiles; allowed: multiples of {TILE}"
+        )
+    t = cfg.text
+    hp = padded_hidden(t, device.dram_banks)
+    ip = round_up(block.intermediate_size, TILE)
+    dtype = precision.dtype("experts")
+    return MoEPlan(
+        block=block,
+        hidden_padded=hp,
+        intermediate_padded=ip,
+        gate_up=_sparse_matmul("gate/up", hp, ip, dtype, device),
+        down=_sparse_matmul("down", ip, hp, dtype, device),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- vision
+
+
+@dataclass(frozen=True)
+class VisionPlan:
+    """Grids and padding of the vision tower on the device (prefill-style: every patch row at once)."""
+
+    head_dim: int
+    padded_head_dim: int
+    grid: CoreGrid
+
+    @staticmethod
+    def padded_length(patches: int) -> int:
+        return round_up(patches, VISION_PAD)
+
+    def matmul(self, m: int, k: int, n: int) -> PrefillMatmul:
+        return _prefill_matmul(self.grid, m, k, n)
+
+    def describe(self) -> str:
+        return (
+            f"vision: head_dim {self.head_dim} padded to {self.padded_head_dim} lanes, patches padded to a "
+            f"multiple of {VISION_PAD}, minimal_matmul + windowed SDPA (one window per frame) on {self.grid}"
+        )
+
+
+def plan_vision(vision: VisionConfig, device: DeviceSpec = P150, source: str = "vision_config") -> VisionPlan:
+    """Plan the vision tower; PlanError if the device layout cannot hold it."""
+    if vision.hidden_size % TILE:
+        raise PlanError(
+            f"{source}: vision hidden_size = {vision.hidden_size} must be a multiple of {TILE}: the device "
+            "LayerNorm averages over whole tiles, so the width cannot be zero-padded"
+        )
+    if vision.head_dim % 2:
+        raise PlanError(f"{source}: vision head_dim = {vision.head_dim} must be even for the 2-D rotary")
+    if vision.hidden_act not in VISION_ACTIVATIONS:
+        raise PlanError(
+            f"{source}: vision hidden_act = {vision.hidden_act!r}; the device vision blocks support "
+            f"{', '.join(VISION_ACTIVATIONS)}"
+        )
+    return VisionPlan(
+        head_dim=vision.head_dim,
+        padded_head_dim=rotary_head_dim(vision.head_dim),
+        grid=CoreGrid(*_device_grid(device, PREFILL_MAX_GRID)),
     )

@@ -25,11 +25,19 @@ cache update and flash-decode SDPA reading the position from a device tensor, he
 untilized. The step is captured once as a trace whose persistent inputs (embedding row, cos, sin, position)
 are rewritten in place before each replay; `close()` releases it. `decode_layers[i]` is the per-layer seam: a
 fused decode layer installed there (before the first traced step) replaces the per-op one.
+
+Sparse MoE layers (Qwen3-VL-MoE) run their MLP as `alpamayo.tt.moe.TTMoE`, configured by the model's
+validated `MoEBlockConfig` (`alpamayo.moe.config.block_config_for`): top-k sparse expert matmuls in decode
+(inside the trace), expert-grouped matmuls in prefill.
+
+The residual stream is `hidden_p` = hidden rounded up to 32 x DRAM banks wide (zero columns; see
+`alpamayo.tt.weights`): host inputs are zero-padded to it and outputs cut back to hidden.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +45,18 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
-from alpamayo.errors import BackendUnavailable, ConfigError
+from alpamayo.errors import BackendUnavailable
+from alpamayo.moe.config import MoEBlockConfig, block_config_for
+from alpamayo.moe.weights import ExpertView
 from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, TEXT_NAMESPACES, text_tensor_shapes
 from alpamayo.tt import ttnn_configs as cfgs
+from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, DeviceSpec
-from alpamayo.tt.memory import check_fits, weight_dtype
+from alpamayo.tt.memory import check_fits
+from alpamayo.tt.moe import TTMoE
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import (
     PREFILL_PAD,
@@ -55,16 +67,26 @@ from alpamayo.tt.program_config import (
     plan_text,
 )
 from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
-from alpamayo.tt.weight_cache import WeightCache
-from alpamayo.tt.weights import WeightSpec, text_weight_specs
+from alpamayo.tt.weight_cache import upload_weights
+from alpamayo.tt.weights import residual_norm_eps, text_weight_specs
 
-# decode_layers[i](i, x, cos, sin, pos) -> x: x the residual [1, 1, 32, H] bf16 width-sharded over the plan's
+# decode_layers[i](i, x, cos, sin, pos) -> x: x the residual [1, 1, 32, H_p] bf16 width-sharded over the plan's
 # residual grid, cos/sin [1, 1, 32(1), head_dim] height-sharded on core (0, 0), pos [1] int32; the layer must
 # return x in the same layout and write K/V row `pos` of kv_cache[i].
 DecodeLayer = Callable[[int, Any, Any, Any, Any], Any]
 
 
-class TTTextModel:
+@dataclass
+class DeviceKVCache:
+    """The device KV cache of one sequence: per layer (K, V), each [1, n_kv, rows, head_dim] in the recipe's
+    kv_cache dtype (rows: `TextPlan.cache_length(max_seq_len)`)."""
+
+    layers: list[tuple[Any, Any]]
+    max_seq_len: int
+    max_batch: int = 1
+
+
+class TTTextModel(DeviceIO):
     """Device weights, KV cache and generation state of one text decoder on one Blackhole chip."""
 
     def __init__(
@@ -83,17 +105,19 @@ class TTTextModel:
         self.device, self.weights, self.owns_device = device, weights, owns_device
         self.layer_weights = [_layer_weights(weights, i) for i in range(cfg.text.num_hidden_layers)]
         self.embed_table = embed  # [V, H] bf16, host
+        self.moe: dict[int, TTMoE] = {}
         self.tracer = tracer or Tracer(enabled=False)
         self.rope = MRope(cfg.text)
-        self.kv_cache: list[tuple[Any, Any]] = []
-        self.max_seq_len = 0
+        self.cache: DeviceKVCache | None = None
         self.cache_len, self.rope_delta = 0, 0
         self.decode_layers: dict[int, DecodeLayer] = {}
         self._trace: dict[str, Any] | None = None
         self._inputs: dict[str, Any] | None = None
         t = cfg.text
         self.scale = t.head_dim**-0.5
-        matmuls = ("qkv", "o", "mlp_gate_up", "mlp_down", "lm_head")
+        self.hidden_padded = plan.hidden_padded
+        self.residual_eps = residual_norm_eps(t, plan.device.dram_banks)
+        matmuls = ("qkv", "o", "mlp_gate_up", "mlp_down", "experts", "router", "lm_head")
         ck = {op: cfgs.compute_config(ttnn, precision.math_fidelity(op)) for op in matmuls}
         ck["norm"] = cfgs.compute_config(ttnn, precision.math_fidelity("norm"), l1_acc=False)
         # fp32 accumulation in prefill SDPA overflows L1 at ~4.6K rows (seed design, measured); decode keeps it.
@@ -103,7 +127,23 @@ class TTTextModel:
         ck["sdpa_decode"] = cfgs.compute_config(ttnn, precision.math_fidelity("sdpa"), l1_acc=False)
         self.ck = ck
         self.kv_dtype = cfgs.ttnn_dtype(ttnn, precision.dtype("kv_cache"))
+        self.moe = {
+            i: TTMoE(ttnn, device, plan.moe, self.layer_weights[i], ck, self.tracer)
+            for i in range(t.num_hidden_layers)
+            if t.moe is not None and t.moe.is_sparse(i)
+        }
         self._decode_setup()
+
+    @property
+    def tracer(self) -> Tracer:
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer) -> None:
+        """Stages of this model and of its MoE blocks go to `tracer`."""
+        self._tracer = tracer
+        for block in self.moe.values():
+            block.tracer = tracer
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -115,33 +155,32 @@ class TTTextModel:
         device: Any = None,
         cache_dir: str | Path | None = None,
         tracer: Tracer | None = None,
+        moe: str | Path | MoEBlockConfig | None = None,
     ) -> TTTextModel:
         """Plan, check the DRAM budget, open the device (unless given) and upload every weight.
 
-        `cache_dir` keeps the packed weights as `.tensorbin` files (see `alpamayo.tt.weight_cache`).
-        Everything that can be refused (no ttnn or no device, unsupported config, recipe, plan, DRAM) is
-        refused before the device is opened.
+        `cache_dir` keeps the packed weights as `.tensorbin` files (see `alpamayo.tt.weight_cache`). `moe`: the
+        MoE block config (or its YAML file) of a model with sparse layers; default `block_config_for`.
+        Everything that can be refused (no ttnn or no device, unsupported config, recipe, MoE block, plan,
+        DRAM) is refused before the device is opened.
         """
         if device is None and (reason := device_unavailable_reason()) is not None:
             raise BackendUnavailable(reason)
         ckpt = source if isinstance(source, Checkpoint) else None
         directory = ckpt.directory if ckpt is not None else Path(source)
         cfg = cfg or load_config(directory)
-        moe = cfg.text.moe
-        if moe is not None and any(moe.is_sparse(i) for i in range(cfg.text.num_hidden_layers)):
-            raise ConfigError(
-                f"{directory}: sparse MoE layers run on the ttnn backend with the MoE decode block (issue 9); "
-                "use --backend torch for this checkpoint"
-            )
+        block = None
+        if cfg.text.moe is not None:
+            block = moe if isinstance(moe, MoEBlockConfig) else block_config_for(cfg.text, moe)
         ckpt = ckpt or Checkpoint(directory, cfg.weight_prefix)
         ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
         precision = load_precision(precision)
-        plan = plan_text(cfg, precision)
+        plan = plan_text(cfg, precision, moe=block)
         check_fits(cfg, precision, PREFILL_PAD)
         owns = device is None
         device = open_device(plan.trace_region_bytes) if owns else device
         try:
-            plan = plan_text(cfg, precision, DeviceSpec.from_device(device))
+            plan = plan_text(cfg, precision, DeviceSpec.from_device(device), moe=block)
             weights = _upload_weights(cfg, precision, plan, device, ckpt, cache_dir)
             embed = ckpt.get(EMBED, torch.bfloat16)
             return cls(cfg, precision, plan, device, weights, embed, tracer, owns_device=owns)
@@ -161,7 +200,7 @@ class TTTextModel:
         self._free_cache()
         ttnn, t = self.ttnn, self.text_cfg
         shape = (1, t.num_key_value_heads, self.plan.cache_length(max_seq_len), t.head_dim)
-        self.kv_cache = [
+        layers = [
             tuple(
                 ttnn.zeros(
                     shape,
@@ -174,8 +213,17 @@ class TTTextModel:
             )
             for _ in range(t.num_hidden_layers)
         ]
-        self.max_seq_len = max_seq_len
+        self.cache = DeviceKVCache(layers, max_seq_len)
         self.reset()
+
+    @property
+    def kv_cache(self) -> list[tuple[Any, Any]]:
+        """Per layer (K, V) device tensors; empty before `setup_cache`."""
+        return self.cache.layers if self.cache is not None else []
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cache.max_seq_len if self.cache is not None else 0
 
     def reset(self) -> None:
         self.cache_len, self.rope_delta = 0, 0
@@ -206,7 +254,7 @@ class TTTextModel:
         for k, v in self.kv_cache:
             self.ttnn.deallocate(k)
             self.ttnn.deallocate(v)
-        self.kv_cache = []
+        self.cache = None
 
     def _release_trace(self) -> None:
         if self._trace is not None:
@@ -224,26 +272,6 @@ class TTTextModel:
         check_token_ids(ids, self.text_cfg.vocab_size)
         return self.embed_table[ids.long()]
 
-    def _upload(self, t: torch.Tensor) -> Any:
-        """Host tensor -> bf16 TILE tensor in DRAM (interleaved)."""
-        ttnn = self.ttnn
-        with self.tracer.span("tt.host_to_device"):
-            return ttnn.from_torch(
-                t.to(torch.bfloat16),
-                dtype=ttnn.bfloat16,
-                layout=ttnn.TILE_LAYOUT,
-                device=self.device,
-                memory_config=ttnn.DRAM_MEMORY_CONFIG,
-            )
-
-    def _download(self, t: Any) -> torch.Tensor:
-        with self.tracer.span("tt.device_to_host"):
-            return self.ttnn.to_torch(t)
-
-    def _free(self, *tensors: Any) -> None:
-        for t in tensors:
-            self.ttnn.deallocate(t)
-
     # ------------------------------------------------------------------ prefill
     def _mm(self, x: Any, w: Any, op: str) -> Any:
         """Prefill matmul [1, 1, M, K] x [K, N] -> bf16 DRAM interleaved."""
@@ -258,10 +286,10 @@ class TTTextModel:
             memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
         )
 
-    def _rms(self, x: Any, gamma: Any) -> Any:
+    def _rms(self, x: Any, gamma: Any, eps: float) -> Any:
         return self.ttnn.rms_norm(
             x,
-            epsilon=self.text_cfg.rms_norm_eps,
+            epsilon=eps,
             weight=gamma,
             compute_kernel_config=self.ck["norm"],
             memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
@@ -278,10 +306,12 @@ class TTTextModel:
         ttnn.fill_cache(cache, xs, 0)
         self._free(xs, *([src] if cast else []))
 
-    def _layer_prefill(self, i: int, h: Any, cos: Any, sin: Any, padded_len: int) -> Any:
-        """One decoder layer on h [1, 1, Lp, H] (freed); fills K/V rows [0, Lp) of layer i."""
+    def _layer_prefill(self, i: int, h: Any, cos: Any, sin: Any, length: int) -> Any:
+        """One decoder layer on h [1, 1, Lp, H_p] (freed; `length` prompt rows, the rest padding); fills K/V
+        rows [0, Lp) of layer i."""
         ttnn, t, w = self.ttnn, self.text_cfg, self.layer_weights[i]
-        n1 = self._rms(h, w["attn_norm.tile"])
+        padded_len = h.shape[-2]
+        n1 = self._rms(h, w["attn_norm.tile"], self.residual_eps)
         qkv = self._mm(n1, w["wqkv"], "qkv")
         self._free(n1)
         q, k, v = ttnn.experimental.nlp_create_qkv_heads(
@@ -292,7 +322,8 @@ class TTTextModel:
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
         self._free(qkv)
-        qn, kn = self._rms(q, w["q_norm.rm"]), self._rms(k, w["k_norm.rm"])
+        eps = t.rms_norm_eps
+        qn, kn = self._rms(q, w["q_norm.rm"], eps), self._rms(k, w["k_norm.rm"], eps)
         self._free(q, k)
         q = ttnn.experimental.rotary_embedding_hf(qn, cos, sin, is_decode_mode=False)
         k = ttnn.experimental.rotary_embedding_hf(kn, cos, sin, is_decode_mode=False)
@@ -317,18 +348,24 @@ class TTTextModel:
         self._free(ac)
         h2 = ttnn.add(h, o, memory_config=ttnn.DRAM_MEMORY_CONFIG)
         self._free(h, o)
-        n2 = self._rms(h2, w["mlp_norm.tile"])
-        g, u = self._mm(n2, w["w_gate"], "mlp_gate_up"), self._mm(n2, w["w_up"], "mlp_gate_up")
+        n2 = self._rms(h2, w["mlp_norm.tile"], self.residual_eps)
+        d = self.moe[i].prefill(n2, length) if i in self.moe else self._mlp_prefill(w, n2)
         self._free(n2)
+        out = ttnn.add(h2, d, memory_config=ttnn.DRAM_MEMORY_CONFIG)
+        self._free(h2, d)
+        return out
+
+    def _mlp_prefill(self, w: dict[str, Any], n2: Any) -> Any:
+        """Dense SwiGLU of n2 [1, 1, Lp, H_p] -> [1, 1, Lp, H_p] DRAM (n2 kept)."""
+        ttnn = self.ttnn
+        g, u = self._mm(n2, w["w_gate"], "mlp_gate_up"), self._mm(n2, w["w_up"], "mlp_gate_up")
         m = ttnn.mul(
             g, u, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=ttnn.DRAM_MEMORY_CONFIG
         )
         self._free(g, u)
         d = self._mm(m, w["w_down"], "mlp_down")
         self._free(m)
-        out = ttnn.add(h2, d, memory_config=ttnn.DRAM_MEMORY_CONFIG)
-        self._free(h2, d)
-        return out
+        return d
 
     def _prefill_rope(self, position_ids: torch.Tensor, padded_len: int) -> tuple[Any, Any]:
         """cos/sin [1, 1, Lp, head_dim] on device; pad rows continue the text positions after the prompt."""
@@ -339,10 +376,10 @@ class TTTextModel:
         return self._upload(cos.view(1, 1, padded_len, -1)), self._upload(sin.view(1, 1, padded_len, -1))
 
     def _deepstack_rows(self, feats: torch.Tensor, mask: torch.Tensor, padded_len: int) -> Any:
-        """DeepStack level [n_visual, H] scattered into zero rows [1, 1, Lp, H] (exact) on device."""
-        dense = torch.zeros(padded_len, self.text_cfg.hidden_size, dtype=torch.bfloat16)
-        dense[: mask.numel()][mask.cpu()] = feats.cpu().to(torch.bfloat16)
-        return self._upload(dense.view(1, 1, padded_len, -1))
+        """DeepStack level [n_visual, H] scattered into zero rows [1, 1, Lp, H_p] (exact) on device."""
+        dense = torch.zeros(mask.numel(), self.text_cfg.hidden_size, dtype=torch.bfloat16)
+        dense[mask.cpu()] = feats.cpu().to(torch.bfloat16)
+        return self._rows(dense, padded_len, self.hidden_padded)
 
     def _prefill_device(
         self,
@@ -351,7 +388,7 @@ class TTTextModel:
         visual_pos_mask: torch.Tensor | None,
         deepstack: Sequence[torch.Tensor] | None,
     ) -> tuple[Any, int]:
-        """Fresh prompt through every layer and the final norm; returns (normed hidden [1,1,Lp,H], L)."""
+        """Fresh prompt through every layer and the final norm; returns (normed hidden [1,1,Lp,H_p], L)."""
         self._require_cache()
         ttnn = self.ttnn
         with self.tracer.span("tt.prefill_setup"):
@@ -362,20 +399,18 @@ class TTTextModel:
             )
             self.reset()
             padded = self.plan.padded_length(length)
-            x = torch.zeros(1, 1, padded, self.text_cfg.hidden_size, dtype=torch.bfloat16)
-            x[0, 0, :length] = h.to(torch.bfloat16)
-            hidden = self._upload(x)
+            hidden = self._rows(h, padded, self.hidden_padded)
             cos, sin = self._prefill_rope(position_ids, padded)
         with self.tracer.span("tt.prefill_layers", layers=self.text_cfg.num_hidden_layers, rows=padded):
             for i in range(self.text_cfg.num_hidden_layers):
-                hidden = self._layer_prefill(i, hidden, cos, sin, padded)
+                hidden = self._layer_prefill(i, hidden, cos, sin, length)
                 if deepstack is not None and i < len(deepstack):
                     extra = self._deepstack_rows(deepstack[i], visual_pos_mask, padded)
                     added = ttnn.add(hidden, extra, memory_config=ttnn.DRAM_MEMORY_CONFIG)
                     self._free(hidden, extra)
                     hidden = added
             self._free(cos, sin)
-            normed = self._rms(hidden, self.weights["norm.tile"])
+            normed = self._rms(hidden, self.weights["norm.tile"], self.residual_eps)
             self._free(hidden)
             ttnn.synchronize_device(self.device)
         self.cache_len, self.rope_delta = length, rope_delta(position_ids)
@@ -390,7 +425,7 @@ class TTTextModel:
     ) -> torch.Tensor:
         """Final-normed hidden [L, H] bf16 (arguments as `TextModel.prefill_hidden`); fills the KV cache."""
         normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack)
-        out = self._download(normed)[0, 0, :length]
+        out = self._download(normed)[0, 0, :length, : self.text_cfg.hidden_size]
         self._free(normed)
         return out
 
@@ -406,7 +441,7 @@ class TTTextModel:
         normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack)
         with self.tracer.span("tt.prefill_head"):
             r0 = (length - 1) // TILE * TILE
-            last = ttnn.slice(normed, [0, 0, r0, 0], [1, 1, r0 + TILE, self.text_cfg.hidden_size])
+            last = ttnn.slice(normed, [0, 0, r0, 0], [1, 1, r0 + TILE, self.hidden_padded])
             self._free(normed)
             last_l1 = ttnn.to_memory_config(last, ttnn.L1_MEMORY_CONFIG)
             self._free(last)
@@ -417,7 +452,7 @@ class TTTextModel:
         return out
 
     def _head(self, x: Any, row: int) -> Any:
-        """lm_head of [1, 1, 32, H] (L1 interleaved) -> row `row` (and those above it) untilized, [.., V_p]."""
+        """lm_head of [1, 1, 32, H_p] (L1 interleaved) -> row `row` (and those above it) untilized, [.., V_p]."""
         ttnn = self.ttnn
         logits = ttnn.linear(
             x,
@@ -441,11 +476,9 @@ class TTTextModel:
         length = hidden.shape[0]
         position_ids = check_prefill(self.text_cfg, length, self.max_seq_len, position_ids, None, None)
         padded = self.plan.padded_length(length)
-        x = torch.zeros(1, 1, padded, self.text_cfg.hidden_size, dtype=torch.bfloat16)
-        x[0, 0, :length] = hidden.to(torch.bfloat16)
         cos, sin = self._prefill_rope(position_ids, padded)
-        out = self._layer_prefill(i, self._upload(x), cos, sin, padded)
-        result = self._download(out)[0, 0, :length]
+        out = self._layer_prefill(i, self._rows(hidden, padded, self.hidden_padded), cos, sin, length)
+        result = self._download(out)[0, 0, :length, : self.text_cfg.hidden_size]
         self._free(out, cos, sin)
         self.cache_len, self.rope_delta = length, rope_delta(position_ids)
         return result
@@ -454,7 +487,7 @@ class TTTextModel:
     def _decode_setup(self) -> None:
         """Memory and program configs of the decode step (fixed per model)."""
         ttnn, plan, t = self.ttnn, self.plan, self.text_cfg
-        self.res_mem = cfgs.width_sharded(ttnn, t.hidden_size, plan.residual_grid)
+        self.res_mem = cfgs.width_sharded(ttnn, self.hidden_padded, plan.residual_grid)
         self.in_mem = {m.name: cfgs.width_sharded(ttnn, m.k, m.grid) for m in plan.decode_matmuls}
         self.pc = {m.name: cfgs.decode_matmul(ttnn, m) for m in plan.decode_matmuls}
         self.norm_pc = cfgs.sharded_norm(ttnn, plan.residual_grid, plan.norm_block_w, plan.norm_subblock_w)
@@ -468,7 +501,7 @@ class TTTextModel:
         """Sharded RMSNorm of the residual stream (input and output width-sharded on the residual grid)."""
         return self.ttnn.rms_norm(
             x,
-            epsilon=self.text_cfg.rms_norm_eps,
+            epsilon=self.residual_eps,
             weight=gamma,
             program_config=self.norm_pc,
             compute_kernel_config=self.ck["norm"],
@@ -555,7 +588,17 @@ class TTTextModel:
         self._free(attn)
         h = ttnn.add(x, o, memory_config=self.res_mem)
         self._free(x, o)
-        n2 = self._reshard(self._res_norm(h, w["mlp_norm.rm"]), self.in_mem["gate"], plan.gate.grid == res)
+        n2 = self._res_norm(h, w["mlp_norm.rm"])
+        d = self._moe_decode(i, n2) if i in self.moe else self._mlp_decode(w, n2)
+        out = ttnn.add(h, d, memory_config=self.res_mem)
+        self._free(h, d)
+        return out
+
+    def _mlp_decode(self, w: dict[str, Any], n2: Any) -> Any:
+        """Dense SwiGLU of the normed residual n2 (freed) -> [1, 1, 32, H_p] on the residual grid."""
+        ttnn, plan = self.ttnn, self.plan
+        res = plan.residual_grid
+        n2 = self._reshard(n2, self.in_mem["gate"], plan.gate.grid == res)
         g = self._ds_linear(n2, w["w_gate"], plan.gate, "mlp_gate_up")  # SiLU fused
         u = self._ds_linear(n2, w["w_up"], plan.up, "mlp_gate_up")
         self._free(n2)
@@ -569,9 +612,14 @@ class TTTextModel:
             self._ds_linear(m, w["w_down"], plan.down, "mlp_down"), self.res_mem, plan.down.grid == res
         )
         self._free(m)
-        out = ttnn.add(h, d, memory_config=self.res_mem)
-        self._free(h, d)
-        return out
+        return d
+
+    def _moe_decode(self, i: int, n2: Any) -> Any:
+        """MoE block of sparse layer i on the normed residual n2 (freed) -> [1, 1, 32, H_p] on the residual grid."""
+        n2i = self._reshard(n2, self.ttnn.L1_MEMORY_CONFIG, False)
+        d = self.moe[i].decode(n2i)
+        self._free(n2i)
+        return self._reshard(d, self.res_mem, False)
 
     def _decode_graph(self, inputs: dict[str, Any]) -> Any:
         """Every layer, final norm and lm_head for the persistent `inputs`; returns logits [1, 1, 1, V_p]
@@ -593,8 +641,8 @@ class TTTextModel:
     def _decode_host_inputs(self, token: int, position: int) -> dict[str, torch.Tensor]:
         """Host values of the persistent decode inputs for `token` at cache index `position`."""
         t = self.text_cfg
-        x = torch.zeros(1, 1, TILE, t.hidden_size, dtype=torch.bfloat16)
-        x[0, 0, 0] = self.embed_table[token]
+        x = torch.zeros(1, 1, TILE, self.hidden_padded, dtype=torch.bfloat16)
+        x[0, 0, 0, : t.hidden_size] = self.embed_table[token]
         cos, sin = self.rope.cos_sin_1d(torch.tensor([position + self.rope_delta]), torch.bfloat16)
         return {
             "x": x,
@@ -637,9 +685,15 @@ class TTTextModel:
     def _logits(self, row: Any) -> torch.Tensor:
         return self._download(row).reshape(-1)[: self.text_cfg.vocab_size].float()
 
-    def decode(self, token: int, traced: bool = True) -> torch.Tensor:
-        """Append `token` at position cache_len; float32 logits [V]. The first traced call compiles the step,
-        captures it and returns the compile run's logits; later calls replay the trace."""
+    def decode(self, tokens: int | torch.Tensor, traced: bool = True) -> torch.Tensor:
+        """Append one token at position cache_len; float32 logits [V] for an int, [1, V] for ids [1] (the
+        torch backend's contract with one active row). The first traced call compiles the step, captures it
+        and returns the compile run's logits; later calls replay the trace."""
+        if isinstance(tokens, torch.Tensor):
+            if tokens.numel() != 1:
+                raise ValueError(f"the ttnn backend decodes one sequence: got {tokens.numel()} tokens")
+            return self.decode(int(tokens.reshape(-1)[0]), traced).unsqueeze(0)
+        token = tokens
         self._check_decode(token)
         ttnn = self.ttnn
         inputs = self._write_inputs(self._decode_host_inputs(token, self.cache_len))
@@ -674,7 +728,7 @@ class TTTextModel:
             raise ValueError(f"position {position} must be in [0, max_seq_len={self.max_seq_len})")
         ttnn, t = self.ttnn, self.text_cfg
         values = self._decode_host_inputs(0, position)
-        values["x"][0, 0, 0] = hidden.to(torch.bfloat16)
+        values["x"][0, 0, 0, : t.hidden_size] = hidden.to(torch.bfloat16)
         inputs = self._write_inputs(values)
         x = ttnn.to_memory_config(inputs["x"], self.res_mem)
         cos = ttnn.to_memory_config(inputs["cos"], self.rot_mem)
@@ -695,12 +749,6 @@ def _layer_weights(weights: dict[str, Any], i: int) -> dict[str, Any]:
     return {name[len(prefix) :]: w for name, w in weights.items() if name.startswith(prefix)}
 
 
-def _weight_memory(ttnn: Any, spec: WeightSpec, banks: int) -> Any:
-    if spec.placement == "dram_sharded":
-        return cfgs.dram_sharded_weight(ttnn, spec.padded[0], spec.padded[1], banks)
-    return ttnn.DRAM_MEMORY_CONFIG
-
-
 def _upload_weights(
     cfg: ModelConfig,
     precision: Precision,
@@ -709,12 +757,6 @@ def _upload_weights(
     ckpt: Checkpoint,
     cache_dir: str | Path | None,
 ) -> dict[str, Any]:
-    """Every `WeightSpec` prepared (or loaded from the cache) on the host and moved to its device placement."""
-    ttnn = import_ttnn()
-    cache = WeightCache(ttnn, cache_dir)
-    banks = plan.device.dram_banks
-    out = {}
-    for spec in text_weight_specs(cfg, banks):
-        host = cache.host_tensor(spec, weight_dtype(spec, precision), ckpt.get)
-        out[spec.name] = ttnn.to_device(host, device, memory_config=_weight_memory(ttnn, spec, banks))
-    return out
+    """Every text `WeightSpec` (experts through their per-projection views) on its device placement."""
+    specs = text_weight_specs(cfg, plan.device.dram_banks)
+    return upload_weights(specs, precision, device, ExpertView(cfg.text, ckpt.get), cache_dir, plan.device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.program_config import CoreGrid, DecodeMatmul, HeadMatmul, PrefillMatmul
+from alpamayo.tt.program_config import CoreGrid, DecodeMatmul, HeadMatmul, PrefillMatmul, SparseMatmul
 
 FIDELITY_NAMES = {"lofi": "LoFi", "hifi2": "HiFi2", "hifi3": "HiFi3", "hifi4": "HiFi4"}
 
@@ -74,18 +74,38 @@ def decode_matmul(ttnn: Any, mm: DecodeMatmul) -> Any:
     )
 
 
-def head_matmul(ttnn: Any, mm: HeadMatmul) -> Any:
-    """1D multicast program config of the lm_head (interleaved weight, one tile row of activations)."""
+def _mcast_1d(ttnn: Any, grid: CoreGrid, in0_block_w: int, per_core_n: int, **kw: Any) -> Any:
+    """A 1D multicast (activations broadcast, N split over `grid`) config for one tile row of activations."""
     return ttnn.MatmulMultiCoreReuseMultiCast1DProgramConfig(
-        compute_with_storage_grid_size=ttnn.CoreCoord(mm.grid.x, mm.grid.y),
-        in0_block_w=mm.in0_block_w,
+        compute_with_storage_grid_size=ttnn.CoreCoord(grid.x, grid.y),
+        in0_block_w=in0_block_w,
         out_subblock_h=1,
-        out_subblock_w=mm.out_subblock_w,
         per_core_M=1,
-        per_core_N=mm.per_core_n,
-        fuse_batch=True,
+        per_core_N=per_core_n,
         fused_activation=None,
         mcast_in0=True,
+        **kw,
+    )
+
+
+def head_matmul(ttnn: Any, mm: HeadMatmul) -> Any:
+    """1D multicast program config of the lm_head (interleaved weight, one tile row of activations)."""
+    return _mcast_1d(
+        ttnn, mm.grid, mm.in0_block_w, mm.per_core_n, out_subblock_w=mm.out_subblock_w, fuse_batch=True
+    )
+
+
+def sparse_matmul(ttnn: Any, mm: SparseMatmul) -> Any:
+    """1D multicast program config of an MoE `sparse_matmul` (one 32-row tile of activations per batch)."""
+    return _mcast_1d(
+        ttnn,
+        mm.grid,
+        mm.in0_block_w,
+        mm.per_core_n,
+        out_subblock_w=1,
+        out_block_h=1,
+        out_block_w=mm.per_core_n,
+        fuse_batch=False,
     )
 
 

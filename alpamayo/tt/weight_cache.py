@@ -23,11 +23,14 @@ from typing import Any
 
 import torch
 
-from alpamayo.tt.ttnn_configs import ttnn_dtype
-from alpamayo.tt.weights import Getter, WeightSpec, prepare
+from alpamayo.tt.device_spec import DeviceSpec
+from alpamayo.tt.precision import Precision
+from alpamayo.tt.runtime import import_ttnn
+from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype
+from alpamayo.tt.weights import Getter, WeightSpec, prepare, weight_dtype
 
 # Bump when `alpamayo.tt.weights.prepare` changes what it produces for the same spec.
-PREPARE_VERSION = 1
+PREPARE_VERSION = 2
 
 
 def _ttnn_version() -> str:
@@ -40,7 +43,18 @@ def _ttnn_version() -> str:
 def fingerprint(spec: WeightSpec, dtype: str, sources: list[torch.Tensor]) -> str:
     """16 hex digits identifying the prepared tensor: source contents plus recipe."""
     h = hashlib.blake2b(digest_size=8)
-    recipe = (PREPARE_VERSION, _ttnn_version(), spec.transform, spec.shape, spec.padded, spec.layout, dtype)
+    recipe = (
+        PREPARE_VERSION,
+        _ttnn_version(),
+        spec.transform,
+        spec.shape,
+        spec.padded,
+        spec.layout,
+        spec.scale,
+        spec.splits,
+        spec.heads,
+        dtype,
+    )
     h.update(repr(recipe).encode())
     for t in sources:
         t = t.detach().cpu().contiguous()
@@ -91,3 +105,26 @@ class WeightCache:
             self.ttnn.dump_tensor(str(tmp), host)
             os.replace(tmp, path)
         return host
+
+
+def upload_weights(
+    specs: list[WeightSpec],
+    precision: Precision,
+    device: Any,
+    get: Getter,
+    cache_dir: str | Path | None,
+    spec: DeviceSpec,
+) -> dict[str, Any]:
+    """Every spec prepared (or loaded from the cache in `cache_dir`) and moved to its device placement:
+    DRAM width-sharded over the banks or interleaved DRAM. Returns name -> device tensor."""
+    ttnn = import_ttnn()
+    cache = WeightCache(ttnn, cache_dir)
+    out = {}
+    for s in specs:
+        host = cache.host_tensor(s, weight_dtype(s, precision), get)
+        if s.placement == "dram_sharded":
+            memory = dram_sharded_weight(ttnn, s.padded[0], s.padded[1], spec.dram_banks)
+        else:
+            memory = ttnn.DRAM_MEMORY_CONFIG
+        out[s.name] = ttnn.to_device(host, device, memory_config=memory)
+    return out

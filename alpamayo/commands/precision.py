@@ -1,0 +1,69 @@
+"""`alpamayo precision`: what each precision recipe costs, on the CPU (no card, no ttnn needed).
+
+    alpamayo precision --checkpoint DIR [--recipe accuracy --recipe performance --recipe FILE.yaml]
+                       [--drive DRIVE.mcap] [--json REPORT.json]
+
+Prints a table (per recipe: worst per-layer PCC, final-logit PCC, teacher-forced top-1 agreement, vision
+tower PCC, with a drive the trajectory token agreement and ADE drift, and the DRAM plan) and the per-layer
+figures; `--json` writes the same report as JSON. See `alpamayo.tt.precision_planner`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from alpamayo.commands.common import RECIPE_HELP
+from alpamayo.tt.precision_planner import Settings, precision_report
+
+DEFAULT_RECIPES = ("accuracy", "performance")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "precision",
+        help="compare ttnn precision recipes on the CPU: layer/logit PCC, top-1, drive drift, DRAM",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (HF or Alpamayo layout)")
+    p.add_argument(
+        "--recipe",
+        action="append",
+        help=f"{RECIPE_HELP}; repeat to compare several (default: {', '.join(DEFAULT_RECIPES)})",
+    )
+    p.add_argument("--drive", help="recorded MCAP drive: also compare trajectories on its first ticks")
+    d = Settings()
+    p.add_argument("--ticks", type=int, default=d.ticks, help="drive ticks to predict per model")
+    p.add_argument(
+        "--max-reasoning-tokens",
+        type=int,
+        default=d.max_reasoning_tokens,
+        help="reasoning cap per drive tick",
+    )
+    p.add_argument(
+        "--prompt-tokens", type=int, default=d.prompt_tokens, help="prompt tokens (driving corpus)"
+    )
+    p.add_argument("--tokens", type=int, default=d.tokens, help="greedy continuation tokens (teacher-forced)")
+    p.add_argument(
+        "--max-seq-len", type=int, default=d.max_seq_len, help="KV cache positions of the DRAM plan"
+    )
+    p.add_argument("--json", help="also write the report as JSON to this file")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = Settings(
+        args.prompt_tokens, args.tokens, args.ticks, args.max_reasoning_tokens, args.max_seq_len
+    )
+    report = precision_report(
+        args.checkpoint,
+        args.recipe or DEFAULT_RECIPES,
+        settings,
+        args.drive,
+        warn=lambda message: print(f"alpamayo precision: warning: {message}", file=sys.stderr),
+    )
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return 0

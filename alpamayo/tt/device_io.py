@@ -1,0 +1,45 @@
+"""Host <-> device copies shared by the ttnn models (text backbone, vision tower, MoE block).
+
+`DeviceIO` is a mixin for a class holding `ttnn` (the module), `device` and `tracer`: uploads and downloads are
+timed as the profiling stages `tt.host_to_device` and `tt.device_to_host`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from alpamayo.profiling import Tracer
+
+
+class DeviceIO:
+    ttnn: Any
+    device: Any
+    tracer: Tracer
+
+    def _upload(self, t: torch.Tensor, dtype: Any = None, layout: Any = None, memory: Any = None) -> Any:
+        """Host tensor -> device tensor: bf16 TILE in interleaved DRAM unless told otherwise."""
+        ttnn = self.ttnn
+        with self.tracer.span("tt.host_to_device"):
+            return ttnn.from_torch(
+                t.to(torch.bfloat16) if dtype is None else t,
+                dtype=dtype or ttnn.bfloat16,
+                layout=layout or ttnn.TILE_LAYOUT,
+                device=self.device,
+                memory_config=memory or ttnn.DRAM_MEMORY_CONFIG,
+            )
+
+    def _rows(self, rows: torch.Tensor, padded_rows: int, width: int, memory: Any = None) -> Any:
+        """Host rows [N, W] zero-padded to [1, 1, padded_rows, width] bf16 on the device."""
+        x = torch.zeros(1, 1, padded_rows, width, dtype=torch.bfloat16)
+        x[0, 0, : rows.shape[0], : rows.shape[1]] = rows.to(torch.bfloat16)
+        return self._upload(x, memory=memory)
+
+    def _download(self, t: Any) -> torch.Tensor:
+        with self.tracer.span("tt.device_to_host"):
+            return self.ttnn.to_torch(t)
+
+    def _free(self, *tensors: Any) -> None:
+        for t in tensors:
+            self.ttnn.deallocate(t)

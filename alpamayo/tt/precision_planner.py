@@ -1,0 +1,357 @@
+"""What a precision recipe costs, measured on the CPU with the torch reference (`alpamayo precision`).
+
+For each recipe the checkpoint's weights are rounded exactly as the device stores them (`QuantizedCheckpoint`:
+bf16, and bfp8 / bfp4 through the bit-exact emulation `alpamayo.tt.block_float`) and the torch reference runs
+with them in float32 beside the unrounded model:
+
+  * per-layer PCC: each decoder layer of the rounded model on the unrounded model's input to that layer (the
+    layer's own error, not accumulated), over the prompt and continuation rows;
+  * final-logit PCC over the continuation positions, and teacher-forced top-1 agreement: the rounded model's
+    argmax against the unrounded model's own greedy continuation, fed back token by token (one causal forward
+    of prompt + continuation is exactly that);
+  * vision tower PCC (image embeddings and every DeepStack level) on one 320x576 frame of random pixels,
+    when the model has a vision tower;
+  * with a recorded drive: the first ticks predicted in lock step by both models (greedy, 4 frames per
+    camera): trajectory token agreement, the ADE between the two 6.4 s trajectories (the drift the recipe
+    adds) and each model's ADE to the recorded future;
+  * the DRAM footprint of the recipe on one p150 (`alpamayo.tt.memory.plan_memory`).
+
+No ttnn and no card are needed. Activations stay float32, so the figures isolate the weights' rounding, which
+is what a recipe chooses; the device's bf16 activations and math fidelity add the error the device tests
+measure (tests/test_tt_*_device.py). The models are loaded one at a time: float32 weights of one model fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from alpamayo.config import ModelConfig, load_config
+from alpamayo.demo_checkpoint import CORPUS
+from alpamayo.generation import greedy_continue
+from alpamayo.numerics import pcc
+from alpamayo.text import TextModel
+from alpamayo.text.inputs import rope_delta
+from alpamayo.tokenizer import load_tokenizer
+from alpamayo.tt.memory import plan_memory
+from alpamayo.tt.precision import Precision, load_precision
+from alpamayo.tt.program_config import model_name
+from alpamayo.tt.quantized import QuantizedCheckpoint, round_to
+from planner.metrics import ade
+from vision.encoder import VisionEncoder
+
+FRAME_GRID = (1, 20, 36)  # one 320 x 576 frame in 16-pixel patches: Alpamayo's model resolution
+
+
+@dataclass(frozen=True)
+class Settings:
+    """prompt_tokens: corpus tokens before the continuation; tokens: greedy continuation length; ticks,
+    max_reasoning_tokens: drive predictions; max_seq_len: KV cache positions of the DRAM plan."""
+
+    prompt_tokens: int = 64
+    tokens: int = 32
+    ticks: int = 3
+    max_reasoning_tokens: int = 16
+    max_seq_len: int = 4096
+
+    def validate(self) -> None:
+        for name, low in (("prompt_tokens", 1), ("tokens", 1), ("ticks", 1), ("max_reasoning_tokens", 1)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
+
+
+@dataclass
+class DriveRun:
+    """One model's lock-step predictions: per tick the 128 trajectory token ids, waypoints [64, 3] (t0 ego
+    frame, metres) and the recorded future waypoints (None where the recording ends first)."""
+
+    tokens: list[list[int]]
+    xyz: list[np.ndarray]
+    future: list[np.ndarray | None]
+
+
+@dataclass
+class Reference:
+    """What the unrounded model produced: the rows to evaluate and every figure's reference."""
+
+    ids: torch.Tensor  # [P + n - 1] prompt then continuation (the last continuation token is not fed)
+    continuation: list[int]  # [n] greedy tokens
+    layer_io: list[tuple[torch.Tensor, torch.Tensor]]  # per decoder layer: (input, output) [P + n - 1, H]
+    logits: torch.Tensor  # [n, V] at the positions predicting the continuation
+    vision: list[torch.Tensor] | None  # image embeds, then each DeepStack level
+    drive: DriveRun | None
+
+
+@dataclass
+class RecipeReport:
+    recipe: dict[str, Any]  # Precision.to_dict()
+    layer_pcc: list[float]
+    logits_pcc: float
+    top1_agreement: float
+    vision_pcc: float | None  # worst of the embeds and DeepStack levels
+    drive: dict[str, float] | None  # token_agreement, ade_drift_m, ade_reference_m, ade_recipe_m, ticks
+    dram: dict[str, Any]  # weights_gb, kv_cache_gb, total_gb, capacity_gb, fits, by group
+
+
+@torch.inference_mode()
+def layer_io(
+    model: TextModel, hidden: torch.Tensor, position_ids: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output) [L, H] of every decoder layer of a fresh prompt: embeddings `hidden` [L, H] at
+    `position_ids` [3, L]. Fills the model's cache (set up for L positions at least) as a prefill would."""
+    cos, sin = model.rope.cos_sin(position_ids, model.dtype)
+    model.reset()
+    out, x = [], hidden.to(model.dtype)[None]
+    for layer in model.layers:
+        y = layer(x, cos, sin, model.cache, 0)
+        out.append((x[0].clone(), y[0].clone()))
+        x = y
+    model.cache_len, model.rope_delta = hidden.shape[0], rope_delta(position_ids)
+    return out
+
+
+def _text_positions(length: int) -> torch.Tensor:
+    return torch.arange(length).view(1, -1).expand(3, -1)
+
+
+def kv_store(precision: Precision) -> Callable[[torch.Tensor], torch.Tensor]:
+    """K/V as the device's cache holds them in the recipe's kv_cache dtype (bfp8 blocks run along head_dim).
+
+    The torch reference's prefill attends to its cache, so the teacher-forced forward sees rounded K/V at every
+    position, as the device's decode steps do."""
+    dtype = precision.dtype("kv_cache")
+    return lambda t: round_to(t, dtype).to(t.dtype)
+
+
+def _continuation_logits(model: TextModel, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """float32 logits [n, V] of the last n positions of one causal forward of `ids`."""
+    model.setup_cache(ids.numel())
+    with torch.inference_mode():
+        return model.logits(model.prefill_hidden(ids)[-n:])
+
+
+def _vision(encoder: VisionEncoder) -> list[torch.Tensor]:
+    v = encoder.cfg
+    grid = torch.tensor([FRAME_GRID])
+    pixels = torch.rand(int(grid.prod()), v.patch_dim, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    embeds, deepstack = encoder.encode(pixels, grid)
+    return [embeds, *deepstack]
+
+
+def _drive_run(vla: Any, ticks: Sequence[Any]) -> DriveRun:
+    run = DriveRun([], [], [])
+    for tick in ticks:
+        frames = {c: [f.rgb() for f in fs] for c, fs in tick.frames.items()}
+        (sample,) = vla.predict(frames, tick.ego_history, frame_times_ns=tick.frame_times_ns).samples
+        run.tokens.append(list(sample.token_ids))
+        run.xyz.append(sample.xyz)
+        run.future.append(None if tick.future is None else tick.future[0])
+    return run
+
+
+def _vla(
+    directory: Path,
+    weights: QuantizedCheckpoint | None,
+    cfg: ModelConfig,
+    settings: Settings,
+    store: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> Any:
+    """The torch AlpamayoVLA (float32, CPU) on the directory's weights, or on `weights` with K/V `store`."""
+    from alpamayo.runtime import AlpamayoVLA
+    from alpamayo.vlm import VisionLanguageModel
+    from planner.pipeline import Planner
+
+    vlm = VisionLanguageModel.from_checkpoint(directory, weights=weights, cfg=cfg)
+    vlm.text.kv_store = store
+    planner = Planner.from_config(vlm.config, load_tokenizer(directory))
+    return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
+
+
+def drive_ticks(path: str | Path, count: int, warn: Callable[[str], None]) -> list[Any]:
+    """The first `count` ticks of a recorded drive (`alpamayo.replay.ticks`)."""
+    from alpamayo.replay.ticks import TickAssembler
+    from bridges.recording import Drive
+
+    ticks = []
+    for tick in TickAssembler(Drive.open(path, warn=warn), warn=warn):
+        ticks.append(tick)
+        if len(ticks) == count:
+            break
+    if not ticks:
+        raise ValueError(f"{path}: no tick has 4 frames per camera and 1.5 s of ego history")
+    return ticks
+
+
+def evaluation_ids(directory: Path, prompt_tokens: int) -> torch.Tensor:
+    """The first `prompt_tokens` tokens of the built-in driving corpus in the checkpoint's tokenizer."""
+    ids = load_tokenizer(directory)(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
+    if len(ids) < prompt_tokens:
+        raise ValueError(f"prompt-tokens {prompt_tokens}: the corpus has only {len(ids)} tokens")
+    return torch.tensor(ids[:prompt_tokens])
+
+
+def reference(directory: Path, settings: Settings, ticks: Sequence[Any]) -> Reference:
+    """Everything the unrounded float32 model contributes to the comparison."""
+    cfg = load_config(directory)
+    model = TextModel.from_checkpoint(directory, cfg)
+    prompt = evaluation_ids(directory, settings.prompt_tokens)
+    model.setup_cache(prompt.numel() + settings.tokens)
+    continuation = greedy_continue(model, model.prefill(prompt), settings.tokens)
+    ids = torch.cat([prompt, torch.tensor(continuation[:-1], dtype=torch.long)])
+    model.setup_cache(ids.numel())
+    io = layer_io(model, model.embed(ids), _text_positions(ids.numel()))
+    logits = _continuation_logits(model, ids, settings.tokens)
+    del model
+    vision = _vision(VisionEncoder.from_checkpoint(directory, cfg)) if cfg.vision is not None else None
+    drive = _drive_run(_vla(directory, None, cfg, settings), ticks) if ticks else None
+    return Reference(ids, continuation, io, logits, vision, drive)
+
+
+def _drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
+    with_future = [i for i, f in enumerate(ref.future) if f is not None]
+    tokens = [
+        np.mean([a == b for a, b in zip(x, y, strict=True)])
+        for x, y in zip(ref.tokens, run.tokens, strict=True)
+    ]
+    figures = {
+        "ticks": len(ref.tokens),
+        "token_agreement": float(np.mean(tokens)),
+        "ade_drift_m": float(np.mean([ade(b, a) for a, b in zip(ref.xyz, run.xyz, strict=True)])),
+    }
+    if with_future:
+        figures["ade_reference_m"] = float(np.mean([ade(ref.xyz[i], ref.future[i]) for i in with_future]))
+        figures["ade_recipe_m"] = float(np.mean([ade(run.xyz[i], ref.future[i]) for i in with_future]))
+    return figures
+
+
+def evaluate_recipe(
+    directory: Path, precision: Precision, ref: Reference, settings: Settings, ticks: Sequence[Any]
+) -> RecipeReport:
+    """The figures of one recipe against `ref` (see module docstring)."""
+    weights = QuantizedCheckpoint(directory, precision)
+    cfg = weights.config
+    model = TextModel.from_checkpoint(weights, cfg)
+    model.kv_store = kv_store(precision)
+    layer_pcc = []
+    model.setup_cache(ref.ids.numel())
+    cos, sin = model.rope.cos_sin(_text_positions(ref.ids.numel()), model.dtype)
+    with torch.inference_mode():
+        for layer, (x, y) in zip(model.layers, ref.layer_io, strict=True):
+            layer_pcc.append(pcc(y, layer(x[None], cos, sin, model.cache, 0)[0]))
+    logits = _continuation_logits(model, ref.ids, settings.tokens)
+    top1 = float((logits.argmax(-1) == torch.tensor(ref.continuation)).float().mean())
+    del model
+    vision = None
+    if ref.vision is not None:
+        got = _vision(VisionEncoder.from_checkpoint(weights, cfg))
+        vision = min(pcc(a, b) for a, b in zip(ref.vision, got, strict=True))
+    drive = None
+    if ref.drive is not None:
+        vla = _vla(directory, weights, cfg, settings, kv_store(precision))
+        drive = _drive_figures(ref.drive, _drive_run(vla, ticks))
+    memory = plan_memory(load_config(directory), precision, settings.max_seq_len)
+    dram = {
+        "weights_gb": memory.weight_bytes / 1e9,
+        "kv_cache_gb": memory.kv_cache / 1e9,
+        "total_gb": memory.total / 1e9,
+        "capacity_gb": memory.capacity / 1e9,
+        "fits": memory.fits,
+        "weights_by_group_gb": {g: b / 1e9 for g, b in memory.weights.items()},
+    }
+    return RecipeReport(precision.to_dict(), layer_pcc, pcc(ref.logits, logits), top1, vision, drive, dram)
+
+
+@dataclass
+class PrecisionReport:
+    checkpoint: str
+    model: str
+    settings: Settings
+    drive: str | None
+    recipes: list[RecipeReport]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint": self.checkpoint,
+            "model": self.model,
+            "settings": asdict(self.settings),
+            "drive": self.drive,
+            "recipes": [asdict(r) for r in self.recipes],
+        }
+
+    def table(self) -> str:
+        s = self.settings
+        head = (
+            f"precision plan: {self.model}, prompt {s.prompt_tokens} + {s.tokens} greedy tokens, "
+            f"DRAM at max_seq_len {s.max_seq_len}"
+        )
+        if self.drive is not None:
+            head += f", drive {Path(self.drive).name} ({self.recipes[0].drive['ticks']} ticks)"
+        cols = ["recipe", "layer PCC min", "logits PCC", "top-1", "vision PCC"]
+        cols += ["traj tokens", "ADE drift m", "ADE m"] if self.drive is not None else []
+        cols += ["DRAM GB", "fits"]
+        rows = []
+        for r in self.recipes:
+            row = [
+                r.recipe["name"],
+                f"{min(r.layer_pcc):.6f}",
+                f"{r.logits_pcc:.6f}",
+                f"{100 * r.top1_agreement:.1f}%",
+                "-" if r.vision_pcc is None else f"{r.vision_pcc:.6f}",
+            ]
+            if r.drive is not None:
+                d = r.drive
+                row += [f"{100 * d['token_agreement']:.1f}%", f"{d['ade_drift_m']:.3f}"]
+                row += [
+                    f"{d['ade_recipe_m']:.3f} ({d['ade_reference_m']:.3f})" if "ade_recipe_m" in d else "-"
+                ]
+            row += [f"{r.dram['total_gb']:.3f}", "yes" if r.dram["fits"] else "NO"]
+            rows.append(row)
+        lines = [head, *_columns([cols, *rows])]
+        lines.append("per-layer PCC (each layer on the unrounded model's input to it):")
+        layers = [["layer", *(r.recipe["name"] for r in self.recipes)]]
+        layers += [
+            [str(i), *(f"{r.layer_pcc[i]:.6f}" for r in self.recipes)]
+            for i in range(len(self.recipes[0].layer_pcc))
+        ]
+        lines += ["  " + line for line in _columns(layers)]
+        dtypes = [["group", *(r.recipe["name"] for r in self.recipes)]]
+        dtypes += [
+            [g, *(r.recipe["dtypes"][g] for r in self.recipes)] for g in self.recipes[0].recipe["dtypes"]
+        ]
+        lines.append("dtypes:")
+        lines += ["  " + line for line in _columns(dtypes)]
+        if self.drive is not None:
+            lines.append(
+                "ADE m: the recipe's ADE to the recorded future (the unrounded model's in parentheses)"
+            )
+        return "\n".join(lines)
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def precision_report(
+    directory: str | Path,
+    recipes: Sequence[str | Precision],
+    settings: Settings = Settings(),
+    drive: str | Path | None = None,
+    warn: Callable[[str], None] = print,
+) -> PrecisionReport:
+    """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded MCAP drive)."""
+    settings.validate()
+    directory = Path(directory)
+    precisions = [load_precision(r) for r in recipes]
+    ticks = drive_ticks(drive, settings.ticks, warn) if drive is not None else []
+    ref = reference(directory, settings, ticks)
+    reports = [evaluate_recipe(directory, p, ref, settings, ticks) for p in precisions]
+    cfg = load_config(directory)
+    return PrecisionReport(
+        str(directory), model_name(cfg), settings, None if drive is None else str(drive), reports
+    )

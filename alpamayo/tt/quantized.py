@@ -1,0 +1,119 @@
+"""A checkpoint whose weights read back exactly as the ttnn backend holds them under a precision recipe.
+
+`QuantizedCheckpoint(directory, recipe)` serves every tensor the device stores (text decoder with MoE routers
+and experts, vision tower) prepared in its device layout (`alpamayo.tt.weights.prepare`), rounded there to its
+dtype (bfp8 / bfp4 by `alpamayo.tt.block_float`, bit-exact with ttnn's packer; bf16 round-to-nearest-even,
+as ttnn converts), and restored to the checkpoint's layout (`alpamayo.tt.weights.restore`). Block-float blocks
+run along the device layout's rows (for a linear `[K, N]`, 16 consecutive outputs of one input), so this
+differs from rounding the checkpoint tensor as stored. The token embedding table, which the backend looks up
+on the host in bf16, reads back in bf16. No ttnn is needed.
+
+A torch model built from it (`TextModel.from_checkpoint(q, q.config)`) computes with the device's weights: the
+reference that isolates a device implementation's error from the recipe's rounding, and the model whose
+drift from the unrounded one `alpamayo precision` reports. A tied lm_head is rounded in the `lm_head` dtype
+while the embedding stays bf16, as on the device, so `q.config` unties the head and `lm_head.weight` is
+served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from alpamayo.checkpoint import Checkpoint, expert_layout
+from alpamayo.config import load_config
+from alpamayo.moe.weights import (
+    DOWN,
+    EXPERT_DOWN,
+    EXPERT_GATE,
+    EXPERT_UP,
+    GATE_UP,
+    ExpertView,
+    fused_expert_tensors,
+)
+from alpamayo.text.weights import EMBED, LM_HEAD
+from alpamayo.tt.block_float import quantize
+from alpamayo.tt.precision import Precision, load_precision
+from alpamayo.tt.vision_weights import vision_weight_specs
+from alpamayo.tt.weights import WeightSpec, prepare, restore, text_weight_specs, weight_dtype
+
+
+def round_to(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """`t` (any float dtype) as float32 values the device holds in `dtype` (bf16, bfp8 or bfp4; blocks of 16
+    along the last dim)."""
+    if dtype == "bf16":
+        return t.to(torch.bfloat16).float()
+    return torch.from_numpy(quantize(t.detach().float().cpu().numpy(), dtype))
+
+
+class QuantizedCheckpoint(Checkpoint):
+    """See module docstring. `config` is the model config to build from it (tied heads untied)."""
+
+    def __init__(self, directory: str | Path, recipe: str | Precision, dram_banks: int = 8):
+        cfg = load_config(directory)
+        super().__init__(directory, cfg.weight_prefix)
+        self.precision = load_precision(recipe)
+        self.config = replace(cfg, tie_word_embeddings=False)
+        self._view = ExpertView(cfg.text, super().get)
+        specs = text_weight_specs(cfg, dram_banks)
+        specs += vision_weight_specs(cfg.vision) if cfg.vision is not None else []
+        self._specs: dict[str, list[WeightSpec]] = {}  # checkpoint name -> the specs that produce it
+        for spec in specs:
+            if spec.group == "experts":  # the three views of a layer's two fused tensors
+                prefix = spec.sources[0].rpartition("experts.")[0]
+                for name in (prefix + GATE_UP, prefix + DOWN):
+                    self._specs.setdefault(name, []).append(spec)
+            elif spec.name == "lm_head":
+                self._specs[LM_HEAD] = [spec]
+            else:
+                for name in spec.sources:
+                    self._specs[name] = [spec]
+        if cfg.tie_word_embeddings:
+            self._entries[LM_HEAD] = self._entries[EMBED]
+        self._ready: dict[str, torch.Tensor] = {}
+
+    def _rounded(self, spec: WeightSpec) -> dict[str, torch.Tensor]:
+        """The sources of `spec` (as `restore` names them) with the device's rounding applied."""
+        device = round_to(prepare(spec, self._view), weight_dtype(spec, self.precision))
+        return restore(spec, device)
+
+    def _experts(self, name: str) -> None:
+        """Round a sparse layer's three expert specs and queue both fused tensors in the on-disk layout."""
+        prefix = name.rpartition("experts.")[0]
+        views: dict[str, torch.Tensor] = {}
+        for spec in self._specs[name]:
+            views.update(self._rounded(spec))
+        t, e = self.config.text, self.config.text.moe
+        layout = expert_layout(
+            prefix + "experts",
+            self.shape(prefix + GATE_UP),
+            self.shape(prefix + DOWN),
+            e.num_experts,
+            t.hidden_size,
+            e.moe_intermediate_size,
+        )
+        gate, up, down = (views[prefix + view] for view in (EXPERT_GATE, EXPERT_UP, EXPERT_DOWN))
+        self._ready[prefix + GATE_UP], self._ready[prefix + DOWN] = fused_expert_tensors(
+            gate, up, down, layout
+        )
+
+    def get(
+        self, name: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    ) -> torch.Tensor:
+        if name not in self._ready:
+            specs = self._specs.get(name)
+            if specs is None:
+                t = super().get(name)
+                self._ready[name] = t.to(torch.bfloat16).to(t.dtype) if name == EMBED else t
+            elif name.endswith((GATE_UP, DOWN)):
+                self._experts(name)
+            else:
+                for source, tensor in self._rounded(specs[0]).items():
+                    key = LM_HEAD if specs[0].name == "lm_head" else source
+                    self._ready[key] = tensor.reshape(self.shape(source))
+        t = self._ready.pop(name)
+        if dtype is not None:
+            t = t.to(dtype)
+        return t.to(device) if torch.device(device).type != "cpu" else t

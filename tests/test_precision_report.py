@@ -1,0 +1,106 @@
+"""`alpamayo precision` on the demo checkpoint and a recorded demo drive: the recipe comparison on the CPU.
+
+The rounded weights themselves are checked bit-exact against ttnn's packer in tests/test_tt_quantized.py; here
+the report: its figures, their order across recipes (all-bf16 weights drift less than bfp8, bfp8 less than
+bfp4), the drive comparison, the DRAM plan it quotes, and the errors for bad arguments.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from alpamayo.cli import main
+from alpamayo.config import load_config
+from alpamayo.demo_drive import make_demo_drive
+from alpamayo.tt.memory import plan_memory
+from alpamayo.tt.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS
+
+# 1.7 s of one camera: ticks at t0 = 1.5 and 1.6 s (as tests/test_replay.py)
+DRIVE = {"seconds": 1.7, "cameras": 1, "seed": 5, "size": (72, 128)}
+FAST = ["--prompt-tokens", "32", "--tokens", "16", "--max-reasoning-tokens", "4", "--max-seq-len", "2048"]
+
+
+@pytest.fixture(scope="module")
+def drive(tmp_path_factory):
+    return make_demo_drive(tmp_path_factory.mktemp("drive") / "drive.mcap", **DRIVE).path
+
+
+@pytest.fixture(scope="module")
+def bf16_recipe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("recipe") / "bf16.yaml"
+    path.write_text(
+        f"name: bf16\ndtypes: {dict.fromkeys(TENSOR_GROUPS, 'bf16')}\nfidelity: {dict.fromkeys(OP_GROUPS, 'hifi4')}\n"
+    )
+    return path
+
+
+def test_presets_on_the_demo_checkpoint_and_drive(demo_checkpoint, drive, tmp_path, capsys, record_figure):
+    out = tmp_path / "report.json"
+    args = ["precision", "--checkpoint", str(demo_checkpoint), "--drive", str(drive), "--ticks", "2"]
+    assert main([*args, *FAST, "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "recipe" in table and "traj tokens" in table and "ADE drift m" in table
+    assert table.count("\n  0 ") == 1  # the per-layer table starts with layer 0
+    report = json.loads(out.read_text())
+    recipes = {r["recipe"]["name"]: r for r in report["recipes"]}
+    assert list(recipes) == ["accuracy", "performance"]
+    layers = load_config(demo_checkpoint).text.num_hidden_layers
+    for name, r in recipes.items():
+        assert len(r["layer_pcc"]) == layers and all(0.9 < p <= 1 for p in r["layer_pcc"])
+        assert 0 <= r["top1_agreement"] <= 1 and 0.9 < r["vision_pcc"] <= 1
+        assert (
+            r["drive"]["ticks"] == 2
+            and 0 <= r["drive"]["token_agreement"] <= 1
+            and r["drive"]["ade_drift_m"] >= 0
+        )
+        plan = plan_memory(load_config(demo_checkpoint), PRESETS[name], 2048)
+        assert r["dram"]["total_gb"] == plan.total / 1e9 and r["dram"]["fits"]
+        for key in ("logits_pcc", "top1_agreement", "vision_pcc"):
+            record_figure(f"{name} {key}", r[key])
+        record_figure(f"{name} worst layer PCC", min(r["layer_pcc"]))
+        record_figure(
+            f"{name} drive token agreement / ADE drift m",
+            f"{r['drive']['token_agreement']} / {r['drive']['ade_drift_m']:.3f}",
+        )
+    # bfp4 MLPs (performance) cost more than bfp8 ones (accuracy) on every layer and at the logits
+    assert recipes["accuracy"]["logits_pcc"] > recipes["performance"]["logits_pcc"]
+    assert all(
+        a > p
+        for a, p in zip(recipes["accuracy"]["layer_pcc"], recipes["performance"]["layer_pcc"], strict=True)
+    )
+    assert recipes["performance"]["recipe"]["dtypes"]["mlp_gate_up"] == "bfp4"
+
+
+def test_a_yaml_recipe_with_bf16_weights_barely_moves_the_model(demo_checkpoint, bf16_recipe, capsys):
+    args = [
+        "precision",
+        "--checkpoint",
+        str(demo_checkpoint),
+        "--recipe",
+        str(bf16_recipe),
+        "--recipe",
+        "accuracy",
+    ]
+    assert main([*args, *FAST]) == 0
+    table = capsys.readouterr().out
+    assert "traj tokens" not in table  # no drive, no drive columns
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:4]}
+    bf16, acc = (float(rows[n][2]) for n in ("bf16", "accuracy"))  # logits PCC column
+    assert bf16 > acc and bf16 > 0.9999
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--recipe", "fastest"], r"--recipe 'fastest': not a preset \(accuracy, performance\)"),
+        (["--tokens", "0"], r"tokens must be >= 1, got 0"),
+        (["--drive", "missing.mcap"], r"missing.mcap"),
+    ],
+)
+def test_bad_arguments_are_named(demo_checkpoint, capsys, extra, message):
+    import re
+
+    assert main(["precision", "--checkpoint", str(demo_checkpoint), *extra]) == 2
+    assert re.search(message, capsys.readouterr().err)
