@@ -9,7 +9,8 @@ import pytest
 from mcap.reader import make_reader
 from PIL import Image
 
-from alpamayo.cli import main
+from alpamayo.cli import build_parser, main
+from alpamayo.commands.replay_args import settings_from_args
 from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
@@ -179,3 +180,11 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
     for prediction in answered:
         assert round((prediction["t0_ns"] - START_NS) / 1e8) in (15, 16)
         assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128
+
+
+def test_backend_arguments_reach_the_replay_settings():
+    backend = ["--backend", "ttnn", "--recipe", "accuracy", "--tt-cache", "cache", "--moe-config", "moe.yaml"]
+    args = build_parser().parse_args(["profile", "--synthetic", "--checkpoint", "ck", *backend])
+    settings = settings_from_args(args, Path("drive.mcap"), None)
+    assert (settings.backend, settings.recipe) == ("ttnn", "accuracy")
+    assert (str(settings.tt_cache), str(settings.moe_config)) == ("cache", "moe.yaml")

@@ -37,6 +37,7 @@ def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
         dtype=settings.dtype,
         recipe=settings.recipe,
         tt_cache=settings.tt_cache,
+        moe_config=settings.moe_config,
         tracer=tracer,
         sampling=Sampling(settings.temperature, settings.top_p),
         max_reasoning_tokens=settings.max_reasoning_tokens,

@@ -41,6 +41,7 @@ class ReplaySettings:
     dtype: str = "float32"
     recipe: str = "performance"  # ttnn precision recipe
     tt_cache: Path | None = None
+    moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
     layout: Path | None = None
     encoding: str = "protobuf"
     copy_inputs: bool = True
