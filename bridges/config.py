@@ -17,15 +17,10 @@ from typing import Any
 import yaml
 
 from alpamayo.errors import ConfigError
-from bridges.protocol import Limits
+from bridges.protocol import ALPAMAYO_CAMERAS, Limits
 
 # Alpamayo's default four cameras and their model indices (reference/alpamayo.md §1.3).
-DEFAULT_CAMERAS = {
-    "camera_cross_left_120fov": 0,
-    "camera_front_wide_120fov": 1,
-    "camera_cross_right_120fov": 2,
-    "camera_front_tele_30fov": 6,
-}
+DEFAULT_CAMERAS = {ALPAMAYO_CAMERAS[i]: i for i in (0, 1, 2, 6)}
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
