@@ -111,9 +111,6 @@ class CameraTable:
         allowed = ", ".join(f"{n!r}={i}" for n, i in self.indices.items())
         raise ProtocolError("unknown_camera", f"camera {camera!r} is not configured (known: {allowed})")
 
-    def name(self, index: int) -> str:
-        return next(n for n, i in self.indices.items() if i == index)
-
 
 @dataclass
 class CameraFrame:
