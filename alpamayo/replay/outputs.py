@@ -20,7 +20,7 @@ import numpy as np
 
 from alpamayo.prediction import Prediction
 from alpamayo.rotations import yaw_to_quat
-from bridges.mcap_messages import LOG_LEVEL_INFO, encode, encodings_for, timestamp
+from bridges.mcap_messages import LOG_LEVEL_INFO, encode, timestamp, wire_encoding
 from bridges.mcap_writer import RecordingWriter
 
 TIMINGS_TOPIC = "/alpamayo/timings"
@@ -99,7 +99,7 @@ class PredictionRecorder:
         self.encoding = encoding
 
     def _encode(self, topic: str, schema: str, message: dict[str, Any]) -> tuple[str, str, str, bytes]:
-        encoding = self.encoding if self.encoding in encodings_for(schema) else "json"
+        encoding = wire_encoding(schema, self.encoding)
         return topic, schema, encoding, encode(schema, message, encoding)
 
     def serialise(self, out: TickOutput) -> Encoded:
