@@ -85,9 +85,7 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
     try:
         info = run_info(settings, drive, predictor)
         writer = None if settings.out is None else RecordingWriter(settings.out)
-        recorder = None
-        if writer is not None:
-            recorder = PredictionRecorder(writer, settings.encoding)
+        recorder = None if writer is None else PredictionRecorder(writer, settings.encoding)
         reference = drive.info.message_counts[drive.layout.cameras[0].topic]
         total = settings.max_ticks or max(reference - len(HISTORY_OFFSETS_NS), 1)
         with tqdm(
@@ -104,8 +102,8 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
             info["resolution"]["model"] = "{}x{}".format(*predictor.model_resolution)
         if writer is not None:
             writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
-        if writer is not None and settings.copy_inputs:
-            copy_inputs(drive, run, writer)
+            if settings.copy_inputs:
+                copy_inputs(drive, run, writer)
     finally:
         predictor.close()
         if writer is not None:
