@@ -154,7 +154,7 @@ class PredictionRecorder:
             self.writer.write_encoded(topic, schema, encoding, payload, t0_ns)
 
     def timings(self, seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> None:
-        """Per-stage ms of a tick, and its end-to-end age (publish end minus the tick's start)."""
+        """Per-stage ms of a tick, and its end-to-end age (`TickResult.e2e_ms`)."""
         message = {
             "seq": seq,
             "t0_ns": t0_ns,
