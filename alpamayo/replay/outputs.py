@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.prediction import Prediction
+from alpamayo.prediction import EgoHistory, Prediction
+from alpamayo.replay.results import TickResult
 from alpamayo.rotations import yaw_to_quat
 from bridges.mcap_messages import LOG_LEVEL_INFO, encode, timestamp, wire_encoding
 from bridges.mcap_writer import RecordingWriter
@@ -43,6 +44,30 @@ class TickOutput:
     future_heading: np.ndarray | None
     errors_m: dict[str, float] | None
     invalid_reasons: list[str]
+
+    @classmethod
+    def of(
+        cls,
+        result: TickResult,
+        frame_times_ns: dict[int, list[int]],
+        ego: EgoHistory,
+        prediction: Prediction,
+        future: tuple[np.ndarray, np.ndarray] | None,
+    ) -> TickOutput:
+        """The output of a scored tick: `result` with the frames' times, the ego history (its t0 pose is
+        recorded), the full prediction and the recorded future (xyz [64, 3], heading [64]) or None."""
+        return cls(
+            seq=result.seq,
+            t0_ns=result.t0_ns,
+            frame_times_ns=frame_times_ns,
+            ego_xyz=ego.xyz[-1],
+            ego_quat_xyzw=ego.quat_xyzw[-1],
+            prediction=prediction,
+            future_xyz=result.future_xyz,
+            future_heading=None if future is None else future[1],
+            errors_m=result.errors_m,
+            invalid_reasons=result.invalid_reasons,
+        )
 
 
 Encoded = list[tuple[str, str, str, bytes]]  # (topic, schema, encoding, payload)
