@@ -89,6 +89,7 @@ class SyntheticCamera:
 
 
 def phase_index(distance_m: float) -> int:
+    """Which of the PHASES pre-rendered dash positions shows `distance_m` metres driven."""
     return int(distance_m % DASH_PERIOD_M / DASH_PERIOD_M * PHASES) % PHASES
 
 

@@ -234,6 +234,8 @@ class MessageDecoder:
         self._decoders: dict[int, Callable[[bytes], dict[str, Any]]] = {}
 
     def decode(self, schema: Schema | None, message_encoding: str, data: bytes) -> dict[str, Any]:
+        """The message dict of one MCAP message; MessageError for an unknown schema or a payload that does
+        not decode."""
         if schema is None or schema.name not in JSON_SCHEMAS:
             name = None if schema is None else schema.name
             raise MessageError(f"schema {name!r} is not one replay reads; known: {sorted(JSON_SCHEMAS)}")

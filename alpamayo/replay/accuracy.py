@@ -123,6 +123,7 @@ class AccuracySummary:
 
 
 def summarize_accuracy(ticks: Sequence[TickResult]) -> AccuracySummary:
+    """Mean model errors and constant-velocity ADE over the ticks that have a recorded future."""
     scored = [t for t in ticks if t.errors_m is not None]
     keys = [error_key(m, h) for h in HORIZONS_S for m in METRICS]
     mean = {k: float(np.mean([t.errors_m[k] for t in scored])) for k in keys} if scored else {}

@@ -128,6 +128,7 @@ class PredictionRecorder:
         return topic, schema, encoding, encode(schema, message, encoding)
 
     def serialise(self, out: TickOutput) -> Encoded:
+        """A tick's messages for every output topic but timings, encoded and not yet written."""
         stamp = timestamp(out.t0_ns)
         best = out.prediction.best
         x, y, z = (float(v) for v in out.ego_xyz)
@@ -175,6 +176,7 @@ class PredictionRecorder:
         return encoded
 
     def publish(self, encoded: Encoded, t0_ns: int) -> None:
+        """Write `serialise`'s messages, logged at t0_ns (recording clock)."""
         for topic, schema, encoding, payload in encoded:
             self.writer.write_encoded(topic, schema, encoding, payload, t0_ns)
 

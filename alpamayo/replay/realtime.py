@@ -109,6 +109,8 @@ class _Collector(threading.Thread):
 
 
 def replay_realtime(job: ReplayJob) -> ReplayRun:
+    """Publish the drive's messages for the ticks in [start_s, start_s + duration_s) (at most `max_ticks`) to
+    an in-process node at the recorded pace x `speed`, and score its answers (see the module docstring)."""
     drive, tracer, settings = job.drive, job.tracer, job.settings
     settings.validate()
     assembler = TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)

@@ -76,6 +76,8 @@ def tqdm_warn(bar: tqdm) -> Warn:
 
 
 def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
+    """Validate `settings`, open the drive, load the model, replay in the chosen mode and write the MCAP
+    output and the trace, JSON and plot files asked for; `warn` is told of skipped data."""
     settings.validate()
     layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
     drive = Drive.open(settings.drive, layout, warn)

@@ -51,6 +51,7 @@ class ReplaySettings:
     progress: bool = True
 
     def validate(self) -> None:
+        """ValueError naming the option, its value and the allowed range for the first one out of range."""
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r} unknown; allowed: {list(MODES)}")
         if not 0.05 <= self.speed <= 20.0:
