@@ -6,6 +6,7 @@ helpers, and recorded drives (MCAP).
 * `bridges.window`: per-camera frame rings, the ego track and the 10 Hz input window;
 * `bridges.node`: `InferenceNode`, the node itself (start/stop in-process, endpoints, counters);
 * `bridges.client`: `FramePublisher`, `TrajectorySubscriber`, `ControlClient` for drivers and consumers;
+* `bridges.sockets`: ZeroMQ socket options, bind/connect and CURVE keys shared by the node and the clients;
 * `bridges.camera_sim`: synthetic multi-camera frames and ego poses;
 * `bridges.mcap_messages`: Foxglove and project message schemas for recordings, protobuf and JSON codecs;
 * `bridges.mcap_writer`: `RecordingWriter`, append-only MCAP writing of message dicts;

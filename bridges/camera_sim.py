@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from bridges.client import FramePublisher
-from bridges.protocol import encode_ego, encode_frame
+from bridges.protocol import ENCODINGS, encode_ego, encode_frame
 
 DASH_PERIOD_M = 6.0  # a 3 m dash and a 3 m gap
 PHASES = 10  # dash phases rendered per camera
@@ -89,6 +89,7 @@ class SyntheticCamera:
 
 
 def phase_index(distance_m: float) -> int:
+    """Which of the PHASES pre-rendered dash positions shows `distance_m` metres driven."""
     return int(distance_m % DASH_PERIOD_M / DASH_PERIOD_M * PHASES) % PHASES
 
 
@@ -130,8 +131,8 @@ class CameraSim:
         first_frame_id: int = 0,
         speedup: float = 1.0,
     ):
-        if encoding not in ("rgb8", "bgr8", "jpeg"):
-            raise ValueError(f"encoding {encoding!r} is not one of rgb8, bgr8, jpeg")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
         if not 0 < rate_hz <= 1000:
             raise ValueError(f"rate_hz {rate_hz} is outside (0, 1000]")
         if not 0 < speedup <= 1000:

@@ -17,15 +17,11 @@ from typing import Any
 import yaml
 
 from alpamayo.errors import ConfigError
-from bridges.protocol import Limits
+from bridges.protocol import ALPAMAYO_CAMERAS, Limits
+from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 
 # Alpamayo's default four cameras and their model indices (reference/alpamayo.md §1.3).
-DEFAULT_CAMERAS = {
-    "camera_cross_left_120fov": 0,
-    "camera_front_wide_120fov": 1,
-    "camera_cross_right_120fov": 2,
-    "camera_front_tele_30fov": 6,
-}
+DEFAULT_CAMERAS = {ALPAMAYO_CAMERAS[i]: i for i in (0, 1, 2, 6)}
 
 
 def _check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -131,8 +127,8 @@ class TimingSection:
     stale_after_ms: float = 1000.0
     max_ego_extrapolation_ms: float = 50.0  # the newest ego pose may lag t0 by this much
     shutdown_timeout_s: float = 5.0  # how long SIGTERM waits for the current prediction
-    linger_ms: int = 100
-    heartbeat_ms: int = 1000  # ZMTP ping interval; peers are dropped after 3 missed
+    linger_ms: int = DEFAULT_LINGER_MS
+    heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # ZMTP ping interval; peers are dropped after 3 missed
 
     def __post_init__(self) -> None:
         _check(0.1 <= self.rate_hz <= 100, "timing.rate_hz", self.rate_hz, "0.1..100")

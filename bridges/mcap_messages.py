@@ -162,12 +162,21 @@ def encodings_for(schema_name: str) -> tuple[str, ...]:
     return ENCODINGS if schema_name in _PROTOBUF_CLASSES else ("json",)
 
 
-def register_schema(writer: Writer, schema_name: str, encoding: str) -> int:
-    """Register `schema_name` in `encoding` with an MCAP writer; returns the schema id."""
+def wire_encoding(schema_name: str, preferred: str) -> str:
+    """`preferred` when `schema_name` can be written in it, else "json" (the project's schemas are JSON only)."""
+    return preferred if preferred in encodings_for(schema_name) else "json"
+
+
+def _check_encoding(schema_name: str, encoding: str) -> None:
     if encoding not in encodings_for(schema_name):
         raise MessageError(
             f"schema {schema_name!r} cannot be written as {encoding!r}; allowed: {encodings_for(schema_name)}"
         )
+
+
+def register_schema(writer: Writer, schema_name: str, encoding: str) -> int:
+    """Register `schema_name` in `encoding` with an MCAP writer; returns the schema id."""
+    _check_encoding(schema_name, encoding)
     if encoding == "protobuf":
         fds = build_file_descriptor_set(_PROTOBUF_CLASSES[schema_name])
         return writer.register_schema(schema_name, "protobuf", fds.SerializeToString())
@@ -191,10 +200,7 @@ def encode(schema_name: str, message: dict[str, Any], encoding: str) -> bytes:
     JSON is written with sorted keys and no whitespace, so equal messages give equal bytes (lock-step replay
     compares outputs byte for byte).
     """
-    if encoding not in encodings_for(schema_name):
-        raise MessageError(
-            f"schema {schema_name!r} cannot be written as {encoding!r}; allowed: {encodings_for(schema_name)}"
-        )
+    _check_encoding(schema_name, encoding)
     if encoding == "protobuf":
         return _PROTOBUF_CLASSES[schema_name](**_to_protobuf_fields(message)).SerializeToString()
     wire = dict(message)
@@ -228,6 +234,8 @@ class MessageDecoder:
         self._decoders: dict[int, Callable[[bytes], dict[str, Any]]] = {}
 
     def decode(self, schema: Schema | None, message_encoding: str, data: bytes) -> dict[str, Any]:
+        """The message dict of one MCAP message; MessageError for an unknown schema or a payload that does
+        not decode."""
         if schema is None or schema.name not in JSON_SCHEMAS:
             name = None if schema is None else schema.name
             raise MessageError(f"schema {name!r} is not one replay reads; known: {sorted(JSON_SCHEMAS)}")

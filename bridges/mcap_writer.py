@@ -6,13 +6,14 @@ unfinished chunk; `close()` writes the summary Foxglove uses to seek.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from mcap.records import Channel, Message, Schema
 from mcap.writer import CompressionType, Writer
 
-from bridges.mcap_messages import encode, encodings_for, register_schema
+from bridges.mcap_messages import encode, register_schema, wire_encoding
 
 COMPRESSION = {"zstd": CompressionType.ZSTD, "lz4": CompressionType.LZ4, "none": CompressionType.NONE}
 
@@ -34,15 +35,14 @@ class RecordingWriter:
         self._writer.start(profile="", library="alpamayo-tt")
         self._schemas: dict[tuple[str, str], int] = {}
         self._channels: dict[str, tuple[int, str, str]] = {}
-        self._sequence: dict[str, int] = {}
+        self._sequence: Counter[str] = Counter()  # messages written per topic
         self._copied_schemas: dict[tuple[str, str, bytes], int] = {}
 
     def write(
         self, topic: str, schema_name: str, message: dict[str, Any], t_ns: int, encoding: str = "protobuf"
     ) -> None:
         """Append one message; protobuf falls back to JSON for schemas that only have a JSON form."""
-        if encoding not in encodings_for(schema_name):
-            encoding = "json"
+        encoding = wire_encoding(schema_name, encoding)
         self.write_encoded(topic, schema_name, encoding, encode(schema_name, message, encoding), t_ns)
 
     def write_encoded(self, topic: str, schema_name: str, encoding: str, payload: bytes, t_ns: int) -> None:
@@ -53,7 +53,28 @@ class RecordingWriter:
                 self._schemas[key] = register_schema(self._writer, schema_name, encoding)
             channel = self._writer.register_channel(topic, encoding, self._schemas[key])
             self._channels[topic] = (channel, schema_name, encoding)
-            self._sequence[topic] = 0
+        self._append(topic, schema_name, encoding, payload, t_ns, t_ns)
+
+    def copy(self, schema: Schema, channel: Channel, message: Message) -> None:
+        """Append a message read from another MCAP file unchanged: its schema record, encoding and times."""
+        topic, encoding = channel.topic, channel.message_encoding
+        if topic not in self._channels:
+            key = (schema.name, schema.encoding, schema.data)
+            if key not in self._copied_schemas:
+                self._copied_schemas[key] = self._writer.register_schema(
+                    schema.name, schema.encoding, schema.data
+                )
+            channel_id = self._writer.register_channel(
+                topic, encoding, self._copied_schemas[key], dict(channel.metadata)
+            )
+            self._channels[topic] = (channel_id, schema.name, encoding)
+        self._append(topic, schema.name, encoding, message.data, message.log_time, message.publish_time)
+
+    def _append(
+        self, topic: str, schema_name: str, encoding: str, data: bytes, log_time: int, publish_time: int
+    ) -> None:
+        """Add a message to `topic`'s channel, which must carry `schema_name` in `encoding`; sequence numbers
+        count per topic from 1."""
         channel, topic_schema, topic_encoding = self._channels[topic]
         if (topic_schema, topic_encoding) != (schema_name, encoding):
             raise ValueError(
@@ -61,33 +82,7 @@ class RecordingWriter:
                 f"({encoding}) on it"
             )
         self._sequence[topic] += 1
-        self._writer.add_message(
-            channel, log_time=t_ns, data=payload, publish_time=t_ns, sequence=self._sequence[topic]
-        )
-
-    def copy(self, schema: Schema, channel: Channel, message: Message) -> None:
-        """Append a message read from another MCAP file unchanged: its schema record, encoding and times."""
-        if channel.topic not in self._channels:
-            key = (schema.name, schema.encoding, schema.data)
-            if key not in self._copied_schemas:
-                self._copied_schemas[key] = self._writer.register_schema(
-                    schema.name, schema.encoding, schema.data
-                )
-            channel_id = self._writer.register_channel(
-                channel.topic, channel.message_encoding, self._copied_schemas[key], dict(channel.metadata)
-            )
-            self._channels[channel.topic] = (channel_id, schema.name, channel.message_encoding)
-            self._sequence[channel.topic] = 0
-        channel_id, schema_name, encoding = self._channels[channel.topic]
-        if (schema_name, encoding) != (schema.name, channel.message_encoding):
-            raise ValueError(
-                f"topic {channel.topic} carries {schema_name} ({encoding}); cannot copy {schema.name} "
-                f"({channel.message_encoding}) onto it"
-            )
-        self._sequence[channel.topic] += 1
-        self._writer.add_message(
-            channel_id, message.log_time, message.data, message.publish_time, self._sequence[channel.topic]
-        )
+        self._writer.add_message(channel, log_time, data, publish_time, self._sequence[topic])
 
     def metadata(self, name: str, data: dict[str, str]) -> None:
         self._writer.add_metadata(name, data)

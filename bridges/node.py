@@ -100,7 +100,6 @@ class InferenceNode:
         self.counters = NodeCounters()
         self.endpoints: dict[str, Any] = {}
         self.warmed_up = False
-        self.period_ns = round(1e9 / config.timing.rate_hz)
         self._lock = threading.Lock()  # counters, last error, last output
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
@@ -111,6 +110,7 @@ class InferenceNode:
         self._shutdown_requested = threading.Event()
         self._new_input = threading.Event()
         self._pub_lock = threading.Lock()
+        self._pub: zmq.Socket | None = None  # the output socket, None once stopped
         self._ctx: zmq.Context | None = None
         self._curve: CurveServer | None = None
         self._threads: list[threading.Thread] = []
@@ -353,7 +353,7 @@ class InferenceNode:
         self._warm_up()
         last_invalid_ns = 0
         while not self._stopping.is_set():
-            self._new_input.wait(self.period_ns / 2e9)
+            self._new_input.wait(self.state.period_ns / 2e9)
             self._new_input.clear()
             if self._stopping.is_set():
                 return
@@ -370,8 +370,8 @@ class InferenceNode:
             self._predict(window, window_ms)
             return last_invalid_ns
         stale = self.state.stale_reasons(start)
-        if stale and start - last_invalid_ns >= self.period_ns:
-            self._publish(self._message(None, False, stale), None)
+        if stale and start - last_invalid_ns >= self.state.period_ns:
+            self._publish(self._message(None, stale, start), None)
             return start
         return last_invalid_ns
 
@@ -400,7 +400,7 @@ class InferenceNode:
         ego = EgoHistory(
             xyz=np.stack([steps * 1.0, np.zeros(HISTORY_STEPS), np.zeros(HISTORY_STEPS)], axis=1),
             quat_xyzw=np.tile([0.0, 0.0, 0.0, 1.0], (HISTORY_STEPS, 1)),
-            t_ns=steps * self.period_ns,
+            t_ns=steps * self.state.period_ns,
         )
         start = time.perf_counter()
         try:
@@ -426,7 +426,7 @@ class InferenceNode:
 
     def _predict(self, window: Window, window_ms: float) -> None:
         if self.predictor is None:
-            self._publish(self._message(window, False, [NO_MODEL]), window)
+            self._publish(self._message(window, [NO_MODEL], time.perf_counter_ns()), window)
             return
         if window.epoch != self._predictor_epoch:
             self.predictor.reset()  # streams restarted: cached per-frame features may share times with new frames
@@ -445,16 +445,17 @@ class InferenceNode:
             self._record_error("prediction", message)
             with self._lock:
                 self.counters.prediction_errors += 1
-            self._publish(self._message(window, False, [message]), window)
+            self._publish(self._message(window, [message], time.perf_counter_ns()), window)
             return
         model_ms = (time.perf_counter() - start) * 1e3
-        reasons = self.state.stale_reasons(time.perf_counter_ns())
-        age_ms = (time.perf_counter_ns() - window.recv_ns) / 1e6
+        now = time.perf_counter_ns()
+        reasons = self.state.stale_reasons(now)
+        age_ms = (now - window.recv_ns) / 1e6
         if age_ms > self.config.timing.stale_after_ms:
             reasons.append(f"frame age {age_ms:.0f} ms exceeds {self.config.timing.stale_after_ms:.0f} ms")
         if not (np.isfinite(xyz).all() and np.isfinite(heading).all()):
             reasons.append("trajectory has non-finite waypoints")
-        msg = self._message(window, not reasons, reasons)
+        msg = self._message(window, reasons, now)
         msg.token_ids = [int(t) for t in best.token_ids]
         msg.t = [float(v) for v in prediction.t_s]
         msg.x, msg.y, msg.z = (xyz[:, k].tolist() for k in range(3))
@@ -466,14 +467,16 @@ class InferenceNode:
             self.counters.predictions += 1
         self._publish(msg, window)
 
-    def _message(self, window: Window | None, valid: bool, reasons: list[str]) -> TrajectoryMessage:
+    def _message(self, window: Window | None, reasons: list[str], now_ns: int) -> TrajectoryMessage:
+        """An output answering `window` (None: stale inputs), valid when no reason says otherwise, with its
+        frame age at `now_ns` (perf_counter clock); `seq` is set when it is published."""
         return TrajectoryMessage(
             seq=0,
             t0_ns=None if window is None else window.t0_ns,
-            valid=valid,
+            valid=not reasons,
             invalid_reasons=reasons,
             cameras=[] if window is None else window.cameras,
-            frame_age_ms=None if window is None else (time.perf_counter_ns() - window.recv_ns) / 1e6,
+            frame_age_ms=None if window is None else (now_ns - window.recv_ns) / 1e6,
             frame_drop_perc=self.state.frame_drop_perc(),
         )
 

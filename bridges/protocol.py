@@ -35,6 +35,17 @@ MAX_SPEED_MPS = 150.0  # |vx|, |vy|, |vz|
 QUAT_NORM_TOLERANCE = 1e-2  # |‖q‖ - 1| above this is rejected; within it q is renormalised
 U32_MAX = 2**32 - 1
 I64_MAX = 2**63 - 1
+# Alpamayo's camera indices and names (NVlabs/alpamayo common/constants.py); the index is the model's only
+# camera cue.
+ALPAMAYO_CAMERAS = {
+    0: "camera_cross_left_120fov",
+    1: "camera_front_wide_120fov",
+    2: "camera_cross_right_120fov",
+    3: "camera_rear_left_70fov",
+    4: "camera_rear_tele_30fov",
+    5: "camera_rear_right_70fov",
+    6: "camera_front_tele_30fov",
+}
 
 # Rejection reasons: the node counts rejected messages under these names (status `rejected`).
 REJECTION_REASONS = (
@@ -83,7 +94,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class CameraTable:
-    """The node's cameras: name -> model camera index (Alpamayo: cross_left 0, front_wide 1, ...)."""
+    """The node's cameras: name -> model camera index (ALPAMAYO_CAMERAS: cross_left 0, front_wide 1, ...)."""
 
     indices: Mapping[str, int]
 
@@ -99,9 +110,6 @@ class CameraTable:
             raise ProtocolError("wrong_type", f"field 'camera' must be an int or str, got {_kind(camera)}")
         allowed = ", ".join(f"{n!r}={i}" for n, i in self.indices.items())
         raise ProtocolError("unknown_camera", f"camera {camera!r} is not configured (known: {allowed})")
-
-    def name(self, index: int) -> str:
-        return next(n for n, i in self.indices.items() if i == index)
 
 
 @dataclass

@@ -30,18 +30,9 @@ from mcap.stream_reader import StreamReader
 from PIL import Image, UnidentifiedImageError
 
 from bridges.mcap_messages import MessageDecoder, MessageError, timestamp_ns
+from bridges.protocol import ALPAMAYO_CAMERAS
 from bridges.window import slerp
 
-# Alpamayo's camera indices (NVlabs/alpamayo common/constants.py); the index is the model's only camera cue.
-ALPAMAYO_CAMERAS = {
-    0: "camera_cross_left_120fov",
-    1: "camera_front_wide_120fov",
-    2: "camera_cross_right_120fov",
-    3: "camera_rear_left_70fov",
-    4: "camera_rear_tele_30fov",
-    5: "camera_rear_right_70fov",
-    6: "camera_front_tele_30fov",
-}
 IMAGE_SCHEMAS = ("foxglove.CompressedImage", "foxglove.RawImage")
 POSE_SCHEMA = "foxglove.PoseInFrame"
 LAYOUT_METADATA = "alpamayo.layout"
@@ -90,9 +81,8 @@ class RecordingLayout:
                 )
         if len(set(indices)) != len(indices):
             raise RecordingError(f"layout camera indices repeat: {indices}")
-        topics = [c.topic for c in self.cameras] + [self.ego_pose_topic]
-        if len(set(topics)) != len(topics):
-            raise RecordingError(f"layout topics repeat: {topics}")
+        if len(set(self.topics)) != len(self.topics):
+            raise RecordingError(f"layout topics repeat: {self.topics}")
 
     @property
     def topics(self) -> list[str]:
@@ -141,12 +131,11 @@ class RecordingLayout:
         return cls.from_dict(data, str(path))
 
 
-def default_layout(cameras: tuple[int, ...] = (1, 0, 2, 6)) -> RecordingLayout:
-    """Compressed-image topics `/cameras/<name>/compressed` for the given camera indices, `/ego/pose`."""
+def default_layout(cameras: tuple[int, ...] = (1, 0, 2, 6), kind: str = "compressed") -> RecordingLayout:
+    """Image topics `/cameras/<name>/<kind>` for the given camera indices (kind "compressed" for
+    CompressedImage, "image" for RawImage), poses on `/ego/pose`."""
     return RecordingLayout(
-        tuple(
-            CameraTopic(f"/cameras/{ALPAMAYO_CAMERAS[i]}/compressed", i, ALPAMAYO_CAMERAS[i]) for i in cameras
-        )
+        tuple(CameraTopic(f"/cameras/{ALPAMAYO_CAMERAS[i]}/{kind}", i, ALPAMAYO_CAMERAS[i]) for i in cameras)
     )
 
 

@@ -11,12 +11,12 @@ import pytest
 from mcap.reader import make_reader
 from mcap.writer import Writer
 
-from alpamayo.demo_drive import START_NS, layout_for, make_demo_drive
+from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.demo_drive.world import World
 from alpamayo.prediction import FUTURE_STEPS, HISTORY_STEPS
 from alpamayo.replay.ticks import TickAssembler
 from bridges import mcap_messages
-from bridges.recording import Drive, FrameError, RecordingError, RecordingLayout
+from bridges.recording import Drive, FrameError, RecordingError, RecordingLayout, default_layout
 
 SIZE = (72, 128)
 
@@ -191,7 +191,7 @@ def test_a_layout_file_maps_topics_to_cameras(tmp_path, drive_path):
 
 
 def test_missing_topic_is_a_clear_error(tmp_path, drive_path):
-    layout = layout_for((1, 6), "jpeg")
+    layout = default_layout((1, 6))
     with pytest.raises(
         RecordingError, match=r"lacks topic\(s\) \['/cameras/camera_front_tele_30fov/compressed'\]"
     ):

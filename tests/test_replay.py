@@ -9,7 +9,8 @@ import pytest
 from mcap.reader import make_reader
 from PIL import Image
 
-from alpamayo.cli import main
+from alpamayo.cli import build_parser, main
+from alpamayo.commands.replay_args import settings_from_args
 from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
@@ -26,6 +27,11 @@ def drive(tmp_path_factory) -> Path:
     return make_demo_drive(tmp_path_factory.mktemp("drive") / "drive.mcap", **DRIVE).path
 
 
+def replay(drive: Path, checkpoint: Path, out: Path, *args: str) -> int:
+    """`alpamayo replay DRIVE --checkpoint CHECKPOINT --out OUT ARGS...`; returns the exit code."""
+    return main(["replay", str(drive), "--checkpoint", str(checkpoint), "--out", str(out), *args])
+
+
 def messages(path: Path) -> dict[str, list[tuple[int, bytes]]]:
     out: dict[str, list[tuple[int, bytes]]] = {}
     with open(path, "rb") as f:
@@ -39,20 +45,7 @@ def test_lockstep_replay_is_byte_identical_across_runs_except_timings(
 ):
     outs = [tmp_path / "a.mcap", tmp_path / "b.mcap"]
     for out in outs:
-        assert (
-            main(
-                [
-                    "replay",
-                    str(drive),
-                    "--checkpoint",
-                    str(demo_checkpoint),
-                    "--out",
-                    str(out),
-                    "--no-progress",
-                ]
-            )
-            == 0
-        )
+        assert replay(drive, demo_checkpoint, out, "--no-progress") == 0
     printed = capsys.readouterr().out
     first, second = (messages(p) for p in outs)
     timings = first.pop(TIMINGS_TOPIC), second.pop(TIMINGS_TOPIC)
@@ -119,17 +112,7 @@ def test_broken_recordings_are_a_clear_error_not_a_traceback(
         layout = ["--layout", str(tmp_path / "layout.yaml")]
     else:
         path.write_bytes(content)
-    code = main(
-        [
-            "replay",
-            str(path),
-            "--checkpoint",
-            str(demo_checkpoint),
-            "--out",
-            str(tmp_path / "o.mcap"),
-            *layout,
-        ]
-    )
+    code = replay(path, demo_checkpoint, tmp_path / "o.mcap", *layout)
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and "Traceback" not in err
@@ -139,17 +122,13 @@ def test_truncated_recording_replays_what_is_left_with_a_warning(tmp_path, demo_
     cut = tmp_path / "cut.mcap"
     cut.write_bytes(drive.read_bytes()[:-200])  # footer and summary lost
     out = tmp_path / "o.mcap"
-    assert (
-        main(["replay", str(cut), "--checkpoint", str(demo_checkpoint), "--out", str(out), "--no-progress"])
-        == 0
-    )
+    assert replay(cut, demo_checkpoint, out, "--no-progress") == 0
     assert "truncated" in capsys.readouterr().err
     assert len(messages(out)["/alpamayo/prediction"]) == 2
 
 
 def test_a_window_without_ticks_is_a_clear_error(tmp_path, demo_checkpoint, drive, capsys):
-    args = ["replay", str(drive), "--checkpoint", str(demo_checkpoint), "--out", str(tmp_path / "o.mcap")]
-    assert main([*args, "--start", "100"]) == 2
+    assert replay(drive, demo_checkpoint, tmp_path / "o.mcap", "--start", "100") == 2
     err = capsys.readouterr().err
     assert "has no tick between 100 s and the end" in err and "Traceback" not in err
 
@@ -158,17 +137,9 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
     tmp_path, demo_checkpoint, drive, capsys
 ):
     out, report = tmp_path / "rt.mcap", tmp_path / "rt.json"
-    args = [
-        "replay",
-        str(drive),
-        "--checkpoint",
-        str(demo_checkpoint),
-        "--out",
-        str(out),
-        "--json",
-        str(report),
-    ]
-    assert main([*args, "--realtime", "--speed", "2", *FAST]) == 0
+    assert (
+        replay(drive, demo_checkpoint, out, "--json", str(report), "--realtime", "--speed", "2", *FAST) == 0
+    )
     assert "real-time at 2.0x" in capsys.readouterr().out
     ticks = json.loads(report.read_text())["ticks"]
     assert ticks["offered"] == 2 and ticks["answered"] >= 1
@@ -179,3 +150,11 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
     for prediction in answered:
         assert round((prediction["t0_ns"] - START_NS) / 1e8) in (15, 16)
         assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128
+
+
+def test_backend_arguments_reach_the_replay_settings():
+    backend = ["--backend", "ttnn", "--recipe", "accuracy", "--tt-cache", "cache", "--moe-config", "moe.yaml"]
+    args = build_parser().parse_args(["profile", "--synthetic", "--checkpoint", "ck", *backend])
+    settings = settings_from_args(args, Path("drive.mcap"), None)
+    assert (settings.backend, settings.recipe) == ("ttnn", "accuracy")
+    assert (str(settings.tt_cache), str(settings.moe_config)) == ("cache", "moe.yaml")

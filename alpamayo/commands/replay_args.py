@@ -66,6 +66,7 @@ def settings_from_args(
         backend=args.backend,
         recipe=args.recipe,
         tt_cache=args.tt_cache,
+        moe_config=args.moe_config,
         device=args.device,
         dtype=args.dtype,
         layout=args.layout,

@@ -69,7 +69,12 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
-    node = InferenceNode(None if args.no_model else load_model(config), config).start()
+    model = None if args.no_model else load_model(config)
+    try:
+        node = InferenceNode(model, config).start()
+    except BaseException:
+        _close(model)
+        raise
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: node.request_shutdown())
     print(f"serving: {node.endpoints}", flush=True)
@@ -77,12 +82,26 @@ def run(args: argparse.Namespace) -> int:
         pass
     finished = node.stop()
     print("stopped" + ("" if finished else " (current prediction abandoned)"), flush=True)
-    if not finished:
-        # The abandoned prediction still runs in a daemon thread inside torch; interpreter finalisation under
-        # it aborted the process (SIGABRT, measured). Sockets are closed and output is flushed: leave now.
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    if finished:
+        _close(model)
+        return 0
+    # The abandoned prediction is still running in the node's daemon thread, inside torch (or on the ttnn
+    # device, which is therefore not closed). Finalising the interpreter under it aborts the process: on
+    # CPython 3.12 and 3.13 the thread, re-taking the GIL in the destructor of torch's
+    # `pybind11::gil_scoped_release`, is ended with pthread_exit, and the forced unwind through that noexcept
+    # destructor calls std::terminate (SIGABRT, exit 134; gdb backtrace on CPython 3.12.1, torch 2.14.1;
+    # CPython 3.14 hangs such threads instead, gh-87135). A running prediction cannot be stopped from outside
+    # (one vision or prefill call is a single long C++ call), so the bounded way out is to leave without
+    # finalising. Every socket is closed and stdout, which the log goes to, is flushed; no atexit handler of
+    # ours is skipped.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _close(model: AlpamayoVLA | None) -> None:
+    """Release the model's device (ttnn); a no-op for torch and for an intake-only node."""
+    if model is not None:
+        model.close()
 
 
 def load_model(config: NodeConfig) -> AlpamayoVLA:

@@ -26,7 +26,7 @@ from alpamayo.demo_drive.world import World
 from alpamayo.rotations import yaw_to_quat
 from bridges.mcap_messages import ENCODINGS, timestamp
 from bridges.mcap_writer import RecordingWriter
-from bridges.recording import ALPAMAYO_CAMERAS, LAYOUT_METADATA, CameraTopic, RecordingLayout
+from bridges.recording import LAYOUT_METADATA, default_layout
 
 START_NS = 1_700_000_000_000_000_000  # recording clock origin (a plausible unix time, ns)
 CAMERA_PERIOD_NS = 100_000_000  # 10 Hz, the model's frame rate
@@ -60,15 +60,6 @@ class DemoDrive:
     bytes: int
 
 
-def layout_for(cameras: tuple[int, ...], image_format: str) -> RecordingLayout:
-    suffix = "compressed" if image_format == "jpeg" else "image"
-    return RecordingLayout(
-        tuple(
-            CameraTopic(f"/cameras/{ALPAMAYO_CAMERAS[c]}/{suffix}", c, ALPAMAYO_CAMERAS[c]) for c in cameras
-        )
-    )
-
-
 def make_demo_drive(
     out: str | Path,
     seconds: float = 10.0,
@@ -94,7 +85,7 @@ def make_demo_drive(
     if image_format not in IMAGE_FORMATS:
         raise ValueError(f"image format {image_format!r} unknown; allowed: {list(IMAGE_FORMATS)}")
     rig = CAMERA_ORDER[:cameras]
-    layout = layout_for(rig, image_format)
+    layout = default_layout(rig, "compressed" if image_format == "jpeg" else "image")
     world = World(seed, seconds + FUTURE_NS / 1e9)
     renderer = Renderer(world, *size)
     n_frames = round(seconds * 1e9 / CAMERA_PERIOD_NS)

@@ -89,6 +89,7 @@ class Renderer:
         return Image.fromarray(np.ascontiguousarray(img.astype(np.uint8)))
 
     def render(self, spec: CameraSpec, t: float) -> Image.Image:
+        """The view of camera `spec` at t seconds into the drive: an RGB image of height x width pixels."""
         s_ego = float(self.world.arc_length(t))
         (ego_xy,), (ego_yaw,) = self.world.at(np.array([s_ego]))
         cos_e, sin_e = np.cos(ego_yaw), np.sin(ego_yaw)

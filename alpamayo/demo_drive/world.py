@@ -91,9 +91,6 @@ class World:
         w = 2 * np.pi / self.period
         return self.v0 * t + self.dv / w * (np.cos(self.phase) - np.cos(w * np.asarray(t) + self.phase))
 
-    def speed(self, t: np.ndarray | float) -> np.ndarray | float:
-        return self.v0 + self.dv * np.sin(2 * np.pi * np.asarray(t) / self.period + self.phase)
-
     def at(self, s: np.ndarray, d: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """World xy [..., 2] and road yaw [...] at arc length s offset d metres to the left of the centreline."""
         s = np.clip(np.asarray(s, dtype=np.float64), self.s[0], self.s[-1])

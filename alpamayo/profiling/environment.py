@@ -55,6 +55,7 @@ def _version(package: str) -> str | None:
 
 
 def hardware(device: str) -> dict[str, object]:
+    """CPU model and cores, torch threads, machine and OS, and the CUDA device's name when `device` is one."""
     info: dict[str, object] = {
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
@@ -68,6 +69,7 @@ def hardware(device: str) -> dict[str, object]:
 
 
 def software() -> dict[str, str | None]:
+    """Python and package versions (None for a package not installed)."""
     return {
         "python": platform.python_version(),
         **{name: _version(name) for name in ("alpamayo-tt", "torch", "transformers", "ttnn")},

@@ -103,6 +103,7 @@ def select_evenly(n: int, k: int = BIRDSEYE_TICKS) -> list[int]:
 
 
 def birdseye(ticks: Sequence[BirdseyeTick], path: Path, title: str) -> Path:
+    """One panel per tick: history, recorded future and predicted samples (sample 0 bold), seen from above."""
     fig = _figure()
     fig.suptitle(title)
     rows, cols = _grid(max(len(ticks), 1))

@@ -124,13 +124,14 @@ class Tracer:
     def chrome_trace(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Chrome Trace Event JSON object (complete 'X' events, microseconds), one named track per stage."""
         spans = self.spans
-        names = list(STAGES) + sorted({s.name for s in spans} - set(STAGES))
+        present = {s.name for s in spans}
+        names = list(STAGES) + sorted(present - set(STAGES))
         tid = {n: i + 1 for i, n in enumerate(names)}
         origin = min((s.start_ns for s in spans), default=0)
         events: list[dict[str, Any]] = [
             {"ph": "M", "name": "thread_name", "pid": 1, "tid": tid[n], "args": {"name": n}}
             for n in names
-            if any(s.name == n for s in spans)
+            if n in present
         ]
         events += [
             {

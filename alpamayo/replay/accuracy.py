@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alpamayo.prediction import FUTURE_STEPS, Prediction
+from alpamayo.prediction import FUTURE_STEPS, EgoHistory, Prediction
 from alpamayo.replay.results import TickResult
 from planner.baselines import constant_velocity
+from planner.ego_frame import to_t0_frame
 from planner.metrics import HORIZONS_S, ade, horizon_errors
 
 METRICS = ("ade", "fde", "min_ade")
@@ -50,6 +51,36 @@ def tick_errors(predicted: np.ndarray, recorded: np.ndarray | None) -> dict[str,
         errors[error_key("fde", h)] = float(at[h])
         errors[error_key("min_ade", h)] = float(np.min(ade(predicted, recorded, h)))
     return errors
+
+
+def score_tick(
+    seq: int,
+    t0_ns: int,
+    ego: EgoHistory,
+    prediction: Prediction,
+    future: tuple[np.ndarray, np.ndarray] | None,
+    reasons: list[str],
+    decode_tokens: int,
+) -> TickResult:
+    """The result of `prediction` answering the tick at t0_ns, scored against the recorded `future` (xyz
+    [64, 3] m, heading [64] rad in the t0 ego frame, or None); `reasons` why it is invalid. The replay mode
+    fills in stages_ms, e2e_ms and warmup."""
+    predicted = np.stack([s.xyz for s in prediction.samples])
+    future_xyz = None if future is None else future[0]
+    return TickResult(
+        seq=seq,
+        t0_ns=t0_ns,
+        warmup=False,
+        predicted_xyz=predicted,
+        future_xyz=future_xyz,
+        history_xyz=to_t0_frame(ego).xyz,
+        errors_m=tick_errors(predicted, future_xyz),
+        invalid_reasons=reasons,
+        stages_ms={},
+        e2e_ms=0.0,
+        decode_tokens=decode_tokens,
+        trajectory_tokens=len(prediction.best.token_ids),
+    )
 
 
 @dataclass(frozen=True)
@@ -92,6 +123,7 @@ class AccuracySummary:
 
 
 def summarize_accuracy(ticks: Sequence[TickResult]) -> AccuracySummary:
+    """Mean model errors and constant-velocity ADE over the ticks that have a recorded future."""
     scored = [t for t in ticks if t.errors_m is not None]
     keys = [error_key(m, h) for h in HORIZONS_S for m in METRICS]
     mean = {k: float(np.mean([t.errors_m[k] for t in scored])) for k in keys} if scored else {}

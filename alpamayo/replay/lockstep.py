@@ -12,15 +12,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-import numpy as np
-
-from alpamayo.replay.accuracy import invalid_reasons, tick_errors
+from alpamayo.replay.accuracy import invalid_reasons, score_tick
 from alpamayo.replay.outputs import TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
 from alpamayo.replay.settings import ReplayJob
 from alpamayo.replay.ticks import Tick, TickAssembler
 from bridges.recording import FrameError
-from planner.ego_frame import to_t0_frame
 
 
 def replay_lockstep(job: ReplayJob) -> ReplayRun:
@@ -79,36 +76,18 @@ def _run_tick(tick: Tick, job: ReplayJob, begin: int) -> TickResult | FrameError
         seed=job.settings.seed,
         frame_times_ns=tick.frame_times_ns,
     )
-    predicted = np.stack([s.xyz for s in prediction.samples])
-    future_xyz = None if tick.future is None else tick.future[0]
-    ego = tick.ego_history
-    result = TickResult(
-        seq=tick.index,
-        t0_ns=tick.t0_ns,
-        warmup=False,
-        predicted_xyz=predicted,
-        future_xyz=future_xyz,
-        history_xyz=to_t0_frame(ego).xyz,
-        errors_m=tick_errors(predicted, future_xyz),
-        invalid_reasons=invalid_reasons(prediction),
-        stages_ms={},
-        e2e_ms=0.0,
-        decode_tokens=len(prediction.best.reasoning_token_ids) + len(prediction.best.token_ids),
-        trajectory_tokens=len(prediction.best.token_ids),
+    best = prediction.best
+    result = score_tick(
+        tick.index,
+        tick.t0_ns,
+        tick.ego_history,
+        prediction,
+        tick.future,
+        invalid_reasons(prediction),
+        decode_tokens=len(best.reasoning_token_ids) + len(best.token_ids),
     )
     if recorder is not None:
-        output = TickOutput(
-            seq=tick.index,
-            t0_ns=tick.t0_ns,
-            frame_times_ns=tick.frame_times_ns,
-            ego_xyz=ego.xyz[-1],
-            ego_quat_xyzw=ego.quat_xyzw[-1],
-            prediction=prediction,
-            future_xyz=future_xyz,
-            future_heading=None if tick.future is None else tick.future[1],
-            errors_m=result.errors_m,
-            invalid_reasons=result.invalid_reasons,
-        )
+        output = TickOutput.of(result, tick.frame_times_ns, tick.ego_history, prediction, tick.future)
         with tracer.span("serialise"):
             encoded = recorder.serialise(output)
         with tracer.span("publish"):

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.prediction import Prediction
+from alpamayo.prediction import EgoHistory, Prediction
+from alpamayo.replay.results import TickResult
 from alpamayo.rotations import yaw_to_quat
-from bridges.mcap_messages import LOG_LEVEL_INFO, encode, encodings_for, timestamp
+from bridges.mcap_messages import LOG_LEVEL_INFO, encode, timestamp, wire_encoding
 from bridges.mcap_writer import RecordingWriter
 
 TIMINGS_TOPIC = "/alpamayo/timings"
@@ -43,6 +44,30 @@ class TickOutput:
     future_heading: np.ndarray | None
     errors_m: dict[str, float] | None
     invalid_reasons: list[str]
+
+    @classmethod
+    def of(
+        cls,
+        result: TickResult,
+        frame_times_ns: dict[int, list[int]],
+        ego: EgoHistory,
+        prediction: Prediction,
+        future: tuple[np.ndarray, np.ndarray] | None,
+    ) -> TickOutput:
+        """The output of a scored tick: `result` with the frames' times, the ego history (its t0 pose is
+        recorded), the full prediction and the recorded future (xyz [64, 3], heading [64]) or None."""
+        return cls(
+            seq=result.seq,
+            t0_ns=result.t0_ns,
+            frame_times_ns=frame_times_ns,
+            ego_xyz=ego.xyz[-1],
+            ego_quat_xyzw=ego.quat_xyzw[-1],
+            prediction=prediction,
+            future_xyz=result.future_xyz,
+            future_heading=None if future is None else future[1],
+            errors_m=result.errors_m,
+            invalid_reasons=result.invalid_reasons,
+        )
 
 
 Encoded = list[tuple[str, str, str, bytes]]  # (topic, schema, encoding, payload)
@@ -99,10 +124,11 @@ class PredictionRecorder:
         self.encoding = encoding
 
     def _encode(self, topic: str, schema: str, message: dict[str, Any]) -> tuple[str, str, str, bytes]:
-        encoding = self.encoding if self.encoding in encodings_for(schema) else "json"
+        encoding = wire_encoding(schema, self.encoding)
         return topic, schema, encoding, encode(schema, message, encoding)
 
     def serialise(self, out: TickOutput) -> Encoded:
+        """A tick's messages for every output topic but timings, encoded and not yet written."""
         stamp = timestamp(out.t0_ns)
         best = out.prediction.best
         x, y, z = (float(v) for v in out.ego_xyz)
@@ -150,11 +176,12 @@ class PredictionRecorder:
         return encoded
 
     def publish(self, encoded: Encoded, t0_ns: int) -> None:
+        """Write `serialise`'s messages, logged at t0_ns (recording clock)."""
         for topic, schema, encoding, payload in encoded:
             self.writer.write_encoded(topic, schema, encoding, payload, t0_ns)
 
     def timings(self, seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> None:
-        """Per-stage ms of a tick, and its end-to-end age (publish end minus the tick's start)."""
+        """Per-stage ms of a tick, and its end-to-end age (`TickResult.e2e_ms`)."""
         message = {
             "seq": seq,
             "t0_ns": t0_ns,

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from alpamayo.prediction import EgoHistory, Prediction, TrajectorySample
-from alpamayo.replay.accuracy import tick_errors
+from alpamayo.replay.accuracy import score_tick
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
@@ -47,7 +47,6 @@ from bridges.config import (
 from bridges.node import InferenceNode
 from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
 from bridges.recording import CameraFrame, Drive
-from planner.ego_frame import to_t0_frame
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
@@ -110,6 +109,8 @@ class _Collector(threading.Thread):
 
 
 def replay_realtime(job: ReplayJob) -> ReplayRun:
+    """Publish the drive's messages for the ticks in [start_s, start_s + duration_s) (at most `max_ticks`) to
+    an in-process node at the recorded pace x `speed`, and score its answers (see the module docstring)."""
     drive, tracer, settings = job.drive, job.tracer, job.settings
     settings.validate()
     assembler = TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)
@@ -227,45 +228,24 @@ def _results(
         if msg.t0_ns not in offered or not msg.x:
             stale.extend(msg.invalid_reasons or ["output without a trajectory"])
             continue
+        # The node sends sample 0's waypoints, tokens and reasoning; actions are not on the wire.
         xyz = np.stack([msg.x, msg.y, msg.z], axis=1)
+        sample = TrajectorySample(
+            msg.reasoning, [], list(msg.token_ids), np.zeros((0, 2)), xyz, np.asarray(msg.heading)
+        )
+        prediction = Prediction([sample], np.asarray(msg.t))
         history = EgoHistory(
             *drive.poses.interpolate(msg.t0_ns + HISTORY_OFFSETS_NS), msg.t0_ns + HISTORY_OFFSETS_NS
         )
         future = recorded_future(drive.poses, msg.t0_ns)
-        future_xyz = None if future is None else future[0]
-        stages = {**msg.timings_ms, "e2e_age": msg.frame_age_ms or 0.0}
-        result = TickResult(
-            seq=msg.seq,
-            t0_ns=msg.t0_ns,
-            warmup=False,
-            predicted_xyz=xyz[None],
-            future_xyz=future_xyz,
-            history_xyz=to_t0_frame(history).xyz,
-            errors_m=tick_errors(xyz[None], future_xyz),
-            invalid_reasons=list(msg.invalid_reasons),
-            stages_ms=stages,
-            e2e_ms=stages["e2e_age"],
-            decode_tokens=0,  # the node's message carries the trajectory tokens only
-            trajectory_tokens=len(msg.token_ids),
-        )
+        # decode_tokens 0: the node's message carries the trajectory tokens only, so no decode speed
+        result = score_tick(msg.seq, msg.t0_ns, history, prediction, future, list(msg.invalid_reasons), 0)
+        result.stages_ms = {**msg.timings_ms, "e2e_age": msg.frame_age_ms or 0.0}
+        result.e2e_ms = result.stages_ms["e2e_age"]
         ticks.append(result)
         if recorder is not None:
-            # The node sends sample 0's waypoints, tokens and reasoning; actions are not on the wire.
-            sample = TrajectorySample(
-                msg.reasoning, [], list(msg.token_ids), np.zeros((0, 2)), xyz, np.asarray(msg.heading)
-            )
-            output = TickOutput(
-                seq=msg.seq,
-                t0_ns=msg.t0_ns,
-                frame_times_ns={c.index: list(c.t_sof_ns) for c in msg.cameras},
-                ego_xyz=history.xyz[-1],
-                ego_quat_xyzw=history.quat_xyzw[-1],
-                prediction=Prediction([sample], np.asarray(msg.t)),
-                future_xyz=future_xyz,
-                future_heading=None if future is None else future[1],
-                errors_m=result.errors_m,
-                invalid_reasons=result.invalid_reasons,
-            )
+            frame_times_ns = {c.index: list(c.t_sof_ns) for c in msg.cameras}
+            output = TickOutput.of(result, frame_times_ns, history, prediction, future)
             recorder.publish(recorder.serialise(output), msg.t0_ns)
-            recorder.timings(msg.seq, msg.t0_ns, stages, result.e2e_ms)
+            recorder.timings(msg.seq, msg.t0_ns, result.stages_ms, result.e2e_ms)
     return ticks, stale

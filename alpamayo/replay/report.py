@@ -95,6 +95,7 @@ def describe_run(info: dict[str, Any]) -> str:
 
 
 def latency_table(run: ReplayRun) -> str:
+    """The per-stage latency table (ms) over the measured ticks, then achieved rate, drops and decode speed."""
     figures = tick_figures(run)
     rows = [
         f"Latency per stage (ms) over {figures['measured']} measured ticks; {figures['warmup']} warm-up "

@@ -15,8 +15,9 @@ from alpamayo.profiling import Tracer
 class TickResult:
     """One answered tick. Trajectories are metres in the t0 ego frame: predicted [K, 64, 3] (sample 0 first),
     recorded future [64, 3] or None, history [16, 3]. stages_ms: stage -> ms for this tick; e2e_ms: publish end
-    minus the tick's start (lock-step) or minus the frame's send time (real-time); decode_tokens: tokens the
-    first sample generated after the prompt (reasoning + trajectory)."""
+    minus the tick's start (lock-step) or the node's frame_age_ms (real-time: its output time minus the arrival
+    of the window's newest frames); decode_tokens: tokens the first sample generated after the prompt
+    (reasoning + trajectory)."""
 
     seq: int
     t0_ns: int

@@ -37,6 +37,7 @@ def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
         dtype=settings.dtype,
         recipe=settings.recipe,
         tt_cache=settings.tt_cache,
+        moe_config=settings.moe_config,
         tracer=tracer,
         sampling=Sampling(settings.temperature, settings.top_p),
         max_reasoning_tokens=settings.max_reasoning_tokens,
@@ -75,6 +76,8 @@ def tqdm_warn(bar: tqdm) -> Warn:
 
 
 def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
+    """Validate `settings`, open the drive, load the model, replay in the chosen mode and write the MCAP
+    output and the trace, JSON and plot files asked for; `warn` is told of skipped data."""
     settings.validate()
     layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
     drive = Drive.open(settings.drive, layout, warn)
@@ -84,9 +87,7 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
     try:
         info = run_info(settings, drive, predictor)
         writer = None if settings.out is None else RecordingWriter(settings.out)
-        recorder = None
-        if writer is not None:
-            recorder = PredictionRecorder(writer, settings.encoding)
+        recorder = None if writer is None else PredictionRecorder(writer, settings.encoding)
         reference = drive.info.message_counts[drive.layout.cameras[0].topic]
         total = settings.max_ticks or max(reference - len(HISTORY_OFFSETS_NS), 1)
         with tqdm(
@@ -103,8 +104,8 @@ def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
             info["resolution"]["model"] = "{}x{}".format(*predictor.model_resolution)
         if writer is not None:
             writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
-        if writer is not None and settings.copy_inputs:
-            copy_inputs(drive, run, writer)
+            if settings.copy_inputs:
+                copy_inputs(drive, run, writer)
     finally:
         predictor.close()
         if writer is not None:

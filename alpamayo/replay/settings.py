@@ -41,6 +41,7 @@ class ReplaySettings:
     dtype: str = "float32"
     recipe: str = "performance"  # ttnn precision recipe
     tt_cache: Path | None = None
+    moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
     layout: Path | None = None
     encoding: str = "protobuf"
     copy_inputs: bool = True
@@ -50,6 +51,7 @@ class ReplaySettings:
     progress: bool = True
 
     def validate(self) -> None:
+        """ValueError naming the option, its value and the allowed range for the first one out of range."""
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r} unknown; allowed: {list(MODES)}")
         if not 0.05 <= self.speed <= 20.0:
