@@ -56,6 +56,7 @@ _DTYPE_BYTES = {
 }
 
 Shape = tuple[int, ...]
+Getter = Callable[[str], torch.Tensor]  # canonical tensor name -> tensor, what module builders read through
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,7 @@ class Checkpoint:
             tensor = tensor.to(dtype)
         return tensor.to(device) if torch.device(device).type != "cpu" else tensor
 
-    def getter(
-        self, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
-    ) -> Callable[[str], torch.Tensor]:
+    def getter(self, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> Getter:
         """`get` with the dtype and device fixed: what module builders take to read their tensors."""
         return lambda name: self.get(name, dtype, device)
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from alpamayo.checkpoint import Getter
 from alpamayo.config import TextConfig
 from alpamayo.moe.config import MoEBlockConfig
 from alpamayo.moe.router import TopKRouter
 from alpamayo.moe.weights import GATE, expert_weights
 from alpamayo.text.mlp import SwiGLU
-from alpamayo.text.weights import Getter
 
 
 @dataclass(frozen=True)

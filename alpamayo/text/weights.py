@@ -6,12 +6,10 @@ disk, `[out_features, in_features]` for linear weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
-from alpamayo.checkpoint import Shape
+from alpamayo.checkpoint import Getter, Shape
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.text.attention import Attention
 from alpamayo.text.layer import DecoderLayer
@@ -22,8 +20,6 @@ EMBED = "language_model.embed_tokens.weight"
 FINAL_NORM = "language_model.norm.weight"
 LM_HEAD = "lm_head.weight"
 TEXT_NAMESPACES = ("language_model.", "lm_head.")
-
-Getter = Callable[[str], torch.Tensor]
 
 
 def layer_prefix(i: int) -> str:
