@@ -1,8 +1,9 @@
-"""Typed reads from one JSON object of a config file, with errors that name the dotted field and the file.
+"""JSON config files: `read_json` reads one, `Fields` gives typed reads from one of its objects. Errors name
+the file and the dotted field.
 
 Used for `config.json` (model and Alpamayo planner sections) and `preprocessor_config.json`:
 
-    f = Fields(raw, "", "ckpt/config.json")
+    f = Fields(read_json(path), "", str(path))
     hidden = f.sub("text_config").int("hidden_size")          # required
     eps = f.sub("text_config").number("rms_norm_eps", positive=True)
     bins = f.optional_sub("traj_tokenizer_cfg").int("num_bins", 3000, minimum=2)
@@ -10,12 +11,24 @@ Used for `config.json` (model and Alpamayo planner sections) and `preprocessor_c
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
 
 REQUIRED: Any = object()  # default meaning "the field must be present"
+
+
+def read_json(path: Path) -> Any:
+    """The parsed content of a JSON config file; a ConfigError naming the file if it is unreadable or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e})") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
 
 
 def _is_number(value: Any) -> bool:

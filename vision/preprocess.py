@@ -17,7 +17,6 @@ Everything after the uint8 resize is one reorder and one table lookup over the s
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import torch
 from PIL import Image
 
 from alpamayo.errors import ConfigError
-from alpamayo.json_fields import Fields
+from alpamayo.json_fields import Fields, read_json
 from vision.resize import PIL_FILTERS, resize
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -72,11 +71,7 @@ class PreprocessConfig:
         path = Path(directory) / PREPROCESSOR_FILE
         if not path.is_file():
             return cls()
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from e
-        return cls.from_dict(raw, str(path))
+        return cls.from_dict(read_json(path), str(path))
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = PREPROCESSOR_FILE) -> PreprocessConfig:
