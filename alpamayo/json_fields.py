@@ -89,12 +89,19 @@ class Fields:
             raise self.fail(key, "a positive finite number" if positive else "a finite number")
         return float(value)
 
-    def numbers(self, key: str, default: Any = REQUIRED, length: int | None = None) -> tuple[float, ...]:
-        """A list of finite numbers (of exactly `length`, or of the default's length)."""
+    def numbers(
+        self, key: str, default: Any = REQUIRED, length: int | None = None, positive: bool = False
+    ) -> tuple[float, ...]:
+        """A list of finite numbers (of exactly `length`, or of the default's length), all > 0 if `positive`."""
         value = self._value(key, default)
         length = length if length is not None else len(default)
-        if not isinstance(value, (list, tuple)) or len(value) != length or not all(map(_is_number, value)):
-            raise self.fail(key, f"a list of {length} finite numbers")
+        ok = (
+            isinstance(value, (list, tuple))
+            and len(value) == length
+            and all(_is_number(v) and (v > 0 or not positive) for v in value)
+        )
+        if not ok:
+            raise self.fail(key, f"a list of {length} {'positive ' if positive else ''}numbers (all finite)")
         return tuple(float(v) for v in value)
 
     def bool(self, key: str, default: Any = REQUIRED) -> bool:

@@ -85,8 +85,8 @@ class PreprocessConfig:
             patch_size=f.int("patch_size", d.patch_size),
             merge_size=f.int("merge_size", d.merge_size),
             temporal_patch_size=f.int("temporal_patch_size", d.temporal_patch_size),
-            image_mean=_triple(f, "image_mean", d.image_mean, positive=False),
-            image_std=_triple(f, "image_std", d.image_std, positive=True),
+            image_mean=f.numbers("image_mean", d.image_mean),
+            image_std=f.numbers("image_std", d.image_std, positive=True),
             min_pixels=f.int("min_pixels", size.int("shortest_edge", d.min_pixels)),
             max_pixels=f.int("max_pixels", size.int("longest_edge", d.max_pixels)),
             resample=f.int("resample", d.resample, minimum=0),
@@ -101,23 +101,6 @@ class PreprocessConfig:
                 f"{source}: 'resample' = {cfg.resample} is not a PIL filter id; allowed: {PIL_FILTERS}"
             )
         return cfg
-
-
-def _triple(f: Fields, key: str, default: tuple[float, ...], positive: bool) -> tuple[float, float, float]:
-    value = f.data.get(key, default)
-    ok = (
-        isinstance(value, (list, tuple))
-        and len(value) == 3
-        and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 or not positive) for v in value
-        )
-    )
-    if not ok:
-        bound = "positive " if positive else ""
-        raise ConfigError(
-            f"{f.source}: '{key}' must be a list of 3 {bound}numbers (one per RGB channel), got {value!r}"
-        )
-    return (float(value[0]), float(value[1]), float(value[2]))
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
