@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.backends import BackendOptions, load_text_model, load_vision_encoder
+from alpamayo.backends import BackendOptions, close_model, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import ConfigError
@@ -82,15 +82,15 @@ class VisionLanguageModel:
         try:
             vision = load_vision_encoder(ckpt, cfg, options, text)
         except BaseException:
-            _close(text)
+            close_model(text)
             raise
         return cls(text, vision, pre)
 
     def close(self) -> None:
         """Release the backends' device resources (ttnn: vision weights, then the text model and its device);
         a no-op for torch."""
-        _close(self.vision)
-        _close(self.text)
+        close_model(self.vision)
+        close_model(self.text)
 
     def __enter__(self) -> VisionLanguageModel:
         return self
@@ -171,9 +171,3 @@ class VisionLanguageModel:
 
 def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:
     return torch.tensor([f.grid_thw for f in features], dtype=torch.long).view(-1, 3)
-
-
-def _close(model: Any) -> None:
-    close = getattr(model, "close", None)
-    if close is not None:
-        close()
