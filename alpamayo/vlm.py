@@ -131,10 +131,9 @@ class VisionLanguageModel:
         arguments: ids [L] or embeddings [L, H] with the image rows replaced, positions [3, L], the image-row
         mask [L] and the DeepStack levels."""
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
-        if not features:
-            positions, _ = mrope_position_ids(ids, None, self.config)
-            return ids, positions, None, None
         positions, _ = mrope_position_ids(ids, _grids(features), self.config)
+        if not features:
+            return ids, positions, None, None
         mask = ids == self.config.image_token_id
         embeds = self.text.embed(ids)
         image_embeds = torch.cat([f.embeds for f in features])
@@ -170,4 +169,5 @@ class VisionLanguageModel:
 
 
 def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:
+    """The images' patch grids (t, h, w) as [n_images, 3] int64 ([0, 3] without images: a text-only prompt)."""
     return torch.tensor([f.grid_thw for f in features], dtype=torch.long).view(-1, 3)
