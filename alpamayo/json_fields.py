@@ -22,7 +22,7 @@ REQUIRED: Any = object()  # default meaning "the field must be present"
 
 
 def read_json(path: Path) -> Any:
-    """The parsed content of a JSON config file; a ConfigError naming the file if it is unreadable or not JSON."""
+    """The parsed content of a JSON config file; a ConfigError naming the file if unreadable or not JSON."""
     try:
         return json.loads(path.read_text())
     except OSError as e:
@@ -92,7 +92,7 @@ class Fields:
     def numbers(
         self, key: str, default: Any = REQUIRED, length: int | None = None, positive: bool = False
     ) -> tuple[float, ...]:
-        """A list of finite numbers (of exactly `length`, or of the default's length), all > 0 if `positive`."""
+        """A list of finite numbers (exactly `length`, else the default's length), all > 0 if `positive`."""
         value = self._value(key, default)
         length = length if length is not None else len(default)
         ok = (

@@ -59,8 +59,8 @@ class GeneratedPlan:
 
 
 class _Masks:
-    """Additive logit biases [V] of the two phases: reasoning (trajectory tokens and `blocked_ids` at -inf) and
-    trajectory (everything but the future-trajectory tokens at -inf)."""
+    """Additive logit biases [V] of the two phases: reasoning (trajectory tokens and `blocked_ids` at
+    -inf) and trajectory (everything but the future-trajectory tokens at -inf)."""
 
     def __init__(
         self, vocab: TrajectoryVocab, vocab_size: int, blocked_ids: Sequence[int], device: torch.device

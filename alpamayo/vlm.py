@@ -122,6 +122,7 @@ class VisionLanguageModel:
 
     # ------------------------------------------------------------------ generation
     def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
+        """Static KV cache of the text backbone: `max_batch` rows of `max_seq_len` positions each."""
         self.text.setup_cache(max_seq_len, max_batch)
 
     def prefill_inputs(
@@ -169,5 +170,5 @@ class VisionLanguageModel:
 
 
 def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:
-    """The images' patch grids (t, h, w) as [n_images, 3] int64 ([0, 3] without images: a text-only prompt)."""
+    """The images' patch grids (t, h, w) as [n_images, 3] int64; [0, 3] for a text-only prompt."""
     return torch.tensor([f.grid_thw for f in features], dtype=torch.long).view(-1, 3)
