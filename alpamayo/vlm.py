@@ -53,19 +53,17 @@ class VisionLanguageModel:
     def from_checkpoint(
         cls,
         directory: str | Path,
-        options: BackendOptions | torch.dtype = TORCH_CPU,
+        options: BackendOptions = TORCH_CPU,
         weights: Checkpoint | None = None,
         cfg: ModelConfig | None = None,
     ) -> VisionLanguageModel:
         """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json).
 
-        `options` chooses the backend of the text backbone and the vision tower (a bare dtype means the torch
-        backend on CPU); with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
+        `options` chooses the backend of the text backbone and the vision tower (default: torch, float32, CPU);
+        with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
         the directory's files and `cfg` replaces its config.json (e.g. `alpamayo.tt.quantized.
         QuantizedCheckpoint` and its `config`: the model as a precision recipe rounds it).
         """
-        if isinstance(options, torch.dtype):
-            options = BackendOptions(dtype=options)
         cfg = cfg or load_config(directory)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
