@@ -53,7 +53,7 @@ class PromptSettings:
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> PromptSettings:
         """From the checkpoint's `include_camera_ids` / `include_frame_nums` keys (both default true)."""
-        extra = Fields(cfg.extra, "", cfg.source or "config.json")
+        extra = Fields(cfg.extra, "", cfg.source)
         return cls(extra.bool("include_camera_ids", True), extra.bool("include_frame_nums", True))
 
 

@@ -83,7 +83,7 @@ class PlannerSettings:
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> PlannerSettings:
-        return parse_planner_settings(cfg.extra, cfg.source or "config.json")
+        return parse_planner_settings(cfg.extra, cfg.source)
 
 
 def _ranges(section: Fields, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -> tuple[tuple, tuple]:
