@@ -335,8 +335,11 @@ def _generation_eos(directory: Path) -> tuple[int, ...]:
 
 
 def load_config(path: str | Path) -> ModelConfig:
-    """Read `config.json` (and the EOS ids of `generation_config.json`) from a checkpoint directory."""
+    """Read `config.json` (and the EOS ids of `generation_config.json`) from a checkpoint directory (or the
+    path of a config file itself)."""
     path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: checkpoint directory does not exist")
     directory = path if path.is_dir() else path.parent
     cfg_path = path / "config.json" if path.is_dir() else path
     if not cfg_path.is_file():
