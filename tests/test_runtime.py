@@ -12,9 +12,11 @@ from PIL import Image
 
 from alpamayo.cli import main
 from alpamayo.generation import Sampling
+from alpamayo.inputs import read_frames
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from tests.hf_checkpoints import PlanConstraints, hf_image_processor, load_alpamayo_hf
+from vision.preprocess import PreprocessConfig, preprocess_images
 
 CAMERAS = (0, 1, 2, 6)
 # 320 x 576 is Alpamayo's model resolution: already a multiple of 32 inside the demo's pixel bounds, so no
@@ -202,3 +204,19 @@ def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
     (tmp_path / "frames" / "6" / f"{times[6][0]:012d}.png").write_bytes(b"not an image")
     assert main(args) == 2
     assert "cannot decode image" in capsys.readouterr().err
+
+
+def test_frame_files_with_transparency_reach_the_model_as_transformers_reads_them(tmp_path):
+    """`alpamayo predict` reads an RGBA PNG into the pixels transformers' image processor makes of the file
+    (transparency over white), not the colour under a transparent pixel."""
+    rgba = np.random.default_rng(0).integers(0, 256, (64, 96, 4), dtype=np.uint8)
+    (tmp_path / "0").mkdir()
+    for k in range(4):
+        Image.fromarray(rgba, "RGBA").save(tmp_path / "0" / f"{k}.png")
+    frames, times = read_frames(tmp_path)
+    assert times == {0: [0, 1, 2, 3]}
+    cfg = PreprocessConfig(min_pixels=32 * 32, max_pixels=1 << 20)
+    ours, _ = preprocess_images(frames[0][:1], cfg)
+    with Image.open(tmp_path / "0" / "0.png") as image:
+        expected = hf_image_processor(cfg.min_pixels, cfg.max_pixels)(images=[image], return_tensors="pt")
+    assert torch.equal(ours, expected["pixel_values"])

@@ -130,8 +130,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def _as_rgb_array(image: ImageInput, index: int) -> np.ndarray:
-    """uint8 [H, W, 3] in the caller's channel order (PIL images become RGB, transparency over white)."""
+def rgb_array(image: ImageInput, index: int = 0) -> np.ndarray:
+    """uint8 [H, W, 3] in the caller's channel order (PIL images become RGB, transparency over white, as
+    transformers converts them); errors name the image as `image {index}`."""
     if isinstance(image, Image.Image):
         if "A" in image.getbands() or image.info.get("transparency") is not None:
             rgba = image.convert("RGBA")
@@ -203,7 +204,7 @@ def preprocess_images(
         raise ValueError(f"images must be a list of images, got {type(images).__name__}")
     if len(images) == 0:
         raise ValueError("images is empty; pass at least one image")
-    arrays = [_as_rgb_array(image, i) for i, image in enumerate(images)]
+    arrays = [rgb_array(image, i) for i, image in enumerate(images)]
     targets = [smart_resize(*a.shape[:2], cfg.factor, cfg.min_pixels, cfg.max_pixels) for a in arrays]
     counts = [h * w // cfg.patch_size**2 for h, w in targets]
     pixel_values = torch.empty(sum(counts), cfg.patch_dim)
