@@ -67,3 +67,11 @@ def load_vision_encoder(source: Checkpoint, cfg: ModelConfig, options: BackendOp
     from vision.encoder import VisionEncoder
 
     return VisionEncoder.from_checkpoint(source, cfg, options.torch_dtype, resolve_device(options.device))
+
+
+def close_model(model: Any) -> None:
+    """Release what a loaded backbone or tower holds on its device (ttnn: weights, trace, the device itself);
+    torch models hold nothing to release and have no `close`."""
+    close = getattr(model, "close", None)
+    if close is not None:
+        close()

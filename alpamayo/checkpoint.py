@@ -56,6 +56,7 @@ _DTYPE_BYTES = {
 }
 
 Shape = tuple[int, ...]
+Getter = Callable[[str], torch.Tensor]  # canonical tensor name -> tensor, what module builders read through
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,7 @@ class Checkpoint:
             tensor = tensor.to(dtype)
         return tensor.to(device) if torch.device(device).type != "cpu" else tensor
 
-    def getter(
-        self, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
-    ) -> Callable[[str], torch.Tensor]:
+    def getter(self, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> Getter:
         """`get` with the dtype and device fixed: what module builders take to read their tensors."""
         return lambda name: self.get(name, dtype, device)
 
@@ -281,19 +280,26 @@ def _fmt_shapes(shapes: Sequence[Shape]) -> str:
     return " or ".join(str(list(s)) for s in shapes)
 
 
-def expert_layout(name: str, gate_up: Shape, down: Shape, num_experts: int, hidden: int, inter: int) -> str:
-    """On-disk layout of fused MoE expert tensors, detected by shape.
+def expert_layouts(num_experts: int, hidden: int, inter: int) -> dict[str, tuple[Shape, Shape]]:
+    """(gate_up_proj, down_proj) shapes of fused MoE expert tensors in each on-disk layout:
 
     "hub": gate_up_proj [E, H, 2I], down_proj [E, I, H]  (released hub safetensors; transformers 4.57)
     "v5":  gate_up_proj [E, 2I, H], down_proj [E, H, I]  (transformers 5 save_pretrained)
+    """
+    return {
+        "hub": ((num_experts, hidden, 2 * inter), (num_experts, inter, hidden)),
+        "v5": ((num_experts, 2 * inter, hidden), (num_experts, hidden, inter)),
+    }
+
+
+def expert_layout(name: str, gate_up: Shape, down: Shape, num_experts: int, hidden: int, inter: int) -> str:
+    """On-disk layout of fused MoE expert tensors ("hub" or "v5", see `expert_layouts`), detected by shape.
+
     gate_up_proj alone is ambiguous when hidden == 2 * moe_intermediate; down_proj then decides (the pair can
     only be ambiguous if hidden == moe_intermediate == 0). Raises when a tensor fits neither layout or the two
     tensors disagree.
     """
-    layouts = {
-        "hub": ((num_experts, hidden, 2 * inter), (num_experts, inter, hidden)),
-        "v5": ((num_experts, 2 * inter, hidden), (num_experts, hidden, inter)),
-    }
+    layouts = expert_layouts(num_experts, hidden, inter)
     gu_fits = {k for k, (gu, _) in layouts.items() if tuple(gate_up) == gu}
     dn_fits = {k for k, (_, dn) in layouts.items() if tuple(down) == dn}
     both = gu_fits & dn_fits

@@ -12,13 +12,12 @@ Dimensions come only from here; nothing else in the package hard-codes a model s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
-from alpamayo.json_fields import Fields
+from alpamayo.json_fields import Fields, read_json
 
 ARCHITECTURES = {
     "Qwen3VLForConditionalGeneration": "dense",
@@ -294,61 +293,55 @@ def parse_config(
         prefix = ALPAMAYO_WEIGHT_PREFIX
         extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY}
     kind = _model_kind(vlm)
-    text = _text_config(vlm.sub("text_config"), kind)
+    text_fields = vlm.sub("text_config")
+    text = _text_config(text_fields, kind)
     vision = _vision_config(vlm.sub("vision_config")) if vlm.has("vision_config") else None
     if vision is not None and vision.out_hidden_size != text.hidden_size:
         raise ConfigError(
             f"{source}: vision_config.out_hidden_size = {vision.out_hidden_size} must equal "
             f"text_config.hidden_size = {text.hidden_size}"
         )
-    if vlm.has("tie_word_embeddings"):
-        tie = vlm.bool("tie_word_embeddings", False)
-    else:
-        tie = vlm.sub("text_config").bool("tie_word_embeddings", False)
-    if not eos_token_ids:
-        text_fields = vlm.sub("text_config")
-        eos = text_fields.data.get("eos_token_id")
-        eos_token_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+    tie_from = vlm if vlm.has("tie_word_embeddings") else text_fields
     return ModelConfig(
         kind=kind,
         text=text,
         vision=vision,
-        tie_word_embeddings=tie,
+        tie_word_embeddings=tie_from.bool("tie_word_embeddings", False),
         image_token_id=vlm.optional_id("image_token_id"),
         video_token_id=vlm.optional_id("video_token_id"),
         vision_start_token_id=vlm.optional_id("vision_start_token_id"),
         vision_end_token_id=vlm.optional_id("vision_end_token_id"),
         weight_prefix=prefix,
-        eos_token_ids=tuple(eos_token_ids),
+        eos_token_ids=tuple(eos_token_ids) or _eos_ids(text_fields.data.get("eos_token_id")),
         extra=extra,
         source=source,
     )
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    """`eos_token_id` as config files spell it, one id or a list of ids; anything else means none."""
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(e, int) for e in value):
+        return tuple(value)
+    return ()
 
 
 def _generation_eos(directory: Path) -> tuple[int, ...]:
     path = directory / "generation_config.json"
     if not path.is_file():
         return ()
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id")
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from e
-    if isinstance(eos, int):
-        return (eos,)
-    if isinstance(eos, list) and all(isinstance(e, int) for e in eos):
-        return tuple(eos)
-    return ()
+    return _eos_ids(Fields(read_json(path), "", str(path)).data.get("eos_token_id"))
 
 
 def load_config(path: str | Path) -> ModelConfig:
-    """Read `config.json` (and the EOS ids of `generation_config.json`) from a checkpoint directory."""
+    """Read `config.json` (and the EOS ids of `generation_config.json`) from a checkpoint directory (or the
+    path of a config file itself)."""
     path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: checkpoint directory does not exist")
     directory = path if path.is_dir() else path.parent
     cfg_path = path / "config.json" if path.is_dir() else path
     if not cfg_path.is_file():
         raise ConfigError(f"{cfg_path}: no config.json in checkpoint directory {directory}")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from e
-    return parse_config(raw, str(cfg_path), _generation_eos(directory))
+    return parse_config(read_json(cfg_path), str(cfg_path), _generation_eos(directory))

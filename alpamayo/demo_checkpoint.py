@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from planner.settings import ActionSpaceSettings, FutureTokenizerSettings, HistoryTokenizerSettings
+from planner.settings import PlannerSettings
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CORPUS = ASSETS / "demo_corpus.txt"
@@ -155,20 +155,17 @@ def build_tokenizer() -> Any:
     tok.add_tokens(
         [AddedToken(t, special=special, normalized=not special) for t, special in QWEN_ADDED_TOKENS]
     )
-    tok.add_tokens([f"<i{i}>" for i in range(_traj_vocab_size())])
+    tok.add_tokens([f"<i{i}>" for i in range(PlannerSettings().traj_vocab_size)])
     tok.add_tokens([f"<|{m}|>" for m in ALPAMAYO_MARKERS], special_tokens=True)
     tok.chat_template = CHAT_TEMPLATE.read_text()
     return tok
 
 
-def _traj_vocab_size() -> int:
-    return FutureTokenizerSettings().num_bins + HistoryTokenizerSettings().num_bins
-
-
 def demo_config(tokenizer: Any) -> dict[str, Any]:
     """config.json of the demo checkpoint (Alpamayo layout) for `tokenizer`'s vocabulary."""
     ids = tokenizer.convert_tokens_to_ids
-    future, history = FutureTokenizerSettings(), HistoryTokenizerSettings()
+    planner = PlannerSettings()
+    future, history = planner.future, planner.history
     text = dict(
         DEMO_TEXT,
         vocab_size=len(tokenizer),
@@ -190,9 +187,9 @@ def demo_config(tokenizer: Any) -> dict[str, Any]:
             "vision_end_token_id": ids("<|vision_end|>"),
             "tie_word_embeddings": False,
         },
-        "traj_vocab_size": _traj_vocab_size(),
+        "traj_vocab_size": planner.traj_vocab_size,
         "tokens_per_history_traj": history.num_tokens,
-        "tokens_per_future_traj": 2 * ActionSpaceSettings().n_waypoints,
+        "tokens_per_future_traj": planner.tokens_per_future,
         "traj_tokenizer_cfg": {
             "num_bins": future.num_bins,
             "dims_min": list(future.dims_min),
@@ -205,7 +202,7 @@ def demo_config(tokenizer: Any) -> dict[str, Any]:
             "pad_origin_at_beginning": history.pad_origin,
         },
         "action_space_cfg": {
-            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(ActionSpaceSettings()).items()
+            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(planner.action_space).items()
         },
         "min_pixels": MIN_PIXELS,
         "max_pixels": MAX_PIXELS,
@@ -279,8 +276,8 @@ def make_demo_checkpoint(out: str | Path, seed: int = 0) -> Path:
 def token_layout(tokenizer: Any) -> list[tuple[str, int, int]]:
     """(what, first id, last id) of each contiguous block of the demo vocabulary, for notes and reports."""
     ids = tokenizer.convert_tokens_to_ids
-    n_traj = _traj_vocab_size()
-    n_future = FutureTokenizerSettings().num_bins
+    planner = PlannerSettings()
+    n_traj, n_future = planner.traj_vocab_size, planner.future.num_bins
     return [
         ("byte-level BPE (alphabet + merges)", 0, BPE_VOCAB_SIZE - 1),
         ("Qwen added tokens <|endoftext|>..</think>", ids("<|endoftext|>"), ids("</think>")),

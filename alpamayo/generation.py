@@ -12,7 +12,7 @@ import torch
 
 
 class CausalLM(Protocol):
-    """What a generation loop needs: prefill a prompt, then decode one token at a time (both -> logits [V])."""
+    """What `greedy_continue` needs from a prefilled model: decode(token) appends it -> float32 logits [V]."""
 
     def decode(self, tokens: int) -> torch.Tensor: ...
 

@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory
+from vision.preprocess import rgb_array
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 EGO_COLUMNS = ("t_ns", "x", "y", "z", "qx", "qy", "qz", "qw")
@@ -50,9 +51,10 @@ def read_frames(directory: str | Path) -> tuple[dict[int, list[np.ndarray]], dic
 
 
 def _read_image(path: Path) -> np.ndarray:
+    """uint8 [H, W, 3] RGB, converted as the image preprocessing converts a PIL image (`rgb_array`)."""
     try:
         with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"))
+            return rgb_array(img)
     except (OSError, UnidentifiedImageError) as e:
         raise ValueError(f"{path}: cannot decode image ({e})") from e
 

@@ -1,8 +1,9 @@
-"""Typed reads from one JSON object of a config file, with errors that name the dotted field and the file.
+"""JSON config files: `read_json` reads one, `Fields` gives typed reads from one of its objects. Errors name
+the file and the dotted field.
 
 Used for `config.json` (model and Alpamayo planner sections) and `preprocessor_config.json`:
 
-    f = Fields(raw, "", "ckpt/config.json")
+    f = Fields(read_json(path), "", str(path))
     hidden = f.sub("text_config").int("hidden_size")          # required
     eps = f.sub("text_config").number("rms_norm_eps", positive=True)
     bins = f.optional_sub("traj_tokenizer_cfg").int("num_bins", 3000, minimum=2)
@@ -10,12 +11,24 @@ Used for `config.json` (model and Alpamayo planner sections) and `preprocessor_c
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
 
 REQUIRED: Any = object()  # default meaning "the field must be present"
+
+
+def read_json(path: Path) -> Any:
+    """The parsed content of a JSON config file; a ConfigError naming the file if unreadable or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e})") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from e
 
 
 def _is_number(value: Any) -> bool:
@@ -76,12 +89,19 @@ class Fields:
             raise self.fail(key, "a positive finite number" if positive else "a finite number")
         return float(value)
 
-    def numbers(self, key: str, default: Any = REQUIRED, length: int | None = None) -> tuple[float, ...]:
-        """A list of finite numbers (of exactly `length`, or of the default's length)."""
+    def numbers(
+        self, key: str, default: Any = REQUIRED, length: int | None = None, positive: bool = False
+    ) -> tuple[float, ...]:
+        """A list of finite numbers (exactly `length`, else the default's length), all > 0 if `positive`."""
         value = self._value(key, default)
         length = length if length is not None else len(default)
-        if not isinstance(value, (list, tuple)) or len(value) != length or not all(map(_is_number, value)):
-            raise self.fail(key, f"a list of {length} finite numbers")
+        ok = (
+            isinstance(value, (list, tuple))
+            and len(value) == length
+            and all(_is_number(v) and (v > 0 or not positive) for v in value)
+        )
+        if not ok:
+            raise self.fail(key, f"a list of {length} {'positive ' if positive else ''}numbers (all finite)")
         return tuple(float(v) for v in value)
 
     def bool(self, key: str, default: Any = REQUIRED) -> bool:

@@ -24,4 +24,7 @@ def pcc(expected: torch.Tensor, actual: torch.Tensor) -> float:
 
 
 def max_abs_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
+    """max |expected - actual| over tensors of one shape (no broadcasting: it could hide a missing dim)."""
+    if expected.shape != actual.shape:
+        raise ValueError(f"max_abs_error: shapes differ, {list(expected.shape)} vs {list(actual.shape)}")
     return float((expected.detach().double().cpu() - actual.detach().double().cpu()).abs().max())

@@ -54,14 +54,8 @@ class FeatureCache:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    def __contains__(self, key: tuple[int, int]) -> bool:
-        return key in self._entries
-
     def clear(self) -> None:
         self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 def check_frames(
@@ -119,6 +113,7 @@ class AlpamayoVLA:
         self.cache = FeatureCache(capacity=0)
         self.frames_encoded = 0  # vision forwards run since construction (the frame cache's misses)
         self.precision = precision
+        self._resolution: tuple[int, int] | None = None
 
     @classmethod
     def from_checkpoint(
@@ -153,7 +148,7 @@ class AlpamayoVLA:
     @property
     def model_resolution(self) -> tuple[int, int] | None:
         """(height, width) the last frame was resized to, None before the first prediction."""
-        return getattr(self, "_resolution", None)
+        return self._resolution
 
     def reset(self) -> None:
         """Forget cached frame features (e.g. after a camera restart or a seek in a recording)."""
@@ -213,9 +208,10 @@ class AlpamayoVLA:
         out = []
         for cam, i in order:
             key = None if frame_times_ns is None else (cam, int(frame_times_ns[cam][i]))
-            if key is not None and key in self.cache:
+            cached = None if key is None else self.cache.get(key)
+            if cached is not None:
                 with self.tracer.span("vision", camera=cam, frame=i, cached=True):
-                    out.append(self.cache.get(key))
+                    out.append(cached)
                 continue
             with self.tracer.span("preprocess", camera=cam, frame=i):
                 pixels, grid = preprocess_images([frames[cam][i]], self.vlm.preprocess)

@@ -59,7 +59,8 @@ class GeneratedPlan:
 
 
 class _Masks:
-    """Additive logit biases [V] for the two phases and the id -> future bin table."""
+    """Additive logit biases [V] of the two phases: reasoning (trajectory tokens and `blocked_ids` at
+    -inf) and trajectory (everything but the future-trajectory tokens at -inf)."""
 
     def __init__(
         self, vocab: TrajectoryVocab, vocab_size: int, blocked_ids: Sequence[int], device: torch.device
@@ -71,8 +72,6 @@ class _Masks:
         self.reasoning[torch.as_tensor(list(blocked_ids), dtype=torch.long, device=device)] = float("-inf")
         self.trajectory = torch.full((vocab_size,), float("-inf"), device=device)
         self.trajectory[future] = 0.0
-        self.bin_of = np.full(vocab_size, -1, dtype=np.int64)
-        self.bin_of[vocab.future_ids] = np.arange(len(vocab.future_ids))
 
 
 def generate_plans(
@@ -101,7 +100,6 @@ def generate_plans(
     logits = first_logits.unsqueeze(0).expand(k, -1)
     phase = [REASONING] * k
     plans = [GeneratedPlan([], False, np.zeros(0, dtype=np.int64), []) for _ in range(k)]
-    bins: list[list[int]] = [[] for _ in range(k)]
     t_start = time.perf_counter_ns()
     t_switch = None
     while True:
@@ -119,8 +117,8 @@ def generate_plans(
                     plan.reasoning_token_ids.append(token)
             elif phase[r] == TRAJECTORY:
                 plan.future_token_ids.append(token)
-                bins[r].append(int(masks.bin_of[token]))
-                phase[r] = DONE if len(bins[r]) == limits.tokens_per_future else TRAJECTORY
+                if len(plan.future_token_ids) == limits.tokens_per_future:
+                    phase[r] = DONE
             else:
                 token = end_id
             feed.append(token)
@@ -133,6 +131,6 @@ def generate_plans(
         t_end = time.perf_counter_ns()
         tracer.record("reasoning_decode", t_start, t_switch - t_start, samples=k)
         tracer.record("trajectory_decode", t_switch, t_end - t_switch, samples=k)
-    for plan, row_bins in zip(plans, bins, strict=True):
-        plan.future_bins = np.array(row_bins, dtype=np.int64)
+    for plan in plans:
+        plan.future_bins = vocab.future_bins(plan.future_token_ids)
     return plans

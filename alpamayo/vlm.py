@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.backends import BackendOptions, load_text_model, load_vision_encoder
+from alpamayo.backends import BackendOptions, close_model, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import ConfigError
@@ -53,19 +53,17 @@ class VisionLanguageModel:
     def from_checkpoint(
         cls,
         directory: str | Path,
-        options: BackendOptions | torch.dtype = TORCH_CPU,
+        options: BackendOptions = TORCH_CPU,
         weights: Checkpoint | None = None,
         cfg: ModelConfig | None = None,
     ) -> VisionLanguageModel:
         """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json).
 
-        `options` chooses the backend of the text backbone and the vision tower (a bare dtype means the torch
-        backend on CPU); with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
+        `options` chooses the backend of the text backbone and the vision tower (default: torch, float32, CPU);
+        with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
         the directory's files and `cfg` replaces its config.json (e.g. `alpamayo.tt.quantized.
         QuantizedCheckpoint` and its `config`: the model as a precision recipe rounds it).
         """
-        if isinstance(options, torch.dtype):
-            options = BackendOptions(dtype=options)
         cfg = cfg or load_config(directory)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
@@ -82,15 +80,15 @@ class VisionLanguageModel:
         try:
             vision = load_vision_encoder(ckpt, cfg, options, text)
         except BaseException:
-            _close(text)
+            close_model(text)
             raise
         return cls(text, vision, pre)
 
     def close(self) -> None:
         """Release the backends' device resources (ttnn: vision weights, then the text model and its device);
         a no-op for torch."""
-        _close(self.vision)
-        _close(self.text)
+        close_model(self.vision)
+        close_model(self.text)
 
     def __enter__(self) -> VisionLanguageModel:
         return self
@@ -122,6 +120,7 @@ class VisionLanguageModel:
 
     # ------------------------------------------------------------------ generation
     def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
+        """Static KV cache of the text backbone: `max_batch` rows of `max_seq_len` positions each."""
         self.text.setup_cache(max_seq_len, max_batch)
 
     def prefill_inputs(
@@ -131,10 +130,9 @@ class VisionLanguageModel:
         arguments: ids [L] or embeddings [L, H] with the image rows replaced, positions [3, L], the image-row
         mask [L] and the DeepStack levels."""
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
-        if not features:
-            positions, _ = mrope_position_ids(ids, None, self.config)
-            return ids, positions, None, None
         positions, _ = mrope_position_ids(ids, _grids(features), self.config)
+        if not features:
+            return ids, positions, None, None
         mask = ids == self.config.image_token_id
         embeds = self.text.embed(ids)
         image_embeds = torch.cat([f.embeds for f in features])
@@ -170,10 +168,5 @@ class VisionLanguageModel:
 
 
 def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:
+    """The images' patch grids (t, h, w) as [n_images, 3] int64; [0, 3] for a text-only prompt."""
     return torch.tensor([f.grid_thw for f in features], dtype=torch.long).view(-1, 3)
-
-
-def _close(model: Any) -> None:
-    close = getattr(model, "close", None)
-    if close is not None:
-        close()

@@ -46,7 +46,7 @@ class Planner:
         return cls(
             tokenizer,
             PlannerSettings.from_config(cfg),
-            PromptSettings.from_config(cfg.extra),
+            PromptSettings.from_config(cfg),
             cfg.text.vocab_size,
         )
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from alpamayo.config import ModelConfig
+from alpamayo.json_fields import Fields
 from alpamayo.tokenizer import chat_prompt_ids
 from planner.checks import require_bins
 from planner.tokenizers import TrajectoryVocab, marker
@@ -49,15 +51,10 @@ class PromptSettings:
     frame_labels: bool = True
 
     @classmethod
-    def from_config(cls, extra: dict[str, Any]) -> PromptSettings:
+    def from_config(cls, cfg: ModelConfig) -> PromptSettings:
         """From the checkpoint's `include_camera_ids` / `include_frame_nums` keys (both default true)."""
-        values = {}
-        for field, key in (("camera_labels", "include_camera_ids"), ("frame_labels", "include_frame_nums")):
-            value = extra.get(key, True)
-            if not isinstance(value, bool):
-                raise ValueError(f"config field '{key}' must be true or false, got {value!r}")
-            values[field] = value
-        return cls(**values)
+        extra = Fields(cfg.extra, "", cfg.source)
+        return cls(extra.bool("include_camera_ids", True), extra.bool("include_frame_nums", True))
 
 
 @dataclass(frozen=True)

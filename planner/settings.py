@@ -81,9 +81,14 @@ class PlannerSettings:
     def tokens_per_future(self) -> int:
         return 2 * self.action_space.n_waypoints
 
+    @property
+    def traj_vocab_size(self) -> int:
+        """Trajectory tokens `<i0>`, `<i1>`, ... in the vocabulary: the future bins, then the history bins."""
+        return self.future.num_bins + self.history.num_bins
+
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> PlannerSettings:
-        return parse_planner_settings(cfg.extra, cfg.source or "config.json")
+        return parse_planner_settings(cfg.extra, cfg.source)
 
 
 def _ranges(section: Fields, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -> tuple[tuple, tuple]:
@@ -143,7 +148,7 @@ def parse_planner_settings(extra: dict[str, Any], source: str = "config.json") -
     expected = {
         "tokens_per_future_traj": settings.tokens_per_future,
         "tokens_per_history_traj": settings.history.num_tokens,
-        "traj_vocab_size": settings.future.num_bins + settings.history.num_bins,
+        "traj_vocab_size": settings.traj_vocab_size,
     }
     for key, value in expected.items():
         if key in extra and root.int(key, value) != value:

@@ -147,15 +147,14 @@ class TrajectoryVocab:
         """Look every trajectory token up in `tokenizer`; `vocab_size` (embedding rows) bounds the ids."""
         settings = settings or PlannerSettings()
         table = tokenizer.get_vocab()
-        n_future, n_history = settings.future.num_bins, settings.history.num_bins
-        strings = [bin_token(i) for i in range(n_future + n_history)]
+        strings = [bin_token(i) for i in range(settings.traj_vocab_size)]
         missing = [s for s in strings if s not in table]
         missing += [marker(m) for m in MARKERS if marker(m) not in table and not m.startswith("route")]
         name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
         if missing:
             raise ValueError(
                 f"{name}: {len(missing)} trajectory token(s) missing from the vocabulary, first {missing[:5]}; "
-                f"a trajectory checkpoint needs <i0>..<i{n_future + n_history - 1}> and the Alpamayo markers"
+                f"a trajectory checkpoint needs <i0>..{strings[-1]} and the Alpamayo markers"
             )
         ids = np.array([table[s] for s in strings], dtype=np.int64)
         markers = {m: table[marker(m)] for m in MARKERS if marker(m) in table}
@@ -165,6 +164,7 @@ class TrajectoryVocab:
                 raise ValueError(
                     f"{name}: trajectory token id {top} is outside the model's embedding table [0, {vocab_size})"
                 )
+        n_future = settings.future.num_bins
         return cls(future_ids=ids[:n_future], history_ids=ids[n_future:], markers=markers)
 
     def marker(self, name: str) -> int:

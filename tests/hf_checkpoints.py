@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from alpamayo.demo_checkpoint import hf_vlm, randomize_weights
 
@@ -170,8 +170,6 @@ def rewrite_hub_layout(directory: Path, suffixes: tuple[str, ...] = EXPERT_KEYS)
     transformers 5 transposes such files back on load (as `reference/make_tiny.py::hub_layout_check` checks).
     Only tensors whose names end with one of `suffixes` are rewritten; returns how many were.
     """
-    from safetensors.torch import load_file, save_file
-
     path = directory / "model.safetensors"
     tensors = load_file(path)
     experts = [k for k in tensors if k.endswith(suffixes)]
@@ -229,19 +227,8 @@ def hf_greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **inputs: Any) 
 
 # Vision tower of the image-prompt goldens: 3 DeepStack levels at uneven blocks incl. the last; a learned 4x4
 # position grid vs the image's 4x6 patch grid.
-IMAGE_VISION = dict(
-    depth=4,
-    hidden_size=64,
-    intermediate_size=128,
-    num_heads=4,
-    in_channels=3,
-    patch_size=16,
-    temporal_patch_size=2,
-    spatial_merge_size=2,
-    num_position_embeddings=16,
-    deepstack_visual_indexes=[0, 2, 3],
-    hidden_act="gelu_pytorch_tanh",
-)
+IMAGE_VISION = dict(SMALL_VISION, depth=4, hidden_size=64, intermediate_size=128, num_heads=4)
+IMAGE_VISION |= {"deepstack_visual_indexes": [0, 2, 3]}
 IMAGE_GRID = (1, 4, 6)  # (t, h, w) patches of one 64x96 image -> 6 merged image tokens
 
 

@@ -143,6 +143,8 @@ def test_gqa_heads_must_divide():
 
 
 def test_load_config_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing: checkpoint directory does not exist"):
+        load_config(tmp_path / "missing")
     with pytest.raises(ConfigError, match=r"no config.json"):
         load_config(tmp_path)
     (tmp_path / "config.json").write_text("{not json")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from alpamayo.config import load_config
+from alpamayo.errors import ConfigError
 from alpamayo.tokenizer import load_tokenizer
 from planner.prompt import PromptSettings, build_prompt
 from planner.tokenizers import TrajectoryVocab
@@ -86,3 +90,15 @@ def test_bad_prompt_inputs_are_rejected(tokenizer, vocab, kwargs, message):
     args = dict(cameras=[1], frames=4, bins=np.zeros(48, dtype=np.int64), route=None) | kwargs
     with pytest.raises(ValueError, match=message):
         build_prompt(tokenizer, vocab, args["cameras"], args["frames"], args["bins"], args["route"])
+
+
+def test_label_settings_come_from_config_json(demo_checkpoint):
+    cfg = load_config(demo_checkpoint)
+    assert PromptSettings.from_config(cfg) == PromptSettings(camera_labels=True, frame_labels=True)
+    no_frames = dataclasses.replace(cfg, extra=dict(cfg.extra, include_frame_nums=False))
+    assert PromptSettings.from_config(no_frames) == PromptSettings(camera_labels=True, frame_labels=False)
+    bad = dataclasses.replace(cfg, extra=dict(cfg.extra, include_camera_ids="yes"))
+    with pytest.raises(
+        ConfigError, match=r"config.json: field 'include_camera_ids' must be true or false, got 'yes'"
+    ):
+        PromptSettings.from_config(bad)

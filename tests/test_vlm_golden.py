@@ -71,7 +71,7 @@ def vlm(checkpoint):
 
 @pytest.fixture(scope="module")
 def vlm_bf16(checkpoint):
-    return VisionLanguageModel.from_checkpoint(checkpoint[0], torch.bfloat16)
+    return VisionLanguageModel.from_checkpoint(checkpoint[0], BackendOptions(dtype=torch.bfloat16))
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,8 @@ class VisionAttention(nn.Module):
 
 
 class VisionMLP(nn.Module):
+    """fc2(act(fc1(x))) for x [N, C]; `act` is the config's `hidden_act` (`vision.weights.ACTIVATIONS`)."""
+
     def __init__(self, fc1: Linear, fc2: Linear, act: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
         self.fc1, self.fc2, self.act = fc1, fc2, act

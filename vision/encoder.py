@@ -21,7 +21,7 @@ from torch import nn
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
 from alpamayo.errors import ConfigError
-from alpamayo.text.linear import Linear
+from alpamayo.text.linear import Linear, pack_linears
 from vision.block import PatchMerger, VisionBlock
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin
 from vision.weights import (
@@ -80,9 +80,7 @@ class VisionEncoder(nn.Module):
             build_merger(MERGER, False, get),
             [build_merger(deepstack_prefix(k), True, get) for k in range(len(v.deepstack_visual_indexes))],
         )
-        for module in encoder.modules():
-            if isinstance(module, Linear):
-                module.pack()
+        pack_linears(encoder)
         return encoder.eval()
 
     @torch.inference_mode()

@@ -17,7 +17,6 @@ Everything after the uint8 resize is one reorder and one table lookup over the s
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import torch
 from PIL import Image
 
 from alpamayo.errors import ConfigError
-from alpamayo.json_fields import Fields
+from alpamayo.json_fields import Fields, read_json
 from vision.resize import PIL_FILTERS, resize
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -72,11 +71,7 @@ class PreprocessConfig:
         path = Path(directory) / PREPROCESSOR_FILE
         if not path.is_file():
             return cls()
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from e
-        return cls.from_dict(raw, str(path))
+        return cls.from_dict(read_json(path), str(path))
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = PREPROCESSOR_FILE) -> PreprocessConfig:
@@ -90,8 +85,8 @@ class PreprocessConfig:
             patch_size=f.int("patch_size", d.patch_size),
             merge_size=f.int("merge_size", d.merge_size),
             temporal_patch_size=f.int("temporal_patch_size", d.temporal_patch_size),
-            image_mean=_triple(f, "image_mean", d.image_mean, positive=False),
-            image_std=_triple(f, "image_std", d.image_std, positive=True),
+            image_mean=f.numbers("image_mean", d.image_mean),
+            image_std=f.numbers("image_std", d.image_std, positive=True),
             min_pixels=f.int("min_pixels", size.int("shortest_edge", d.min_pixels)),
             max_pixels=f.int("max_pixels", size.int("longest_edge", d.max_pixels)),
             resample=f.int("resample", d.resample, minimum=0),
@@ -106,23 +101,6 @@ class PreprocessConfig:
                 f"{source}: 'resample' = {cfg.resample} is not a PIL filter id; allowed: {PIL_FILTERS}"
             )
         return cfg
-
-
-def _triple(f: Fields, key: str, default: tuple[float, ...], positive: bool) -> tuple[float, float, float]:
-    value = f.data.get(key, default)
-    ok = (
-        isinstance(value, (list, tuple))
-        and len(value) == 3
-        and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and (v > 0 or not positive) for v in value
-        )
-    )
-    if not ok:
-        bound = "positive " if positive else ""
-        raise ConfigError(
-            f"{f.source}: '{key}' must be a list of 3 {bound}numbers (one per RGB channel), got {value!r}"
-        )
-    return (float(value[0]), float(value[1]), float(value[2]))
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -152,8 +130,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def _as_rgb_array(image: ImageInput, index: int) -> np.ndarray:
-    """uint8 [H, W, 3] in the caller's channel order (PIL images become RGB, transparency over white)."""
+def rgb_array(image: ImageInput, index: int = 0) -> np.ndarray:
+    """uint8 [H, W, 3] in the caller's channel order (PIL images become RGB, transparency over white, as
+    transformers converts them); errors name the image as `image {index}`."""
     if isinstance(image, Image.Image):
         if "A" in image.getbands() or image.info.get("transparency") is not None:
             rgba = image.convert("RGBA")
@@ -225,7 +204,7 @@ def preprocess_images(
         raise ValueError(f"images must be a list of images, got {type(images).__name__}")
     if len(images) == 0:
         raise ValueError("images is empty; pass at least one image")
-    arrays = [_as_rgb_array(image, i) for i, image in enumerate(images)]
+    arrays = [rgb_array(image, i) for i, image in enumerate(images)]
     targets = [smart_resize(*a.shape[:2], cfg.factor, cfg.min_pixels, cfg.max_pixels) for a in arrays]
     counts = [h * w // cfg.patch_size**2 for h, w in targets]
     pixel_values = torch.empty(sum(counts), cfg.patch_dim)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from alpamayo.checkpoint import Shape
+from alpamayo.checkpoint import Getter, Shape
 from alpamayo.config import VisionConfig
 from alpamayo.errors import ConfigError
 from alpamayo.text.linear import Linear
@@ -27,8 +27,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu,
 }
-
-Getter = Callable[[str], torch.Tensor]
 
 
 def block_prefix(j: int) -> str:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.checkpoint)
     if images:
         content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]
-        with VisionLanguageModel.from_checkpoint(args.checkpoint, backend_options(args)) as model:
+        with VisionLanguageModel.from_checkpoint(args.checkpoint, backend_options(args), cfg=cfg) as model:
             features = model.encode_images(images)
             prompt = model.expand_image_pads(
                 chat_prompt_ids(tokenizer, [{"role": "user", "content": content}]), features

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from alpamayo.checkpoint import Getter
 from alpamayo.config import TextConfig
 from alpamayo.moe.config import MoEBlockConfig
 from alpamayo.moe.router import TopKRouter
 from alpamayo.moe.weights import GATE, expert_weights
 from alpamayo.text.mlp import SwiGLU
-from alpamayo.text.weights import Getter
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _swiglu(
 ) -> SwiGLU:
     """Expert e of stacked weights as its own SwiGLU (a copy, so the stacked tensor can be released).
 
-    One module per expert lets `TextModel.pack_weights` give each expert the packed oneDNN layout on CPU
+    One module per expert lets `text.linear.pack_linears` give each expert the packed oneDNN layout on CPU
     bfloat16: 8 experts of the 30B-A3B shape (2048 x 768) for one token took 2.8 ms packed vs 5.6 ms with
     `F.linear` on views of the stacked [E, 2I, H] tensor and 47 ms gathering the 8 into a `bmm` (2 cores).
     """

@@ -17,10 +17,9 @@ names only device-neutral things, after tt-metal's `TTMoEDecodeConfig`:
 
 Validation fails fast, naming the field, the value and the allowed range: the routed count must divide evenly
 over the slots (the hardware shards the expert dim evenly), the mesh must hold exactly the slots, every mapping
-entry must name a slot, each slot
-must hold the same number of routed experts, shared-expert ids must be exactly
-`num_routed_experts .. num_routed_experts + num_shared_experts - 1`, and per-expert biases cannot be combined
-with shared experts (the hardware block has no bias rows for them).
+entry must name a slot, each slot must hold the same number of routed experts, shared-expert ids must be
+exactly `num_routed_experts .. num_routed_experts + num_shared_experts - 1`, and per-expert biases cannot be
+combined with shared experts (the hardware block has no bias rows for them).
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from alpamayo.checkpoint import expert_layout
+from alpamayo.checkpoint import Getter, expert_layout
 from alpamayo.config import TextConfig
-from alpamayo.text.weights import Getter
 
 GATE = "gate.weight"  # router [E, H]
 GATE_UP = "experts.gate_up_proj"

@@ -13,6 +13,7 @@ from alpamayo.config import TextConfig
 
 
 def check_token_ids(ids: torch.Tensor, vocab: int) -> None:
+    """Refuse token ids [...] outside the embedding table [0, vocab), naming the range found."""
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise ValueError(f"token ids must be in [0, {vocab}), got range [{int(ids.min())}, {int(ids.max())}]")
 

@@ -49,6 +49,3 @@ class KVCache:
         """Copy row 0's first `length` positions into rows 1..n-1."""
         for buf in (*self.k, *self.v):
             buf[1:n, :, :length] = buf[:1, :, :length]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))

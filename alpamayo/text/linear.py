@@ -50,3 +50,11 @@ class Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         y = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def pack_linears(root: nn.Module, keep_plain: torch.Tensor | None = None) -> None:
+    """`Linear.pack` every linear under `root`, the last step once the weights are on their device; one whose
+    weight is `keep_plain` (a head tied to the embedding table) keeps the plain weight as well."""
+    for module in root.modules():
+        if isinstance(module, Linear):
+            module.pack(keep_plain=keep_plain is not None and module.weight is keep_plain)

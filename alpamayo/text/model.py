@@ -26,7 +26,7 @@ from alpamayo.config import ModelConfig
 from alpamayo.text.inputs import check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer
-from alpamayo.text.linear import Linear
+from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm
 from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, TEXT_NAMESPACES, build_layer, text_tensor_shapes
@@ -53,9 +53,7 @@ class TextModel(nn.Module):
         self.cache: KVCache | None = None
         # applied to K/V on their way into the cache (None: stored as computed); see KVCache
         self.kv_store: Callable[[torch.Tensor], torch.Tensor] | None = None
-        self.cache_len = 0  # positions filled in the cache (same for every active row)
-        self.rope_delta = 0
-        self.batch = 1  # active cache rows
+        self.reset()
 
     @classmethod
     def from_checkpoint(
@@ -74,14 +72,8 @@ class TextModel(nn.Module):
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
         head = Linear(embed if cfg.tie_word_embeddings else get(LM_HEAD))
         model = cls(cfg, embed, layers, RMSNorm(get(FINAL_NORM), t.rms_norm_eps), head)
-        model.pack_weights()
+        pack_linears(model, keep_plain=embed)
         return model.eval()
-
-    def pack_weights(self) -> None:
-        """Move every linear weight to its fastest layout for this device and dtype (see `text.linear`)."""
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.pack(keep_plain=module.weight is self.embed_weight)
 
     # ------------------------------------------------------------------ state
     def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
@@ -102,7 +94,10 @@ class TextModel(nn.Module):
         self.reset()
 
     def reset(self) -> None:
-        self.cache_len, self.rope_delta, self.batch = 0, 0, 1
+        """Forget the prompt (the cache buffers stay allocated)."""
+        self.cache_len = 0  # positions filled in the cache (same for every active row)
+        self.rope_delta = 0  # decode positions are cache_len + rope_delta (see the module docstring)
+        self.batch = 1  # active cache rows
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as `n` independent sequences (rows) sharing its KV cache."""

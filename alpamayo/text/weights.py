@@ -6,12 +6,10 @@ disk, `[out_features, in_features]` for linear weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
-from alpamayo.checkpoint import Shape
+from alpamayo.checkpoint import Getter, Shape, expert_layouts
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.text.attention import Attention
 from alpamayo.text.layer import DecoderLayer
@@ -23,8 +21,6 @@ FINAL_NORM = "language_model.norm.weight"
 LM_HEAD = "lm_head.weight"
 TEXT_NAMESPACES = ("language_model.", "lm_head.")
 
-Getter = Callable[[str], torch.Tensor]
-
 
 def layer_prefix(i: int) -> str:
     return f"language_model.layers.{i}."
@@ -32,12 +28,8 @@ def layer_prefix(i: int) -> str:
 
 def expert_shapes(cfg: TextConfig) -> dict[str, list[Shape]]:
     """Fused expert tensors (suffixes under `mlp.experts.`) in either on-disk layout (hub or v5)."""
-    moe = cfg.moe
-    e, h, i = moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size
-    return {
-        "gate_up_proj": [(e, h, 2 * i), (e, 2 * i, h)],
-        "down_proj": [(e, i, h), (e, h, i)],
-    }
+    layouts = expert_layouts(cfg.moe.num_experts, cfg.hidden_size, cfg.moe.moe_intermediate_size).values()
+    return {"gate_up_proj": [gu for gu, _ in layouts], "down_proj": [dn for _, dn in layouts]}
 
 
 def text_tensor_shapes(cfg: ModelConfig) -> dict[str, list[Shape]]:
