@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig, load_config
+from alpamayo.checkpoint import Checkpoint, open_checkpoint
+from alpamayo.config import ModelConfig
 from alpamayo.errors import BackendUnavailable
 from alpamayo.moe.config import MoEBlockConfig, block_config_for
 from alpamayo.moe.weights import ExpertView
@@ -166,13 +166,10 @@ class TTTextModel(DeviceIO):
         """
         if device is None and (reason := device_unavailable_reason()) is not None:
             raise BackendUnavailable(reason)
-        ckpt = source if isinstance(source, Checkpoint) else None
-        directory = ckpt.directory if ckpt is not None else Path(source)
-        cfg = cfg or load_config(directory)
+        ckpt, cfg = open_checkpoint(source, cfg)
         block = None
         if cfg.text.moe is not None:
             block = moe if isinstance(moe, MoEBlockConfig) else block_config_for(cfg.text, moe)
-        ckpt = ckpt or Checkpoint(directory, cfg.weight_prefix)
         ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
         precision = load_precision(precision)
         plan = plan_text(cfg, precision, moe=block)
