@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
-from alpamayo.tt.device_spec import P150, TILE, DeviceSpec
+from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.precision import PRESETS, TILE_BYTES, Precision
 from alpamayo.tt.program_config import TextPlan, VisionPlan, model_name, plan_text
 from alpamayo.tt.vision_weights import vision_weight_specs
@@ -29,7 +29,6 @@ from alpamayo.tt.weights import (
     WeightSpec,
     padded_hidden,
     rotary_head_dim,
-    round_up,
     text_weight_specs,
     weight_dtype,
 )

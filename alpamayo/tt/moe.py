@@ -36,7 +36,7 @@ from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.program_config import PREFILL_PAD, MoEPlan
+from alpamayo.tt.program_config import MoEPlan, TextPlan
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ class TTMoE(DeviceIO):
         path (row 0 of a tile in L1), more rows the grouped prefill path (padded to a multiple of 128)."""
         ttnn = self.ttnn
         tokens, hidden = x.shape
-        rows = TILE if tokens == 1 else -(-tokens // PREFILL_PAD) * PREFILL_PAD
+        rows = TILE if tokens == 1 else TextPlan.padded_length(tokens)
         memory = ttnn.L1_MEMORY_CONFIG if tokens == 1 else ttnn.DRAM_MEMORY_CONFIG
         dev = self._rows(x, rows, self.plan.hidden_padded, memory)
         out = self.decode(dev) if tokens == 1 else self.prefill(dev, tokens)

@@ -36,9 +36,9 @@ from pathlib import Path
 from alpamayo.config import ModelConfig, TextConfig, VisionConfig
 from alpamayo.errors import ConfigError
 from alpamayo.moe.config import MoEBlockConfig, block_config_for
-from alpamayo.tt.device_spec import P150, TILE, DeviceSpec
+from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.precision import TILE_BYTES, Precision
-from alpamayo.tt.weights import padded_hidden, rotary_head_dim, round_up
+from alpamayo.tt.weights import padded_hidden, rotary_head_dim
 
 DECODE_MAX_GRID = (8, 10)  # activation grids of the decode matmuls and norms (seed: 8x10 = 80 cores)
 PREFILL_MAX_GRID = (11, 10)  # minimal_matmul, SDPA and lm_head grid

@@ -54,7 +54,7 @@ from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, TEXT_NAMESPACES, text_tensor_shapes
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
-from alpamayo.tt.device_spec import TILE, DeviceSpec
+from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
 from alpamayo.tt.memory import check_fits
 from alpamayo.tt.moe import TTMoE
 from alpamayo.tt.precision import Precision, load_precision
@@ -490,7 +490,7 @@ class TTTextModel(DeviceIO):
         self.norm_pc = cfgs.sharded_norm(ttnn, plan.residual_grid, plan.norm_block_w, plan.norm_subblock_w)
         single = CoreGrid(1, 1)
         self.rot_mem = cfgs.height_sharded(ttnn, TILE, t.head_dim, single)
-        heads = -(-t.num_attention_heads // TILE) * TILE
+        heads = round_up(t.num_attention_heads, TILE)
         self.heads_mem = cfgs.height_sharded(ttnn, heads, t.head_dim, single)
         self.sdpa_decode_pc = cfgs.sdpa(ttnn, plan.sdpa_decode_grid, TILE, SDPA_DECODE_K_CHUNK)
 
