@@ -17,6 +17,7 @@ the peak is the larger of the two; a vision forward encodes at most 4 patches pe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from alpamayo.config import ModelConfig
@@ -36,22 +37,13 @@ from alpamayo.tt.weights import (
 BF16 = 2
 
 
-def _tiles(shape: tuple[int, ...]) -> int:
-    *outer, rows, cols = shape
-    n = -(-rows // TILE) * -(-cols // TILE)
-    for d in outer:
-        n *= d
-    return n
-
-
 def spec_bytes(spec: WeightSpec, dtype: str) -> int:
     """DRAM bytes of one prepared weight in `dtype` (row-major tensors are bf16, unpadded)."""
     if spec.layout == "row_major":
-        n = 1
-        for d in spec.padded:
-            n *= d
-        return n * BF16
-    return _tiles(spec.padded) * TILE_BYTES[dtype]
+        return math.prod(spec.padded) * BF16
+    *outer, rows, cols = spec.padded
+    tiles = math.prod(outer) * round_up(rows, TILE) * round_up(cols, TILE) // (TILE * TILE)
+    return tiles * TILE_BYTES[dtype]
 
 
 class DoesNotFit(ConfigError):
@@ -175,10 +167,10 @@ def check_fits(
         other = plan_memory(cfg, preset, max_seq_len, device)
         if other.fits:
             raise DoesNotFit(f"{head}; recipe '{name}' fits ({other.total / 1e9:.2f} GB)")
-    best = max(PRESETS.values(), key=lambda p: _largest_fitting_length(cfg, p, device))
-    length = _largest_fitting_length(cfg, best, device)
-    if length:
+    lengths = {name: _largest_fitting_length(cfg, preset, device) for name, preset in PRESETS.items()}
+    best = max(lengths, key=lengths.__getitem__)
+    if lengths[best]:
         raise DoesNotFit(
-            f"{head}; no preset fits at this length, recipe '{best.name}' fits up to max_seq_len {length}"
+            f"{head}; no preset fits at this length, recipe '{best}' fits up to max_seq_len {lengths[best]}"
         )
     raise DoesNotFit(f"{head}; no preset fits even at max_seq_len {TextPlan.cache_length(1)}")
