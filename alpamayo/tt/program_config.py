@@ -45,7 +45,8 @@ PREFILL_MAX_GRID = (11, 10)  # minimal_matmul, SDPA and lm_head grid
 KV_FILL_MAX_GRID = (8, 8)
 SPARSE_MAX_GRID = (8, 8)  # sparse_matmul 1D multicast grid (tt-metal MoE1D: cores dividing N within 8x8)
 VISION_PAD = 128  # patches per vision forward are padded to this multiple (SDPA chunks, 4-row merge)
-VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")  # block MLP activations with an exact device GELU
+# block MLP activations the device computes exactly: hidden_act -> the `ttnn.GeluVariant` member that does
+VISION_GELU = {"gelu_pytorch_tanh": "Tanh", "gelu": "Accurate"}
 SDPA_DECODE_GRID = (8, 8)
 SDPA_DECODE_K_CHUNK = 128
 PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
@@ -518,10 +519,10 @@ def plan_vision(vision: VisionConfig, device: DeviceSpec = P150, source: str = "
         )
     if vision.head_dim % 2:
         raise PlanError(f"{source}: vision head_dim = {vision.head_dim} must be even for the 2-D rotary")
-    if vision.hidden_act not in VISION_ACTIVATIONS:
+    if vision.hidden_act not in VISION_GELU:
         raise PlanError(
             f"{source}: vision hidden_act = {vision.hidden_act!r}; the device vision blocks support "
-            f"{', '.join(VISION_ACTIVATIONS)}"
+            f"{', '.join(VISION_GELU)}"
         )
     return VisionPlan(
         head_dim=vision.head_dim,
