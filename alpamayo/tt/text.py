@@ -234,8 +234,7 @@ class TTTextModel(DeviceIO):
         self._release_trace()
         self._free_cache()
         if self._inputs is not None:
-            for t in self._inputs.values():
-                self.ttnn.deallocate(t)
+            self._free(*self._inputs.values())
             self._inputs = None
         if self.owns_device and self.device is not None:
             close_device(self.device)
@@ -249,8 +248,7 @@ class TTTextModel(DeviceIO):
 
     def _free_cache(self) -> None:
         for k, v in self.kv_cache:
-            self.ttnn.deallocate(k)
-            self.ttnn.deallocate(v)
+            self._free(k, v)
         self.cache = None
 
     def _release_trace(self) -> None:
@@ -618,13 +616,19 @@ class TTTextModel(DeviceIO):
         self._free(n2i)
         return self._reshard(d, self.res_mem, False)
 
-    def _decode_graph(self, inputs: dict[str, Any]) -> Any:
-        """Every layer, final norm and lm_head for the persistent `inputs`; returns logits [1, 1, 1, V_p]
-        row-major bf16 in DRAM. Captured as the decode trace, so it only allocates, computes and frees."""
+    def _sharded_inputs(self, inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """L1 copies of the persistent x (on the residual grid), cos and sin (core (0, 0)) for `DecodeLayer`."""
         ttnn = self.ttnn
         x = ttnn.to_memory_config(inputs["x"], self.res_mem)
         cos = ttnn.to_memory_config(inputs["cos"], self.rot_mem)
         sin = ttnn.to_memory_config(inputs["sin"], self.rot_mem)
+        return x, cos, sin
+
+    def _decode_graph(self, inputs: dict[str, Any]) -> Any:
+        """Every layer, final norm and lm_head for the persistent `inputs`; returns logits [1, 1, 1, V_p]
+        row-major bf16 in DRAM. Captured as the decode trace, so it only allocates, computes and frees."""
+        ttnn = self.ttnn
+        x, cos, sin = self._sharded_inputs(inputs)
         for i in range(self.text_cfg.num_hidden_layers):
             x = self.decode_layers.get(i, self._layer_decode)(i, x, cos, sin, inputs["pos"])
         self._free(cos, sin)
@@ -723,13 +727,11 @@ class TTTextModel(DeviceIO):
         self._require_cache()
         if not 0 <= position < self.max_seq_len:
             raise ValueError(f"position {position} must be in [0, max_seq_len={self.max_seq_len})")
-        ttnn, t = self.ttnn, self.text_cfg
+        t = self.text_cfg
         values = self._decode_host_inputs(0, position)
         values["x"][0, 0, 0, : t.hidden_size] = hidden.to(torch.bfloat16)
         inputs = self._write_inputs(values)
-        x = ttnn.to_memory_config(inputs["x"], self.res_mem)
-        cos = ttnn.to_memory_config(inputs["cos"], self.rot_mem)
-        sin = ttnn.to_memory_config(inputs["sin"], self.rot_mem)
+        x, cos, sin = self._sharded_inputs(inputs)
         out = self.decode_layers.get(i, self._layer_decode)(i, x, cos, sin, inputs["pos"])
         result = self._download(out)[0, 0, 0, : t.hidden_size]
         self._free(out, cos, sin)
