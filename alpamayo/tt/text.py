@@ -757,5 +757,6 @@ def _upload_weights(
     cache_dir: str | Path | None,
 ) -> dict[str, Any]:
     """Every text `WeightSpec` (experts through their per-projection views) on its device placement."""
-    specs = text_weight_specs(cfg, plan.device.dram_banks)
-    return upload_weights(specs, precision, device, ExpertView(cfg.text, ckpt.get), cache_dir, plan.device)
+    banks = plan.device.dram_banks
+    specs = text_weight_specs(cfg, banks)
+    return upload_weights(specs, precision, device, ExpertView(cfg.text, ckpt.get), cache_dir, banks)

@@ -108,7 +108,9 @@ class TTVisionEncoder(DeviceIO):
         precision = load_precision(precision)
         spec = DeviceSpec.from_device(device)
         plan = plan_vision(v, spec, cfg.source)
-        weights = upload_weights(vision_weight_specs(v), precision, device, ckpt.get, cache_dir, spec)
+        weights = upload_weights(
+            vision_weight_specs(v), precision, device, ckpt.get, cache_dir, spec.dram_banks
+        )
         return cls(v, precision, plan, device, weights, ckpt.get(POS_EMBED, torch.float32), tracer)
 
     def close(self) -> None:
