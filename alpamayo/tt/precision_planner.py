@@ -239,7 +239,7 @@ def evaluate_recipe(
     model.kv_store = kv_store(precision)
     layer_pcc = []
     model.setup_cache(ref.ids.numel())
-    cos, sin = model.rope.cos_sin(_text_positions(ref.ids.numel()), model.dtype)
+    cos, sin = model.rope.cos_sin_1d(torch.arange(ref.ids.numel()), model.dtype)
     with torch.inference_mode():
         for layer, (x, y) in zip(model.layers, ref.layer_io, strict=True):
             layer_pcc.append(pcc(y, layer(x[None], cos, sin, model.cache, 0)[0]))
