@@ -159,9 +159,8 @@ class TTMoE(DeviceIO):
         up = self._sparse(x1, self.w["experts.up"], sparsity, self.k, self.pc_gate_up, memory_config=L1)
         act = ttnn.mul(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=L1)
         self._free(gate, up)
-        act4 = ttnn.reshape(
-            act, (1, e, 1, self.plan.intermediate_padded)
-        )  # [1, 1, 1, E, 1, I_p] -> per expert
+        # sparse_matmul's [1, 1, 1, E, 1, I_p] as one row per expert for the down projection
+        act4 = ttnn.reshape(act, (1, e, 1, self.plan.intermediate_padded))
         down = self._sparse(
             act4,
             self.w["experts.down"],

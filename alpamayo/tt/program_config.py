@@ -50,9 +50,8 @@ VISION_GELU = {"gelu_pytorch_tanh": "Tanh", "gelu": "Accurate"}
 SDPA_DECODE_GRID = (8, 8)
 SDPA_DECODE_K_CHUNK = 128
 PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
-MAX_BLOCK = (
-    8  # largest in0_block_w / minimal_matmul block in tiles (tt_transformers' find_largest_divisor cap)
-)
+# largest in0_block_w / minimal_matmul block in tiles (tt_transformers' find_largest_divisor cap)
+MAX_BLOCK = 8
 DEST_TILES = 4  # dest-register tiles with fp32 accumulation: bounds a matmul output subblock (h * w)
 # L1 kept free beside the planned circular buffers (allocator alignment, semaphores, kernel config buffers).
 L1_HEADROOM = 64 * 1024
@@ -231,10 +230,8 @@ def _l1_budget(device: DeviceSpec) -> int:
 
 def _largest_block(k_tiles: int, l1: Callable[[int], int], device: DeviceSpec) -> int | None:
     """The largest in0_block_w (a divisor of k_tiles, at most MAX_BLOCK) whose `l1` bytes fit; None if none."""
-    for block_w in sorted(
-        (d for d in range(1, min(k_tiles, MAX_BLOCK) + 1) if k_tiles % d == 0), reverse=True
-    ):
-        if l1(block_w) <= _l1_budget(device):
+    for block_w in range(min(k_tiles, MAX_BLOCK), 0, -1):
+        if k_tiles % block_w == 0 and l1(block_w) <= _l1_budget(device):
             return block_w
     return None
 
