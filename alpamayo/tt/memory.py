@@ -28,7 +28,6 @@ from alpamayo.tt.program_config import TextPlan, VisionPlan, model_name, plan_te
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import (
     WeightSpec,
-    padded_hidden,
     rotary_head_dim,
     text_weight_specs,
     weight_dtype,
@@ -90,13 +89,13 @@ class MemoryPlan:
         return lines
 
 
-def _activation_bytes(cfg: ModelConfig, max_seq_len: int, device: DeviceSpec) -> int:
+def _activation_bytes(cfg: ModelConfig, plan: TextPlan, max_seq_len: int) -> int:
     t = cfg.text
-    rows = TextPlan.padded_length(max_seq_len)
-    h = padded_hidden(t, device.dram_banks)
+    rows = plan.padded_length(max_seq_len)
+    h = plan.hidden_padded
     qkv = t.q_dim + 2 * t.kv_dim
     per_row = h + 3 * qkv
-    if t.moe is None or any(not t.moe.is_sparse(i) for i in range(t.num_hidden_layers)):
+    if plan.gate is not None:  # some layers have a dense MLP
         per_row = max(per_row, h + 3 * t.intermediate_size)
     if t.moe is not None:
         per_row = max(per_row, h + t.moe.num_experts_per_tok * (3 * t.moe.moe_intermediate_size + 2 * h))
@@ -126,14 +125,15 @@ def plan_memory(
     cache_rows = TextPlan.cache_length(max_seq_len)
     kv_tiles = t.num_key_value_heads * round_up(cache_rows, TILE) // TILE * (t.head_dim // TILE)
     kv = 2 * t.num_hidden_layers * kv_tiles * TILE_BYTES[precision.dtype("kv_cache")]
+    plan = plan_text(cfg, precision, device)
     return MemoryPlan(
         model=model_name(cfg),
         recipe=precision.name,
         max_seq_len=max_seq_len,
         weights=weights,
         kv_cache=kv,
-        activations=_activation_bytes(cfg, max_seq_len, device),
-        trace_region=plan_text(cfg, precision, device).trace_region_bytes,
+        activations=_activation_bytes(cfg, plan, max_seq_len),
+        trace_region=plan.trace_region_bytes,
         capacity=device.dram_bytes,
     )
 
