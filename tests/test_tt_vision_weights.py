@@ -8,6 +8,8 @@ lane of q, k and v zero and the output projection blind to them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -151,7 +153,5 @@ def test_the_device_gelu_of_each_accepted_activation_is_the_references(ttnn_host
     ],
 )
 def test_a_tower_the_device_layout_cannot_hold_is_refused(checkpoints, change, message):
-    from dataclasses import replace
-
     with pytest.raises(ConfigError, match=message):
         plan_vision(replace(checkpoints["demo"][0].vision, **change))
