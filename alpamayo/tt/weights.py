@@ -228,7 +228,9 @@ TRANSFORMS: dict[str, Transform] = {
 def prepare(spec: WeightSpec, get: Getter) -> torch.Tensor:
     """The host tensor of `spec`, transformed and zero-padded to `spec.padded` (source dtype kept)."""
     if spec.transform not in TRANSFORMS:
-        raise ValueError(f"weight {spec.name}: unknown transform {spec.transform!r}")
+        raise ValueError(
+            f"weight {spec.name}: unknown transform {spec.transform!r}; allowed: {', '.join(TRANSFORMS)}"
+        )
     t = TRANSFORMS[spec.transform][0](spec, [get(name) for name in spec.sources])
     if tuple(t.shape) != spec.shape:
         raise ValueError(
