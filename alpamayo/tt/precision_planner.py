@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -177,11 +178,7 @@ def drive_ticks(path: str | Path, count: int, warn: Callable[[str], None]) -> li
     from alpamayo.replay.ticks import TickAssembler
     from bridges.recording import Drive
 
-    ticks = []
-    for tick in TickAssembler(Drive.open(path, warn=warn), warn=warn):
-        ticks.append(tick)
-        if len(ticks) == count:
-            break
+    ticks = list(islice(TickAssembler(Drive.open(path, warn=warn), warn=warn), count))
     if not ticks:
         raise ValueError(f"{path}: no tick has 4 frames per camera and 1.5 s of ego history")
     return ticks
