@@ -61,9 +61,9 @@ class Settings:
     max_seq_len: int = 4096
 
     def validate(self) -> None:
-        for name, low in (("prompt_tokens", 1), ("tokens", 1), ("ticks", 1), ("max_reasoning_tokens", 1)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
+        for name in ("prompt_tokens", "tokens", "ticks", "max_reasoning_tokens", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
