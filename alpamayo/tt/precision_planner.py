@@ -39,7 +39,7 @@ from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta
 from alpamayo.tokenizer import load_tokenizer
-from alpamayo.tt.memory import plan_memory
+from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import model_name
 from alpamayo.tt.quantized import QuantizedCheckpoint, round_to
@@ -227,9 +227,14 @@ def _drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
 
 
 def evaluate_recipe(
-    directory: Path, precision: Precision, ref: Reference, settings: Settings, ticks: Sequence[Any]
+    directory: Path,
+    precision: Precision,
+    memory: MemoryPlan,
+    ref: Reference,
+    settings: Settings,
+    ticks: Sequence[Any],
 ) -> RecipeReport:
-    """The figures of one recipe against `ref` (see module docstring)."""
+    """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan."""
     weights = QuantizedCheckpoint(directory, precision)
     cfg = weights.config
     model = TextModel.from_checkpoint(weights, cfg)
@@ -251,7 +256,6 @@ def evaluate_recipe(
     if ref.drive is not None:
         vla = _vla(directory, weights, cfg, settings, kv_store(precision))
         drive = _drive_figures(ref.drive, _drive_run(vla, ticks))
-    memory = plan_memory(load_config(directory), precision, settings.max_seq_len)
     dram = {
         "weights_gb": memory.weight_bytes / 1e9,
         "kv_cache_gb": memory.kv_cache / 1e9,
@@ -345,10 +349,15 @@ def precision_report(
     settings.validate()
     directory = Path(directory)
     precisions = [load_precision(r) for r in recipes]
+    cfg = load_config(directory)
+    # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
+    plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
     ticks = drive_ticks(drive, settings.ticks, warn) if drive is not None else []
     ref = reference(directory, settings, ticks)
-    reports = [evaluate_recipe(directory, p, ref, settings, ticks) for p in precisions]
-    cfg = load_config(directory)
+    reports = [
+        evaluate_recipe(directory, p, plan, ref, settings, ticks)
+        for p, plan in zip(precisions, plans, strict=True)
+    ]
     return PrecisionReport(
         str(directory), model_name(cfg), settings, None if drive is None else str(drive), reports
     )
