@@ -96,6 +96,7 @@ def test_a_yaml_recipe_with_bf16_weights_barely_moves_the_model(demo_checkpoint,
     [
         (["--recipe", "fastest"], r"--recipe 'fastest': not a preset \(accuracy, performance\)"),
         (["--tokens", "0"], r"tokens must be >= 1, got 0"),
+        (["--max-seq-len", "0"], r"max-seq-len must be >= 1, got 0"),
         (["--drive", "missing.mcap"], r"missing.mcap"),
     ],
 )

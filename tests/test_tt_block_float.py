@@ -17,6 +17,7 @@ import torch
 
 from alpamayo.tt.block_float import FORMATS, pack_tiles, quantize, unpack_tiles
 from alpamayo.tt.precision import BLOCK_FLOAT_ERROR, TILE_BYTES
+from alpamayo.tt.ttnn_configs import ttnn_dtype
 
 FMTS = tuple(FORMATS)
 
@@ -79,8 +80,7 @@ CASES = {
 
 
 def _ttnn_round_trip(ttnn, x: np.ndarray, fmt: str) -> tuple[np.ndarray, bytes]:
-    dtype = {"bfp8": ttnn.bfloat8_b, "bfp4": ttnn.bfloat4_b}[fmt]
-    host = ttnn.from_torch(torch.from_numpy(x.copy()), dtype=dtype, layout=ttnn.TILE_LAYOUT)
+    host = ttnn.from_torch(torch.from_numpy(x.copy()), dtype=ttnn_dtype(ttnn, fmt), layout=ttnn.TILE_LAYOUT)
     return ttnn.to_torch(host).numpy(), host
 
 
@@ -107,7 +107,7 @@ def test_values_and_packed_tiles_match_ttnns_host_packer_bit_for_bit(ttnn_host, 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_bfloat16_sources_pack_as_ttnn_packs_them(ttnn_host, fmt):
     w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    dtype = {"bfp8": ttnn_host.bfloat8_b, "bfp4": ttnn_host.bfloat4_b}[fmt]
+    dtype = ttnn_dtype(ttnn_host, fmt)
     expected = ttnn_host.to_torch(ttnn_host.from_torch(w, dtype=dtype, layout=ttnn_host.TILE_LAYOUT))
     assert _same_bits(quantize(w.float().numpy(), fmt), expected.numpy())
 

@@ -25,11 +25,10 @@ from alpamayo.numerics import max_abs_error, pcc
 from alpamayo.text import TextModel
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.routing import NEAR_TIE, routing_margin
-from tests.tt_checkpoints import save_tt_checkpoint
+from tests.tt_checkpoints import REAL_ENV, real_recipe, save_tt_checkpoint
 
 pytestmark = pytest.mark.blackhole
 
-REAL_ENV, RECIPE_ENV = "ALPAMAYO_TT_CHECKPOINT", "ALPAMAYO_TT_RECIPE"
 LAYER_PCC = 0.99
 PREFILL_ROWS, DECODE_TOKENS = 300, 16
 
@@ -51,7 +50,7 @@ def case(request, device, tmp_path_factory):
         path = os.environ.get(REAL_ENV)
         if not path or load_config(path).text.moe is None:
             pytest.skip(f"set {REAL_ENV} to a Qwen3-VL-MoE checkpoint directory to check its MoE layers")
-        recipe, dtype = os.environ.get(RECIPE_ENV, "performance"), torch.bfloat16
+        recipe, dtype = real_recipe(), torch.bfloat16
     else:
         path, recipe, dtype = (
             tmp_path_factory.mktemp(request.param),

@@ -15,6 +15,7 @@ from alpamayo.configs import CONFIG_DIR, builtin_config
 from alpamayo.errors import ConfigError
 from alpamayo.moe import MoEBlock, MoEBlockConfig, TopKRouter
 from alpamayo.moe.config import block_config_for, shipped_block_configs
+from alpamayo.tt.memory import check_fits
 from alpamayo.tt.moe import group_rows, max_groups
 from alpamayo.tt.precision import PRESETS
 from alpamayo.tt.program_config import PlanError, plan_moe, plan_text
@@ -101,8 +102,6 @@ def test_what_the_one_chip_block_does_not_run_is_refused_before_any_device_call(
 
 
 def test_the_memory_plan_of_30b_a3b_covers_its_experts():
-    from alpamayo.tt.memory import check_fits
-
     plan = check_fits(builtin_config("qwen3-vl-30b-a3b"), PRESETS["performance"], 8192)
     assert plan.weights["experts"] > 0.8 * plan.weight_bytes  # experts dominate a 30B-A3B's weights
     assert plan.fits

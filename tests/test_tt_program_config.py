@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from alpamayo.config import parse_config
 from alpamayo.configs import NAMES, builtin_config
 from alpamayo.tt import ttnn_configs
-from alpamayo.tt.device_spec import P150
+from alpamayo.tt.device_spec import P150, TILE
 from alpamayo.tt.precision import PRESETS
 from alpamayo.tt.program_config import (
     DECODE_MAX_GRID,
@@ -25,8 +25,6 @@ from alpamayo.tt.program_config import (
 from tests.hf_checkpoints import hf_config
 from tests.test_text_golden import GOLDEN
 from tests.tt_checkpoints import TT_TINY
-
-TILE = 32
 
 
 def tiny_config(spec: dict, name: str):

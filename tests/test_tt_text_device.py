@@ -33,11 +33,10 @@ from alpamayo.tt.program_config import plan_text
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.hf_checkpoints import TOKEN_IDS
 from tests.routing import NEAR_TIE, router_margins
-from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
+from tests.tt_checkpoints import CACHE_ENV, REAL_ENV, TT_TINY, real_recipe, save_tt_checkpoint
 
 pytestmark = pytest.mark.blackhole
 
-REAL_ENV, RECIPE_ENV, CACHE_ENV = "ALPAMAYO_TT_CHECKPOINT", "ALPAMAYO_TT_RECIPE", "ALPAMAYO_TT_CACHE"
 CASES = [f"{name}-{recipe}" for name in TT_TINY for recipe in ("accuracy", "performance")] + ["real"]
 LAYER_PCC, LOGITS_PCC, KV_PCC, TOP1 = 0.99, 0.97, 0.999, 0.95
 PROMPT_LEN = 126  # decode positions 126..129 cross a tile and a 128-row flash-decode chunk
@@ -50,7 +49,7 @@ def device():
 
     trace = 64 << 20  # the tiny models' plans need ~10 MiB
     if os.environ.get(REAL_ENV):
-        recipe = load_precision(os.environ.get(RECIPE_ENV, "performance"))
+        recipe = load_precision(real_recipe())
         trace = max(trace, plan_text(load_config(os.environ[REAL_ENV]), recipe).trace_region_bytes)
     dev = open_device(trace)
     yield dev
@@ -84,7 +83,7 @@ def case(request, device, tmp_path_factory):
         path = os.environ.get(REAL_ENV)
         if not path:
             pytest.skip(f"set {REAL_ENV} to a Qwen3-VL checkpoint directory to run the real-checkpoint tests")
-        c = Case("real", path, os.environ.get(RECIPE_ENV, "performance"), torch.bfloat16, device)
+        c = Case("real", path, real_recipe(), torch.bfloat16, device)
     else:
         name, recipe = request.param.rsplit("-", 1)
         path = tmp_path_factory.mktemp(request.param)

@@ -22,13 +22,12 @@ import torch
 
 from alpamayo.numerics import max_abs_error, pcc
 from alpamayo.tt.quantized import QuantizedCheckpoint
-from tests.tt_checkpoints import VISION_72, save_tt_checkpoint
+from tests.tt_checkpoints import REAL_ENV, VISION_72, real_recipe, save_tt_checkpoint
 from vision.encoder import VisionEncoder, frame_segments
 from vision.positions import patch_rows_cols, rotary_cos_sin
 
 pytestmark = pytest.mark.blackhole
 
-REAL_ENV, RECIPE_ENV = "ALPAMAYO_TT_CHECKPOINT", "ALPAMAYO_TT_RECIPE"
 BLOCK_PCC, TOWER_PCC, ALONE_PCC = 0.99, 0.95, 0.999
 GRID = torch.tensor([[1, 20, 36], [2, 8, 12], [1, 20, 36]])  # a 320x576 frame, a 2-frame clip, another frame
 CASES = [f"{name}-{recipe}" for name in ("demo", "heads72") for recipe in ("accuracy", "performance")] + [
@@ -53,7 +52,7 @@ def case(request, device, demo_checkpoint, tmp_path_factory):
         path = os.environ.get(REAL_ENV)
         if not path:
             pytest.skip(f"set {REAL_ENV} to a Qwen3-VL checkpoint directory to run the real-checkpoint tests")
-        recipe, dtype = os.environ.get(RECIPE_ENV, "performance"), torch.bfloat16
+        recipe, dtype = real_recipe(), torch.bfloat16
     else:
         name, recipe = request.param.split("-")
         dtype = torch.float32

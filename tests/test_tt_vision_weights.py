@@ -8,6 +8,8 @@ lane of q, k and v zero and the output projection blind to them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -16,14 +18,14 @@ from alpamayo.config import load_config
 from alpamayo.configs import NAMES, builtin_config
 from alpamayo.errors import ConfigError
 from alpamayo.text.rope import apply_rotary
-from alpamayo.tt.program_config import plan_vision
+from alpamayo.tt.program_config import VISION_GELU, plan_vision
 from alpamayo.tt.vision import padded_rotary
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weight_cache import to_host_tensor
 from alpamayo.tt.weights import head_positions, prepare, restore, rotary_head_dim
 from tests.tt_checkpoints import VISION_72, save_tt_checkpoint
 from vision.positions import patch_rows_cols, rotary_cos_sin
-from vision.weights import block_prefix
+from vision.weights import ACTIVATIONS, block_prefix
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +133,15 @@ def test_real_vision_towers_plan_with_their_padded_heads(name):
     assert plan.padded_length(720) == 768 and plan.padded_length(2880) == 2944
 
 
+@pytest.mark.parametrize("act", sorted(VISION_GELU))
+def test_the_device_gelu_of_each_accepted_activation_is_the_references(ttnn_host, act):
+    """The `ttnn.GeluVariant` the vision blocks run for `hidden_act` computes (by ttnn's own golden function)
+    exactly the torch reference's block activation."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 4
+    gelu = ttnn_host.get_golden_function(ttnn_host.gelu)
+    assert torch.equal(gelu(x, variant=getattr(ttnn_host.GeluVariant, VISION_GELU[act])), ACTIVATIONS[act](x))
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -142,7 +153,5 @@ def test_real_vision_towers_plan_with_their_padded_heads(name):
     ],
 )
 def test_a_tower_the_device_layout_cannot_hold_is_refused(checkpoints, change, message):
-    from dataclasses import replace
-
     with pytest.raises(ConfigError, match=message):
         plan_vision(replace(checkpoints["demo"][0].vision, **change))

@@ -5,16 +5,28 @@ fused QKV width a multiple of 256 (32 x 8 DRAM banks), MoE expert counts a multi
 sizes, vocabularies and some hidden sizes deliberately are not multiples of their device granule, so the zero
 padding of the MLP, the experts, the lm_head and the residual stream is exercised. `VISION_72` has the real
 models' 72-wide vision heads (padded to 128 lanes on the device) and an MLP width off the tile grid.
+
+The device tests (tests/test_tt_*_device.py) also run on a real checkpoint named by `REAL_ENV`.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from tests.hf_checkpoints import save_checkpoint, text_config
+
+# A real Qwen3-VL checkpoint directory for the device tests, its recipe, and where its packed weights are cached.
+REAL_ENV, RECIPE_ENV, CACHE_ENV = "ALPAMAYO_TT_CHECKPOINT", "ALPAMAYO_TT_RECIPE", "ALPAMAYO_TT_CACHE"
+
+
+def real_recipe() -> str:
+    """The recipe of the real-checkpoint device tests: `RECIPE_ENV`, default performance."""
+    return os.environ.get(RECIPE_ENV, "performance")
+
 
 REAL_ROPE = {"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [24, 20, 20]}
 

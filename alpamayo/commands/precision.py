@@ -54,7 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings(
-        args.prompt_tokens, args.tokens, args.ticks, args.max_reasoning_tokens, args.max_seq_len
+        prompt_tokens=args.prompt_tokens,
+        tokens=args.tokens,
+        ticks=args.ticks,
+        max_reasoning_tokens=args.max_reasoning_tokens,
+        max_seq_len=args.max_seq_len,
     )
     report = precision_report(
         args.checkpoint,

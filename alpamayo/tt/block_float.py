@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TILE = 32
+from alpamayo.tt.device_spec import TILE, round_up
+
 FACE = 16
 BLOCK = 16  # values sharing an exponent: one face row
 _CHUNK = 1 << 22  # values quantised per vectorised step (bounds the uint32 temporaries to ~16 MB each)
@@ -70,7 +71,7 @@ def _as_matrix(x: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
     if x.ndim == 1:
         x = x[None]
     r, c = x.shape[-2:]
-    rp, cp = -(-r // TILE) * TILE, -(-c // TILE) * TILE
+    rp, cp = round_up(r, TILE), round_up(c, TILE)
     padded = np.zeros((*x.shape[:-2], rp, cp), np.float32)
     padded[..., :r, :c] = x
     return padded.reshape(-1, cp), (r, c)
@@ -122,7 +123,7 @@ def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
     for start in range(0, flat.shape[0], step):
         shared, codes = _encode(flat[start : start + step], f)
         out[start : start + step] = _decode(shared, codes, f)
-    rows = matrix.shape[0] // (-(-r // TILE) * TILE)
+    rows = matrix.shape[0] // round_up(r, TILE)
     result = out.view(np.float32).reshape(rows, -1, matrix.shape[1])[:, :r, :c]
     return result.reshape(src.shape)
 
@@ -146,7 +147,7 @@ def unpack_tiles(data: bytes, shape: tuple[int, ...], fmt: str) -> np.ndarray:
     f = block_format(fmt)
     dims = (1, *shape) if len(shape) == 1 else tuple(shape)
     r, c = dims[-2:]
-    rp, cp = -(-r // TILE) * TILE, -(-c // TILE) * TILE
+    rp, cp = round_up(r, TILE), round_up(c, TILE)
     outer = int(np.prod(dims[:-2], dtype=np.int64))
     tr, tc = outer * rp // TILE, cp // TILE
     raw = np.frombuffer(data, np.uint8)

@@ -13,6 +13,11 @@ TILE = 32  # tile edge: every device dimension is counted in 32x32 tiles
 GIB = 1 << 30
 
 
+def round_up(n: int, multiple: int) -> int:
+    """`n` rounded up to a multiple of `multiple` (a whole number of tiles, banks, chunks)."""
+    return -(-n // multiple) * multiple
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """A single Tenstorrent chip as the planners see it (x = columns, y = rows of Tensix cores)."""

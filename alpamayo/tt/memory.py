@@ -17,19 +17,18 @@ the peak is the larger of the two; a vision forward encodes at most 4 patches pe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
-from alpamayo.tt.device_spec import P150, TILE, DeviceSpec
+from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.precision import PRESETS, TILE_BYTES, Precision
 from alpamayo.tt.program_config import TextPlan, VisionPlan, model_name, plan_text
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import (
     WeightSpec,
-    padded_hidden,
     rotary_head_dim,
-    round_up,
     text_weight_specs,
     weight_dtype,
 )
@@ -37,22 +36,13 @@ from alpamayo.tt.weights import (
 BF16 = 2
 
 
-def _tiles(shape: tuple[int, ...]) -> int:
-    *outer, rows, cols = shape
-    n = -(-rows // TILE) * -(-cols // TILE)
-    for d in outer:
-        n *= d
-    return n
-
-
 def spec_bytes(spec: WeightSpec, dtype: str) -> int:
     """DRAM bytes of one prepared weight in `dtype` (row-major tensors are bf16, unpadded)."""
     if spec.layout == "row_major":
-        n = 1
-        for d in spec.padded:
-            n *= d
-        return n * BF16
-    return _tiles(spec.padded) * TILE_BYTES[dtype]
+        return math.prod(spec.padded) * BF16
+    *outer, rows, cols = spec.padded
+    tiles = math.prod(outer) * round_up(rows, TILE) * round_up(cols, TILE) // (TILE * TILE)
+    return tiles * TILE_BYTES[dtype]
 
 
 class DoesNotFit(ConfigError):
@@ -99,13 +89,13 @@ class MemoryPlan:
         return lines
 
 
-def _activation_bytes(cfg: ModelConfig, max_seq_len: int, device: DeviceSpec) -> int:
+def _activation_bytes(cfg: ModelConfig, plan: TextPlan, max_seq_len: int) -> int:
     t = cfg.text
-    rows = TextPlan.padded_length(max_seq_len)
-    h = padded_hidden(t, device.dram_banks)
+    rows = plan.padded_length(max_seq_len)
+    h = plan.hidden_padded
     qkv = t.q_dim + 2 * t.kv_dim
     per_row = h + 3 * qkv
-    if t.moe is None or any(not t.moe.is_sparse(i) for i in range(t.num_hidden_layers)):
+    if plan.gate is not None:  # some layers have a dense MLP
         per_row = max(per_row, h + 3 * t.intermediate_size)
     if t.moe is not None:
         per_row = max(per_row, h + t.moe.num_experts_per_tok * (3 * t.moe.moe_intermediate_size + 2 * h))
@@ -135,14 +125,15 @@ def plan_memory(
     cache_rows = TextPlan.cache_length(max_seq_len)
     kv_tiles = t.num_key_value_heads * round_up(cache_rows, TILE) // TILE * (t.head_dim // TILE)
     kv = 2 * t.num_hidden_layers * kv_tiles * TILE_BYTES[precision.dtype("kv_cache")]
+    plan = plan_text(cfg, precision, device)
     return MemoryPlan(
         model=model_name(cfg),
         recipe=precision.name,
         max_seq_len=max_seq_len,
         weights=weights,
         kv_cache=kv,
-        activations=_activation_bytes(cfg, max_seq_len, device),
-        trace_region=plan_text(cfg, precision, device).trace_region_bytes,
+        activations=_activation_bytes(cfg, plan, max_seq_len),
+        trace_region=plan.trace_region_bytes,
         capacity=device.dram_bytes,
     )
 
@@ -176,10 +167,10 @@ def check_fits(
         other = plan_memory(cfg, preset, max_seq_len, device)
         if other.fits:
             raise DoesNotFit(f"{head}; recipe '{name}' fits ({other.total / 1e9:.2f} GB)")
-    best = max(PRESETS.values(), key=lambda p: _largest_fitting_length(cfg, p, device))
-    length = _largest_fitting_length(cfg, best, device)
-    if length:
+    lengths = {name: _largest_fitting_length(cfg, preset, device) for name, preset in PRESETS.items()}
+    best = max(lengths, key=lengths.__getitem__)
+    if lengths[best]:
         raise DoesNotFit(
-            f"{head}; no preset fits at this length, recipe '{best.name}' fits up to max_seq_len {length}"
+            f"{head}; no preset fits at this length, recipe '{best}' fits up to max_seq_len {lengths[best]}"
         )
     raise DoesNotFit(f"{head}; no preset fits even at max_seq_len {TextPlan.cache_length(1)}")

@@ -36,7 +36,7 @@ from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.program_config import PREFILL_PAD, MoEPlan
+from alpamayo.tt.program_config import MoEPlan, TextPlan
 
 
 @dataclass(frozen=True)
@@ -159,9 +159,8 @@ class TTMoE(DeviceIO):
         up = self._sparse(x1, self.w["experts.up"], sparsity, self.k, self.pc_gate_up, memory_config=L1)
         act = ttnn.mul(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=L1)
         self._free(gate, up)
-        act4 = ttnn.reshape(
-            act, (1, e, 1, self.plan.intermediate_padded)
-        )  # [1, 1, 1, E, 1, I_p] -> per expert
+        # sparse_matmul's [1, 1, 1, E, 1, I_p] as one row per expert for the down projection
+        act4 = ttnn.reshape(act, (1, e, 1, self.plan.intermediate_padded))
         down = self._sparse(
             act4,
             self.w["experts.down"],
@@ -266,7 +265,7 @@ class TTMoE(DeviceIO):
         path (row 0 of a tile in L1), more rows the grouped prefill path (padded to a multiple of 128)."""
         ttnn = self.ttnn
         tokens, hidden = x.shape
-        rows = TILE if tokens == 1 else -(-tokens // PREFILL_PAD) * PREFILL_PAD
+        rows = TILE if tokens == 1 else TextPlan.padded_length(tokens)
         memory = ttnn.L1_MEMORY_CONFIG if tokens == 1 else ttnn.DRAM_MEMORY_CONFIG
         dev = self._rows(x, rows, self.plan.hidden_padded, memory)
         out = self.decode(dev) if tokens == 1 else self.prefill(dev, tokens)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta
 from alpamayo.tokenizer import load_tokenizer
-from alpamayo.tt.memory import plan_memory
+from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import model_name
 from alpamayo.tt.quantized import QuantizedCheckpoint, round_to
@@ -60,9 +61,9 @@ class Settings:
     max_seq_len: int = 4096
 
     def validate(self) -> None:
-        for name, low in (("prompt_tokens", 1), ("tokens", 1), ("ticks", 1), ("max_reasoning_tokens", 1)):
-            if getattr(self, name) < low:
-                raise ValueError(f"{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
+        for name in ("prompt_tokens", "tokens", "ticks", "max_reasoning_tokens", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -177,11 +178,7 @@ def drive_ticks(path: str | Path, count: int, warn: Callable[[str], None]) -> li
     from alpamayo.replay.ticks import TickAssembler
     from bridges.recording import Drive
 
-    ticks = []
-    for tick in TickAssembler(Drive.open(path, warn=warn), warn=warn):
-        ticks.append(tick)
-        if len(ticks) == count:
-            break
+    ticks = list(islice(TickAssembler(Drive.open(path, warn=warn), warn=warn), count))
     if not ticks:
         raise ValueError(f"{path}: no tick has 4 frames per camera and 1.5 s of ego history")
     return ticks
@@ -230,16 +227,21 @@ def _drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
 
 
 def evaluate_recipe(
-    directory: Path, precision: Precision, ref: Reference, settings: Settings, ticks: Sequence[Any]
+    directory: Path,
+    precision: Precision,
+    memory: MemoryPlan,
+    ref: Reference,
+    settings: Settings,
+    ticks: Sequence[Any],
 ) -> RecipeReport:
-    """The figures of one recipe against `ref` (see module docstring)."""
+    """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan."""
     weights = QuantizedCheckpoint(directory, precision)
     cfg = weights.config
     model = TextModel.from_checkpoint(weights, cfg)
     model.kv_store = kv_store(precision)
     layer_pcc = []
     model.setup_cache(ref.ids.numel())
-    cos, sin = model.rope.cos_sin(_text_positions(ref.ids.numel()), model.dtype)
+    cos, sin = model.rope.cos_sin_1d(torch.arange(ref.ids.numel()), model.dtype)
     with torch.inference_mode():
         for layer, (x, y) in zip(model.layers, ref.layer_io, strict=True):
             layer_pcc.append(pcc(y, layer(x[None], cos, sin, model.cache, 0)[0]))
@@ -254,7 +256,6 @@ def evaluate_recipe(
     if ref.drive is not None:
         vla = _vla(directory, weights, cfg, settings, kv_store(precision))
         drive = _drive_figures(ref.drive, _drive_run(vla, ticks))
-    memory = plan_memory(load_config(directory), precision, settings.max_seq_len)
     dram = {
         "weights_gb": memory.weight_bytes / 1e9,
         "kv_cache_gb": memory.kv_cache / 1e9,
@@ -348,10 +349,15 @@ def precision_report(
     settings.validate()
     directory = Path(directory)
     precisions = [load_precision(r) for r in recipes]
+    cfg = load_config(directory)
+    # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
+    plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
     ticks = drive_ticks(drive, settings.ticks, warn) if drive is not None else []
     ref = reference(directory, settings, ticks)
-    reports = [evaluate_recipe(directory, p, ref, settings, ticks) for p in precisions]
-    cfg = load_config(directory)
+    reports = [
+        evaluate_recipe(directory, p, plan, ref, settings, ticks)
+        for p, plan in zip(precisions, plans, strict=True)
+    ]
     return PrecisionReport(
         str(directory), model_name(cfg), settings, None if drive is None else str(drive), reports
     )

@@ -36,22 +36,22 @@ from pathlib import Path
 from alpamayo.config import ModelConfig, TextConfig, VisionConfig
 from alpamayo.errors import ConfigError
 from alpamayo.moe.config import MoEBlockConfig, block_config_for
-from alpamayo.tt.device_spec import P150, TILE, DeviceSpec
+from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.precision import TILE_BYTES, Precision
-from alpamayo.tt.weights import padded_hidden, rotary_head_dim, round_up
+from alpamayo.tt.weights import padded_hidden, rotary_head_dim
 
 DECODE_MAX_GRID = (8, 10)  # activation grids of the decode matmuls and norms (seed: 8x10 = 80 cores)
 PREFILL_MAX_GRID = (11, 10)  # minimal_matmul, SDPA and lm_head grid
 KV_FILL_MAX_GRID = (8, 8)
 SPARSE_MAX_GRID = (8, 8)  # sparse_matmul 1D multicast grid (tt-metal MoE1D: cores dividing N within 8x8)
 VISION_PAD = 128  # patches per vision forward are padded to this multiple (SDPA chunks, 4-row merge)
-VISION_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")  # block MLP activations with an exact device GELU
+# block MLP activations the device computes exactly: hidden_act -> the `ttnn.GeluVariant` member that does
+VISION_GELU = {"gelu_pytorch_tanh": "Tanh", "gelu": "Accurate"}
 SDPA_DECODE_GRID = (8, 8)
 SDPA_DECODE_K_CHUNK = 128
 PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
-MAX_BLOCK = (
-    8  # largest in0_block_w / minimal_matmul block in tiles (tt_transformers' find_largest_divisor cap)
-)
+# largest in0_block_w / minimal_matmul block in tiles (tt_transformers' find_largest_divisor cap)
+MAX_BLOCK = 8
 DEST_TILES = 4  # dest-register tiles with fp32 accumulation: bounds a matmul output subblock (h * w)
 # L1 kept free beside the planned circular buffers (allocator alignment, semaphores, kernel config buffers).
 L1_HEADROOM = 64 * 1024
@@ -230,10 +230,8 @@ def _l1_budget(device: DeviceSpec) -> int:
 
 def _largest_block(k_tiles: int, l1: Callable[[int], int], device: DeviceSpec) -> int | None:
     """The largest in0_block_w (a divisor of k_tiles, at most MAX_BLOCK) whose `l1` bytes fit; None if none."""
-    for block_w in sorted(
-        (d for d in range(1, min(k_tiles, MAX_BLOCK) + 1) if k_tiles % d == 0), reverse=True
-    ):
-        if l1(block_w) <= _l1_budget(device):
+    for block_w in range(min(k_tiles, MAX_BLOCK), 0, -1):
+        if k_tiles % block_w == 0 and l1(block_w) <= _l1_budget(device):
             return block_w
     return None
 
@@ -518,10 +516,10 @@ def plan_vision(vision: VisionConfig, device: DeviceSpec = P150, source: str = "
         )
     if vision.head_dim % 2:
         raise PlanError(f"{source}: vision head_dim = {vision.head_dim} must be even for the 2-D rotary")
-    if vision.hidden_act not in VISION_ACTIVATIONS:
+    if vision.hidden_act not in VISION_GELU:
         raise PlanError(
             f"{source}: vision hidden_act = {vision.hidden_act!r}; the device vision blocks support "
-            f"{', '.join(VISION_ACTIVATIONS)}"
+            f"{', '.join(VISION_GELU)}"
         )
     return VisionPlan(
         head_dim=vision.head_dim,

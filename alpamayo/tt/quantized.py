@@ -35,6 +35,7 @@ from alpamayo.moe.weights import (
 )
 from alpamayo.text.weights import EMBED, LM_HEAD
 from alpamayo.tt.block_float import quantize
+from alpamayo.tt.device_spec import P150
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import WeightSpec, prepare, restore, text_weight_specs, weight_dtype
@@ -51,7 +52,7 @@ def round_to(t: torch.Tensor, dtype: str) -> torch.Tensor:
 class QuantizedCheckpoint(Checkpoint):
     """See module docstring. `config` is the model config to build from it (tied heads untied)."""
 
-    def __init__(self, directory: str | Path, recipe: str | Precision, dram_banks: int = 8):
+    def __init__(self, directory: str | Path, recipe: str | Precision, dram_banks: int = P150.dram_banks):
         cfg = load_config(directory)
         super().__init__(directory, cfg.weight_prefix)
         self.precision = load_precision(recipe)

@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig, load_config
+from alpamayo.checkpoint import Checkpoint, open_checkpoint
+from alpamayo.config import ModelConfig
 from alpamayo.errors import BackendUnavailable
 from alpamayo.moe.config import MoEBlockConfig, block_config_for
 from alpamayo.moe.weights import ExpertView
@@ -54,7 +54,7 @@ from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, TEXT_NAMESPACES, text_tensor_shapes
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
-from alpamayo.tt.device_spec import TILE, DeviceSpec
+from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
 from alpamayo.tt.memory import check_fits
 from alpamayo.tt.moe import TTMoE
 from alpamayo.tt.precision import Precision, load_precision
@@ -166,13 +166,10 @@ class TTTextModel(DeviceIO):
         """
         if device is None and (reason := device_unavailable_reason()) is not None:
             raise BackendUnavailable(reason)
-        ckpt = source if isinstance(source, Checkpoint) else None
-        directory = ckpt.directory if ckpt is not None else Path(source)
-        cfg = cfg or load_config(directory)
+        ckpt, cfg = open_checkpoint(source, cfg)
         block = None
         if cfg.text.moe is not None:
             block = moe if isinstance(moe, MoEBlockConfig) else block_config_for(cfg.text, moe)
-        ckpt = ckpt or Checkpoint(directory, cfg.weight_prefix)
         ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
         precision = load_precision(precision)
         plan = plan_text(cfg, precision, moe=block)
@@ -237,8 +234,7 @@ class TTTextModel(DeviceIO):
         self._release_trace()
         self._free_cache()
         if self._inputs is not None:
-            for t in self._inputs.values():
-                self.ttnn.deallocate(t)
+            self._free(*self._inputs.values())
             self._inputs = None
         if self.owns_device and self.device is not None:
             close_device(self.device)
@@ -252,8 +248,7 @@ class TTTextModel(DeviceIO):
 
     def _free_cache(self) -> None:
         for k, v in self.kv_cache:
-            self.ttnn.deallocate(k)
-            self.ttnn.deallocate(v)
+            self._free(k, v)
         self.cache = None
 
     def _release_trace(self) -> None:
@@ -493,7 +488,7 @@ class TTTextModel(DeviceIO):
         self.norm_pc = cfgs.sharded_norm(ttnn, plan.residual_grid, plan.norm_block_w, plan.norm_subblock_w)
         single = CoreGrid(1, 1)
         self.rot_mem = cfgs.height_sharded(ttnn, TILE, t.head_dim, single)
-        heads = -(-t.num_attention_heads // TILE) * TILE
+        heads = round_up(t.num_attention_heads, TILE)
         self.heads_mem = cfgs.height_sharded(ttnn, heads, t.head_dim, single)
         self.sdpa_decode_pc = cfgs.sdpa(ttnn, plan.sdpa_decode_grid, TILE, SDPA_DECODE_K_CHUNK)
 
@@ -621,13 +616,19 @@ class TTTextModel(DeviceIO):
         self._free(n2i)
         return self._reshard(d, self.res_mem, False)
 
-    def _decode_graph(self, inputs: dict[str, Any]) -> Any:
-        """Every layer, final norm and lm_head for the persistent `inputs`; returns logits [1, 1, 1, V_p]
-        row-major bf16 in DRAM. Captured as the decode trace, so it only allocates, computes and frees."""
+    def _sharded_inputs(self, inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """L1 copies of the persistent x (on the residual grid), cos and sin (core (0, 0)) for `DecodeLayer`."""
         ttnn = self.ttnn
         x = ttnn.to_memory_config(inputs["x"], self.res_mem)
         cos = ttnn.to_memory_config(inputs["cos"], self.rot_mem)
         sin = ttnn.to_memory_config(inputs["sin"], self.rot_mem)
+        return x, cos, sin
+
+    def _decode_graph(self, inputs: dict[str, Any]) -> Any:
+        """Every layer, final norm and lm_head for the persistent `inputs`; returns logits [1, 1, 1, V_p]
+        row-major bf16 in DRAM. Captured as the decode trace, so it only allocates, computes and frees."""
+        ttnn = self.ttnn
+        x, cos, sin = self._sharded_inputs(inputs)
         for i in range(self.text_cfg.num_hidden_layers):
             x = self.decode_layers.get(i, self._layer_decode)(i, x, cos, sin, inputs["pos"])
         self._free(cos, sin)
@@ -726,13 +727,11 @@ class TTTextModel(DeviceIO):
         self._require_cache()
         if not 0 <= position < self.max_seq_len:
             raise ValueError(f"position {position} must be in [0, max_seq_len={self.max_seq_len})")
-        ttnn, t = self.ttnn, self.text_cfg
+        t = self.text_cfg
         values = self._decode_host_inputs(0, position)
         values["x"][0, 0, 0, : t.hidden_size] = hidden.to(torch.bfloat16)
         inputs = self._write_inputs(values)
-        x = ttnn.to_memory_config(inputs["x"], self.res_mem)
-        cos = ttnn.to_memory_config(inputs["cos"], self.rot_mem)
-        sin = ttnn.to_memory_config(inputs["sin"], self.rot_mem)
+        x, cos, sin = self._sharded_inputs(inputs)
         out = self.decode_layers.get(i, self._layer_decode)(i, x, cos, sin, inputs["pos"])
         result = self._download(out)[0, 0, 0, : t.hidden_size]
         self._free(out, cos, sin)
@@ -758,5 +757,6 @@ def _upload_weights(
     cache_dir: str | Path | None,
 ) -> dict[str, Any]:
     """Every text `WeightSpec` (experts through their per-projection views) on its device placement."""
-    specs = text_weight_specs(cfg, plan.device.dram_banks)
-    return upload_weights(specs, precision, device, ExpertView(cfg.text, ckpt.get), cache_dir, plan.device)
+    banks = plan.device.dram_banks
+    specs = text_weight_specs(cfg, banks)
+    return upload_weights(specs, precision, device, ExpertView(cfg.text, ckpt.get), cache_dir, banks)

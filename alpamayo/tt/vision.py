@@ -35,7 +35,7 @@ from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import DeviceSpec
 from alpamayo.tt.precision import Precision, load_precision
-from alpamayo.tt.program_config import VisionPlan, plan_vision
+from alpamayo.tt.program_config import VISION_GELU, VisionPlan, plan_vision
 from alpamayo.tt.runtime import import_ttnn
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weight_cache import upload_weights
@@ -84,10 +84,7 @@ class TTVisionEncoder(DeviceIO):
             # fp32 accumulation in a long prefill SDPA overflows L1 (text prefill, measured at ~4.6K rows)
             "sdpa": cfgs.compute_config(ttnn, precision.math_fidelity("sdpa"), fp32_acc=False, l1_acc=False),
         }
-        # the block MLP's GELU (`plan_vision` accepts only these two activations)
-        self.block_gelu = {"gelu_pytorch_tanh": ttnn.GeluVariant.Tanh, "gelu": ttnn.GeluVariant.Accurate}[
-            cfg.hidden_act
-        ]
+        self.block_gelu = getattr(ttnn.GeluVariant, VISION_GELU[cfg.hidden_act])  # checked by `plan_vision`
 
     @classmethod
     def from_checkpoint(
@@ -111,7 +108,9 @@ class TTVisionEncoder(DeviceIO):
         precision = load_precision(precision)
         spec = DeviceSpec.from_device(device)
         plan = plan_vision(v, spec, cfg.source)
-        weights = upload_weights(vision_weight_specs(v), precision, device, ckpt.get, cache_dir, spec)
+        weights = upload_weights(
+            vision_weight_specs(v), precision, device, ckpt.get, cache_dir, spec.dram_banks
+        )
         return cls(v, precision, plan, device, weights, ckpt.get(POS_EMBED, torch.float32), tracer)
 
     def close(self) -> None:

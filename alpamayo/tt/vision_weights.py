@@ -12,8 +12,8 @@ zero fc2 rows: gelu(0) = 0). The learned position table stays on the host.
 from __future__ import annotations
 
 from alpamayo.config import VisionConfig
-from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.weights import WeightSpec, rotary_head_dim, round_up
+from alpamayo.tt.device_spec import TILE, round_up
+from alpamayo.tt.weights import WeightSpec, rotary_head_dim
 from vision.weights import MERGER, PATCH_EMBED, block_prefix, deepstack_prefix
 
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from alpamayo.tt.device_spec import DeviceSpec
 from alpamayo.tt.precision import Precision
 from alpamayo.tt.runtime import import_ttnn
 from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype
@@ -113,17 +112,17 @@ def upload_weights(
     device: Any,
     get: Getter,
     cache_dir: str | Path | None,
-    spec: DeviceSpec,
+    dram_banks: int,
 ) -> dict[str, Any]:
     """Every spec prepared (or loaded from the cache in `cache_dir`) and moved to its device placement:
-    DRAM width-sharded over the banks or interleaved DRAM. Returns name -> device tensor."""
+    DRAM width-sharded over the `dram_banks` banks or interleaved DRAM. Returns name -> device tensor."""
     ttnn = import_ttnn()
     cache = WeightCache(ttnn, cache_dir)
     out = {}
     for s in specs:
         host = cache.host_tensor(s, weight_dtype(s, precision), get)
         if s.placement == "dram_sharded":
-            memory = dram_sharded_weight(ttnn, s.padded[0], s.padded[1], spec.dram_banks)
+            memory = dram_sharded_weight(ttnn, s.padded[0], s.padded[1], dram_banks)
         else:
             memory = ttnn.DRAM_MEMORY_CONFIG
         out[s.name] = ttnn.to_device(host, device, memory_config=memory)

@@ -42,7 +42,7 @@ import torch
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.moe.weights import EXPERT_DOWN, EXPERT_GATE, EXPERT_UP, GATE
 from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, layer_prefix
-from alpamayo.tt.device_spec import TILE
+from alpamayo.tt.device_spec import TILE, round_up
 from alpamayo.tt.precision import Precision
 
 Getter = Callable[[str], torch.Tensor]
@@ -54,10 +54,6 @@ BF16_GROUPS = ("norm", "bias", "router")
 def weight_dtype(spec: WeightSpec, precision: Precision) -> str:
     """The dtype `spec` is stored in under `precision` (bf16 for the `BF16_GROUPS`)."""
     return "bf16" if spec.group in BF16_GROUPS else precision.dtype(spec.group)
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def padded_hidden(cfg: TextConfig, dram_banks: int) -> int:
@@ -232,7 +228,9 @@ TRANSFORMS: dict[str, Transform] = {
 def prepare(spec: WeightSpec, get: Getter) -> torch.Tensor:
     """The host tensor of `spec`, transformed and zero-padded to `spec.padded` (source dtype kept)."""
     if spec.transform not in TRANSFORMS:
-        raise ValueError(f"weight {spec.name}: unknown transform {spec.transform!r}")
+        raise ValueError(
+            f"weight {spec.name}: unknown transform {spec.transform!r}; allowed: {', '.join(TRANSFORMS)}"
+        )
     t = TRANSFORMS[spec.transform][0](spec, [get(name) for name in spec.sources])
     if tuple(t.shape) != spec.shape:
         raise ValueError(
