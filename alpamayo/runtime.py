@@ -108,6 +108,7 @@ class AlpamayoVLA:
         self.vlm, self.planner = vlm, planner
         # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
         self.tracer = tracer or Tracer(max_spans=10_000)
+        vlm.trace_into(self.tracer)
         self.sampling = sampling
         self.limits = planner.limits(max_reasoning_tokens)
         self.cache = FeatureCache(capacity=0)

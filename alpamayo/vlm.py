@@ -26,6 +26,7 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import ConfigError
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
+from alpamayo.profiling import Tracer
 from vision.encoder import VisionEncoder
 from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
 
@@ -89,6 +90,14 @@ class VisionLanguageModel:
         a no-op for torch."""
         close_model(self.vision)
         close_model(self.text)
+
+    def trace_into(self, tracer: Tracer) -> None:
+        """Record the backends' own stages in `tracer`: the ttnn models time device work (`tt.vision`,
+        `tt.prefill_layers`, `tt.decode_trace_execute`, host<->device copies) as spans nested in the runtime's
+        stages; the torch models have no finer stages than the runtime's, so they take none."""
+        for part in (self.vision, self.text):
+            if hasattr(part, "tracer"):
+                part.tracer = tracer
 
     def __enter__(self) -> VisionLanguageModel:
         return self

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from alpamayo.errors import ConfigError
+from alpamayo.tt.precision import PRESETS
 from bridges.protocol import ALPAMAYO_CAMERAS, Limits
 from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 
@@ -45,8 +46,11 @@ class ModelSection:
 
     checkpoint: str | None = None
     backend: str = "torch"
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = "cpu"  # torch backend
+    dtype: str = "float32"  # torch backend
+    recipe: str = "performance"  # ttnn backend: a precision preset or recipe YAML (alpamayo.tt.precision)
+    tt_cache: str | None = None  # ttnn backend: directory of the packed weight cache (.tensorbin files)
+    moe_config: str | None = None  # ttnn backend, MoE checkpoints: block config YAML (None: the shipped one)
     route: str | None = None  # navigation text passed to every prediction
     num_samples: int = 1
     seed: int | None = None
@@ -57,6 +61,12 @@ class ModelSection:
     def __post_init__(self) -> None:
         _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
         _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
+        _check(
+            self.recipe in PRESETS or Path(self.recipe).is_file(),
+            "model.recipe",
+            self.recipe,
+            f"{', '.join(PRESETS)} or an existing recipe YAML file",
+        )
         _check(1 <= self.num_samples <= 64, "model.num_samples", self.num_samples, "1..64")
         _check(0 <= self.temperature <= 10, "model.temperature", self.temperature, "0 (greedy) .. 10")
         _check(0 < self.top_p <= 1, "model.top_p", self.top_p, "(0, 1]")
@@ -71,6 +81,12 @@ class ModelSection:
             "model.num_samples",
             self.num_samples,
             "1 with greedy decoding (set model.temperature > 0 to draw several samples)",
+        )
+        _check(
+            self.num_samples == 1 or self.backend == "torch",
+            "model.num_samples",
+            self.num_samples,
+            "1 with backend ttnn (it decodes one sequence per prediction)",
         )
 
 

@@ -57,6 +57,14 @@ def test_file_then_overrides(tmp_path):
         ({"curve": {"server_secret_key": "x"}}, "missing key(s) curve.authorized_keys"),
         ({"model": {"num_samples": 0}}, "model.num_samples = 0 is invalid; allowed: 1..64"),
         ({"limits": {"ring_frames": 2}}, "limits.ring_frames = 2 is invalid; allowed: 4..256"),
+        (
+            {"model": {"recipe": "fastest"}},
+            "model.recipe = 'fastest' is invalid; allowed: accuracy, performance or an existing recipe YAML",
+        ),
+        (
+            {"model": {"backend": "ttnn", "num_samples": 4, "temperature": 0.6}},
+            "model.num_samples = 4 is invalid; allowed: 1 with backend ttnn",
+        ),
     ],
 )
 def test_invalid_values_name_key_value_and_range(data, message):
@@ -109,6 +117,16 @@ def test_serve_prints_the_effective_config(tmp_path, capsys):
     assert NodeConfig.from_dict(printed) == load_node_config(path, ["warmup.runs=0"]).replace(
         [("output.endpoint", "tcp://127.0.0.1:7000")]
     )
+
+
+def test_serve_takes_the_ttnn_settings(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("base: accuracy\n")
+    argv = ["serve", "--backend", "ttnn", "--recipe", str(recipe), "--set", f"model.tt_cache={tmp_path}"]
+    assert main([*argv, "--print-config"]) == 0
+    model = yaml.safe_load(capsys.readouterr().out)["model"]
+    assert (model["backend"], model["recipe"], model["tt_cache"]) == ("ttnn", str(recipe), str(tmp_path))
+    assert model["moe_config"] is None
 
 
 def test_serve_without_a_checkpoint_is_a_clear_error(capsys):

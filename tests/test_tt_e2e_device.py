@@ -6,7 +6,8 @@ same prompt and frames. The device must produce the torch backend's trajectory t
 (recipe `accuracy`); the ADE between the two 6.4 s trajectories (the drift the device adds) is reported, and
 so are the agreement and drift of the `performance` recipe, whose bfp4 MLP moves these random weights further
 (its rounding cost is what `alpamayo precision` reports). The second tick must encode only each camera's new
-frame: the per-frame feature cache works the same on both backends.
+frame: the per-frame feature cache works the same on both backends. The device stages land in the
+runtime's tracer, so each prediction's timings carry them beside the pipeline stages.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def test_device_trajectory_tokens_match_the_torch_backend(
         demo_checkpoint, backend="ttnn", recipe=recipe, max_reasoning_tokens=REASONING_CAP
     )
     try:
-        agreement, drift, encoded = [], [], []
+        agreement, drift, encoded, stages = [], [], [], set()
         for tick, expected in zip((3, 4), torch_predictions, strict=True):
             frames, times = frames_at(tick)
-            (got,) = vla.predict(frames, straight_history(), frame_times_ns=times).samples
+            prediction = vla.predict(frames, straight_history(), frame_times_ns=times)
+            (got,) = prediction.samples
+            stages |= set(prediction.timings_ms)
             assert len(got.token_ids) == 128 and got.xyz.shape == (64, 3)
             agreement.append(
                 float(np.mean([a == b for a, b in zip(expected.token_ids, got.token_ids, strict=True)]))
@@ -56,6 +59,9 @@ def test_device_trajectory_tokens_match_the_torch_backend(
         vla.close()
     record_figure(f"{recipe}: trajectory tokens equal to the torch backend's (ticks 3, 4)", str(agreement))
     record_figure(f"{recipe}: ADE drift from the torch backend, metres (ticks 3, 4)", str(drift))
-    assert encoded == [4 * len(CAMERAS), 5 * len(CAMERAS)]  # tick 4 adds one new frame per camera
+    assert encoded == [4 * len(CAMERAS), 5 * len(CAMERAS)]
+    device_stages = {"tt.vision", "tt.prefill_setup", "tt.prefill_layers", "tt.prefill_head"}
+    assert {"vision", "prefill", "trajectory_decode", *device_stages, "tt.host_to_device"} <= stages
+    assert {"tt.decode_trace_execute", "tt.device_to_host"} <= stages  # tick 4 adds one new frame per camera
     if recipe == "accuracy":
         assert min(agreement) >= TOKEN_AGREEMENT, f"trajectory token agreement {agreement}"

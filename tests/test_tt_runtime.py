@@ -70,6 +70,19 @@ def test_backend_ttnn_without_a_card_says_the_device_is_missing(
     assert "Traceback" not in err
 
 
+def test_serve_with_backend_ttnn_without_a_card_fails_before_binding(
+    ttnn_host, demo_checkpoint, monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
+    monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    argv = ["serve", "--checkpoint", str(demo_checkpoint), "--backend", "ttnn", "--recipe", "accuracy"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert "recipe: accuracy" in out  # the effective config, printed before loading
+    assert "alpamayo serve: error: ttnn is installed but no Blackhole device is present" in err
+    assert "serving:" not in out and "Traceback" not in err
+
+
 def test_a_mock_descriptor_is_refused_when_a_card_is_present(ttnn_host, monkeypatch, tmp_path):
     cards = tmp_path / "tenstorrent"
     cards.mkdir()

@@ -10,7 +10,8 @@ import sys
 
 import yaml
 
-from alpamayo.commands.common import DTYPES
+from alpamayo.backends import BACKENDS
+from alpamayo.commands.common import DTYPES, RECIPE_HELP
 from alpamayo.generation import Sampling
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config
@@ -24,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", action="append", help="input endpoint (repeatable; overrides input.endpoints)")
     p.add_argument("--output", help="output endpoint (overrides output.endpoint)")
     p.add_argument("--control", help="control endpoint (overrides control.endpoint)")
+    p.add_argument("--backend", choices=BACKENDS, help="overrides model.backend")
+    p.add_argument("--recipe", help="overrides model.recipe (" + RECIPE_HELP + ")")
     p.add_argument("--device", help="overrides model.device (cpu, cuda[:N])")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="overrides model.dtype")
     p.add_argument(
@@ -50,6 +53,8 @@ def effective_config(args: argparse.Namespace) -> NodeConfig:
         "input.endpoints": args.input,
         "output.endpoint": args.output,
         "control.endpoint": args.control,
+        "model.backend": args.backend,
+        "model.recipe": args.recipe,
         "model.device": args.device,
         "model.dtype": args.dtype,
     }
@@ -111,6 +116,9 @@ def load_model(config: NodeConfig) -> AlpamayoVLA:
         backend=m.backend,
         device=m.device,
         dtype=m.dtype,
+        recipe=m.recipe,
+        tt_cache=m.tt_cache,
+        moe_config=m.moe_config,
         sampling=Sampling(m.temperature, m.top_p),
         max_reasoning_tokens=m.max_reasoning_tokens,
     )
