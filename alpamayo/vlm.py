@@ -58,7 +58,8 @@ class VisionLanguageModel:
         weights: Checkpoint | None = None,
         cfg: ModelConfig | None = None,
     ) -> VisionLanguageModel:
-        """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json).
+        """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json;
+        an Alpamayo config.json's top-level `min_pixels` / `max_pixels` override the latter's, as in Alpamayo).
 
         `options` chooses the backend of the text backbone and the vision tower (default: torch, float32, CPU);
         with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
@@ -68,7 +69,7 @@ class VisionLanguageModel:
         cfg = cfg or load_config(directory)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
-        pre = PreprocessConfig.from_checkpoint(directory)
+        pre = PreprocessConfig.from_checkpoint(directory).with_pixel_bounds(cfg.extra, cfg.source)
         v = cfg.vision
         model_side = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
         if (pre.patch_size, pre.merge_size, pre.temporal_patch_size) != model_side:

@@ -45,6 +45,7 @@ TEXT = text_config(
     rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [6, 5, 5]},
 )
 PIXELS = dict(min_pixels=32 * 32, max_pixels=1 << 20)  # every test image is already a multiple of 32 inside
+ALPAMAYO_PIXELS = dict(min_pixels=163840, max_pixels=196608)  # Alpamayo's config.json: 1080x1920 -> 320x576
 PROMPT = "Describe the scene."
 NEW_TOKENS = 32
 # image sizes (height, width): the 16-image case is Alpamayo's 4 cameras x 4 frames at reduced resolution
@@ -233,15 +234,21 @@ def test_an_image_encodes_the_same_alone_or_among_others(vlm, record_figure):
     assert worst <= 1e-5
 
 
-def test_alpamayo_layout_gives_identical_logits(checkpoint, vlm, tmp_path):
-    source, _ = checkpoint
-    path = tmp_path / "alpamayo"
+def alpamayo_layout(source, path, **top_level):
+    """A copy of HF checkpoint `source` at `path` in the Alpamayo layout: config.json nests the VLM config under
+    `vlm_config` beside the `top_level` keys, weights are prefixed `vlm.` beside an action-expert tensor."""
     shutil.copytree(source, path)
     cfg = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({"model_type": "alpamayo_vla", "vlm_config": cfg}))
+    alpamayo_cfg = {"model_type": "alpamayo_vla", "vlm_config": cfg, **top_level}
+    (path / "config.json").write_text(json.dumps(alpamayo_cfg))
     tensors = load_file(path / "model.safetensors")
     tensors = {"vlm." + k: v for k, v in tensors.items()} | {"action_expert.proj.weight": torch.ones(2)}
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def test_alpamayo_layout_gives_identical_logits(checkpoint, vlm, tmp_path):
+    path = alpamayo_layout(checkpoint[0], tmp_path / "alpamayo")
     alpamayo = VisionLanguageModel.from_checkpoint(path)
     images = [synthetic_frame(64, 96)]
     ids = vlm.expand_image_pads([1, IMAGE_PAD, 2], vlm.encode_images(images))
@@ -250,6 +257,30 @@ def test_alpamayo_layout_gives_identical_logits(checkpoint, vlm, tmp_path):
         model.setup_cache(len(ids))
         logits.append(model.prefill(ids, model.encode_images(images)))
     assert torch.equal(*logits)
+
+
+@pytest.mark.parametrize("preprocessor_file", ["absent", "with-other-bounds"])
+def test_alpamayo_config_pixel_bounds_override_the_preprocessor_config(
+    checkpoint, tmp_path, preprocessor_file
+):
+    """Alpamayo's config.json `min_pixels` / `max_pixels` (the keyword overrides it gives its image processor)
+    win over preprocessor_config.json and over Qwen3-VL's defaults: a 1080x1920 frame becomes 180 tokens."""
+    path = alpamayo_layout(checkpoint[0], tmp_path / "alpamayo", **ALPAMAYO_PIXELS)
+    if preprocessor_file == "absent":
+        (path / "preprocessor_config.json").unlink()
+    model = VisionLanguageModel.from_checkpoint(path)
+    assert (model.preprocess.min_pixels, model.preprocess.max_pixels) == tuple(ALPAMAYO_PIXELS.values())
+    frame = synthetic_frame(1080, 1920)
+    (features,) = model.encode_images([frame])
+    expected = hf_image_processor(**ALPAMAYO_PIXELS)(images=[frame], return_tensors="pt")["image_grid_thw"]
+    assert features.grid_thw == tuple(expected[0].tolist()) == (1, 20, 36)
+    assert features.embeds.shape[0] == 180
+
+
+def test_alpamayo_config_pixel_bounds_that_cross_are_rejected(checkpoint, tmp_path):
+    path = alpamayo_layout(checkpoint[0], tmp_path / "alpamayo", min_pixels=196608, max_pixels=163840)
+    with pytest.raises(ConfigError, match=r"config.json: min_pixels 196608 must be <= max_pixels 163840"):
+        VisionLanguageModel.from_checkpoint(path)
 
 
 def test_pad_count_that_does_not_match_the_grids_is_rejected(vlm):

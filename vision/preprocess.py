@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -94,13 +94,31 @@ class PreprocessConfig:
             do_rescale=f.bool("do_rescale", True),
             do_normalize=f.bool("do_normalize", True),
         )
-        if cfg.min_pixels > cfg.max_pixels:
-            raise ConfigError(f"{source}: min_pixels {cfg.min_pixels} must be <= max_pixels {cfg.max_pixels}")
         if cfg.resample not in PIL_FILTERS:
             raise ConfigError(
                 f"{source}: 'resample' = {cfg.resample} is not a PIL filter id; allowed: {PIL_FILTERS}"
             )
-        return cfg
+        return cfg._checked_bounds(source)
+
+    def with_pixel_bounds(self, raw: dict, source: str) -> PreprocessConfig:
+        """These settings with `min_pixels` / `max_pixels` replaced where the JSON object `raw` sets them.
+
+        An Alpamayo `config.json` carries both at top level (`ReasoningVLAConfig`) and Alpamayo passes them to
+        its image processor as keyword overrides, so they win over `preprocessor_config.json` and over
+        Qwen3-VL's defaults: without them a 1080x1920 frame becomes 1088x1920 (2040 tokens), not 320x576 (180).
+        """
+        f = Fields(raw, "", source)
+        bounds = dict(
+            min_pixels=f.int("min_pixels", self.min_pixels), max_pixels=f.int("max_pixels", self.max_pixels)
+        )
+        return replace(self, **bounds)._checked_bounds(source)
+
+    def _checked_bounds(self, source: str) -> PreprocessConfig:
+        if self.min_pixels > self.max_pixels:
+            raise ConfigError(
+                f"{source}: min_pixels {self.min_pixels} must be <= max_pixels {self.max_pixels}"
+            )
+        return self
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
