@@ -28,7 +28,7 @@ from alpamayo.tokenizer import load_tokenizer
 from alpamayo.trajectory_generation import generate_plans
 from alpamayo.vlm import ImageFeatures, VisionLanguageModel
 from planner.pipeline import Planner
-from vision.preprocess import preprocess_images
+from vision.preprocess import check_image_size, preprocess_images
 
 GREEDY = Sampling()
 # Cache positions are allocated in steps of this many, so a prompt that grows by a few tokens between ticks
@@ -77,8 +77,10 @@ def check_frames(
             if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
                 got = f"{type(img).__name__} {getattr(img, 'dtype', '')} {list(getattr(img, 'shape', []))}"
                 raise ValueError(f"camera {cam} frame {i}: expected an HxWx3 uint8 RGB array, got {got}")
-            if img.shape[0] == 0 or img.shape[1] == 0:
-                raise ValueError(f"camera {cam} frame {i}: empty image {list(img.shape)}")
+            try:
+                check_image_size(*img.shape[:2])
+            except ValueError as e:  # checked before any frame is encoded, naming the camera and frame
+                raise ValueError(f"camera {cam} frame {i}: {e}") from None
     if frame_times_ns is not None:
         if sorted(frame_times_ns) != cameras:
             raise ValueError(

@@ -149,6 +149,14 @@ def test_samples_share_one_prefill_and_are_reproducible(vla):
         ),
         (lambda f, t, e: f[0].__setitem__(1, f[0][1][..., :2]), r"camera 0 frame 1: expected an HxWx3 uint8"),
         (
+            lambda f, t, e: f[6].__setitem__(3, np.zeros((2, 500, 3), np.uint8)),
+            r"camera 6 frame 3: image 2x500 has aspect ratio 250\.0; at most 200 is supported",
+        ),
+        (
+            lambda f, t, e: f[1].__setitem__(2, np.zeros((0, 576, 3), np.uint8)),
+            r"camera 1 frame 2: image size must be at least 1x1 pixels, got 0x576",
+        ),
+        (
             lambda f, t, e: t.__setitem__(6, [4, 3, 2, 1]),
             "camera 6: frame_times_ns must be 4 strictly increasing",
         ),
@@ -161,8 +169,10 @@ def test_bad_inputs_are_rejected_with_precise_errors(vla, mutate, message):
     frames, times = frames_at(40)
     ego = straight_history()
     mutate(frames, times, ego)
+    before = vla.frames_encoded
     with pytest.raises(ValueError, match=message):
         vla.predict(frames, ego, frame_times_ns=times)
+    assert vla.frames_encoded == before  # refused before any frame was encoded
 
 
 def test_greedy_cannot_draw_several_samples(vla):

@@ -121,13 +121,9 @@ class PreprocessConfig:
         return self
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """(height, width) -> the size transformers resizes to: multiples of `factor`, area in [min, max] pixels.
-
-    Sides round to the nearest multiple with Python's round (half to even: 48 -> 64, 80 -> 64); an area above
-    `max_pixels` scales both sides down (floor), one below `min_pixels` scales them up (ceil), keeping the
-    aspect ratio as closely as the factor allows.
-    """
+def check_image_size(height: int, width: int) -> None:
+    """Raise ValueError unless a height x width image can be preprocessed: at least 1x1 pixels, aspect ratio
+    (long side / short side) at most `MAX_ASPECT_RATIO`, as transformers requires."""
     if min(height, width) < 1:
         raise ValueError(f"image size must be at least 1x1 pixels, got {height}x{width}")
     ratio = max(height, width) / min(height, width)
@@ -135,6 +131,16 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         raise ValueError(
             f"image {height}x{width} has aspect ratio {ratio:.1f}; at most {MAX_ASPECT_RATIO} is supported"
         )
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(height, width) -> the size transformers resizes to: multiples of `factor`, area in [min, max] pixels.
+
+    Sides round to the nearest multiple with Python's round (half to even: 48 -> 64, 80 -> 64); an area above
+    `max_pixels` scales both sides down (floor), one below `min_pixels` scales them up (ceil), keeping the
+    aspect ratio as closely as the factor allows.
+    """
+    check_image_size(height, width)
     h = round(height / factor) * factor
     w = round(width / factor) * factor
     if h * w > max_pixels:
