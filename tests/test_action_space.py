@@ -11,7 +11,7 @@ from hypothesis.extra.numpy import arrays
 from alpamayo.prediction import EgoHistory
 from planner.action_space import UnicycleActionSpace
 from planner.ego_frame import LocalHistory, quat_to_matrix, to_t0_frame
-from planner.tokenizers import FutureTokenizer
+from planner.tokenizers import FutureTokenizer, HistoryTokenizer
 
 SPACE = UnicycleActionSpace()
 T = 0.1 * np.arange(1, 65)  # waypoint times, s
@@ -126,6 +126,29 @@ def test_non_finite_values_are_rejected(value):
         SPACE.actions_from_trajectory(xyz, heading, 5.0)
     with pytest.raises(ValueError, match=r"actions must have shape \[\.\.\., 64, 2\], got \[63, 2\]"):
         SPACE.rollout(np.zeros((63, 2)), 5.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    arrays(np.float64, (64, 3), elements=st.floats(-50.0, 50.0)),
+    st.integers(0, 63),
+    st.integers(0, 1),
+    st.sampled_from([np.nan, np.inf, -np.inf]),
+)
+def test_any_non_finite_input_is_rejected_by_index(values, row, col, bad):
+    """One NaN or inf anywhere in the actions or a trajectory is refused by every entry point, naming its
+    index, instead of propagating into waypoints or tokens."""
+    values[row, col] = bad
+    at = rf"\[{row}, {col}\] = {bad}"
+    with pytest.raises(ValueError, match=r"actions" + at):
+        SPACE.rollout(values[:, :2], 5.0)
+    with pytest.raises(ValueError, match=r"actions" + at):
+        FutureTokenizer().encode(values[:, :2])
+    with pytest.raises(ValueError, match=r"future xyz" + at):
+        SPACE.actions_from_trajectory(values, np.zeros(64), 5.0)
+    history = values[row - row % 16 :][:16]  # the 16 rows holding the bad value, at row % 16
+    with pytest.raises(ValueError, match=rf"history xyz\[{row % 16}, {col}\] = {bad}"):
+        HistoryTokenizer().encode(history)
 
 
 def test_batched_rollout_equals_one_by_one():
