@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
+from alpamayo.tokenizer import qwen3vl_chat_template
 from planner.settings import PlannerSettings
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CORPUS = ASSETS / "demo_corpus.txt"
-CHAT_TEMPLATE = ASSETS / "qwen3vl_chat_template.jinja"
 
 BPE_VOCAB_SIZE = 512  # the corpus supports ~580 merges at min_frequency 2; 512 keeps the layout fixed
 # Qwen2/3 added tokens in id order (151643..151668); (token, special). The tool/think tags are not special.
@@ -157,7 +157,7 @@ def build_tokenizer() -> Any:
     )
     tok.add_tokens([f"<i{i}>" for i in range(PlannerSettings().traj_vocab_size)])
     tok.add_tokens([f"<|{m}|>" for m in ALPAMAYO_MARKERS], special_tokens=True)
-    tok.chat_template = CHAT_TEMPLATE.read_text()
+    tok.chat_template = qwen3vl_chat_template()
     return tok
 
 

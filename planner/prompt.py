@@ -22,7 +22,7 @@ import numpy as np
 
 from alpamayo.config import ModelConfig
 from alpamayo.json_fields import Fields
-from alpamayo.tokenizer import chat_prompt_ids
+from alpamayo.tokenizer import chat_prompt_ids, qwen3vl_chat_template
 from planner.checks import require_bins
 from planner.tokenizers import TrajectoryVocab, marker
 
@@ -129,14 +129,23 @@ def build_prompt(
     route: str | None = None,
     settings: PromptSettings = PromptSettings(),
 ) -> DrivingPrompt:
-    """Render the driving prompt with the checkpoint's chat template and substitute the history bins [48 | 45]."""
+    """Render the driving prompt with the checkpoint's chat template (Qwen3-VL's where the tokenizer has none)
+    and substitute the history bins [48 | 45]."""
     history_bins = np.asarray(history_bins)
     history_bins = require_bins("history_bins", history_bins, len(history_bins), len(vocab.history_ids))
     if route is not None:
         _check_route(tokenizer, route)
     messages = driving_messages(cameras, frames_per_camera, len(history_bins), route, settings)
+    # Alpamayo takes its processor, chat template included, from Qwen3-VL's hub files, so its checkpoint's
+    # tokenizer may have no template; Qwen3-VL's then renders the prompt.
     ids = np.array(
-        chat_prompt_ids(tokenizer, messages, add_generation_prompt=False, continue_final_message=True)
+        chat_prompt_ids(
+            tokenizer,
+            messages,
+            add_generation_prompt=False,
+            continue_final_message=True,
+            fallback_template=qwen3vl_chat_template(),
+        )
     )
     slots = np.flatnonzero(ids == vocab.marker("traj_history"))
     if len(slots) != len(history_bins):

@@ -75,6 +75,16 @@ def test_alpamayo_1_format_has_no_labels_and_45_history_tokens(tokenizer, vocab)
     assert prompt.token_ids == expected_ids(tokenizer, vocab, IMAGE * 3, bins)
 
 
+def test_a_tokenizer_without_a_chat_template_renders_with_qwen3vl_s(demo_checkpoint, vocab):
+    """Alpamayo checkpoints take their chat template from Qwen3-VL's hub processor, so theirs may have none."""
+    bare = load_tokenizer(demo_checkpoint)
+    bare.chat_template = None
+    bins = np.arange(48)
+    prompt = build_prompt(bare, vocab, [1], 1, bins, route="Turn right")
+    route = "<|route_start|>Turn right<|route_end|>"
+    assert prompt.token_ids == expected_ids(bare, vocab, f"Front camera: frame 0 {IMAGE}", bins, route)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
