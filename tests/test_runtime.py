@@ -175,6 +175,22 @@ def test_bad_inputs_are_rejected_with_precise_errors(vla, mutate, message):
     assert vla.frames_encoded == before  # refused before any frame was encoded
 
 
+@pytest.mark.cuda
+def test_cuda_prediction_equals_the_cpu_one(vla, demo_checkpoint):
+    """`device="cuda"` (float32): the same greedy tokens as on the CPU, and K samples sharing one prefill on the
+    device reproduce for a seed."""
+    frames, times = frames_at(50)
+    expected = vla.predict(frames, straight_history(), frame_times_ns=times)
+    cuda = AlpamayoVLA.from_checkpoint(demo_checkpoint, device="cuda", max_reasoning_tokens=6)
+    pred = cuda.predict(frames, straight_history(), frame_times_ns=times)
+    assert pred.best.reasoning_token_ids == expected.best.reasoning_token_ids
+    assert pred.best.token_ids == expected.best.token_ids
+    assert np.allclose(pred.best.xyz, expected.best.xyz)
+    sampling = Sampling(temperature=0.8, top_p=0.95)
+    a, b = (cuda.predict(frames, straight_history(), None, 3, 7, times, sampling) for _ in range(2))
+    assert [s.token_ids for s in a.samples] == [s.token_ids for s in b.samples]
+
+
 def test_greedy_cannot_draw_several_samples(vla):
     frames, times = frames_at(40)
     with pytest.raises(ValueError, match="would repeat one sample"):
