@@ -226,7 +226,9 @@ def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
     assert out["t_s"][0] == 0.1 and out["t_s"][-1] == 6.4
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "sample 0: reasoning" in text and text.count("\n") > 64
+    reasoning = len(sample["reasoning_token_ids"])
+    assert 1 <= reasoning <= 4
+    assert f"sample 0: reasoning ({reasoning} tokens" in text and text.count("\n") > 64
     (tmp_path / "frames" / "6" / f"{times[6][0]:012d}.png").write_bytes(b"not an image")
     assert main(args) == 2
     assert "cannot decode image" in capsys.readouterr().err

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
                     "samples": [
                         {
                             "reasoning": s.reasoning,
+                            "reasoning_token_ids": s.reasoning_token_ids,
                             "reasoning_capped": s.reasoning_capped,
                             "trajectory_token_ids": s.token_ids,
                             "actions": s.actions.tolist(),
@@ -64,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     for k, s in enumerate(pred.samples):
-        capped = " (length cap reached)" if s.reasoning_capped else ""
-        print(f"sample {k}: reasoning{capped}: {s.reasoning!r}")
+        # The token count beside the text: special tokens are not printed, so the random demo checkpoint's
+        # reasoning (vision pads until the cap) reads as '' although it ran to the cap.
+        capped = ", length cap reached" if s.reasoning_capped else ""
+        print(f"sample {k}: reasoning ({len(s.reasoning_token_ids)} tokens{capped}): {s.reasoning!r}")
         print(f"  {'t [s]':>6} {'x [m]':>8} {'y [m]':>8} {'z [m]':>7} {'heading [rad]':>14}")
         for t, (x, y, z), h in zip(pred.t_s, s.xyz, s.heading, strict=True):
             print(f"  {t:6.1f} {x:8.2f} {y:8.2f} {z:7.2f} {h:14.3f}")
