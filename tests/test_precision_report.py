@@ -105,3 +105,22 @@ def test_bad_arguments_are_named(demo_checkpoint, capsys, extra, message):
 
     assert main(["precision", "--checkpoint", str(demo_checkpoint), *extra]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "a-directory"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_any_model_runs(
+    demo_checkpoint, tmp_path, monkeypatch, capsys, where
+):
+    from alpamayo.tt import precision_planner
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the reference model ran before --json was checked")
+
+    monkeypatch.setattr(precision_planner, "reference", no_model)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    target = blocker / "report.json" if where == "under-a-file" else tmp_path
+    assert main(["precision", "--checkpoint", str(demo_checkpoint), "--json", str(target)]) == 2
+    err = capsys.readouterr().err
+    expected = "cannot create its directory" if where == "under-a-file" else "is a directory"
+    assert f"alpamayo precision: error: --json '{target}'" in err and expected in err
