@@ -2,7 +2,8 @@
 
 The rounded weights themselves are checked bit-exact against ttnn's packer in tests/test_tt_quantized.py; here
 the report: its figures, their order across recipes (all-bf16 weights drift less than bfp8, bfp8 less than
-bfp4), the drive comparison, the DRAM plan it quotes, that it runs without ttnn, and the errors for bad arguments.
+bfp4), the drive comparison, the DRAM plan it quotes, that it runs without ttnn, and the errors for bad
+arguments.
 """
 
 from __future__ import annotations

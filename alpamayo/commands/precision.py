@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def json_destination(spec: str | None) -> Path | None:
-    """The `--json` file, its directory created; checked before the models run, so a bad path loses nothing."""
+    """The `--json` file, its directory created: checked before the models run, so a bad path loses
+    nothing."""
     if spec is None:
         return None
     path = Path(spec)
