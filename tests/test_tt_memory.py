@@ -131,3 +131,10 @@ def test_plan_cli_takes_the_moe_block_config_and_refuses_a_mesh_it_cannot_run(tm
     err = capsys.readouterr().err
     refusal = "MoE mesh_shape [1, 2] (2 devices): the ttnn MoE block runs on one chip, mesh_shape [1, 1]"
     assert f"alpamayo plan: error: qwen3-vl-30b-a3b: {refusal}" in err
+
+
+def test_plan_cli_refuses_an_moe_block_config_for_a_dense_model(capsys):
+    shipped = str(CONFIG_DIR / "qwen3-vl-30b-a3b.moe.yaml")
+    assert main(["plan", "--checkpoint", "qwen3-vl-32b", "--moe-config", shipped]) == 2
+    err = capsys.readouterr().err
+    assert f"alpamayo plan: error: MoE block config '{shipped}' given for a model without MoE layers" in err

@@ -9,7 +9,7 @@ from pathlib import Path
 from alpamayo.commands.common import MOE_CONFIG_HELP, RECIPE_HELP
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.configs import NAMES, builtin_config
-from alpamayo.moe.config import block_config_for
+from alpamayo.moe.config import model_block_config
 from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.program_config import plan_text
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args.checkpoint)
     precision = load_precision(args.recipe)
     # the block config a ttnn run would take, so its one-chip refusals (mesh, shared experts, bias) show here
-    block = block_config_for(cfg.text, args.moe_config) if cfg.text.moe is not None else None
+    block = model_block_config(cfg.text, args.moe_config)
     grid = plan_text(cfg, precision, moe=block)
     print("\n".join(plan_memory(cfg, precision, args.max_seq_len).describe()))
     print("\n".join(grid.describe()))
