@@ -43,6 +43,16 @@ class BackendOptions:
         return parse_dtype(self.dtype)
 
 
+def check_num_samples(backend: str, num_samples: int) -> None:
+    """ValueError for K > 1 trajectory samples on ttnn, which decodes one sequence per prediction. Callers
+    check before loading: the device refuses a K-sequence cache only after the weights are uploaded."""
+    if backend == "ttnn" and num_samples > 1:
+        raise ValueError(
+            f"--samples {num_samples} with --backend ttnn: the ttnn backend decodes one sequence per "
+            "prediction; allowed: 1"
+        )
+
+
 def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOptions) -> Any:
     """The text backbone of `options.backend`, weights from `source` (validated against `cfg`)."""
     if options.backend == "ttnn":

@@ -2,12 +2,14 @@
 
 The rounded weights themselves are checked bit-exact against ttnn's packer in tests/test_tt_quantized.py; here
 the report: its figures, their order across recipes (all-bf16 weights drift less than bfp8, bfp8 less than
-bfp4), the drive comparison, the DRAM plan it quotes, and the errors for bad arguments.
+bfp4), the drive comparison, the DRAM plan it quotes, that it runs without ttnn, and the errors for bad
+arguments.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -73,7 +75,10 @@ def test_presets_on_the_demo_checkpoint_and_drive(demo_checkpoint, drive, tmp_pa
     assert recipes["performance"]["recipe"]["dtypes"]["mlp_gate_up"] == "bfp4"
 
 
-def test_a_yaml_recipe_with_bf16_weights_barely_moves_the_model(demo_checkpoint, bf16_recipe, capsys):
+def test_a_yaml_recipe_with_bf16_weights_barely_moves_the_model(
+    demo_checkpoint, bf16_recipe, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "ttnn", None)  # the planner needs no ttnn: `import ttnn` now fails
     args = [
         "precision",
         "--checkpoint",
@@ -105,3 +110,22 @@ def test_bad_arguments_are_named(demo_checkpoint, capsys, extra, message):
 
     assert main(["precision", "--checkpoint", str(demo_checkpoint), *extra]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "a-directory"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_any_model_runs(
+    demo_checkpoint, tmp_path, monkeypatch, capsys, where
+):
+    from alpamayo.tt import precision_planner
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the reference model ran before --json was checked")
+
+    monkeypatch.setattr(precision_planner, "reference", no_model)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    target = blocker / "report.json" if where == "under-a-file" else tmp_path
+    assert main(["precision", "--checkpoint", str(demo_checkpoint), "--json", str(target)]) == 2
+    err = capsys.readouterr().err
+    expected = "cannot create its directory" if where == "under-a-file" else "is a directory"
+    assert f"alpamayo precision: error: --json '{target}'" in err and expected in err

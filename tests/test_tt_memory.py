@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alpamayo.cli import main
-from alpamayo.configs import builtin_config
+from alpamayo.configs import CONFIG_DIR, builtin_config
 from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory, spec_bytes
 from alpamayo.tt.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS, TILE_BYTES, Precision
 from alpamayo.tt.weights import text_weight_specs
@@ -118,3 +118,23 @@ def test_plan_cli_names_an_unknown_checkpoint(capsys):
     assert (
         "--checkpoint 'qwen3-vl-1b': no such directory and not a built-in config" in capsys.readouterr().err
     )
+
+
+def test_plan_cli_takes_the_moe_block_config_and_refuses_a_mesh_it_cannot_run(tmp_path, capsys):
+    shipped = (CONFIG_DIR / "qwen3-vl-30b-a3b.moe.yaml").read_text()
+    two_chips = tmp_path / "two-chips.moe.yaml"
+    two_chips.write_text(
+        shipped.replace("num_slots: 1", "num_slots: 2").replace("mesh_shape: [1, 1]", "mesh_shape: [1, 2]")
+    )
+    argv = ["plan", "--checkpoint", "qwen3-vl-30b-a3b", "--moe-config", str(two_chips)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    refusal = "MoE mesh_shape [1, 2] (2 devices): the ttnn MoE block runs on one chip, mesh_shape [1, 1]"
+    assert f"alpamayo plan: error: qwen3-vl-30b-a3b: {refusal}" in err
+
+
+def test_plan_cli_refuses_an_moe_block_config_for_a_dense_model(capsys):
+    shipped = str(CONFIG_DIR / "qwen3-vl-30b-a3b.moe.yaml")
+    assert main(["plan", "--checkpoint", "qwen3-vl-32b", "--moe-config", shipped]) == 2
+    err = capsys.readouterr().err
+    assert f"alpamayo plan: error: MoE block config '{shipped}' given for a model without MoE layers" in err

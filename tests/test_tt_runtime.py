@@ -91,3 +91,18 @@ def test_a_mock_descriptor_is_refused_when_a_card_is_present(ttnn_host, monkeypa
     monkeypatch.setenv(runtime.MOCK_ENV, str(runtime.MOCK_DESCRIPTOR))
     monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
     assert "makes ttnn open a mock device; unset it to use the card" in runtime.device_unavailable_reason()
+
+
+@pytest.mark.parametrize("command", ["predict", "replay"])
+def test_several_samples_with_backend_ttnn_are_refused_before_anything_is_read(command, tmp_path, capsys):
+    """The ttnn backend decodes one sequence per prediction. Refused first, so the frames, ego poses and
+    drive named here (which do not exist) are never opened and no model is loaded (serve: model.num_samples
+    in its config, tests/test_bridge_config.py)."""
+    missing = str(tmp_path / "missing")
+    inputs = ["--frames", missing, "--ego", missing] if command == "predict" else [missing, "--out", missing]
+    sampling = ["--samples", "2", "--temperature", "0.6"]
+    argv = [command, *inputs, "--checkpoint", missing, "--backend", "ttnn", *sampling]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"alpamayo {command}: error: --samples 2 with --backend ttnn: the ttnn backend decodes one" in err
+    assert "allowed: 1" in err and "Traceback" not in err

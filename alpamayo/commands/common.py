@@ -14,6 +14,10 @@ from alpamayo.devices import DTYPES
 from bridges.sockets import CurveClientKeys
 
 RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
+MOE_CONFIG_HELP = (
+    "ttnn backend, MoE checkpoints: the MoE block config YAML (default: the shipped one for the "
+    "model's shape, see alpamayo.moe.config)"
+)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +38,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
     )
-    parser.add_argument(
-        "--moe-config",
-        default=None,
-        help="ttnn backend, MoE checkpoints: the MoE block config YAML (default: the shipped one for the "
-        "model's shape, see alpamayo.moe.config)",
-    )
+    parser.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
 
 
 def backend_options(args: argparse.Namespace) -> BackendOptions:

@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from alpamayo.commands.common import RECIPE_HELP
+from alpamayo.commands.common import MOE_CONFIG_HELP, RECIPE_HELP
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.configs import NAMES, builtin_config
+from alpamayo.moe.config import model_block_config
 from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.program_config import plan_text
@@ -23,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--recipe", default="performance", help=RECIPE_HELP)
     p.add_argument("--max-seq-len", type=int, default=8192, help="KV cache positions (prompt + generated)")
+    p.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
     p.set_defaults(handler=run)
 
 
@@ -40,7 +42,9 @@ def resolve_config(spec: str) -> ModelConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args.checkpoint)
     precision = load_precision(args.recipe)
-    grid = plan_text(cfg, precision)
+    # the block config a ttnn run would take, so its one-chip refusals (mesh, shared experts, bias) show here
+    block = model_block_config(cfg.text, args.moe_config)
+    grid = plan_text(cfg, precision, moe=block)
     print("\n".join(plan_memory(cfg, precision, args.max_seq_len).describe()))
     print("\n".join(grid.describe()))
     try:

@@ -52,7 +52,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def json_destination(spec: str | None) -> Path | None:
+    """The `--json` file, its directory created: checked before the models run, so a bad path loses
+    nothing."""
+    if spec is None:
+        return None
+    path = Path(spec)
+    if path.is_dir():
+        raise ValueError(f"--json {spec!r} is a directory; give a file name for the JSON report")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--json {spec!r}: cannot create its directory {str(path.parent)!r} ({e})") from e
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
+    json_path = json_destination(args.json)
     settings = Settings(
         prompt_tokens=args.prompt_tokens,
         tokens=args.tokens,
@@ -68,6 +84,6 @@ def run(args: argparse.Namespace) -> int:
         warn=lambda message: print(f"alpamayo precision: warning: {message}", file=sys.stderr),
     )
     print(report.table())
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     return 0

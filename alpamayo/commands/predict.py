@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from alpamayo.backends import check_num_samples
 from alpamayo.commands.common import add_model_args, add_sampling_args
 from alpamayo.generation import Sampling
 from alpamayo.inputs import read_ego_csv, read_frames
@@ -23,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_num_samples(args.backend, args.samples)
     frames, times = read_frames(args.frames)
     ego = read_ego_csv(args.ego)
     vla = AlpamayoVLA.from_checkpoint(

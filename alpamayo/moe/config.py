@@ -301,6 +301,22 @@ def block_config_for(text: TextConfig, path: str | Path | None = None) -> MoEBlo
     return block
 
 
+def model_block_config(
+    text: TextConfig, moe: str | Path | MoEBlockConfig | None = None
+) -> MoEBlockConfig | None:
+    """The MoE block config a model runs with: `moe` (a config, or its YAML file) or `block_config_for`'s
+    default; None for a model without MoE layers, for which a given `moe` is refused rather than ignored."""
+    if text.moe is None:
+        if moe is not None:
+            given = "an MoEBlockConfig" if isinstance(moe, MoEBlockConfig) else repr(str(moe))
+            raise ConfigError(
+                f"MoE block config {given} given for a model without MoE layers (its text config names no "
+                "experts); a block config applies to MoE checkpoints only"
+            )
+        return None
+    return moe if isinstance(moe, MoEBlockConfig) else block_config_for(text, moe)
+
+
 _DIMS = ("hidden_size", "intermediate_size", "num_routed_experts", "select_experts_k")
 
 

@@ -46,7 +46,7 @@ import torch
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.errors import BackendUnavailable
-from alpamayo.moe.config import MoEBlockConfig, block_config_for
+from alpamayo.moe.config import MoEBlockConfig, model_block_config
 from alpamayo.moe.weights import ExpertView
 from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_prefill, check_token_ids, prompt_hidden, rope_delta
@@ -160,16 +160,14 @@ class TTTextModel(DeviceIO):
         """Plan, check the DRAM budget, open the device (unless given) and upload every weight.
 
         `cache_dir` keeps the packed weights as `.tensorbin` files (see `alpamayo.tt.weight_cache`). `moe`: the
-        MoE block config (or its YAML file) of a model with sparse layers; default `block_config_for`.
+        MoE block config (or its YAML file) of a model with sparse layers; see `model_block_config`.
         Everything that can be refused (no ttnn or no device, unsupported config, recipe, MoE block, plan,
         DRAM) is refused before the device is opened.
         """
         if device is None and (reason := device_unavailable_reason()) is not None:
             raise BackendUnavailable(reason)
         ckpt, cfg = open_checkpoint(source, cfg)
-        block = None
-        if cfg.text.moe is not None:
-            block = moe if isinstance(moe, MoEBlockConfig) else block_config_for(cfg.text, moe)
+        block = model_block_config(cfg.text, moe)
         ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
         precision = load_precision(precision)
         plan = plan_text(cfg, precision, moe=block)
