@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -74,3 +75,19 @@ def test_console_script_reports_a_bad_checkpoint_clearly(tmp_path):
     assert proc.returncode == 2
     assert f"alpamayo generate: error: {tmp_path / 'config.json'}: no config.json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+BAD_DEVICES = {
+    "tpu": r"supported devices are cpu and cuda\[:N\]",  # not a torch device type
+    "cuda:x": r"supported devices are cpu and cuda\[:N\]",  # malformed index
+    "meta": r"supported devices are cpu and cuda\[:N\]",  # a torch device type we do not run on
+    "cuda:99": r"(CUDA is not available on this machine|CUDA device index must be in \[0, \d+\))",
+}
+
+
+@pytest.mark.parametrize("device", sorted(BAD_DEVICES))
+def test_bad_device_is_refused_by_name(checkpoint, capsys, device):
+    path, _ = checkpoint
+    assert main(["generate", "--checkpoint", str(path), "--prompt", PROMPT, "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert re.match(rf"alpamayo generate: error: device {device}: {BAD_DEVICES[device]}", err), err
