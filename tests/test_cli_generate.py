@@ -64,6 +64,19 @@ def test_generate_bfloat16_matches_transformers_in_bfloat16(checkpoint, capsys):
     assert capsys.readouterr().out == out["text"] + "\n"
 
 
+def test_max_new_tokens_past_the_position_range_is_refused(checkpoint, capsys):
+    path, hf = checkpoint
+    limit = hf.config.text_config.max_position_embeddings
+    argv = ["generate", "--checkpoint", str(path), "--prompt", PROMPT, "--json", "--max-new-tokens"]
+    assert main([*argv, "1"]) == 0
+    prompt_len = len(json.loads(capsys.readouterr().out)["prompt_token_ids"])
+    assert main([*argv, str(limit - prompt_len + 1)]) == 2
+    assert capsys.readouterr().err == (
+        f"alpamayo generate: error: --max-new-tokens {limit - prompt_len + 1}: the {prompt_len}-token prompt "
+        f"leaves room for at most {limit - prompt_len} new tokens (max_position_embeddings = {limit})\n"
+    )
+
+
 def test_console_script_reports_a_bad_checkpoint_clearly(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "alpamayo.cli", "generate", "--checkpoint", str(tmp_path), "--prompt", "hi"],
