@@ -3,10 +3,13 @@ hardware-shaped block's features (placement, shared experts, biases) against a p
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from alpamayo.checkpoint import Checkpoint
 from alpamayo.configs import builtin_config
 from alpamayo.errors import CheckpointError, ConfigError
 from alpamayo.moe import MoEBlock, MoEBlockConfig, TopKRouter
@@ -283,11 +286,18 @@ def test_block_rejects_weights_that_do_not_fit_its_config():
 
 
 def test_checkpoint_mixing_the_two_expert_layouts_is_refused(tmp_path):
+    """Refused while validating, before any tensor is read (ttnn: before the device is opened), naming the
+    tensors and their file."""
     save_checkpoint(tmp_path, text_config(), moe=True)
     assert rewrite_hub_layout(tmp_path, ("layers.1.mlp.experts.gate_up_proj",)) == 1
+    ckpt = Checkpoint(tmp_path)
     with pytest.raises(
         CheckpointError,
-        match=r"expert tensors of 'language_model.layers.1.mlp.experts' disagree on the layout: gate_up_proj "
-        r"\[8, 64, 48\] is hub layout but down_proj \[8, 64, 24\] is v5 layout",
+        match=rf"^{re.escape(str(tmp_path))}: expert tensors of 'language_model.layers.1.mlp.experts' disagree "
+        r"on the layout: gate_up_proj \[8, 64, 48\] is hub layout but down_proj \[8, 64, 24\] is v5 layout "
+        r"\(E=8, hidden=64, moe_intermediate=24\); on disk: 'model.language_model.layers.1.mlp.experts."
+        r"gate_up_proj' in model.safetensors, 'model.language_model.layers.1.mlp.experts.down_proj' in "
+        r"model.safetensors$",
     ):
-        TextModel.from_checkpoint(tmp_path)
+        TextModel.from_checkpoint(ckpt)
+    assert ckpt._handles == {}  # no tensor was read

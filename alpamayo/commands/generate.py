@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from alpamayo.commands.common import add_model_args, backend_options, text_model
-from alpamayo.config import load_config
+from alpamayo.config import ModelConfig, load_config
 from alpamayo.generation import greedy_continue
 from alpamayo.tokenizer import chat_prompt_ids, load_tokenizer
 from alpamayo.vlm import VisionLanguageModel
@@ -45,6 +45,18 @@ def load_images(paths: list[str]) -> list[Image.Image]:
     return images
 
 
+def cache_length(cfg: ModelConfig, prompt_len: int, max_new_tokens: int) -> int:
+    """KV-cache positions for the prompt and every new token, refused past the model's position range (a
+    too-large --max-new-tokens otherwise failed allocating the cache, with torch's traceback)."""
+    limit = cfg.text.max_position_embeddings
+    if prompt_len + max_new_tokens > limit:
+        raise ValueError(
+            f"--max-new-tokens {max_new_tokens}: the {prompt_len}-token prompt leaves room for at most "
+            f"{limit - prompt_len} new tokens (max_position_embeddings = {limit})"
+        )
+    return prompt_len + max_new_tokens
+
+
 def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -58,12 +70,12 @@ def run(args: argparse.Namespace) -> int:
             prompt = model.expand_image_pads(
                 chat_prompt_ids(tokenizer, [{"role": "user", "content": content}]), features
             )
-            model.setup_cache(len(prompt) + args.max_new_tokens)
+            model.setup_cache(cache_length(cfg, len(prompt), args.max_new_tokens))
             logits = model.prefill(prompt, features)
             tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
     else:
         prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": args.prompt}])
-        with text_model(args, cfg, len(prompt) + args.max_new_tokens) as model:
+        with text_model(args, cfg, cache_length(cfg, len(prompt), args.max_new_tokens)) as model:
             logits = model.prefill(torch.tensor(prompt))
             tokens = greedy_continue(model, logits, args.max_new_tokens, cfg.eos_token_ids)
     text = tokenizer.decode(tokens, skip_special_tokens=True)

@@ -56,8 +56,9 @@ class Attention(nn.Module):
         keys, values = cache.read(self.layer, b, start + t)
         if t == 1:
             # One query per head: fold each kv group's query heads into the query-length dim, so plain SDPA
-            # runs per kv head. Same result as enable_gqa (bit-identical in bf16) and 6x faster on CPU: 146 vs
-            # 908 us per layer at 512 cached positions, 791 vs 5807 us at 3000 (2B shape, 2 cores).
+            # runs per kv head. 6x faster on CPU than enable_gqa: 146 vs 908 us per layer at 512 cached
+            # positions, 791 vs 5807 us at 3000 (2B shape, 2 cores). Equal to it up to rounding, not bitwise:
+            # max abs 6.1e-5 in bf16 (2 of 20 random draws differ) and 1.8e-7 in fp32, at 512 positions.
             out = F.scaled_dot_product_attention(q.view(b, self.n_kv, -1, d), keys, values, scale=self.scale)
             return self.o_proj(out.reshape(b, 1, self.n_heads * d))
         mask = None

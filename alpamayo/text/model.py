@@ -29,7 +29,7 @@ from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm
 from alpamayo.text.rope import MRope
-from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, TEXT_NAMESPACES, build_layer, text_tensor_shapes
+from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, build_layer, validate_text_tensors
 
 
 class TextModel(nn.Module):
@@ -65,7 +65,7 @@ class TextModel(nn.Module):
     ) -> TextModel:
         """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first."""
         ckpt, cfg = open_checkpoint(source, cfg)
-        ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
+        validate_text_tensors(ckpt, cfg)
         get = ckpt.getter(dtype, device)
         t = cfg.text
         embed = get(EMBED)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from alpamayo.checkpoint import Getter, Shape, expert_layouts
+from alpamayo.checkpoint import Checkpoint, Getter, Shape, expert_layout, expert_layouts
 from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.errors import CheckpointError
 from alpamayo.text.attention import Attention
 from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.mlp import SwiGLU
@@ -62,6 +63,36 @@ def text_tensor_shapes(cfg: ModelConfig) -> dict[str, list[Shape]]:
             shapes[p + "mlp.up_proj.weight"] = [(i_dim, h)]
             shapes[p + "mlp.down_proj.weight"] = [(h, i_dim)]
     return shapes
+
+
+def validate_text_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> None:
+    """Check the checkpoint's text tensors before any is read (and, on ttnn, before the device is opened).
+
+    Names and shapes as `text_tensor_shapes` says (`Checkpoint.validate`); then each sparse layer's two fused
+    expert tensors must be in the same on-disk layout (each alone may fit either). Every error names the
+    tensors and their files.
+    """
+    ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
+    t = cfg.text
+    for i in range(t.num_hidden_layers):
+        if t.moe is None or not t.moe.is_sparse(i):
+            continue
+        prefix = layer_prefix(i) + "mlp.experts"
+        gate_up, down = ckpt.entry(prefix + ".gate_up_proj"), ckpt.entry(prefix + ".down_proj")
+        try:
+            expert_layout(
+                prefix,
+                gate_up.shape,
+                down.shape,
+                t.moe.num_experts,
+                t.hidden_size,
+                t.moe.moe_intermediate_size,
+            )
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"{ckpt.directory}: {e}; on disk: '{gate_up.key}' in {gate_up.file.name}, '{down.key}' in "
+                f"{down.file.name}"
+            ) from None
 
 
 def build_mlp(cfg: TextConfig, i: int, get: Getter) -> nn.Module:

@@ -51,7 +51,7 @@ from alpamayo.moe.weights import ExpertView
 from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.rope import MRope
-from alpamayo.text.weights import EMBED, TEXT_NAMESPACES, text_tensor_shapes
+from alpamayo.text.weights import EMBED, validate_text_tensors
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
@@ -168,7 +168,7 @@ class TTTextModel(DeviceIO):
             raise BackendUnavailable(reason)
         ckpt, cfg = open_checkpoint(source, cfg)
         block = model_block_config(cfg.text, moe)
-        ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
+        validate_text_tensors(ckpt, cfg)
         precision = load_precision(precision)
         plan = plan_text(cfg, precision, moe=block)
         check_fits(cfg, precision, PREFILL_PAD)
