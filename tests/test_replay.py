@@ -15,6 +15,7 @@ from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
 from alpamayo.replay.report import REPORT_SCHEMA
+from tests.test_tracer import assert_tracks_nest
 
 # 1.7 s of the front camera: ticks at t0 = 1.5 and 1.6 s (the first needs 1.5 s of ego history). The random
 # demo weights never end their reasoning, so a short cap keeps each tick to ~140 decode steps.
@@ -81,11 +82,8 @@ def test_profile_writes_the_report_a_valid_trace_and_plots(tmp_path, demo_checkp
     assert stages["vision (encoded)"]["n"] == 2 and stages["vision (cached)"]["n"] == 6
     assert doc["decode"]["tokens_per_s_per_user"] > 0 and doc["decode"]["ttft_ms"]["n"] == 2
 
-    events = json.loads(trace.read_text())["traceEvents"]
-    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    spans = [e for e in events if e["ph"] == "X"]
-    assert spans and all(e["dur"] > 0 and tracks[e["tid"]] == e["name"] for e in spans)
-    assert len(set(tracks.values())) == len(tracks)
+    tracks = assert_tracks_nest(json.loads(trace.read_text()))
+    assert set(tracks.values()) == {row["stage"].split(" (")[0] for row in doc["stages"]}  # one per stage
 
     for name in ("latency_histograms.png", "tick_timeline.png", "birdseye.png"):
         with Image.open(plot_dir / name) as img:
