@@ -156,3 +156,15 @@ def test_backend_arguments_reach_the_replay_settings():
     settings = settings_from_args(args, Path("drive.mcap"), None)
     assert (settings.backend, settings.recipe) == ("ttnn", "accuracy")
     assert (str(settings.tt_cache), str(settings.moe_config)) == ("cache", "moe.yaml")
+
+
+def test_speed_without_realtime_is_refused_not_ignored():
+    def settings(*args: str):
+        parsed = build_parser().parse_args(["profile", "--synthetic", "--checkpoint", "ck", *args])
+        return settings_from_args(parsed, Path("d.mcap"), None)
+
+    assert settings().speed == settings("--lockstep").speed == 1.0
+    assert settings("--realtime", "--speed", "2").speed == 2.0
+    for mode in ([], ["--lockstep"]):
+        with pytest.raises(ValueError, match="--speed 2 applies to --realtime only"):
+            settings(*mode, "--speed", "2")
