@@ -161,8 +161,24 @@ class CameraFrame:
             self._rgb = self._decode()
         return self._rgb
 
+    @property
+    def where(self) -> str:
+        """How errors name this frame."""
+        return f"camera {self.camera} frame at {self.t_ns} ns"
+
+    def jpeg_size(self) -> tuple[int, int] | None:
+        """(width, height) of a JPEG `CompressedImage` read from its header alone (None for other images);
+        raises FrameError naming the frame when the header does not parse."""
+        if self.schema_name != "foxglove.CompressedImage" or self.image.get("format") != "jpeg":
+            return None
+        try:
+            with Image.open(io.BytesIO(self.image.get("data", b""))) as img:
+                return img.size
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise FrameError(f"{self.where}: jpeg header does not decode: {e}") from e
+
     def _decode(self) -> np.ndarray:
-        where = f"camera {self.camera} frame at {self.t_ns} ns"
+        where = self.where
         if self.schema_name == "foxglove.CompressedImage":
             try:
                 with Image.open(io.BytesIO(self.image.get("data", b""))) as img:

@@ -15,6 +15,7 @@ from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
 from alpamayo.replay.report import REPORT_SCHEMA
+from tests.test_recording import rewrite
 from tests.test_tracer import assert_tracks_nest
 
 # 1.7 s of the front camera: ticks at t0 = 1.5 and 1.6 s (the first needs 1.5 s of ego history). The random
@@ -148,6 +149,28 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
     for prediction in answered:
         assert round((prediction["t0_ns"] - START_NS) / 1e8) in (15, 16)
         assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128
+
+
+def test_realtime_replay_skips_a_frame_that_does_not_decode_with_a_warning(
+    tmp_path, demo_checkpoint, drive, capsys
+):
+    frames = {"n": 0}
+
+    def corrupt_the_frame_at_1_2_s(topic, message):
+        if topic.endswith("/compressed"):
+            frames["n"] += 1
+            if frames["n"] == 13:  # frames at 0.0, 0.1, ... s: the oldest frame of the tick at 1.5 s
+                message["data"] = message["data"][:50]
+        return message
+
+    broken = rewrite(drive, tmp_path / "broken.mcap", corrupt_the_frame_at_1_2_s)
+    report = tmp_path / "rt.json"
+    code = replay(broken, demo_checkpoint, tmp_path / "rt.mcap", "--json", str(report), "--realtime", *FAST)
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err
+    assert f"warning: skipped a frame: camera 1 frame at {START_NS + 1_200_000_000} ns: jpeg header" in err
+    ticks = json.loads(report.read_text())["ticks"]
+    assert (ticks["offered"], ticks["answered"], ticks["dropped"]) == (2, 1, 1)  # 1.5 s lacks the frame
 
 
 def test_backend_arguments_reach_the_replay_settings():
