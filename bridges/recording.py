@@ -193,7 +193,11 @@ class CameraFrame:
 def _raw_to_rgb(image: dict[str, Any], where: str) -> np.ndarray:
     encoding, width, height, step = (image.get(k) for k in ("encoding", "width", "height", "step"))
     data = image.get("data", b"")
-    if encoding not in RAW_ENCODINGS:
+    # JSON messages are not checked against their schema when read: a field may be absent or mistyped.
+    mistyped = {k: v for k, v in (("width", width), ("height", height), ("step", step)) if type(v) is not int}
+    if mistyped:
+        raise FrameError(f"{where}: raw image field(s) {mistyped} must be integers")
+    if not isinstance(encoding, str) or encoding not in RAW_ENCODINGS:
         raise FrameError(f"{where}: raw encoding {encoding!r} unsupported; allowed: {sorted(RAW_ENCODINGS)}")
     channels = RAW_ENCODINGS[encoding]
     if not (0 < width <= 8192 and 0 < height <= 8192):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -249,6 +250,29 @@ def test_corrupt_jpeg_raises_a_frame_error_naming_the_frame(tmp_path, json_drive
 
     frame = next(Drive.open(rewrite(json_drive_path, tmp_path / "bad.mcap", edit)).frames())
     with pytest.raises(FrameError, match=f"camera 1 frame at {START_NS} ns: jpeg image does not decode"):
+        frame.rgb()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("width", None, "raw image field(s) {'width': None} must be integers"),
+        ("step", "384", "raw image field(s) {'step': '384'} must be integers"),
+        ("encoding", ["rgb8"], "raw encoding ['rgb8'] unsupported"),
+    ],
+)
+def test_mistyped_raw_image_fields_raise_a_frame_error_naming_the_field(tmp_path, field, value, message):
+    raw = small_drive(tmp_path / "raw.mcap", seconds=0.3, cameras=1, image_format="raw", encoding="json")
+
+    def edit(topic, image):
+        if topic.endswith("/image"):
+            image[field] = value
+            if value is None:
+                del image[field]
+        return image
+
+    frame = next(Drive.open(rewrite(raw, tmp_path / "bad.mcap", edit)).frames())
+    with pytest.raises(FrameError, match=re.escape(f"camera 1 frame at {START_NS} ns: {message}")):
         frame.rgb()
 
 
