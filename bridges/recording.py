@@ -327,9 +327,13 @@ class Drive:
     def _load_poses(self) -> PoseTrack:
         t, xyz, quat = [], [], []
         for topic, t_ns, msg, _ in self._messages([self.layout.ego_pose_topic]):
-            pose = msg.get("pose") or {}
-            position = [float((pose.get("position") or {}).get(k, 0.0)) for k in "xyz"]
-            orientation = np.array([float((pose.get("orientation") or {}).get(k, 0.0)) for k in "xyzw"])
+            try:  # JSON messages are not checked against their schema when read
+                pose = msg.get("pose") or {}
+                position = [float((pose.get("position") or {}).get(k, 0.0)) for k in "xyz"]
+                orientation = np.array([float((pose.get("orientation") or {}).get(k, 0.0)) for k in "xyzw"])
+            except (AttributeError, TypeError, ValueError) as e:
+                self._warn(f"{topic}: skipped the pose at {t_ns} ns: its fields are not numbers ({e})")
+                continue
             norm = float(np.linalg.norm(orientation))
             if not (np.all(np.isfinite(position)) and abs(norm - 1) < 1e-3):
                 self._warn(

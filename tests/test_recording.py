@@ -276,6 +276,25 @@ def test_mistyped_raw_image_fields_raise_a_frame_error_naming_the_field(tmp_path
         frame.rgb()
 
 
+def test_a_mistyped_pose_is_skipped_with_a_warning(tmp_path, json_drive_path):
+    poses = {"n": 0}
+
+    def edit(topic, message):
+        if topic == "/ego/pose":
+            poses["n"] += 1
+            if poses["n"] == 3:
+                message["pose"]["position"] = {"x": "abc"}
+            elif poses["n"] == 4:
+                message["pose"] = "not a pose"
+        return message
+
+    warnings: list[str] = []
+    drive = Drive.open(rewrite(json_drive_path, tmp_path / "bad.mcap", edit), warn=warnings.append)
+    assert len(drive.poses.t_ns) == Drive.open(json_drive_path).poses.t_ns.size - 2
+    skipped = [w for w in warnings if "skipped the pose" in w and "its fields are not numbers" in w]
+    assert len(skipped) == 2 and all(w.startswith("/ego/pose: ") for w in skipped)
+
+
 def test_bad_layouts_name_the_offending_entry(tmp_path):
     with pytest.raises(RecordingError, match="index 9"):
         RecordingLayout.from_dict({"cameras": [{"topic": "/a", "camera": 9}]}, "test")
