@@ -313,7 +313,14 @@ class Drive:
             except MessageError as e:
                 self._warn(f"{channel.topic}: skipped the message at log time {message.log_time} ns: {e}")
                 continue
-            t_ns = timestamp_ns(decoded.get("timestamp") or {}) or message.log_time
+            try:  # JSON messages are not checked against their schema when read
+                t_ns = timestamp_ns(decoded.get("timestamp") or {}) or message.log_time
+            except (AttributeError, TypeError, ValueError) as e:
+                self._warn(
+                    f"{channel.topic}: skipped the message at log time {message.log_time} ns: its timestamp "
+                    f"{decoded.get('timestamp')!r} is not {{sec, nsec}} integers ({e})"
+                )
+                continue
             if t_ns <= last.get(channel.topic, -1):
                 self._warn(
                     f"{channel.topic}: skipped the message at {t_ns} ns, not after the previous one at "

@@ -276,7 +276,7 @@ def test_mistyped_raw_image_fields_raise_a_frame_error_naming_the_field(tmp_path
         frame.rgb()
 
 
-def test_a_mistyped_pose_is_skipped_with_a_warning(tmp_path, json_drive_path):
+def test_a_mistyped_pose_or_timestamp_is_skipped_with_a_warning(tmp_path, json_drive_path):
     poses = {"n": 0}
 
     def edit(topic, message):
@@ -286,13 +286,18 @@ def test_a_mistyped_pose_is_skipped_with_a_warning(tmp_path, json_drive_path):
                 message["pose"]["position"] = {"x": "abc"}
             elif poses["n"] == 4:
                 message["pose"] = "not a pose"
+            elif poses["n"] == 5:
+                message["timestamp"] = "yesterday"
         return message
 
     warnings: list[str] = []
     drive = Drive.open(rewrite(json_drive_path, tmp_path / "bad.mcap", edit), warn=warnings.append)
-    assert len(drive.poses.t_ns) == Drive.open(json_drive_path).poses.t_ns.size - 2
+    assert len(drive.poses.t_ns) == Drive.open(json_drive_path).poses.t_ns.size - 3
     skipped = [w for w in warnings if "skipped the pose" in w and "its fields are not numbers" in w]
     assert len(skipped) == 2 and all(w.startswith("/ego/pose: ") for w in skipped)
+    assert any(
+        w.startswith("/ego/pose: ") and "timestamp 'yesterday' is not {sec, nsec}" in w for w in warnings
+    )
 
 
 def test_bad_layouts_name_the_offending_entry(tmp_path):
