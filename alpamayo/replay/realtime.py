@@ -118,7 +118,8 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
     begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
     end = offered[-1] + FRAME_TOLERANCE_NS + 1
     first = next(drive.frames(begin, end))
-    node = InferenceNode(job.predictor, node_config(drive, settings, first.rgb().shape[:2]), tracer).start()
+    config = node_config(drive, settings, first.rgb().shape[:2])
+    node = InferenceNode(job.predictor, config, tracer).start()
     try:
         _wait_warm(node)
         tracer.clear()  # the node's warm-up predictions are not part of the measurement
@@ -149,6 +150,7 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
     info = {
         **job.info,
         "node": {
+            "warmup_runs": config.warmup.runs,
             "frame_drop_perc": status["frame_drop_perc"],
             "ticks_dropped": status["ticks_dropped"],
             "counters": status["counters"],
