@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
 from alpamayo.replay.report import REPORT_SCHEMA
+from alpamayo.replay.settings import ReplaySettings
 from tests.test_recording import rewrite
 from tests.test_tracer import assert_tracks_nest
 
@@ -195,3 +198,17 @@ def test_speed_without_realtime_is_refused_not_ignored():
     for mode in ([], ["--lockstep"]):
         with pytest.raises(ValueError, match="--speed 2 applies to --realtime only"):
             settings(*mode, "--speed", "2")
+
+
+def test_output_paths_are_checked_before_the_replay_runs(tmp_path):
+    (tmp_path / "file.png").write_bytes(b"")
+    base = ReplaySettings(drive=tmp_path / "d.mcap", checkpoint=tmp_path)
+    base.validate()
+    for option, field, value, message in [
+        ("--out", "out", tmp_path, "is a directory; expected a file path"),
+        ("--trace", "trace", tmp_path, "is a directory; expected a file path"),
+        ("--json", "json", tmp_path, "is a directory; expected a file path"),
+        ("--plots", "plots", tmp_path / "file.png", "is a file; expected a directory"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"{option} {value} {message}")):
+            replace(base, **{field: value}).validate()
