@@ -161,8 +161,24 @@ class CameraFrame:
             self._rgb = self._decode()
         return self._rgb
 
+    @property
+    def where(self) -> str:
+        """How errors name this frame."""
+        return f"camera {self.camera} frame at {self.t_ns} ns"
+
+    def jpeg_size(self) -> tuple[int, int] | None:
+        """(width, height) of a JPEG `CompressedImage` read from its header alone (None for other images);
+        raises FrameError naming the frame when the header does not parse."""
+        if self.schema_name != "foxglove.CompressedImage" or self.image.get("format") != "jpeg":
+            return None
+        try:
+            with Image.open(io.BytesIO(self.image.get("data", b""))) as img:
+                return img.size
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise FrameError(f"{self.where}: jpeg header does not decode: {e}") from e
+
     def _decode(self) -> np.ndarray:
-        where = f"camera {self.camera} frame at {self.t_ns} ns"
+        where = self.where
         if self.schema_name == "foxglove.CompressedImage":
             try:
                 with Image.open(io.BytesIO(self.image.get("data", b""))) as img:
@@ -177,7 +193,11 @@ class CameraFrame:
 def _raw_to_rgb(image: dict[str, Any], where: str) -> np.ndarray:
     encoding, width, height, step = (image.get(k) for k in ("encoding", "width", "height", "step"))
     data = image.get("data", b"")
-    if encoding not in RAW_ENCODINGS:
+    # JSON messages are not checked against their schema when read: a field may be absent or mistyped.
+    mistyped = {k: v for k, v in (("width", width), ("height", height), ("step", step)) if type(v) is not int}
+    if mistyped:
+        raise FrameError(f"{where}: raw image field(s) {mistyped} must be integers")
+    if not isinstance(encoding, str) or encoding not in RAW_ENCODINGS:
         raise FrameError(f"{where}: raw encoding {encoding!r} unsupported; allowed: {sorted(RAW_ENCODINGS)}")
     channels = RAW_ENCODINGS[encoding]
     if not (0 < width <= 8192 and 0 < height <= 8192):
@@ -293,7 +313,14 @@ class Drive:
             except MessageError as e:
                 self._warn(f"{channel.topic}: skipped the message at log time {message.log_time} ns: {e}")
                 continue
-            t_ns = timestamp_ns(decoded.get("timestamp") or {}) or message.log_time
+            try:  # JSON messages are not checked against their schema when read
+                t_ns = timestamp_ns(decoded.get("timestamp") or {}) or message.log_time
+            except (AttributeError, TypeError, ValueError) as e:
+                self._warn(
+                    f"{channel.topic}: skipped the message at log time {message.log_time} ns: its timestamp "
+                    f"{decoded.get('timestamp')!r} is not {{sec, nsec}} integers ({e})"
+                )
+                continue
             if t_ns <= last.get(channel.topic, -1):
                 self._warn(
                     f"{channel.topic}: skipped the message at {t_ns} ns, not after the previous one at "
@@ -307,9 +334,13 @@ class Drive:
     def _load_poses(self) -> PoseTrack:
         t, xyz, quat = [], [], []
         for topic, t_ns, msg, _ in self._messages([self.layout.ego_pose_topic]):
-            pose = msg.get("pose") or {}
-            position = [float((pose.get("position") or {}).get(k, 0.0)) for k in "xyz"]
-            orientation = np.array([float((pose.get("orientation") or {}).get(k, 0.0)) for k in "xyzw"])
+            try:  # JSON messages are not checked against their schema when read
+                pose = msg.get("pose") or {}
+                position = [float((pose.get("position") or {}).get(k, 0.0)) for k in "xyz"]
+                orientation = np.array([float((pose.get("orientation") or {}).get(k, 0.0)) for k in "xyzw"])
+            except (AttributeError, TypeError, ValueError) as e:
+                self._warn(f"{topic}: skipped the pose at {t_ns} ns: its fields are not numbers ({e})")
+                continue
             norm = float(np.linalg.norm(orientation))
             if not (np.all(np.isfinite(position)) and abs(norm - 1) < 1e-3):
                 self._warn(

@@ -16,6 +16,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 DEFAULT_LINGER_MS = 100
 DEFAULT_HEARTBEAT_MS = 1000
+Z85_KEY_CHARS = 40  # a 32-byte CURVE key in Z85 text
 
 
 def make_socket(
@@ -64,10 +65,8 @@ class CurveClientKeys:
     @classmethod
     def from_files(cls, client_secret_file: str | Path, server_public_file: str | Path) -> CurveClientKeys:
         """client_secret_file: the client's NAME.key_secret; server_public_file: the node's NAME.key."""
-        public, secret = zmq.auth.load_certificate(str(client_secret_file))
-        server_public, _ = zmq.auth.load_certificate(str(server_public_file))
-        if secret is None:
-            raise ValueError(f"{client_secret_file}: no secret key in it (use the .key_secret file)")
+        public, secret = load_key_file(client_secret_file, secret=True)
+        server_public, _ = load_key_file(server_public_file)
         return cls(public, secret, server_public)
 
     def apply(self, sock: zmq.Socket) -> None:
@@ -80,11 +79,17 @@ class CurveServer:
     """The node's CURVE identity plus a ZAP authenticator that admits only the allow-listed client keys."""
 
     def __init__(self, ctx: zmq.Context, server_secret_key: str | Path, authorized_keys: str | Path):
-        public, secret = zmq.auth.load_certificate(str(server_secret_key))
-        if secret is None:
-            raise ValueError(f"{server_secret_key}: no secret key in it (use the .key_secret file)")
-        self.public, self._secret = public, secret
+        self.public, self._secret = load_key_file(server_secret_key, secret=True)
         self.authorized_keys = Path(authorized_keys)
+        # zmq's authenticator only logs a key file it cannot read and then admits no client at all: read the
+        # allow-list here first, so a bad or missing key is an error naming the file.
+        allowed = sorted(self.authorized_keys.glob("*.key"))
+        if not allowed:
+            raise ValueError(
+                f"CURVE allow-list {self.authorized_keys} holds no *.key file: it would admit no client"
+            )
+        for path in allowed:
+            load_key_file(path)
         self._auth = ThreadAuthenticator(ctx)
         self._auth.start()
         self._auth.configure_curve(domain="*", location=str(self.authorized_keys))
@@ -96,6 +101,25 @@ class CurveServer:
 
     def stop(self) -> None:
         self._auth.stop()
+
+
+def load_key_file(path: str | Path, secret: bool = False) -> tuple[bytes, bytes | None]:
+    """(public, secret) Z85 keys of a key file written by `create_keys`; secret is None in a public NAME.key.
+    ValueError naming the file when it is absent, is not a key file, or (secret=True) holds no secret key."""
+    if not Path(path).is_file():
+        raise ValueError(f"CURVE key file {path} does not exist")
+    try:
+        public, secret_key = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"CURVE key file {path} cannot be read: {e}") from None
+    if secret and secret_key is None:
+        raise ValueError(f"CURVE key file {path} holds no secret key (use the NAME.key_secret file)")
+    for key in (public, secret_key):
+        if key is not None and len(key) != Z85_KEY_CHARS:
+            raise ValueError(
+                f"CURVE key file {path} holds a key of {len(key)} characters, expected {Z85_KEY_CHARS} (Z85)"
+            )
+    return public, secret_key
 
 
 def create_keys(directory: str | Path, name: str) -> tuple[Path, Path]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import msgpack
 import numpy as np
 import pytest
 
+from alpamayo.cli import main
 from bridges.camera_sim import CameraSim
 from bridges.client import ControlClient, FramePublisher
 from bridges.node import NO_MODEL, InferenceNode
@@ -99,6 +102,32 @@ def test_curve_admits_allow_listed_clients_only(tmp_path):
         with ctl, pytest.raises(TimeoutError, match="no reply to 'status'"):
             ctl.status()
         assert c.control.status()["ok"]
+
+
+def test_unreadable_curve_keys_are_errors_naming_the_file(tmp_path, capsys):
+    _, node_secret = create_keys(tmp_path / "node", "node")
+    node_public = tmp_path / "node" / "node.key"
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    config = node_config(curve={"server_secret_key": str(node_secret), "authorized_keys": str(allowed)})
+    for content, message in [
+        (None, f"CURVE allow-list {allowed} holds no *.key file: it would admit no client"),
+        ("not a key\n", f"CURVE key file {allowed / 'cam.key'} cannot be read: No public key found"),
+        ('public-key = "short"\n', "holds a key of 5 characters, expected 40 (Z85)"),
+    ]:
+        if content is not None:
+            (allowed / "cam.key").write_text(content)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            InferenceNode(None, config).start()
+
+    # A client's key files, through the CLI: exit code 2 and the file named, no traceback.
+    ctl = ["node-ctl", "status", "--control", "tcp://127.0.0.1:9", "--curve-server-key", str(node_public)]
+    for key, message in [
+        (tmp_path / "absent.key_secret", "does not exist"),
+        (node_public, "holds no secret key (use the NAME.key_secret file)"),
+    ]:
+        assert main([*ctl, "--curve-key", str(key)]) == 2
+        assert f"error: CURVE key file {key} {message}" in capsys.readouterr().err
 
 
 def test_an_unexpected_exception_is_counted_and_the_threads_carry_on(monkeypatch):

@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from alpamayo.cli import main
 from bridges.client import ControlClient, TrajectorySubscriber
 from bridges.node import NO_MODEL
 from tests.bridge_nodes import CAMERAS, answering_window, wait_until
@@ -92,6 +95,21 @@ def test_serve_without_a_model_answers_status_and_exits_0_on_sigint():
         assert serve.stdout.read().rstrip().endswith("stopped")
     finally:
         stop(serve)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seconds", "-1"], "--seconds must be a finite number > 0 (or omitted: until Ctrl-C), got -1.0"),
+        (["--rate", "nan"], "rate_hz nan is outside (0, 1000]"),
+        (["--speedup", "0"], "speedup 0.0 is outside (0, 1000]"),
+    ],
+)
+def test_camera_sim_refuses_bad_settings_before_waiting_for_the_node(args, message, capsys):
+    cmd = ["camera-sim", "--endpoint", "tcp://127.0.0.1:9", "--wait", "0.5", "--width", "8", "--height", "8"]
+    assert main([*cmd, *args]) == 2
+    out, err = capsys.readouterr()
+    assert f"alpamayo camera-sim: error: {message}" in err and "no subscriber" not in out
 
 
 def stop(*procs: subprocess.Popen | None) -> None:

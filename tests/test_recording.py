@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,53 @@ def test_corrupt_jpeg_raises_a_frame_error_naming_the_frame(tmp_path, json_drive
     frame = next(Drive.open(rewrite(json_drive_path, tmp_path / "bad.mcap", edit)).frames())
     with pytest.raises(FrameError, match=f"camera 1 frame at {START_NS} ns: jpeg image does not decode"):
         frame.rgb()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("width", None, "raw image field(s) {'width': None} must be integers"),
+        ("step", "384", "raw image field(s) {'step': '384'} must be integers"),
+        ("encoding", ["rgb8"], "raw encoding ['rgb8'] unsupported"),
+    ],
+)
+def test_mistyped_raw_image_fields_raise_a_frame_error_naming_the_field(tmp_path, field, value, message):
+    raw = small_drive(tmp_path / "raw.mcap", seconds=0.3, cameras=1, image_format="raw", encoding="json")
+
+    def edit(topic, image):
+        if topic.endswith("/image"):
+            image[field] = value
+            if value is None:
+                del image[field]
+        return image
+
+    frame = next(Drive.open(rewrite(raw, tmp_path / "bad.mcap", edit)).frames())
+    with pytest.raises(FrameError, match=re.escape(f"camera 1 frame at {START_NS} ns: {message}")):
+        frame.rgb()
+
+
+def test_a_mistyped_pose_or_timestamp_is_skipped_with_a_warning(tmp_path, json_drive_path):
+    poses = {"n": 0}
+
+    def edit(topic, message):
+        if topic == "/ego/pose":
+            poses["n"] += 1
+            if poses["n"] == 3:
+                message["pose"]["position"] = {"x": "abc"}
+            elif poses["n"] == 4:
+                message["pose"] = "not a pose"
+            elif poses["n"] == 5:
+                message["timestamp"] = "yesterday"
+        return message
+
+    warnings: list[str] = []
+    drive = Drive.open(rewrite(json_drive_path, tmp_path / "bad.mcap", edit), warn=warnings.append)
+    assert len(drive.poses.t_ns) == Drive.open(json_drive_path).poses.t_ns.size - 3
+    skipped = [w for w in warnings if "skipped the pose" in w and "its fields are not numbers" in w]
+    assert len(skipped) == 2 and all(w.startswith("/ego/pose: ") for w in skipped)
+    assert any(
+        w.startswith("/ego/pose: ") and "timestamp 'yesterday' is not {sec, nsec}" in w for w in warnings
+    )
 
 
 def test_bad_layouts_name_the_offending_entry(tmp_path):

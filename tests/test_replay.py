@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,9 @@ from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
 from alpamayo.replay.report import REPORT_SCHEMA
+from alpamayo.replay.settings import ReplaySettings
+from tests.test_recording import rewrite
+from tests.test_tracer import assert_tracks_nest
 
 # 1.7 s of the front camera: ticks at t0 = 1.5 and 1.6 s (the first needs 1.5 s of ego history). The random
 # demo weights never end their reasoning, so a short cap keeps each tick to ~140 decode steps.
@@ -81,11 +86,8 @@ def test_profile_writes_the_report_a_valid_trace_and_plots(tmp_path, demo_checkp
     assert stages["vision (encoded)"]["n"] == 2 and stages["vision (cached)"]["n"] == 6
     assert doc["decode"]["tokens_per_s_per_user"] > 0 and doc["decode"]["ttft_ms"]["n"] == 2
 
-    events = json.loads(trace.read_text())["traceEvents"]
-    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    spans = [e for e in events if e["ph"] == "X"]
-    assert spans and all(e["dur"] > 0 and tracks[e["tid"]] == e["name"] for e in spans)
-    assert len(set(tracks.values())) == len(tracks)
+    tracks = assert_tracks_nest(json.loads(trace.read_text()))
+    assert set(tracks.values()) == {row["stage"].split(" (")[0] for row in doc["stages"]}  # one per stage
 
     for name in ("latency_histograms.png", "tick_timeline.png", "birdseye.png"):
         with Image.open(plot_dir / name) as img:
@@ -140,7 +142,11 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
     assert (
         replay(drive, demo_checkpoint, out, "--json", str(report), "--realtime", "--speed", "2", *FAST) == 0
     )
-    assert "real-time at 2.0x" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert (
+        "real-time at 2.0x" in printed
+        and "measured ticks; the node's 1 warm-up prediction(s) excluded" in printed
+    )
     ticks = json.loads(report.read_text())["ticks"]
     assert ticks["offered"] == 2 and ticks["answered"] >= 1
     assert ticks["answered"] + ticks["dropped"] == ticks["offered"]
@@ -152,9 +158,57 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
         assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128
 
 
+def test_realtime_replay_skips_a_frame_that_does_not_decode_with_a_warning(
+    tmp_path, demo_checkpoint, drive, capsys
+):
+    frames = {"n": 0}
+
+    def corrupt_the_frame_at_1_2_s(topic, message):
+        if topic.endswith("/compressed"):
+            frames["n"] += 1
+            if frames["n"] == 13:  # frames at 0.0, 0.1, ... s: the oldest frame of the tick at 1.5 s
+                message["data"] = message["data"][:50]
+        return message
+
+    broken = rewrite(drive, tmp_path / "broken.mcap", corrupt_the_frame_at_1_2_s)
+    report = tmp_path / "rt.json"
+    code = replay(broken, demo_checkpoint, tmp_path / "rt.mcap", "--json", str(report), "--realtime", *FAST)
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err
+    assert f"warning: skipped a frame: camera 1 frame at {START_NS + 1_200_000_000} ns: jpeg header" in err
+    ticks = json.loads(report.read_text())["ticks"]
+    assert (ticks["offered"], ticks["answered"], ticks["dropped"]) == (2, 1, 1)  # 1.5 s lacks the frame
+
+
 def test_backend_arguments_reach_the_replay_settings():
     backend = ["--backend", "ttnn", "--recipe", "accuracy", "--tt-cache", "cache", "--moe-config", "moe.yaml"]
     args = build_parser().parse_args(["profile", "--synthetic", "--checkpoint", "ck", *backend])
     settings = settings_from_args(args, Path("drive.mcap"), None)
     assert (settings.backend, settings.recipe) == ("ttnn", "accuracy")
     assert (str(settings.tt_cache), str(settings.moe_config)) == ("cache", "moe.yaml")
+
+
+def test_speed_without_realtime_is_refused_not_ignored():
+    def settings(*args: str):
+        parsed = build_parser().parse_args(["profile", "--synthetic", "--checkpoint", "ck", *args])
+        return settings_from_args(parsed, Path("d.mcap"), None)
+
+    assert settings().speed == settings("--lockstep").speed == 1.0
+    assert settings("--realtime", "--speed", "2").speed == 2.0
+    for mode in ([], ["--lockstep"]):
+        with pytest.raises(ValueError, match="--speed 2 applies to --realtime only"):
+            settings(*mode, "--speed", "2")
+
+
+def test_output_paths_are_checked_before_the_replay_runs(tmp_path):
+    (tmp_path / "file.png").write_bytes(b"")
+    base = ReplaySettings(drive=tmp_path / "d.mcap", checkpoint=tmp_path)
+    base.validate()
+    for option, field, value, message in [
+        ("--out", "out", tmp_path, "is a directory; expected a file path"),
+        ("--trace", "trace", tmp_path, "is a directory; expected a file path"),
+        ("--json", "json", tmp_path, "is a directory; expected a file path"),
+        ("--plots", "plots", tmp_path / "file.png", "is a file; expected a directory"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"{option} {value} {message}")):
+            replace(base, **{field: value}).validate()

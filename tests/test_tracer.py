@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import defaultdict
 
 import pytest
 
@@ -26,6 +27,43 @@ def test_spans_are_recorded_with_args_and_exported_one_track_per_stage():
     assert all(e["tid"] == tracks[e["name"]] and e["dur"] > 0 for e in events)
     assert trace["metadata"] == {"backend": "torch"}
     assert tracer.durations_ms("e2e_age") == [5.0]
+
+
+def assert_tracks_nest(trace: dict) -> dict[int, str]:
+    """Every track's slices nest or follow each other (what Perfetto needs to draw them); returns the track
+    names by tid. Every slice has a positive duration and sits on a track named for its stage."""
+    tracks = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert len(set(tracks.values())) == len(tracks)
+    by_track: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            assert e["dur"] > 0 and tracks[e["tid"]].split(" (")[0] == e["name"], e
+            by_track[e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+    for tid, slices in by_track.items():
+        open_ends: list[float] = []
+        for start, end in sorted(slices):
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1], (
+                f"track {tracks[tid]!r}: slices overlap without nesting"
+            )
+            open_ends.append(end)
+    return tracks
+
+
+def test_overlapping_spans_of_one_stage_spread_over_tracks_that_perfetto_can_draw():
+    # The node's end-to-end age: the next window's frames arrive (and its span starts) while the current
+    # prediction is still running, so consecutive spans overlap by up to a frame period.
+    tracer = Tracer()
+    for k in range(4):
+        tracer.record("e2e_age", k * 900_000_000, 1_000_000_000, seq=k)
+        tracer.record("prefill", k * 900_000_000, 100_000_000)
+    tracer.record("e2e_age", 10_000_000_000, 1_000_000)  # after all of them: back on the first track
+    trace = json.loads(json.dumps(tracer.chrome_trace()))
+    tracks = assert_tracks_nest(trace)
+    assert sorted(tracks.values()) == ["e2e_age", "e2e_age (2)", "prefill"]
+    lanes = [tracks[e["tid"]] for e in trace["traceEvents"] if e["ph"] == "X" and e["name"] == "e2e_age"]
+    assert lanes == ["e2e_age", "e2e_age (2)", "e2e_age", "e2e_age (2)", "e2e_age"]
 
 
 def test_disabled_tracer_records_nothing():

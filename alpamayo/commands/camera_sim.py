@@ -45,10 +45,12 @@ def run(args: argparse.Namespace) -> int:
     for name, value, lo in (("--width", args.width, 1), ("--height", args.height, 1)):
         if value < lo:
             raise ValueError(f"{name} must be >= {lo}, got {value}")
-    ticks = None if args.seconds is None else max(1, round(args.seconds * args.rate))
+    if args.seconds is not None and not 0 < args.seconds < float("inf"):
+        raise ValueError(
+            f"--seconds must be a finite number > 0 (or omitted: until Ctrl-C), got {args.seconds}"
+        )
     with FramePublisher(args.endpoint, bind=args.bind, curve=curve_client_keys(args)) as pub:
-        if not pub.wait_for_subscriber(args.wait):
-            print(f"camera-sim: no subscriber on {args.endpoint} after {args.wait:g} s; publishing anyway")
+        # Settings are checked (by CameraSim) before waiting for the node, so a bad one fails at once.
         sim = CameraSim(
             pub,
             cameras,
@@ -60,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
             first_frame_id=args.first_frame_id,
             speedup=args.speedup,
         )
+        ticks = None if args.seconds is None else max(1, round(args.seconds * args.rate))
+        if not pub.wait_for_subscriber(args.wait):
+            print(f"camera-sim: no subscriber on {args.endpoint} after {args.wait:g} s; publishing anyway")
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: stop.set())

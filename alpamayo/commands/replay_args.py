@@ -28,7 +28,9 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
         help="drive the ZeroMQ node at the recorded pace x --speed; drops are measured",
     )
     p.set_defaults(mode="lockstep")
-    p.add_argument("--speed", type=float, default=1.0, help="real-time pace factor (default 1)")
+    p.add_argument(
+        "--speed", type=float, default=None, help="real-time pace factor, with --realtime only (default 1)"
+    )
     p.add_argument(
         "--start", type=float, default=0.0, help="seconds from the drive's first frame (default 0)"
     )
@@ -50,12 +52,17 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
 def settings_from_args(
     args: argparse.Namespace, drive: Path, out: Path | None, **overrides
 ) -> ReplaySettings:
+    if args.speed is not None and args.mode != "realtime":
+        raise ValueError(
+            f"--speed {args.speed:g} applies to --realtime only; lock-step replays every tick as fast as the "
+            "model answers"
+        )
     return ReplaySettings(
         drive=drive,
         checkpoint=Path(args.checkpoint),
         out=out,
         mode=args.mode,
-        speed=args.speed,
+        speed=1.0 if args.speed is None else args.speed,
         start_s=args.start,
         duration_s=args.duration,
         num_samples=args.samples,

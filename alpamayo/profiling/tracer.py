@@ -2,7 +2,9 @@
 
 Timestamps are `time.perf_counter_ns()` (monotonic) unless a span is recorded with explicit times (e.g. a
 camera's start-of-frame, for end-to-end age). One Chrome-trace track (tid) per stage name, because Perfetto
-requires slices on one track to nest and overlapping frames of different stages would not.
+requires slices on one track to nest and overlapping frames of different stages would not. Spans of one stage
+can overlap each other too (the node's `e2e_age`: the next window's frames arrive while the current prediction
+runs), so such a stage spreads over as many tracks as it needs, `e2e_age`, `e2e_age (2)`, ...
 """
 
 from __future__ import annotations
@@ -122,16 +124,35 @@ class Tracer:
         return [s.ms for s in self.spans if s.name == name]
 
     def chrome_trace(self, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Chrome Trace Event JSON object (complete 'X' events, microseconds), one named track per stage."""
-        spans = self.spans
+        """Chrome Trace Event JSON object (complete 'X' events, microseconds): one named track per stage, plus
+        `<stage> (2)`, `<stage> (3)`, ... for spans of a stage that overlap an earlier one without nesting."""
+        spans = sorted(self.spans, key=lambda s: s.start_ns)
         present = {s.name for s in spans}
-        names = list(STAGES) + sorted(present - set(STAGES))
-        tid = {n: i + 1 for i, n in enumerate(names)}
-        origin = min((s.start_ns for s in spans), default=0)
+        names = [n for n in STAGES if n in present] + sorted(present - set(STAGES))
+        origin = spans[0].start_ns if spans else 0
+        lanes: dict[str, list[float]] = {
+            n: [] for n in names
+        }  # per stage: the end (us) of each track's last span
+        placed: list[tuple[Span, float, float, int]] = []
+        for s in spans:
+            ts, dur = (s.start_ns - origin) / 1e3, max(s.dur_ns / 1e3, 0.001)
+            ends = lanes[s.name]
+            lane = next((i for i, end in enumerate(ends) if end <= ts), len(ends))
+            ends[lane : lane + 1] = [ts + dur]
+            placed.append((s, ts, dur, lane))
+        tid: dict[tuple[str, int], int] = {}
+        for n in names:
+            for lane in range(len(lanes[n])):
+                tid[n, lane] = len(tid) + 1
         events: list[dict[str, Any]] = [
-            {"ph": "M", "name": "thread_name", "pid": 1, "tid": tid[n], "args": {"name": n}}
-            for n in names
-            if n in present
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": 1,
+                "tid": t,
+                "args": {"name": n if lane == 0 else f"{n} ({lane + 1})"},
+            }
+            for (n, lane), t in tid.items()
         ]
         events += [
             {
@@ -139,11 +160,11 @@ class Tracer:
                 "name": s.name,
                 "cat": "stage",
                 "pid": 1,
-                "tid": tid[s.name],
-                "ts": (s.start_ns - origin) / 1e3,
-                "dur": max(s.dur_ns / 1e3, 0.001),
+                "tid": tid[s.name, lane],
+                "ts": ts,
+                "dur": dur,
                 "args": s.args,
             }
-            for s in sorted(spans, key=lambda s: s.start_ns)
+            for s, ts, dur, lane in placed
         ]
         return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": metadata or {}}

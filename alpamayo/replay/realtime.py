@@ -14,14 +14,12 @@ The node's own warm-up predictions run before the first frame is sent and are ex
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
-from PIL import Image
 
 from alpamayo.prediction import EgoHistory, Prediction, TrajectorySample
 from alpamayo.replay.accuracy import score_tick
@@ -46,7 +44,7 @@ from bridges.config import (
 )
 from bridges.node import InferenceNode
 from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
-from bridges.recording import CameraFrame, Drive
+from bridges.recording import CameraFrame, Drive, FrameError, Warn
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
@@ -82,12 +80,12 @@ def node_config(drive: Drive, settings: ReplaySettings, frame_size: tuple[int, i
 
 
 def _frame_message(frame: CameraFrame, frame_id: int) -> bytearray:
-    image = frame.image
-    if frame.schema_name == "foxglove.CompressedImage" and image.get("format") == "jpeg":
-        with Image.open(io.BytesIO(image["data"])) as img:  # reads the header only
-            width, height = img.size
+    """The node's message for a recorded frame: a JPEG passes through (the node decodes it), anything else is
+    sent as rgb8. Raises FrameError when the frame cannot be read."""
+    size = frame.jpeg_size()
+    if size is not None:
         return encode_frame(
-            frame.camera, frame_id, frame.t_ns, frame.t_ns, image["data"], "jpeg", width, height
+            frame.camera, frame_id, frame.t_ns, frame.t_ns, frame.image["data"], "jpeg", *size
         )
     return encode_frame(frame.camera, frame_id, frame.t_ns, frame.t_ns, frame.rgb())
 
@@ -120,7 +118,8 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
     begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
     end = offered[-1] + FRAME_TOLERANCE_NS + 1
     first = next(drive.frames(begin, end))
-    node = InferenceNode(job.predictor, node_config(drive, settings, first.rgb().shape[:2]), tracer).start()
+    config = node_config(drive, settings, first.rgb().shape[:2])
+    node = InferenceNode(job.predictor, config, tracer).start()
     try:
         _wait_warm(node)
         tracer.clear()  # the node's warm-up predictions are not part of the measurement
@@ -132,12 +131,14 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
                 raise RuntimeError(f"the node did not subscribe to {node.endpoints['input'][0]} in time")
             collector = _Collector(subscriber)
             collector.start()
-            wall_start = time.perf_counter()
-            first_send_ns = time.perf_counter_ns()
-            late_ms = _publish_drive(drive, publisher, begin, end, settings.speed, job.progress)
-            _drain(collector, offered[-1])
-            collector.stop.set()
-            collector.join()
+            try:  # the collector stops before its socket closes, whatever happens
+                wall_start = time.perf_counter()
+                first_send_ns = time.perf_counter_ns()
+                late_ms = _publish_drive(drive, publisher, begin, end, settings.speed, job.progress, job.warn)
+                _drain(collector, offered[-1])
+            finally:
+                collector.stop.set()
+                collector.join()
             wall_s = time.perf_counter() - wall_start
         status = node.status()
     finally:
@@ -149,6 +150,7 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
     info = {
         **job.info,
         "node": {
+            "warmup_runs": config.warmup.runs,
             "frame_drop_perc": status["frame_drop_perc"],
             "ticks_dropped": status["ticks_dropped"],
             "counters": status["counters"],
@@ -177,8 +179,10 @@ def _publish_drive(
     end: int,
     speed: float,
     progress: Callable[[int], None],
+    warn: Warn,
 ) -> list[float]:
-    """Send frames and poses in [begin, end) at the recorded pace / speed; returns how late each send was (ms)."""
+    """Send frames and poses in [begin, end) at the recorded pace / speed; returns how late each send was (ms).
+    A frame that cannot be read is skipped with a warning: the node then lacks it, as after a camera glitch."""
     poses = drive.poses
     pose_index = int(np.searchsorted(poses.t_ns, begin))
     frame_ids: Counter = Counter()
@@ -198,8 +202,11 @@ def _publish_drive(
             t = int(poses.t_ns[pose_index])
             send_at(max(t, begin), encode_ego(t, poses.xyz[pose_index], poses.quat_xyzw[pose_index]))
             pose_index += 1
-        frame_ids[frame.camera] += 1
-        send_at(frame.t_ns, _frame_message(frame, frame_ids[frame.camera]))
+        frame_ids[frame.camera] += 1  # also for a skipped frame: the node counts the gap as a lost frame
+        try:
+            send_at(frame.t_ns, _frame_message(frame, frame_ids[frame.camera]))
+        except FrameError as e:
+            warn(f"skipped a frame: {e}")
         if frame.camera == reference and frame.t_ns >= begin - HISTORY_OFFSETS_NS[0]:
             progress(1)
     return late

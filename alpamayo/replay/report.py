@@ -97,9 +97,12 @@ def describe_run(info: dict[str, Any]) -> str:
 def latency_table(run: ReplayRun) -> str:
     """The per-stage latency table (ms) over the measured ticks, then achieved rate, drops and decode speed."""
     figures = tick_figures(run)
+    if run.mode == "realtime":  # the node warms up on grey frames before the drive is sent
+        excluded = f"the node's {run.info['node']['warmup_runs']} warm-up prediction(s) excluded"
+    else:
+        excluded = f"{figures['warmup']} warm-up tick(s) excluded"
     rows = [
-        f"Latency per stage (ms) over {figures['measured']} measured ticks; {figures['warmup']} warm-up "
-        f"tick(s) excluded. {describe_run(run.info)}",
+        f"Latency per stage (ms) over {figures['measured']} measured ticks; {excluded}. {describe_run(run.info)}",
         f"{'stage':<26}{'n':>6}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}",
     ]
     for row in stage_table(run.tracer.spans):

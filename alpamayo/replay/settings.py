@@ -64,6 +64,12 @@ class ReplaySettings:
             raise ValueError(f"--max-ticks must be >= 1, got {self.max_ticks}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        # Checked before the replay runs, so a bad output path cannot lose a finished (possibly long) replay.
+        for option, path in (("--out", self.out), ("--trace", self.trace), ("--json", self.json)):
+            if path is not None and Path(path).is_dir():
+                raise ValueError(f"{option} {path} is a directory; expected a file path")
+        if self.plots is not None and Path(self.plots).exists() and not Path(self.plots).is_dir():
+            raise ValueError(f"--plots {self.plots} is a file; expected a directory")
 
 
 @dataclass
