@@ -43,9 +43,16 @@ class BackendOptions:
         return parse_dtype(self.dtype)
 
 
-def check_num_samples(backend: str, num_samples: int) -> None:
-    """ValueError for K > 1 trajectory samples on ttnn, which decodes one sequence per prediction. Callers
-    check before loading: the device refuses a K-sequence cache only after the weights are uploaded."""
+def check_num_samples(backend: str, num_samples: int, temperature: float) -> None:
+    """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: with greedy
+    decoding (temperature 0) they would all be one sample, and ttnn decodes one sequence per prediction.
+    Callers check before loading: otherwise the refusal comes after the weights are loaded (and, on ttnn,
+    uploaded)."""
+    if num_samples > 1 and temperature == 0:
+        raise ValueError(
+            f"--samples {num_samples} with greedy decoding (--temperature 0) would repeat one sample; "
+            "pass --temperature > 0 (Alpamayo samples at 0.6)"
+        )
     if backend == "ttnn" and num_samples > 1:
         raise ValueError(
             f"--samples {num_samples} with --backend ttnn: the ttnn backend decodes one sequence per "

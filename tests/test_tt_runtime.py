@@ -106,3 +106,8 @@ def test_several_samples_with_backend_ttnn_are_refused_before_anything_is_read(c
     err = capsys.readouterr().err
     assert f"alpamayo {command}: error: --samples 2 with --backend ttnn: the ttnn backend decodes one" in err
     assert "allowed: 1" in err and "Traceback" not in err
+    assert main([*argv[:-2], "--backend", "torch"]) == 2  # greedy (no --temperature): also refused first
+    err = capsys.readouterr().err
+    assert (
+        f"alpamayo {command}: error: --samples 2 with greedy decoding (--temperature 0) would repeat" in err
+    )
