@@ -18,7 +18,7 @@ Threads: the intake thread owns the input SUB socket, its monitor and the contro
 the input continuously (decode, validate, update the frame rings), so the newest frames are kept while the
 model runs and `status` answers during a prediction. The predict thread warms the model up, then takes the
 newest complete window whenever t0 advances, predicts and publishes on the PUB socket. While inputs are stale
-it publishes a valid=false message once per period instead.
+it publishes a valid=false message once per period instead (logged sparingly, see `StaleLog`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ DRAIN_BATCH = 256  # messages drained before the control socket is looked at aga
 MAX_CONTROL_BYTES = 4096
 CONTROL_COMMANDS = ("status", "reset", "shutdown")
 NO_MODEL = "no model loaded (intake-only node)"
+# While no window forms (cameras not connected yet, a stream gone) a stale output goes out every period, 10 per
+# second: each is logged only when the set of stale streams changes, and otherwise once this often with the
+# count in between, so a node waiting for its cameras does not bury its log.
+STALE_LOG_EVERY_S = 10.0
 # Receiving sockets disconnect peers whose message exceeds the protocol limit by half again (bridge.md §3.2):
 # messages between 1x and 1.5x still reach the validator, so most oversize input is counted, not just dropped.
 MAXMSGSIZE_FACTOR = 1.5
@@ -104,6 +108,7 @@ class InferenceNode:
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
         self._seq = 0
+        self._stale_log = StaleLog(STALE_LOG_EVERY_S)
         self._predictor_epoch = 0
         self._started_at = 0.0
         self._stopping = threading.Event()
@@ -499,11 +504,41 @@ class InferenceNode:
             self.counters.published += 1
             self.counters.published_invalid += not msg.valid
             self._last_output = msg
-        log.info("%s", summary(msg))
+            if window is None:
+                line = self._stale_log.line(msg, time.monotonic())
+            else:
+                line = summary(msg)
+                self._stale_log.clear()  # inputs came back: the next stale spell is news again
+        if line is not None:
+            log.info("%s", line)
 
     def _record_error(self, reason: str, message: str) -> None:
         with self._lock:
             self._last_error = (reason, message, time.monotonic())
+
+
+class StaleLog:
+    """Which stale-input outputs (answering no window) get a log line: the first, each whose stale streams
+    differ from the last logged one's, and then one every `every_s` seconds, saying how many went unlogged."""
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self._streams: tuple[str, ...] | None = None  # stale streams of the last logged output
+        self._logged_at = 0.0  # time.monotonic() of that line
+        self._skipped = 0
+
+    def line(self, msg: TrajectoryMessage, now_s: float) -> str | None:
+        """The log line for stale output `msg` published at `now_s` (monotonic seconds), or None."""
+        streams = tuple(reason.split(":", 1)[0] for reason in msg.invalid_reasons)
+        if streams == self._streams and now_s - self._logged_at < self.every_s:
+            self._skipped += 1
+            return None
+        skipped = f" [{self._skipped} like it since the last line]" if self._skipped else ""
+        self._streams, self._logged_at, self._skipped = streams, now_s, 0
+        return summary(msg) + skipped
+
+    def clear(self) -> None:
+        self._streams, self._skipped = None, 0
 
 
 def summary(msg: TrajectoryMessage) -> str:

@@ -11,8 +11,8 @@ import pytest
 from alpamayo.cli import main
 from bridges.camera_sim import CameraSim
 from bridges.client import ControlClient, FramePublisher
-from bridges.node import NO_MODEL, InferenceNode
-from bridges.protocol import encode_ego, encode_frame
+from bridges.node import NO_MODEL, InferenceNode, StaleLog
+from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
 from bridges.sockets import CurveClientKeys, create_keys
 from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
 
@@ -159,3 +159,20 @@ def test_start_fails_cleanly_on_a_taken_port():
         with pytest.raises(ValueError, match=f"cannot bind {taken}: Address already in use"):
             node.start()
         assert node.stop()  # nothing started: a no-op
+
+
+def test_stale_outputs_are_logged_when_the_stale_streams_change_and_then_every_period():
+    def stale(*reasons: str) -> TrajectoryMessage:
+        return TrajectoryMessage(seq=0, t0_ns=None, valid=False, invalid_reasons=list(reasons))
+
+    waiting = ("camera 'left': nothing received yet", "ego: nothing received yet")
+    log = StaleLog(every_s=10.0)
+    lines = [log.line(stale(*waiting), t / 10) for t in range(30)]  # 3 s of 10 Hz stale outputs
+    assert lines[0] is not None and all(line is None for line in lines[1:])
+    # the left camera arrived, the ego stream is still missing: new
+    assert log.line(stale("ego: nothing received yet"), 3.0) is not None
+    assert log.line(stale("ego: stale, last message 900 ms ago (limit 500 ms)"), 3.1) is None  # same stream
+    line = log.line(stale("ego: stale, last message 10900 ms ago (limit 500 ms)"), 13.0)
+    assert line is not None and line.endswith("[1 like it since the last line]")
+    log.clear()  # a window was answered in between: the next stale output is news
+    assert log.line(stale("ego: nothing received yet"), 13.1) is not None
