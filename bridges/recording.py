@@ -372,6 +372,16 @@ class Drive:
         for topic, t_ns, msg, schema in self._messages(list(cameras), start_ns, end_ns):
             yield CameraFrame(cameras[topic], t_ns, schema, msg)
 
+    def frame_size(self, start_ns: int | None = None, end_ns: int | None = None) -> tuple[int, int] | None:
+        """(height, width) of the first frame in [start_ns, end_ns) that decodes (None: none does). A frame that
+        does not is passed over here; replay skips it with a warning when it reaches it."""
+        for frame in self.frames(start_ns, end_ns):
+            try:
+                return frame.rgb().shape[:2]
+            except FrameError:
+                continue
+        return None
+
 
 @dataclass
 class _Scan:

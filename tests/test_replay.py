@@ -158,26 +158,51 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
         assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128
 
 
+@pytest.mark.parametrize(
+    ("broken_frame", "expected_ticks"),
+    [
+        (13, (2, 1, 1)),  # frames at 0.0, 0.1, ... s: the oldest frame of the tick at 1.5 s, which lacks it
+        (1, None),  # the first frame sent (0.0 s, before either tick's frames): the warm-up size comes later
+    ],
+)
 def test_realtime_replay_skips_a_frame_that_does_not_decode_with_a_warning(
-    tmp_path, demo_checkpoint, drive, capsys
+    tmp_path, demo_checkpoint, drive, capsys, broken_frame, expected_ticks
 ):
     frames = {"n": 0}
 
-    def corrupt_the_frame_at_1_2_s(topic, message):
+    def corrupt_one_frame(topic, message):
         if topic.endswith("/compressed"):
             frames["n"] += 1
-            if frames["n"] == 13:  # frames at 0.0, 0.1, ... s: the oldest frame of the tick at 1.5 s
+            if frames["n"] == broken_frame:
                 message["data"] = message["data"][:50]
         return message
 
-    broken = rewrite(drive, tmp_path / "broken.mcap", corrupt_the_frame_at_1_2_s)
+    broken = rewrite(drive, tmp_path / "broken.mcap", corrupt_one_frame)
     report = tmp_path / "rt.json"
     code = replay(broken, demo_checkpoint, tmp_path / "rt.mcap", "--json", str(report), "--realtime", *FAST)
     err = capsys.readouterr().err
-    assert code == 0 and "Traceback" not in err
-    assert f"warning: skipped a frame: camera 1 frame at {START_NS + 1_200_000_000} ns: jpeg header" in err
+    assert code == 0 and "Traceback" not in err, err
+    t_ns = START_NS + (broken_frame - 1) * 100_000_000
+    assert f"warning: skipped a frame: camera 1 frame at {t_ns} ns: jpeg header" in err
     ticks = json.loads(report.read_text())["ticks"]
-    assert (ticks["offered"], ticks["answered"], ticks["dropped"]) == (2, 1, 1)  # 1.5 s lacks the frame
+    if expected_ticks is not None:
+        assert (ticks["offered"], ticks["answered"], ticks["dropped"]) == expected_ticks
+    else:
+        assert ticks["offered"] == 2 and ticks["answered"] >= 1
+
+
+def test_realtime_replay_of_a_drive_whose_frames_all_fail_to_decode_is_a_clear_error(
+    tmp_path, demo_checkpoint, drive, capsys
+):
+    def corrupt(topic, message):
+        if topic.endswith("/compressed"):
+            message["data"] = message["data"][:50]
+        return message
+
+    broken = rewrite(drive, tmp_path / "broken.mcap", corrupt)
+    assert replay(broken, demo_checkpoint, tmp_path / "rt.mcap", "--realtime", *FAST) == 2
+    err = capsys.readouterr().err
+    assert f"alpamayo replay: error: {broken}: no camera frame between" in err and "Traceback" not in err
 
 
 def test_backend_arguments_reach_the_replay_settings():

@@ -117,8 +117,10 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
         raise assembler.no_ticks_error()
     begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
     end = offered[-1] + FRAME_TOLERANCE_NS + 1
-    first = next(drive.frames(begin, end))
-    config = node_config(drive, settings, first.rgb().shape[:2])
+    size = drive.frame_size(begin, end)
+    if size is None:
+        raise ValueError(f"{drive.path}: no camera frame between {begin} and {end} ns decodes")
+    config = node_config(drive, settings, size)
     node = InferenceNode(job.predictor, config, tracer).start()
     try:
         _wait_warm(node)

@@ -46,8 +46,8 @@ def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
 
 def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> dict[str, Any]:
     """Settings and environment recorded in every output (JSON report, trace metadata, MCAP metadata)."""
-    first = next(drive.frames(), None)
-    input_size = "?" if first is None else "{}x{}".format(*first.rgb().shape[:2])
+    size = drive.frame_size()
+    input_size = "?" if size is None else "{}x{}".format(*size)
     return {
         "mode": settings.mode,
         "speed": settings.speed if settings.mode == "realtime" else None,
