@@ -45,17 +45,21 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    cuda = torch.cuda.is_available()
-    for item in items:
-        if "cuda" in item.keywords and not cuda:
-            item.add_marker(pytest.mark.skipif(True, reason="no CUDA device on this machine"))
+    """`cuda` tests skip where torch sees no CUDA device, `blackhole` tests where no p150 can be opened (the
+    reason says whether ttnn or the card is missing); each skip is conditional on that capability."""
+    no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
     blackhole = [item for item in items if "blackhole" in item.keywords]
+    reason = None
     if blackhole:
         from alpamayo.tt.runtime import device_unavailable_reason
 
         reason = device_unavailable_reason()  # imports ttnn (host mode) only when such tests are collected
-        for item in blackhole if reason else ():
-            item.add_marker(pytest.mark.skip(reason=f"needs a Blackhole p150: {reason}"))
+    no_card = pytest.mark.skipif(reason is not None, reason=f"needs a Blackhole p150: {reason}")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(no_cuda)
+    for item in blackhole:
+        item.add_marker(no_card)
 
 
 @pytest.fixture(scope="session")
