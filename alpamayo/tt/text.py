@@ -252,7 +252,7 @@ class TTTextModel(DeviceIO):
     def _release_trace(self) -> None:
         if self._trace is not None:
             self.ttnn.release_trace(self.device, self._trace["id"])
-            self.ttnn.deallocate(self._trace["out"])
+            self._free(self._trace["out"])
             self._trace = None
 
     def _require_cache(self) -> None:

@@ -115,8 +115,7 @@ class TTVisionEncoder(DeviceIO):
 
     def close(self) -> None:
         """Free the device weights (the device itself belongs to the text model)."""
-        for t in self.w.values():
-            self.ttnn.deallocate(t)
+        self._free(*self.w.values())
         self.w = {}
 
     # ------------------------------------------------------------------ host <-> device
