@@ -20,19 +20,17 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
-from alpamayo.errors import ConfigError
 from alpamayo.text.linear import Linear, pack_linears
 from vision.block import PatchMerger, VisionBlock
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin
 from vision.weights import (
     MERGER,
     POS_EMBED,
-    VISION_NAMESPACES,
     build_block,
     build_merger,
     build_patch_embed,
     deepstack_prefix,
-    vision_tensor_shapes,
+    validate_vision_tensors,
 )
 
 
@@ -67,10 +65,7 @@ class VisionEncoder(nn.Module):
     ) -> VisionEncoder:
         """Build from a checkpoint directory (or an open `Checkpoint`), validating every `visual.*` tensor first."""
         ckpt, cfg = open_checkpoint(source, cfg)
-        v = cfg.vision
-        if v is None:
-            raise ConfigError(f"{cfg.source}: no vision_config, so the checkpoint has no vision tower")
-        ckpt.validate(vision_tensor_shapes(v), VISION_NAMESPACES)
+        v = validate_vision_tensors(ckpt, cfg)
         get = ckpt.getter(dtype, device)
         encoder = cls(
             v,

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from alpamayo.checkpoint import Getter, Shape
-from alpamayo.config import VisionConfig
+from alpamayo.checkpoint import Checkpoint, Getter, Shape
+from alpamayo.config import ModelConfig, VisionConfig
 from alpamayo.errors import ConfigError
 from alpamayo.text.linear import Linear
 from vision.block import LayerNorm, PatchMerger, VisionAttention, VisionBlock, VisionMLP
@@ -67,6 +67,15 @@ def vision_tensor_shapes(cfg: VisionConfig) -> dict[str, list[Shape]]:
         _linear(shapes, prefix + "linear_fc1.", fused, fused)
         _linear(shapes, prefix + "linear_fc2.", cfg.out_hidden_size, fused)
     return shapes
+
+
+def validate_vision_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> VisionConfig:
+    """The vision tower's config, once every `visual.*` tensor's name and shape is checked (before any is read;
+    `Checkpoint.validate`); ConfigError when the checkpoint has no vision tower. For both backends."""
+    if cfg.vision is None:
+        raise ConfigError(f"{cfg.source}: no vision_config, so the checkpoint has no vision tower")
+    ckpt.validate(vision_tensor_shapes(cfg.vision), VISION_NAMESPACES)
+    return cfg.vision
 
 
 def _load_linear(prefix: str, get: Getter) -> Linear:

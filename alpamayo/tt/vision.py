@@ -29,7 +29,6 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
-from alpamayo.errors import ConfigError
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
@@ -43,7 +42,7 @@ from alpamayo.tt.weights import head_positions
 from vision.block import LAYER_NORM_EPS
 from vision.encoder import check_inputs, frame_segments
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin
-from vision.weights import POS_EMBED, VISION_NAMESPACES, vision_tensor_shapes
+from vision.weights import POS_EMBED, validate_vision_tensors
 
 SDPA_CHUNK = 128  # q and k chunk of the windowed SDPA: divides every padded length
 
@@ -99,12 +98,9 @@ class TTVisionEncoder(DeviceIO):
         """Validate the `visual.*` tensors, plan, and upload every vision weight to the opened `device`
         (the text model's: `TTTextModel.device`). `cache_dir` as in `TTTextModel.from_checkpoint`."""
         ckpt, cfg = open_checkpoint(source, cfg)
-        v = cfg.vision
-        if v is None:
-            raise ConfigError(f"{cfg.source}: no vision_config, so the checkpoint has no vision tower")
+        v = validate_vision_tensors(ckpt, cfg)
         if device is None:
             raise ValueError("TTVisionEncoder needs an opened device (the text model's `device`)")
-        ckpt.validate(vision_tensor_shapes(v), VISION_NAMESPACES)
         precision = load_precision(precision)
         spec = DeviceSpec.from_device(device)
         plan = plan_vision(v, spec, cfg.source)
