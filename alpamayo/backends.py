@@ -42,6 +42,11 @@ class BackendOptions:
     def torch_dtype(self) -> torch.dtype:
         return parse_dtype(self.dtype)
 
+    @property
+    def precision(self) -> str:
+        """What the outputs record as the run's precision: the ttnn recipe, or the torch dtype's name."""
+        return self.recipe if self.backend == "ttnn" else str(self.torch_dtype).removeprefix("torch.")
+
 
 def check_num_samples(backend: str, num_samples: int, temperature: float) -> None:
     """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: with greedy

@@ -1,6 +1,6 @@
 """`AlpamayoVLA`: camera frames + ego history -> reasoning, trajectory tokens and 64 waypoints.
 
-    vla = AlpamayoVLA.from_checkpoint(ckpt_dir, device="cpu", dtype=torch.bfloat16)
+    vla = AlpamayoVLA.from_checkpoint(ckpt_dir, BackendOptions(dtype=torch.bfloat16))
     prediction = vla.predict(frames, ego_history, frame_times_ns=times)   # alpamayo.prediction.Prediction
 
 One prediction: validate the inputs; ego history -> t0 frame -> 48 history tokens; vision features for every
@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from alpamayo.backends import BackendOptions
 from alpamayo.generation import Sampling, TokenSampler
@@ -26,7 +25,7 @@ from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
 from alpamayo.tokenizer import load_tokenizer
 from alpamayo.trajectory_generation import generate_plans
-from alpamayo.vlm import ImageFeatures, VisionLanguageModel
+from alpamayo.vlm import TORCH_CPU, ImageFeatures, VisionLanguageModel
 from planner.pipeline import Planner
 from vision.preprocess import check_image_size, preprocess_images
 
@@ -122,27 +121,20 @@ class AlpamayoVLA:
     def from_checkpoint(
         cls,
         directory: str | Path,
-        backend: str = "torch",
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype | str = torch.float32,
+        options: BackendOptions = TORCH_CPU,
         tracer: Tracer | None = None,
         sampling: Sampling = GREEDY,
         max_reasoning_tokens: int = 256,
-        recipe: str = "performance",
-        tt_cache: str | Path | None = None,
-        moe_config: str | Path | None = None,
     ) -> AlpamayoVLA:
         """Load an Alpamayo (or plain Qwen3-VL plus trajectory vocabulary) checkpoint directory.
 
-        backend "torch" runs on `device` in `dtype`; "ttnn" runs the vision tower and the text backbone on one
-        Blackhole p150 with the precision `recipe` (one sample per prediction; `moe_config`: the MoE block
-        config YAML of an MoE checkpoint). Either way only frames not seen before are encoded (`FeatureCache`).
+        The torch backend runs on `options.device` in `options.dtype`; ttnn runs the vision tower and the text
+        backbone on one Blackhole p150 with the precision `options.recipe` (one sample per prediction). Either
+        way only frames not seen before are encoded (`FeatureCache`).
         """
-        options = BackendOptions(backend, dtype, device, recipe, tt_cache, moe_config)
         vlm = VisionLanguageModel.from_checkpoint(directory, options)
         planner = Planner.from_config(vlm.config, load_tokenizer(directory))
-        precision = recipe if backend == "ttnn" else str(options.torch_dtype).removeprefix("torch.")
-        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, precision)
+        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision)
 
     def close(self) -> None:
         """Release device resources (the ttnn backend's trace and device)."""

@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from alpamayo.backends import BackendOptions
 from alpamayo.cli import main
 from alpamayo.generation import Sampling
 from alpamayo.inputs import read_frames
@@ -181,7 +182,7 @@ def test_cuda_prediction_equals_the_cpu_one(vla, demo_checkpoint):
     device reproduce for a seed."""
     frames, times = frames_at(50)
     expected = vla.predict(frames, straight_history(), frame_times_ns=times)
-    cuda = AlpamayoVLA.from_checkpoint(demo_checkpoint, device="cuda", max_reasoning_tokens=6)
+    cuda = AlpamayoVLA.from_checkpoint(demo_checkpoint, BackendOptions(device="cuda"), max_reasoning_tokens=6)
     pred = cuda.predict(frames, straight_history(), frame_times_ns=times)
     assert pred.best.reasoning_token_ids == expected.best.reasoning_token_ids
     assert pred.best.token_ids == expected.best.token_ids

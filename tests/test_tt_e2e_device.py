@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from alpamayo.backends import BackendOptions
 from alpamayo.runtime import AlpamayoVLA
 from planner.metrics import ade
 from tests.test_runtime import CAMERAS, frames_at, straight_history
@@ -40,7 +41,7 @@ def test_device_trajectory_tokens_match_the_torch_backend(
     demo_checkpoint, torch_predictions, recipe, record_figure
 ):
     vla = AlpamayoVLA.from_checkpoint(
-        demo_checkpoint, backend="ttnn", recipe=recipe, max_reasoning_tokens=REASONING_CAP
+        demo_checkpoint, BackendOptions("ttnn", recipe=recipe), max_reasoning_tokens=REASONING_CAP
     )
     try:
         agreement, drift, encoded, stages = [], [], [], set()

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from alpamayo.backends import check_num_samples
-from alpamayo.commands.common import add_model_args, add_sampling_args
+from alpamayo.commands.common import add_model_args, add_sampling_args, backend_options
 from alpamayo.generation import Sampling
 from alpamayo.inputs import read_ego_csv, read_frames
 from alpamayo.runtime import AlpamayoVLA
@@ -29,12 +29,7 @@ def run(args: argparse.Namespace) -> int:
     ego = read_ego_csv(args.ego)
     vla = AlpamayoVLA.from_checkpoint(
         args.checkpoint,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        recipe=args.recipe,
-        tt_cache=args.tt_cache,
-        moe_config=args.moe_config,
+        backend_options(args),
         sampling=Sampling(args.temperature, args.top_p),
         max_reasoning_tokens=args.max_reasoning_tokens,
     )

@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from alpamayo.backends import BACKENDS
+from alpamayo.backends import BACKENDS, BackendOptions
 from alpamayo.commands.common import DTYPES, RECIPE_HELP
 from alpamayo.generation import Sampling
 from alpamayo.runtime import AlpamayoVLA
@@ -113,12 +113,7 @@ def load_model(config: NodeConfig) -> AlpamayoVLA:
     m = config.model
     return AlpamayoVLA.from_checkpoint(
         m.checkpoint,
-        backend=m.backend,
-        device=m.device,
-        dtype=m.dtype,
-        recipe=m.recipe,
-        tt_cache=m.tt_cache,
-        moe_config=m.moe_config,
+        BackendOptions(m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config),
         sampling=Sampling(m.temperature, m.top_p),
         max_reasoning_tokens=m.max_reasoning_tokens,
     )

@@ -32,12 +32,7 @@ RUN_METADATA = "alpamayo.run"
 def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
     return AlpamayoVLA.from_checkpoint(
         settings.checkpoint,
-        backend=settings.backend,
-        device=settings.device,
-        dtype=settings.dtype,
-        recipe=settings.recipe,
-        tt_cache=settings.tt_cache,
-        moe_config=settings.moe_config,
+        settings.backend_options(),
         tracer=tracer,
         sampling=Sampling(settings.temperature, settings.top_p),
         max_reasoning_tokens=settings.max_reasoning_tokens,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alpamayo.backends import check_num_samples
+from alpamayo.backends import BackendOptions, check_num_samples
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
 from bridges.recording import Drive, Warn
@@ -50,6 +50,11 @@ class ReplaySettings:
     json: Path | None = None
     plots: Path | None = None
     progress: bool = True
+
+    def backend_options(self) -> BackendOptions:
+        return BackendOptions(
+            self.backend, self.dtype, self.device, self.recipe, self.tt_cache, self.moe_config
+        )
 
     def validate(self) -> None:
         """ValueError naming the option, its value and the allowed range for the first one out of range."""
