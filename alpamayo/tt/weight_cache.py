@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
+from alpamayo.checkpoint import Getter
 from alpamayo.tt.precision import Precision
 from alpamayo.tt.runtime import import_ttnn
 from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype
-from alpamayo.tt.weights import Getter, WeightSpec, prepare, weight_dtype
+from alpamayo.tt.weights import WeightSpec, prepare, weight_dtype
 
 # Bump when `alpamayo.tt.weights.prepare` changes what it produces for the same spec.
 PREPARE_VERSION = 2
