@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from alpamayo.checkpoint import Getter, expert_layout
+from alpamayo.checkpoint import Getter, Shape, expert_layout
 from alpamayo.config import TextConfig
 
 GATE = "gate.weight"  # router [E, H]
@@ -19,21 +19,21 @@ def expert_weights(cfg: TextConfig, prefix: str, get: Getter) -> tuple[torch.Ten
     transformers 5's layout. Hub files (transformers 4.57: gate_up [E, H, 2I], down [E, I, H]) are transposed
     once here; `alpamayo.checkpoint.expert_layout` detects which by shape and refuses anything else.
     """
-    moe = cfg.moe
-    if moe is None:
+    if cfg.moe is None:
         raise ValueError(f"{prefix}: expert weights need a text config with MoE settings (cfg.moe is None)")
     gate_up, down = get(prefix + GATE_UP), get(prefix + DOWN)
-    layout = expert_layout(
-        prefix + "experts",
-        tuple(gate_up.shape),
-        tuple(down.shape),
-        moe.num_experts,
-        cfg.hidden_size,
-        moe.moe_intermediate_size,
-    )
-    if layout == "hub":
+    if disk_layout(cfg, prefix, tuple(gate_up.shape), tuple(down.shape)) == "hub":
         gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
     return gate_up, down
+
+
+def disk_layout(cfg: TextConfig, prefix: str, gate_up: Shape, down: Shape) -> str:
+    """On-disk layout ("hub" or "v5") of the fused expert tensors of shapes `gate_up` and `down` of the sparse
+    layer under `prefix`: `alpamayo.checkpoint.expert_layout` at the config's expert dimensions."""
+    moe = cfg.moe
+    return expert_layout(
+        prefix + "experts", gate_up, down, moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size
+    )
 
 
 # Per-projection views of a sparse layer's fused expert tensors (suffixes under `language_model.layers.{i}.mlp.`),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from alpamayo.checkpoint import Checkpoint, expert_layout
+from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import load_config
 from alpamayo.moe.weights import (
     DOWN,
@@ -31,6 +31,7 @@ from alpamayo.moe.weights import (
     EXPERT_UP,
     GATE_UP,
     ExpertView,
+    disk_layout,
     fused_expert_tensors,
 )
 from alpamayo.text.weights import EMBED, LM_HEAD
@@ -86,14 +87,8 @@ class QuantizedCheckpoint(Checkpoint):
         views: dict[str, torch.Tensor] = {}
         for spec in self._specs[name]:
             views.update(self._rounded(spec))
-        t, e = self.config.text, self.config.text.moe
-        layout = expert_layout(
-            prefix + "experts",
-            self.shape(prefix + GATE_UP),
-            self.shape(prefix + DOWN),
-            e.num_experts,
-            t.hidden_size,
-            e.moe_intermediate_size,
+        layout = disk_layout(
+            self.config.text, prefix, self.shape(prefix + GATE_UP), self.shape(prefix + DOWN)
         )
         gate, up, down = (views[prefix + view] for view in (EXPERT_GATE, EXPERT_UP, EXPERT_DOWN))
         self._ready[prefix + GATE_UP], self._ready[prefix + DOWN] = fused_expert_tensors(
