@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR, builtin_config
 from alpamayo.errors import ConfigError
 from alpamayo.moe import MoEBlock, MoEBlockConfig, TopKRouter
@@ -19,15 +18,9 @@ from alpamayo.tt.memory import check_fits
 from alpamayo.tt.moe import group_rows, max_groups
 from alpamayo.tt.precision import PRESETS
 from alpamayo.tt.program_config import PlanError, plan_moe, plan_text
-from tests.hf_checkpoints import hf_config
-from tests.tt_checkpoints import TT_TINY
+from tests.tt_checkpoints import TT_TINY, tiny_config
 
 BLOCK_30B = dict(hidden_size=2048, intermediate_size=768, num_routed_experts=128, select_experts_k=8)
-
-
-def tiny_moe():
-    spec = TT_TINY["moe"]
-    return parse_config(hf_config(spec["text"], moe=True).to_dict(), "moe/config.json")
 
 
 def test_the_shipped_30b_a3b_yaml_is_the_models_block_on_one_chip():
@@ -43,7 +36,7 @@ def test_the_shipped_30b_a3b_yaml_is_the_models_block_on_one_chip():
 
 
 def test_a_model_without_a_shipped_yaml_runs_its_own_dimensions():
-    t = tiny_moe().text
+    t = tiny_config(TT_TINY["moe"], "moe").text
     assert block_config_for(t) == MoEBlockConfig.for_text(t)
     assert (block_config_for(t).num_routed_experts, block_config_for(t).select_experts_k) == (32, 4)
 

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alpamayo.config import parse_config
 from alpamayo.configs import NAMES, builtin_config
 from alpamayo.tt import ttnn_configs
 from alpamayo.tt.device_spec import P150, TILE
@@ -22,15 +21,8 @@ from alpamayo.tt.program_config import (
     TextPlan,
     plan_text,
 )
-from tests.hf_checkpoints import hf_config
 from tests.test_text_golden import GOLDEN
-from tests.tt_checkpoints import TT_TINY
-
-
-def tiny_config(spec: dict, name: str):
-    cfg = hf_config(spec["text"], tie=spec["tie"], moe=spec.get("moe", False))
-    return parse_config(cfg.to_dict(), f"{name}/config.json")
-
+from tests.tt_checkpoints import TT_TINY, tiny_config
 
 ALL_PLANNABLE = [(n, builtin_config(n)) for n in NAMES] + [(n, tiny_config(s, n)) for n, s in TT_TINY.items()]
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.hf_checkpoints import save_checkpoint, text_config
+from alpamayo.config import ModelConfig, parse_config
+from tests.hf_checkpoints import hf_config, save_checkpoint, text_config
 
 # A real Qwen3-VL checkpoint directory for the device tests, its recipe, and where its packed weights are cached.
 REAL_ENV, RECIPE_ENV, CACHE_ENV = "ALPAMAYO_TT_CHECKPOINT", "ALPAMAYO_TT_RECIPE", "ALPAMAYO_TT_CACHE"
@@ -99,6 +100,12 @@ VISION_72 = dict(
     deepstack_visual_indexes=[0, 1],
     hidden_act="gelu_pytorch_tanh",
 )
+
+
+def tiny_config(spec: dict, name: str) -> ModelConfig:
+    """The parsed config of a test checkpoint spec (a `TT_TINY` or `GOLDEN` entry) without saving weights."""
+    cfg = hf_config(spec["text"], tie=spec["tie"], moe=spec.get("moe", False))
+    return parse_config(cfg.to_dict(), f"{name}/config.json")
 
 
 def save_tt_checkpoint(path: Path, name: str, seed: int, vision: dict | None = None) -> torch.nn.Module:
