@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from alpamayo.checkpoint import Checkpoint, Getter, Shape, expert_layout, expert_layouts
+from alpamayo.checkpoint import Checkpoint, Getter, Shape, expert_layouts
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.errors import CheckpointError
+from alpamayo.moe.weights import disk_layout
 from alpamayo.text.attention import Attention
 from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.mlp import SwiGLU
@@ -77,17 +78,10 @@ def validate_text_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     for i in range(t.num_hidden_layers):
         if t.moe is None or not t.moe.is_sparse(i):
             continue
-        prefix = layer_prefix(i) + "mlp.experts"
-        gate_up, down = ckpt.entry(prefix + ".gate_up_proj"), ckpt.entry(prefix + ".down_proj")
+        prefix = layer_prefix(i) + "mlp."
+        gate_up, down = ckpt.entry(prefix + "experts.gate_up_proj"), ckpt.entry(prefix + "experts.down_proj")
         try:
-            expert_layout(
-                prefix,
-                gate_up.shape,
-                down.shape,
-                t.moe.num_experts,
-                t.hidden_size,
-                t.moe.moe_intermediate_size,
-            )
+            disk_layout(t, prefix, gate_up.shape, down.shape)
         except CheckpointError as e:
             raise CheckpointError(
                 f"{ckpt.directory}: {e}; on disk: '{gate_up.key}' in {gate_up.file.name}, '{down.key}' in "
