@@ -228,12 +228,15 @@ class TTTextModel(DeviceIO):
             raise ValueError(f"fork({n}): the ttnn backend decodes one sequence (n must be 1)")
 
     def close(self) -> None:
-        """Release the decode trace, the KV cache and (when this model opened it) the device."""
+        """Release the decode trace, the KV cache, the weights and (when this model opened it) the device. The
+        weights are freed even then: on a device shared with other models they would otherwise stay in DRAM."""
         self._release_trace()
         self._free_cache()
         if self._inputs is not None:
             self._free(*self._inputs.values())
             self._inputs = None
+        self._free(*self.weights.values())
+        self.weights, self.layer_weights, self.moe = {}, [], {}
         if self.owns_device and self.device is not None:
             close_device(self.device)
         self.device = None
