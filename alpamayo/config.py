@@ -80,6 +80,15 @@ class TextConfig:
     def gqa_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    def is_sparse(self, layer: int) -> bool:
+        """Decoder layer `layer` has an MoE block (never in a dense model; `MoEConfig.is_sparse`)."""
+        return self.moe is not None and self.moe.is_sparse(layer)
+
+    @property
+    def sparse_layers(self) -> list[int]:
+        """The decoder layers with an MoE block, in order (empty for a dense model)."""
+        return [i for i in range(self.num_hidden_layers) if self.is_sparse(i)]
+
 
 @dataclass(frozen=True)
 class VisionConfig:

@@ -54,7 +54,7 @@ def text_tensor_shapes(cfg: ModelConfig) -> dict[str, list[Shape]]:
             shapes[p + "self_attn.o_proj.bias"] = [(h,)]
         shapes[p + "self_attn.q_norm.weight"] = [(d,)]
         shapes[p + "self_attn.k_norm.weight"] = [(d,)]
-        if t.moe is not None and t.moe.is_sparse(i):
+        if t.is_sparse(i):
             shapes[p + "mlp.gate.weight"] = [(t.moe.num_experts, h)]
             for name, allowed in expert_shapes(t).items():
                 shapes[f"{p}mlp.experts.{name}"] = allowed
@@ -75,9 +75,7 @@ def validate_text_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> None:
     """
     ckpt.validate(text_tensor_shapes(cfg), TEXT_NAMESPACES + (("visual.",) if cfg.vision is None else ()))
     t = cfg.text
-    for i in range(t.num_hidden_layers):
-        if t.moe is None or not t.moe.is_sparse(i):
-            continue
+    for i in t.sparse_layers:
         prefix = layer_prefix(i) + "mlp."
         gate_up, down = ckpt.entry(prefix + "experts.gate_up_proj"), ckpt.entry(prefix + "experts.down_proj")
         try:
@@ -92,7 +90,7 @@ def validate_text_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> None:
 def build_mlp(cfg: TextConfig, i: int, get: Getter) -> nn.Module:
     """The feed-forward block of layer i: dense SwiGLU, or the sparse MoE block where the config says so."""
     p = layer_prefix(i) + "mlp."
-    if cfg.moe is not None and cfg.moe.is_sparse(i):
+    if cfg.is_sparse(i):
         from alpamayo.moe.block import SparseMoE
 
         return SparseMoE.from_weights(cfg, p, get)

@@ -346,7 +346,7 @@ def plan_text(
     h_tiles = hp // TILE
     residual = _grid_dividing((h_tiles,), _device_grid(device, DECODE_MAX_GRID))
     block_w = h_tiles // residual.cores
-    dense = t.moe is None or any(not t.moe.is_sparse(i) for i in range(t.num_hidden_layers))
+    dense = len(t.sparse_layers) < t.num_hidden_layers
     inter_p = round_up(t.intermediate_size, TILE * device.dram_banks)
     mlp = (
         (
@@ -359,7 +359,7 @@ def plan_text(
         if dense
         else (None, None, None)
     )
-    sparse = t.moe is not None and any(t.moe.is_sparse(i) for i in range(t.num_hidden_layers))
+    sparse = bool(t.sparse_layers)
     moe_plan = plan_moe(cfg, moe or block_config_for(t), precision, device) if sparse else None
     _kv_fill_grid(t.num_key_value_heads, PREFILL_PAD)  # refuses a head count the KV fill cannot shard
     return TextPlan(

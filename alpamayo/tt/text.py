@@ -128,9 +128,7 @@ class TTTextModel(DeviceIO):
         self.ck = ck
         self.kv_dtype = cfgs.ttnn_dtype(ttnn, precision.dtype("kv_cache"))
         self.moe = {
-            i: TTMoE(ttnn, device, plan.moe, self.layer_weights[i], ck, self.tracer)
-            for i in range(t.num_hidden_layers)
-            if t.moe is not None and t.moe.is_sparse(i)
+            i: TTMoE(ttnn, device, plan.moe, self.layer_weights[i], ck, self.tracer) for i in t.sparse_layers
         }
         self._decode_setup()
 

@@ -338,7 +338,7 @@ def text_weight_specs(cfg: ModelConfig, dram_banks: int) -> list[WeightSpec]:
         splits = (t.q_dim, t.kv_dim, t.kv_dim)
         sharded(d + "wqkv", qkv_sources, "qkv", "fused_qkv", h, qkv_n, hp, splits=splits)
         sharded(d + "wo", (a + "o_proj.weight",), "o", "linear", t.q_dim, h, t.q_dim)
-        if t.moe is not None and t.moe.is_sparse(i):
+        if t.is_sparse(i):
             specs += expert_specs(t, i, dram_banks)
         else:
             sharded(
