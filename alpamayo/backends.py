@@ -48,6 +48,9 @@ class BackendOptions:
         return self.recipe if self.backend == "ttnn" else str(self.torch_dtype).removeprefix("torch.")
 
 
+TORCH_CPU = BackendOptions()  # the default everywhere: the torch reference, float32, on the CPU
+
+
 def check_num_samples(backend: str, num_samples: int, temperature: float) -> None:
     """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: with greedy
     decoding (temperature 0) they would all be one sample, and ttnn decodes one sequence per prediction.

@@ -269,9 +269,7 @@ def _vision_config(vis: Fields) -> VisionConfig:
         raise ConfigError(
             f"{vis.source}: '{vis.name('num_position_embeddings')}' = {n_pos} is not a square grid"
         )
-    rope_theta = 10000.0
-    if vis.has("rope_parameters"):
-        rope_theta = vis.sub("rope_parameters").number("rope_theta", 10000.0, positive=True)
+    rope_theta = vis.optional_sub("rope_parameters").number("rope_theta", 10000.0, positive=True)
     return VisionConfig(
         depth=depth,
         hidden_size=hidden,

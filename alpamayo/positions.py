@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from alpamayo.config import ModelConfig
+from alpamayo.text.inputs import rope_delta, text_position_ids
 
 
 def _image_ids(cfg: ModelConfig) -> tuple[int, int]:
@@ -69,7 +70,7 @@ def mrope_position_ids(
             raise ValueError(
                 f"the prompt holds <|image_pad|> tokens (id {cfg.image_token_id}) but no image grids"
             )
-        return torch.arange(length).view(1, -1).expand(3, -1).clone(), 0
+        return text_position_ids(length), 0
     pad, merge = _image_ids(cfg)
     counts = image_token_counts(grids, merge)
     pads = (ids == pad).nonzero().flatten().tolist()
@@ -92,4 +93,4 @@ def mrope_position_ids(
         next_pos += max(gh, gw)
         cursor, used = first + n, used + n
     positions[:, cursor:] = torch.arange(length - cursor) + next_pos
-    return positions, int(positions.max()) + 1 - length
+    return positions, rope_delta(positions)

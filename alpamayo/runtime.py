@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from alpamayo.backends import BackendOptions
+from alpamayo.backends import TORCH_CPU, BackendOptions
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
 from alpamayo.tokenizer import load_tokenizer
 from alpamayo.trajectory_generation import generate_plans
-from alpamayo.vlm import TORCH_CPU, ImageFeatures, VisionLanguageModel
+from alpamayo.vlm import ImageFeatures, VisionLanguageModel
 from planner.pipeline import Planner
 from vision.preprocess import check_image_size, preprocess_images
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.backends import BackendOptions, close_model, load_text_model, load_vision_encoder
+from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import ConfigError
@@ -29,8 +29,6 @@ from alpamayo.positions import expand_image_pads, image_token_counts, mrope_posi
 from alpamayo.profiling import Tracer
 from vision.encoder import VisionEncoder
 from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
-
-TORCH_CPU = BackendOptions()
 
 
 @dataclass(frozen=True)

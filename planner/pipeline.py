@@ -39,6 +39,7 @@ class Planner:
         self.history_tokenizer = HistoryTokenizer(settings.history)
         self.future_tokenizer = FutureTokenizer(settings.future, settings.action_space)
         self.action_space = UnicycleActionSpace(settings.action_space)
+        self.added_tokens = frozenset(tokenizer.get_added_vocab())  # looked up once, not per prompt
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, tokenizer: Any) -> Planner:
@@ -61,7 +62,14 @@ class Planner:
     ) -> DrivingPrompt:
         bins = self.history_tokenizer.encode(history.xyz)
         return build_prompt(
-            self.tokenizer, self.vocab, cameras, frames_per_camera, bins, route, self.prompt_settings
+            self.tokenizer,
+            self.vocab,
+            cameras,
+            frames_per_camera,
+            bins,
+            route,
+            self.prompt_settings,
+            self.added_tokens,
         )
 
     def reasoning_text(self, token_ids: Sequence[int]) -> str:

@@ -42,7 +42,7 @@ def check_prefill(
     if not 1 <= length <= max_seq_len:
         raise ValueError(f"prompt length {length} must be in [1, max_seq_len={max_seq_len}]")
     if position_ids is None:
-        position_ids = torch.arange(length).view(1, -1).expand(3, -1)
+        position_ids = text_position_ids(length)
     if tuple(position_ids.shape) != (3, length):
         raise ValueError(f"position_ids must have shape [3, {length}], got {list(position_ids.shape)}")
     if deepstack is None or len(deepstack) == 0:
@@ -63,6 +63,11 @@ def check_prefill(
                 f"({n} visual positions)"
             )
     return position_ids
+
+
+def text_position_ids(length: int) -> torch.Tensor:
+    """M-RoPE position ids [3, L] int64 of a text-only prompt: 0..L-1 on all three rows (T, H, W)."""
+    return torch.arange(length).repeat(3, 1)
 
 
 def rope_delta(position_ids: torch.Tensor) -> int:
