@@ -27,6 +27,7 @@ from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.profiling import Tracer
 from alpamayo.text import TextModel
+from alpamayo.text.inputs import text_position_ids
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.precision_planner import layer_io
 from alpamayo.tt.program_config import plan_text
@@ -93,10 +94,6 @@ def case(request, device, tmp_path_factory):
     c.tt.close()
 
 
-def text_positions(length: int, start: int = 0) -> torch.Tensor:
-    return torch.arange(start, start + length).view(1, -1).expand(3, -1)
-
-
 @torch.inference_mode()
 def reference_decode_io(ref: TextModel, token: int, position: int) -> list:
     """(input, output) [H] of every reference decoder layer for `token` at cache index `position`."""
@@ -114,7 +111,7 @@ def test_prefill_layers_and_kv_cache_match_the_reference(case, record_figure):
     ref, tt = case.ref, case.tt
     ref.setup_cache(256)
     tt.setup_cache(256)
-    positions = text_positions(PROMPT_LEN)
+    positions = text_position_ids(PROMPT_LEN)
     ios = layer_io(ref, ref.embed(case.prompt), positions)
     worst, worst_kv = 1.0, 1.0
     for i, (x, y) in enumerate(ios):

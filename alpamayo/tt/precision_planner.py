@@ -37,7 +37,7 @@ from alpamayo.demo_checkpoint import CORPUS
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
-from alpamayo.text.inputs import rope_delta
+from alpamayo.text.inputs import rope_delta, text_position_ids
 from alpamayo.tokenizer import load_tokenizer
 from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import Precision, load_precision
@@ -114,10 +114,6 @@ def layer_io(
         x = y
     model.cache_len, model.rope_delta = hidden.shape[0], rope_delta(position_ids)
     return out
-
-
-def _text_positions(length: int) -> torch.Tensor:
-    return torch.arange(length).view(1, -1).expand(3, -1)
 
 
 def kv_store(precision: Precision) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -201,7 +197,7 @@ def reference(directory: Path, settings: Settings, ticks: Sequence[Any]) -> Refe
     continuation = greedy_continue(model, model.prefill(prompt), settings.tokens)
     ids = torch.cat([prompt, torch.tensor(continuation[:-1], dtype=torch.long)])
     model.setup_cache(ids.numel())
-    io = layer_io(model, model.embed(ids), _text_positions(ids.numel()))
+    io = layer_io(model, model.embed(ids), text_position_ids(ids.numel()))
     logits = _continuation_logits(model, ids, settings.tokens)
     del model
     vision = _vision(VisionEncoder.from_checkpoint(directory, cfg)) if cfg.vision is not None else None
