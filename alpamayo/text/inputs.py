@@ -65,6 +65,14 @@ def check_prefill(
     return position_ids
 
 
+def check_decode_room(cache_len: int, max_seq_len: int) -> None:
+    """RuntimeError unless a decode step can run: a prompt was prefilled and the cache has a free position."""
+    if cache_len == 0:
+        raise RuntimeError("decode() needs a prefilled prompt")
+    if cache_len >= max_seq_len:
+        raise RuntimeError(f"KV cache full: {cache_len} positions of max_seq_len={max_seq_len}")
+
+
 def text_position_ids(length: int) -> torch.Tensor:
     """M-RoPE position ids [3, L] int64 of a text-only prompt: 0..L-1 on all three rows (T, H, W)."""
     return torch.arange(length).repeat(3, 1)

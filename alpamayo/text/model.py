@@ -23,7 +23,7 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig
-from alpamayo.text.inputs import check_prefill, check_token_ids, prompt_hidden, rope_delta
+from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.linear import Linear, pack_linears
@@ -185,13 +185,7 @@ class TextModel(nn.Module):
     @torch.inference_mode()
     def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
         """Append one token per active row and return float32 logits: [V] for an int, [B, V] for ids [B]."""
-        cache = self._require_cache()
-        if self.cache_len == 0:
-            raise RuntimeError("decode() needs a prefilled prompt")
-        if self.cache_len >= cache.max_seq_len:
-            raise RuntimeError(
-                f"KV cache full: {self.cache_len} positions of max_seq_len={cache.max_seq_len}"
-            )
+        check_decode_room(self.cache_len, self._require_cache().max_seq_len)
         single = isinstance(tokens, int)
         ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
         if ids.numel() != self.batch:

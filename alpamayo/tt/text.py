@@ -49,7 +49,7 @@ from alpamayo.errors import BackendUnavailable
 from alpamayo.moe.config import MoEBlockConfig, model_block_config
 from alpamayo.moe.weights import ExpertView
 from alpamayo.profiling import Tracer
-from alpamayo.text.inputs import check_prefill, check_token_ids, prompt_hidden, rope_delta
+from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, validate_text_tensors
 from alpamayo.tt import ttnn_configs as cfgs
@@ -679,10 +679,7 @@ class TTTextModel(DeviceIO):
 
     def _check_decode(self, token: int) -> None:
         self._require_cache()
-        if self.cache_len == 0:
-            raise RuntimeError("decode() needs a prefilled prompt")
-        if self.cache_len >= self.max_seq_len:
-            raise RuntimeError(f"KV cache full: {self.cache_len} positions of max_seq_len={self.max_seq_len}")
+        check_decode_room(self.cache_len, self.max_seq_len)
         check_token_ids(torch.tensor([token]), self.text_cfg.vocab_size)
 
     def _logits(self, row: Any) -> torch.Tensor:
