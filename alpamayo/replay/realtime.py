@@ -14,6 +14,7 @@ The node's own warm-up predictions run before the first frame is sent and are ex
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -112,7 +113,7 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
     drive, tracer, settings = job.drive, job.tracer, job.settings
     settings.validate()
     assembler = TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)
-    offered = [t.t0_ns for t in assembler][: settings.max_ticks]
+    offered = [t.t0_ns for t in itertools.islice(assembler, settings.max_ticks)]
     if not offered:
         raise assembler.no_ticks_error()
     begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
