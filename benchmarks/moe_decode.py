@@ -35,7 +35,7 @@ import torch
 from text_backbone import bench_model, bench_transformers, copy_bandwidth_gbs, save_random_checkpoint, timed
 from torch import nn
 
-from alpamayo.commands.common import DTYPES
+from alpamayo.devices import DTYPES
 from alpamayo.moe import SparseMoE
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel

@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import statistics
 import time
 
 from alpamayo.demo_checkpoint import MAX_PIXELS, MIN_PIXELS
 from alpamayo.profiling import Tracer
+from alpamayo.profiling.stats import summarize
 from bridges.camera_sim import CameraSim, SimStats, SyntheticCamera
 from bridges.client import ControlClient, FramePublisher
 from bridges.config import DEFAULT_CAMERAS, NodeConfig
@@ -70,17 +70,6 @@ def describe(sim: SimStats) -> str:
     return f"{sim.frames} frames in {sim.seconds:.1f} s, {sim.mb_per_s:.0f} MB/s, {sim.late_ticks} late ticks"
 
 
-def stats_ms(values: list[float]) -> dict[str, float]:
-    values = sorted(values)
-    return {
-        "n": len(values),
-        "mean": statistics.fmean(values),
-        "p50": values[len(values) // 2],
-        "p90": values[int(0.9 * (len(values) - 1))],
-        "max": values[-1],
-    }
-
-
 def overhead(args: argparse.Namespace) -> dict:
     tracer = Tracer()
     node = InferenceNode(None, node_config(args.width, args.height), tracer).start()
@@ -100,14 +89,14 @@ def overhead(args: argparse.Namespace) -> dict:
         "serialise": tracer.durations_ms("serialise"),
         "publish": tracer.durations_ms("publish"),
     }
-    table = {k: stats_ms(v) for k, v in stages.items() if v}
+    table = {k: summarize(k, v) for k, v in stages.items() if v}
     cameras = len(DEFAULT_CAMERAS)
-    per_tick = cameras * (table["receive"]["mean"] + table["decode"]["mean"]) + sum(
-        table[k]["mean"] for k in ("window", "serialise", "publish")
+    per_tick = cameras * (table["receive"].mean_ms + table["decode"].mean_ms) + sum(
+        table[k].mean_ms for k in ("window", "serialise", "publish")
     )
     windows = len(stages["window"]) + 1
     return {
-        "stages_ms": table,
+        "stages_ms": {k: row.as_dict() for k, row in table.items()},
         "per_tick_ms": per_tick,
         "cpu_ms_per_tick": cpu * 1e3 / max(windows, 1),
         "cpu_percent_of_one_core": 100 * cpu / wall,
@@ -128,7 +117,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, float]:
         start = time.perf_counter()
         preprocess_images(frames, cfg)
         times.append((time.perf_counter() - start) * 1e3)
-    return stats_ms(times)
+    return summarize("preprocess", times).as_dict()
 
 
 def ingest(args: argparse.Namespace) -> list[dict]:
@@ -184,15 +173,18 @@ def main() -> None:
     print("| stage | n | mean ms | p50 | p90 | max |")
     print("|---|---|---|---|---|---|")
     for name, s in o["stages_ms"].items():
-        print(f"| {name} | {s['n']} | {s['mean']:.3f} | {s['p50']:.3f} | {s['p90']:.3f} | {s['max']:.3f} |")
+        print(
+            f"| {name} | {s['n']} | {s['mean_ms']:.3f} | {s['p50_ms']:.3f} | {s['p90_ms']:.3f} | {s['max_ms']:.3f} |"
+        )
     print(
         f"per tick: {o['per_tick_ms']:.2f} ms of stage time (4 x (receive + decode) + window + serialise + "
         f"publish), {o['cpu_ms_per_tick']:.1f} ms CPU (all node threads), "
         f"{o['cpu_percent_of_one_core']:.0f}% of one core; {o['windows']} windows, {o['lost_frames']} lost frames"
     )
     print(
-        f"vision preprocess of the 4 new frames (inside predict): mean {pre['mean']:.1f} ms, p90 {pre['p90']:.1f}, "
-        f"max {pre['max']:.1f} ({pre['n']} reps); node + preprocess per tick: {o['per_tick_ms'] + pre['mean']:.1f} ms"
+        f"vision preprocess of the 4 new frames (inside predict): mean {pre['mean_ms']:.1f} ms, "
+        f"p90 {pre['p90_ms']:.1f}, max {pre['max_ms']:.1f} ({pre['n']} reps); node + preprocess per tick: "
+        f"{o['per_tick_ms'] + pre['mean_ms']:.1f} ms"
         " of the 100 ms period"
     )
     print("\n## Sustained ingest without drops (loopback TCP)")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from alpamayo.rotations import yaw_to_quat
 from bridges.client import FramePublisher
 from bridges.protocol import ENCODINGS, encode_ego, encode_frame
 
@@ -41,7 +42,7 @@ class SyntheticDrive:
             x, y = v * t_s, 0.0
         else:
             x, y = v / w * np.sin(yaw), v / w * (1.0 - np.cos(yaw))
-        quat = [0.0, 0.0, float(np.sin(yaw / 2)), float(np.cos(yaw / 2))]
+        quat = yaw_to_quat(yaw).tolist()
         return [float(x), float(y), 0.0], quat, [v * float(np.cos(yaw)), v * float(np.sin(yaw)), 0.0]
 
     def distance(self, t_s: float) -> float:

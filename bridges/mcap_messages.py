@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from foxglove_schemas_protobuf.CompressedImage_pb2 import CompressedImage
@@ -283,3 +283,10 @@ def timestamp(t_ns: int) -> dict[str, int]:
 def timestamp_ns(stamp: dict[str, int]) -> int:
     """Integer nanoseconds of a Foxglove timestamp dict."""
     return int(stamp.get("sec", 0)) * 1_000_000_000 + int(stamp.get("nsec", 0))
+
+
+def pose(xyz: Sequence[float], quat_xyzw: Sequence[float]) -> dict[str, dict[str, float]]:
+    """Foxglove Pose dict: position xyz [3] metres, orientation quat_xyzw [4] (x, y, z, w)."""
+    x, y, z = (float(v) for v in xyz)
+    qx, qy, qz, qw = (float(v) for v in quat_xyzw)
+    return {"position": {"x": x, "y": y, "z": z}, "orientation": {"x": qx, "y": qy, "z": qz, "w": qw}}

@@ -369,10 +369,10 @@ class InferenceNode:
         """Predict on a new window, or report stale inputs once a period; returns when it last reported."""
         start = time.perf_counter_ns()
         window = self.state.take_window(start)
-        window_ms = (time.perf_counter_ns() - start) / 1e6
+        window_ns = time.perf_counter_ns() - start
         if window is not None:
-            self.tracer.record("window", start, time.perf_counter_ns() - start, t0_ns=window.t0_ns)
-            self._predict(window, window_ms)
+            self.tracer.record("window", start, window_ns, t0_ns=window.t0_ns)
+            self._predict(window, window_ns / 1e6)
             return last_invalid_ns
         stale = self.state.stale_reasons(start)
         if stale and start - last_invalid_ns >= self.state.period_ns:

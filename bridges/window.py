@@ -261,7 +261,7 @@ class InputState:
                     return None  # a gap in the pose stream: interpolating across it would invent motion
                 xyz[n], quat[n] = _interpolate(poses[j - 1], poses[j], t)
             elif j == len(times) and t - times[-1] <= self.extrapolation_ns:
-                pose = _extrapolate(list(poses)[-2:], t, self.stale_ns)
+                pose = _extrapolate(poses, t, self.stale_ns)
                 if pose is None:
                     return None
                 xyz[n], quat[n] = pose
@@ -344,11 +344,11 @@ def _interpolate(a: EgoPose, b: EgoPose, t: int) -> tuple[np.ndarray, np.ndarray
     return a.xyz + u * (b.xyz - a.xyz), slerp(a.quat_xyzw, b.quat_xyzw, u)
 
 
-def _extrapolate(last: list[EgoPose], t: int, max_gap_ns: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Pose at t past the newest one: position from its velocity if sent, else the last two poses' motion
-    continued; orientation continued from the last two poses, else held."""
-    b = last[-1]
-    a = last[0] if len(last) == 2 and b.t_ns - last[0].t_ns <= max_gap_ns else None
+def _extrapolate(poses: deque[EgoPose], t: int, max_gap_ns: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Pose at t past the newest of `poses`: position from its velocity if sent, else the last two poses'
+    motion continued; orientation continued from the last two poses, else held."""
+    b = poses[-1]
+    a = poses[-2] if len(poses) >= 2 and b.t_ns - poses[-2].t_ns <= max_gap_ns else None
     if a is None and b.velocity is None:
         return None
     xyz, quat = _interpolate(a, b, t) if a is not None else (b.xyz, b.quat_xyzw)

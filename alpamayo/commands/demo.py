@@ -7,7 +7,6 @@ predictions.mcap, report.json, trace.json and plots/; prints the accuracy and la
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from alpamayo.commands.make_demo_drive import parse_size
@@ -53,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         json=out / "report.json",
         plots=out / "plots",
     )
-    replayed = run_replay(settings, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    replayed = run_replay(settings)
     print()
     print(summary(replayed))
     print(f"\nwrote {settings.out}, {settings.json}, {settings.trace} and {settings.plots}/")

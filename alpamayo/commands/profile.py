@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             seconds = frames * CAMERA_PERIOD_NS / 1e9
             drive = make_demo_drive(Path(tmp) / "synthetic.mcap", seconds, args.cameras, size=args.size).path
         settings = settings_from_args(args, drive, args.out, max_ticks=ticks, warmup=args.warmup)
-        profiled = run_replay(settings, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+        profiled = run_replay(settings)
     if len(profiled.measured) < args.iters:
         print(
             f"note: the drive had {len(profiled.ticks)} usable ticks, fewer than --warmup + --iters = {ticks}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from alpamayo.commands.replay_args import add_output_args, add_replay_args, settings_from_args
@@ -33,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         encoding=args.encoding,
         copy_inputs=not args.no_copy_inputs,
     )
-    replayed = run_replay(settings, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+    replayed = run_replay(settings)
     print(summary(replayed))
     print(f"wrote {args.out}")
     return 0

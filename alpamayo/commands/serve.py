@@ -11,7 +11,8 @@ import sys
 import yaml
 
 from alpamayo.backends import BACKENDS, BackendOptions
-from alpamayo.commands.common import DTYPES, RECIPE_HELP
+from alpamayo.commands.common import RECIPE_HELP
+from alpamayo.devices import DTYPES
 from alpamayo.generation import Sampling
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config

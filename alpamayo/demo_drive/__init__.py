@@ -24,7 +24,7 @@ from PIL import Image
 from alpamayo.demo_drive.render import RIG, Renderer
 from alpamayo.demo_drive.world import World
 from alpamayo.rotations import yaw_to_quat
-from bridges.mcap_messages import ENCODINGS, timestamp
+from bridges.mcap_messages import ENCODINGS, pose, timestamp
 from bridges.mcap_writer import RecordingWriter
 from bridges.recording import LAYOUT_METADATA, default_layout
 
@@ -138,12 +138,10 @@ def make_demo_drive(
 def _write_pose(
     writer: RecordingWriter, topic: str, t_ns: int, xyz: np.ndarray, quat: np.ndarray, j: int, encoding: str
 ) -> None:
-    x, y, z = (float(v) for v in xyz[j])
-    qx, qy, qz, qw = (float(v) for v in quat[j])
     message = {
         "timestamp": timestamp(START_NS + int(t_ns)),
         "frame_id": "world",
-        "pose": {"position": {"x": x, "y": y, "z": z}, "orientation": {"x": qx, "y": qy, "z": qz, "w": qw}},
+        "pose": pose(xyz[j], quat[j]),
     }
     writer.write(topic, "foxglove.PoseInFrame", message, START_NS + int(t_ns), encoding)
 

@@ -9,6 +9,7 @@ runs), so such a stage spreads over as many tracks as it needs, `e2e_age`, `e2e_
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -109,7 +110,10 @@ class Tracer:
         """Total ms per stage over the spans recorded after the first `mark` (a `tracer.mark()` taken earlier);
         stages recorded once per frame (vision) add up."""
         with self._lock:
-            spans = list(self._spans)[max(0, mark - self._evicted) :]
+            # Only the newest spans, read from the right end: copying the whole (growing) deque made each
+            # lock-step tick's totals cost O(spans recorded so far).
+            new = min(len(self._spans), self._evicted + len(self._spans) - mark)
+            spans = list(itertools.islice(reversed(self._spans), max(0, new)))[::-1]
         totals: dict[str, float] = {}
         for span in spans:
             totals[span.name] = totals.get(span.name, 0.0) + span.ms

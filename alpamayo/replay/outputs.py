@@ -21,7 +21,7 @@ import numpy as np
 from alpamayo.prediction import EgoHistory, Prediction
 from alpamayo.replay.results import TickResult
 from alpamayo.rotations import yaw_to_quat
-from bridges.mcap_messages import LOG_LEVEL_INFO, encode, timestamp, wire_encoding
+from bridges.mcap_messages import LOG_LEVEL_INFO, encode, pose, timestamp, wire_encoding
 from bridges.mcap_writer import RecordingWriter
 
 TIMINGS_TOPIC = "/alpamayo/timings"
@@ -74,14 +74,7 @@ Encoded = list[tuple[str, str, str, bytes]]  # (topic, schema, encoding, payload
 
 
 def _poses(xyz: np.ndarray, heading: np.ndarray) -> list[dict[str, Any]]:
-    quats = yaw_to_quat(heading)
-    return [
-        {
-            "position": {"x": float(p[0]), "y": float(p[1]), "z": float(p[2])},
-            "orientation": {"x": float(q[0]), "y": float(q[1]), "z": float(q[2]), "w": float(q[3])},
-        }
-        for p, q in zip(xyz, quats, strict=True)
-    ]
+    return [pose(p, q) for p, q in zip(xyz, yaw_to_quat(heading), strict=True)]
 
 
 def _floats(values: np.ndarray) -> list[float]:

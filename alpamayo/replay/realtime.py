@@ -14,6 +14,7 @@ The node's own warm-up predictions run before the first frame is sent and are ex
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from alpamayo.prediction import EgoHistory, Prediction, TrajectorySample
+from alpamayo.prediction import Prediction, TrajectorySample
 from alpamayo.replay.accuracy import score_tick
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
@@ -32,6 +33,7 @@ from alpamayo.replay.ticks import (
     HISTORY_OFFSETS_NS,
     TickAssembler,
     recorded_future,
+    recorded_history,
 )
 from bridges.client import FramePublisher, TrajectorySubscriber
 from bridges.config import (
@@ -112,7 +114,7 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
     drive, tracer, settings = job.drive, job.tracer, job.settings
     settings.validate()
     assembler = TickAssembler(drive, settings.start_s, settings.duration_s, job.warn)
-    offered = [t.t0_ns for t in assembler][: settings.max_ticks]
+    offered = [t.t0_ns for t in itertools.islice(assembler, settings.max_ticks)]
     if not offered:
         raise assembler.no_ticks_error()
     begin = offered[0] + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0]) - FRAME_TOLERANCE_NS
@@ -243,9 +245,7 @@ def _results(
             msg.reasoning, [], list(msg.token_ids), np.zeros((0, 2)), xyz, np.asarray(msg.heading)
         )
         prediction = Prediction([sample], np.asarray(msg.t))
-        history = EgoHistory(
-            *drive.poses.interpolate(msg.t0_ns + HISTORY_OFFSETS_NS), msg.t0_ns + HISTORY_OFFSETS_NS
-        )
+        history = recorded_history(drive.poses, msg.t0_ns)
         future = recorded_future(drive.poses, msg.t0_ns)
         # decode_tokens 0: the node's message carries the trajectory tokens only, so no decode speed
         result = score_tick(msg.seq, msg.t0_ns, history, prediction, future, list(msg.invalid_reasons), 0)

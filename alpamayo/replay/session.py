@@ -66,11 +66,16 @@ def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> 
     }
 
 
+def print_warning(message: str) -> None:
+    """The commands' `Warn`: one "warning: ..." line on stderr."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def tqdm_warn(bar: tqdm) -> Warn:
     return lambda message: bar.write(f"warning: {message}", file=sys.stderr)
 
 
-def run_replay(settings: ReplaySettings, warn: Warn) -> ReplayRun:
+def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRun:
     """Validate `settings`, open the drive, load the model, replay in the chosen mode and write the MCAP
     output and the trace, JSON and plot files asked for; `warn` is told of skipped data."""
     settings.validate()

@@ -44,6 +44,14 @@ class Tick:
         return {c: [f.t_ns for f in frames] for c, frames in self.frames.items()}
 
 
+def recorded_history(poses: PoseTrack, t0_ns: int) -> EgoHistory | None:
+    """The recorded ego poses at t0 - 1.5 .. 0 s (world frame); None when the recording does not cover them
+    or has a pose gap over `bridges.recording.MAX_POSE_GAP_NS` among them."""
+    times_ns = t0_ns + HISTORY_OFFSETS_NS
+    history = poses.interpolate(times_ns)
+    return None if history is None else EgoHistory(xyz=history[0], quat_xyzw=history[1], t_ns=times_ns)
+
+
 def recorded_future(poses: PoseTrack, t0_ns: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The recorded ego poses at t0 + 0.1 .. 6.4 s in the t0 ego frame: xyz [64, 3] metres and heading [64]
     rad; None when the recording does not cover them."""
@@ -140,13 +148,12 @@ class TickAssembler:
                     f"t0 {FRAME_OFFSETS_NS[0] / 1e9:+.1f} .. 0 s",
                 )
             frames[camera] = [buffer[j] for j in picked]
-        history = self.drive.poses.interpolate(t0 + HISTORY_OFFSETS_NS)
-        if history is None:
+        ego = recorded_history(self.drive.poses, t0)
+        if ego is None:
             if t0 + HISTORY_OFFSETS_NS[0] < self.drive.poses.t_ns[0]:
                 self.not_ready += 1
                 return None
             return self._skip(t0, "the ego poses have a gap over 0.25 s in the 1.5 s history")
-        ego = EgoHistory(xyz=history[0], quat_xyzw=history[1], t_ns=t0 + HISTORY_OFFSETS_NS)
         return Tick(index, t0, frames, ego, recorded_future(self.drive.poses, t0))
 
     def no_ticks_error(self) -> RecordingError:
