@@ -134,9 +134,8 @@ class Tracer:
         present = {s.name for s in spans}
         names = [n for n in STAGES if n in present] + sorted(present - set(STAGES))
         origin = spans[0].start_ns if spans else 0
-        lanes: dict[str, list[float]] = {
-            n: [] for n in names
-        }  # per stage: the end (us) of each track's last span
+        # per stage: the end (us) of each of its tracks' last span
+        lanes: dict[str, list[float]] = {n: [] for n in names}
         placed: list[tuple[Span, float, float, int]] = []
         for s in spans:
             ts, dur = (s.start_ns - origin) / 1e3, max(s.dur_ns / 1e3, 0.001)
