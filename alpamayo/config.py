@@ -223,7 +223,9 @@ def _moe(text: Fields, n_layers: int) -> MoEConfig:
     return moe
 
 
-def _text_config(text: Fields, kind: str) -> TextConfig:
+def parse_text_config(text: Fields, kind: str = "dense") -> TextConfig:
+    """A `TextConfig` from one HF-style Qwen3-VL text-config object (`kind`: "dense" or "moe"): the VLM's
+    `text_config`, and the action expert's transformer config (`alpamayo.expert.config`)."""
     hidden = text.int("hidden_size")
     heads = text.int("num_attention_heads")
     kv_heads = text.int("num_key_value_heads", heads)
@@ -323,7 +325,7 @@ def parse_config(
         vlm = root.sub(ALPAMAYO_VLM_KEY) if family.vlm_source == ALPAMAYO_VLM_KEY else root
     kind = _model_kind(vlm)
     text_fields = vlm.sub("text_config")
-    text = _text_config(text_fields, kind)
+    text = parse_text_config(text_fields, kind)
     vision = _vision_config(vlm.sub("vision_config")) if vlm.has("vision_config") else None
     if vision is not None and vision.out_hidden_size != text.hidden_size:
         raise ConfigError(
