@@ -547,3 +547,15 @@ def test_a_missing_shard_and_a_truncated_one_name_file_and_tensor(releases, tmp_
         "which does not exist",
     ):
         VisionLanguageModel.from_checkpoint(ckpt)
+
+
+def test_plan_prints_the_family_and_the_node_yaml_takes_a_base_model(releases, capsys):
+    from alpamayo.cli import main
+    from bridges.config import load_node_config
+
+    assert main(["plan", "--checkpoint", str(releases["r1"])]) == 0
+    assert "model family: Alpamayo 1 (R1) (r1)" in capsys.readouterr().out
+    config = load_node_config(None, [("model.base_model", "/b"), ("model.top_k", 5)])
+    assert (config.model.base_model, config.model.temperature, config.model.top_k) == ("/b", None, 5)
+    assert main(["serve", "--base-model", "/b", "--print-config"]) == 0
+    assert "base_model: /b" in capsys.readouterr().out
