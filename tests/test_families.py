@@ -467,8 +467,15 @@ def test_a_vocabulary_that_does_not_match_the_embeddings_names_both(releases, tm
     tokenizer = write_base_model(base)
     tokenizer.add_tokens(["<|extra|>"], special_tokens=True)  # a different base model: one token more
     tokenizer.save_pretrained(base)
-    ckpt = with_base_name(releases["alpamayo1.5"], tmp_path / "ckpt", str(base))
     n = BASE_LEN + 4028
+    saved = with_base_name(releases["alpamayo1.5"], tmp_path / "saved", str(base))
+    with pytest.raises(
+        ConfigError,
+        match=rf"field 'vocab_size' = {n}, but the tokenizer of base model {base}, extended, gives {n + 1}",
+    ):
+        load_config(saved)
+    derived = ("vocab_size", "traj_token_start_idx")  # what NVIDIA's config saves beside its own fields
+    ckpt = with_base_name(releases["alpamayo1.5"], tmp_path / "ckpt", str(base), derived)
     with pytest.raises(
         CheckpointError,
         match=rf"model-00001-of-00003.safetensors: tensor 'vlm.model.language_model.embed_tokens.weight' has {n} "
