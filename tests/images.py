@@ -36,3 +36,11 @@ def lying_jpeg(width: int, height: int, seed: int = 0) -> bytes:
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
     data[i + 5 : i + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
     return bytes(data)
+
+
+def broken_table_jpeg(jpeg: bytes) -> bytes:
+    """`jpeg` with its first Huffman table's count of 1-bit codes set to 255 (at most 2 can exist): every
+    marker and length still checks out, and Pillow fails with "broken data stream" when decoding."""
+    data = bytearray(jpeg)
+    data[data.index(b"\xff\xc4") + 5] = 0xFF  # FF C4, length (2 bytes), class/id, then the 16 counts
+    return bytes(data)

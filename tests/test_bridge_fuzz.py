@@ -146,7 +146,11 @@ def vla(demo_checkpoint):
 
 
 def test_node_survives_fuzzing_and_accounts_for_every_message(vla, record_figure):
-    config = node_config(warmup={"runs": 0}, timing={"stale_after_ms": 600_000})
+    config = node_config(
+        warmup={"runs": 0},
+        timing={"stale_after_ms": 600_000},
+        camera_formats={"left": {"width": WIDTH, "height": HEIGHT, "encoding": "rgb8"}},
+    )
     with running_node(vla, config) as c:
         node = c.node
         reasons: Counter[str] = Counter()

@@ -69,7 +69,10 @@ def test_window_has_four_frames_per_camera_at_10hz_and_the_ego_history_ending_at
     np.testing.assert_allclose(w.ego.xyz, [p.xyz for p in expected], atol=1e-12)
     np.testing.assert_allclose(w.ego.quat_xyzw, [p.quat_xyzw for p in expected], atol=1e-12)
     assert s.take_window(now_ns=T_BASE + 1600 * MS) is None
-    assert s.waiting_for == "no newer frame from every camera since the last window"
+    assert s.waiting_for == (
+        "camera 'left': no frame for the next window (a period after the last t0) in 100 ms; "
+        "camera 'front': no frame for the next window (a period after the last t0) in 100 ms"
+    )
 
 
 def test_ego_between_samples_is_interpolated_and_slightly_ahead_of_the_newest_extrapolated():
@@ -99,7 +102,7 @@ def test_ego_may_lag_t0_by_the_extrapolation_limit(lag_ms, velocity, complete):
     if complete:
         np.testing.assert_allclose(w.ego.xyz[-1], pose(t0).xyz, atol=0.02)
     else:
-        assert s.waiting_for == "ego poses do not cover the 1.6 s history ending at t0"
+        assert s.waiting_for == "ego: no pose within 50 ms of t0 (newest 0.06 s before it)"
 
 
 def test_30hz_cameras_contribute_every_third_frame_and_the_others_are_dropped():
@@ -125,7 +128,7 @@ def test_cameras_out_of_phase_within_the_sync_tolerance_form_a_window():
     s = state(sync_tolerance_ms=30)
     feed(s, 1.6, offsets=(0, 40 * MS))
     assert s.take_window(now_ns=0) is None
-    assert s.waiting_for.startswith("camera 'front' has no frame within 30 ms")
+    assert s.waiting_for == "camera 'front': no frame within 30 ms of t0 - 300 ms (nearest 40 ms off)"
 
 
 def test_slow_consumer_skips_to_the_newest_window_and_counts_dropped_ticks():
