@@ -218,3 +218,64 @@ def test_slerp_follows_the_short_arc_and_extrapolates():
     np.testing.assert_allclose(slerp(yaw(0.2), yaw(0.6), 1.5), yaw(0.8), atol=1e-12)
     q = slerp(yaw(0.1), -yaw(0.3), 0.5)  # -q is the same rotation: interpolate through 0.2, not the long way
     assert abs(abs(np.dot(q, yaw(0.2))) - 1) < 1e-12
+
+
+def test_consecutive_backwards_messages_on_a_fresh_stream_restart_it_at_once():
+    s = state()  # backwards_restart_after = 3
+    for k in range(5):
+        t = T_BASE + k * 100 * MS
+        s.accept(frame(0, 100 + k, t), recv_ns=t)
+        s.accept(pose(t), recv_ns=t)
+    # the rig's clock and ids are reset while it keeps sending (never stale)
+    recv = T_BASE + 500 * MS
+    for k in range(3):
+        t = 1_000 * MS + k * 100 * MS
+        messages = [frame(0, k, t), pose(t)]
+        for message in messages:
+            if k < 2:
+                with pytest.raises(ProtocolError, match="is older than the last accepted") as info:
+                    s.accept(message, recv_ns=recv + k * 100 * MS)
+                assert info.value.reason == "backwards"
+            else:
+                s.accept(message, recv_ns=recv + k * 100 * MS)
+    snap = s.snapshot(0)
+    assert (snap["left"]["restarts"], snap["left"]["accepted"], snap["left"]["buffered"]) == (1, 6, 1)
+    assert (snap["ego"]["restarts"], snap["ego"]["buffered"]) == (1, 1)
+    s.accept(frame(0, 3, 1_300 * MS), recv_ns=recv + 300 * MS)  # the new stream carries on
+    assert s.snapshot(0)["left"]["lost"] == 0
+
+
+def test_a_time_ahead_of_the_other_streams_is_rejected_as_future_and_moves_no_clock():
+    s = state(max_future_ms=2000)
+    s.accept(pose(T_BASE), recv_ns=T_BASE)
+    s.accept(frame(0, 0, T_BASE), recv_ns=T_BASE)
+    with pytest.raises(ProtocolError) as info:  # 2.1 s ahead of the ego pose and the left camera
+        s.accept(frame(1, 0, T_BASE + 2100 * MS), recv_ns=T_BASE)
+    assert (info.value.reason, str(info.value)) == (
+        "future",
+        "camera 'front': newest message 2.1 s ahead of ego (limit 2 s); rejected as future",
+    )
+    # the others' clocks advance with the node's: 1.5 s later the same time is within the bound
+    s.accept(frame(1, 0, T_BASE + 2100 * MS), recv_ns=T_BASE + 1500 * MS)
+    with pytest.raises(ProtocolError, match="ahead of camera 'front'") as info:
+        s.accept(frame(0, 1, T_BASE + 3_600_000 * MS), recv_ns=T_BASE + 1500 * MS)
+    s.accept(frame(0, 1, T_BASE + 100 * MS), recv_ns=T_BASE + 1500 * MS)  # left's clock did not move
+    # a camera sending only future frames is named so in the stale reasons
+    late = T_BASE + 2000 * MS  # ego is stale by now, the front camera is not
+    with pytest.raises(ProtocolError, match="ahead of camera 'front'"):
+        s.accept(frame(0, 2, T_BASE + 9_000 * MS), recv_ns=late)
+    reasons = s.stale_reasons(late + 600 * MS)
+    assert reasons[0].startswith("camera 'left': newest message") and reasons[0].endswith(
+        "rejected as future"
+    )
+    # with every other stream stale there is no clock to compare with: accepted
+    s.accept(frame(0, 3, T_BASE + 9_000 * MS), recv_ns=late + 1001 * MS)
+
+
+def test_a_frame_id_jump_is_an_id_sequence_restart_not_lost_frames():
+    s = state(max_frame_id_jump=1000)
+    s.accept(frame(0, 5, T_BASE), recv_ns=T_BASE)
+    s.accept(frame(0, 1006, T_BASE + 100 * MS), recv_ns=T_BASE + 100 * MS)  # 1000 lost: within the bound
+    s.accept(frame(0, 2**32 - 1, T_BASE + 200 * MS), recv_ns=T_BASE + 200 * MS)
+    snap = s.snapshot(0)["left"]
+    assert (snap["lost"], snap["id_restarts"], snap["restarts"], snap["accepted"]) == (1000, 1, 0, 3)
