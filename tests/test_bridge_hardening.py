@@ -218,3 +218,26 @@ def test_an_ordinary_close_is_a_peer_disconnect():
             assert other.wait_for_subscriber(5.0)
         wait_until(lambda: c.counters()["peer_disconnects"] == 1, 5.0, "the disconnect")
         assert c.counters()["auth_failures"] == 0
+
+
+def test_a_camera_that_stops_is_named_in_valid_false_outputs_before_it_is_stale():
+    config = node_config(timing={"stale_after_ms": 5000})
+    with running_node(None, config) as c:
+        image = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+        for k in range(40):
+            t = T0 + k * 100 * MS
+            c.publisher.send(encode_ego(t, [1.0 * k, 0, 0], [0, 0, 0, 1]))
+            c.publisher.send(encode_frame("left", k, t, t, image))
+            if k < 20:  # the front camera stops after 2 s; 2 s later it is still far from stale
+                c.publisher.send(encode_frame("front", k, t, t, image))
+            time.sleep(0.05)
+        outputs, end = [], time.monotonic() + 1.0  # the subscriber's queue, then 1 s more (3 s < 5 s stale)
+        while time.monotonic() < end:
+            if (msg := c.subscriber.recv(0.3)) is not None:
+                outputs.append(msg)
+    waiting = [
+        m for m in outputs if m.t0_ns is None and m.invalid_reasons[0].startswith("camera 'front': no frame")
+    ]
+    assert len(waiting) >= 5
+    assert "no frame for the next window (a period after the last t0) in" in waiting[-1].invalid_reasons[0]
+    assert not any("stale" in r for m in outputs for r in m.invalid_reasons)
