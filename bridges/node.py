@@ -76,9 +76,12 @@ HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
 )
-MONITORED = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
-for _event in HANDSHAKE_FAILED:
-    MONITORED |= _event
+MONITORED = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 
 @dataclass
@@ -119,7 +122,6 @@ class InferenceNode:
             dict(config.cameras), {config.cameras[n]: f for n, f in config.camera_formats.items()}
         )
         self.limits = config.limits.protocol
-        self.cameras = CameraTable(dict(config.cameras), self.cameras.formats)
         self.state = InputState(
             self.cameras, config.timing, config.limits.ring_frames, round(config.limits.ring_mb * 1e6)
         )
@@ -127,6 +129,7 @@ class InferenceNode:
         self.counters = NodeCounters()
         self.endpoints: dict[str, Any] = {}
         self.warmed_up = False
+        self._warming = threading.Event()  # set while the warm-up predictions run
         self._lock = threading.Lock()  # counters, last error, last output
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
@@ -186,6 +189,8 @@ class InferenceNode:
         monitors = {sock.get_monitor_socket(MONITORED): sock for sock in sockets}
         self._pub = pub
         self._answered_ns = time.perf_counter_ns()
+        if self.predictor is not None:
+            self._warming.set()  # before the predict thread starts, so a stop() at once sees the warm-up
         self.decoder = DecodePool(cfg.limits.decode_threads, cfg.limits.decode_budget_ms)
         self._threads = [
             threading.Thread(target=self._intake_loop, args=(sub,), name="node-intake"),
@@ -218,7 +223,7 @@ class InferenceNode:
         control.join()
         # A warm-up prediction publishes nothing: it is abandoned at once, so a signal during warm-up ends
         # the process in well under a second.
-        timeout_s = self.config.timing.shutdown_timeout_s if self.warmed_up or self.predictor is None else 0
+        timeout_s = 0 if self._warming.is_set() else self.config.timing.shutdown_timeout_s
         predict.join(timeout_s)
         finished = not predict.is_alive()
         if not finished:
@@ -235,7 +240,7 @@ class InferenceNode:
     @property
     def phase(self) -> str:
         """What the predict thread is doing: "warm-up" until the model is warmed up, then "prediction"."""
-        return "prediction" if self.warmed_up or self.predictor is None else "warm-up"
+        return "warm-up" if self._warming.is_set() else "prediction"
 
     def _close_context(self) -> None:
         if self._curve is not None:
@@ -500,6 +505,8 @@ class InferenceNode:
             self._record_error("warmup", f"warm-up prediction failed: {type(e).__name__}: {e}")
             log.error("warm-up failed: %s", e)
             return
+        finally:
+            self._warming.clear()
         self.warmed_up = True
         log.info("warmed up: %d prediction(s) in %.2f s", w.runs, time.perf_counter() - start)
 
