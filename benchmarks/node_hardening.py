@@ -10,6 +10,10 @@ VmHWM from /proc).
 
     PYTHONPATH=. python benchmarks/node_hardening.py [--bombs 64] [--set KEY=VALUE ...] [--json out.json]
 
+With `--load-seconds S`, a second run times `status` the same way for S seconds while `alpamayo camera-sim`
+(a child process) streams 4 cameras of 1920x1080 rgb8 at `--load-rate` Hz, the node predicting nothing but
+forming windows: the control latency under a legitimate load.
+
 `--set` goes to `alpamayo serve`: `--set limits.max_jpeg_ratio=1000000` turns the ratio check off, and the
 bombs are then rejected by the next one (a sequential JPEG needs 2 bits of entropy-coded data per block).
 """
@@ -100,10 +104,40 @@ def run(bombs: int, timeout_s: float, overrides: list[str]) -> dict:
         serve.wait(30)
 
 
+def under_load(seconds: float, rate: float, overrides: list[str]) -> dict:
+    serve, endpoints = start_serve(overrides)
+    try:
+        cmd = [sys.executable, "-m", "alpamayo.cli", "camera-sim", "--endpoint", endpoints["input"][0]]
+        cmd += ["--seconds", str(seconds), "--rate", str(rate), "--cameras", ",".join(DEFAULT_CAMERAS)]
+        sim = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        latencies = []
+        with ControlClient(endpoints["control"], timeout_s=10.0) as ctl:
+            while ctl.status()["counters"]["frames_accepted"] == 0 and sim.poll() is None:
+                time.sleep(0.05)
+            while sim.poll() is None:
+                start = time.perf_counter()
+                status = ctl.status()
+                latencies.append((time.perf_counter() - start) * 1e3)
+                time.sleep(0.01)
+        latencies.sort()
+        return {
+            "frames": status["counters"]["frames_accepted"],
+            "control_replies": len(latencies),
+            "control_p50_ms": latencies[len(latencies) // 2],
+            "control_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+            "control_max_ms": latencies[-1],
+        }
+    finally:
+        serve.terminate()
+        serve.wait(30)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bombs", type=int, default=64)
     p.add_argument("--timeout", type=float, default=60.0, help="s to wait for the node to count every bomb")
+    p.add_argument("--load-seconds", type=float, default=0.0, help="also time control under camera-sim load")
+    p.add_argument("--load-rate", type=float, default=10.0, help="camera-sim frames per second per camera")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="serve config override")
     p.add_argument("--json", help="also write the result here")
     args = p.parse_args()
@@ -121,6 +155,17 @@ def main() -> None:
     print(f"serve RSS: {r['rss_before_mb']:.0f} MB before, peak {r['rss_peak_mb']:.0f} MB")
     if r["ring_bytes"] is not None:
         print(f"frame rings hold {r['ring_bytes']} bytes")
+    if args.load_seconds > 0:
+        r["load"] = under_load(args.load_seconds, args.load_rate, args.set)
+        ld = r["load"]
+        print(
+            f"## control under camera-sim: 4 x 1920x1080 rgb8 at {args.load_rate:g} Hz for {args.load_seconds:g} s "
+            f"({ld['frames']} frames taken in)"
+        )
+        print(
+            f"control replies: {ld['control_replies']}, p50 {ld['control_p50_ms']:.1f} ms, "
+            f"p99 {ld['control_p99_ms']:.1f} ms, max {ld['control_max_ms']:.1f} ms"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
 
