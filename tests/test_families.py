@@ -537,3 +537,16 @@ def test_plan_prints_the_family_and_the_node_yaml_takes_a_base_model(releases, c
     assert (config.model.base_model, config.model.temperature, config.model.top_k) == ("/b", None, 5)
     assert main(["serve", "--base-model", "/b", "--print-config"]) == 0
     assert "base_model: /b" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout, expected", [("alpamayo1.5", "Slow down"), ("super", "Slow downthen go")])
+def test_reasoning_text_follows_the_family(releases, layout, expected):
+    """1.5: the text up to <|cot_end|>; Super: all of the plain assistant text before <|traj_future_start|>
+    (specials dropped: its <|cot_end|> is not an end marker there, only text)."""
+    from planner.pipeline import Planner
+
+    cfg = load_config(releases[layout])
+    tokenizer = model_tokenizer(cfg)
+    planner = Planner.from_config(cfg, tokenizer)
+    ids = tokenizer("Slow down<|cot_end|>then go", add_special_tokens=False)["input_ids"]
+    assert planner.reasoning_text(ids) == expected
