@@ -17,6 +17,7 @@ COMMANDS = [
     "alpamayo.commands.replay",
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
+    "alpamayo.commands.eval",
     "alpamayo.commands.plan",
     "alpamayo.commands.precision",
     "alpamayo.commands.serve",
