@@ -15,6 +15,7 @@ COMMANDS = [
     "alpamayo.commands.predict",
     "alpamayo.commands.make_demo_drive",
     "alpamayo.commands.replay",
+    "alpamayo.commands.drive_info",
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
     "alpamayo.commands.eval",
