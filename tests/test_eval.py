@@ -219,8 +219,14 @@ def test_clip_lists_are_validated_with_the_row_and_the_allowed_values(tmp_path):
         pd.DataFrame(frame).to_csv(path, index=False)
         return path
 
-    with pytest.raises(ValueError, match=r"PhysicalAI-AV clips \(clip_id, t0_us\) without a `drive` column"):
-        load_clip_list(write({"clip_id": ["030c760c"], "t0_us": [5_100_000]}))
+    # NVIDIA's evaluation metadata: one PhysicalAI-AV tick per row.
+    assert load_clip_list(write({"clip_id": ["030c760c"], "t0_us": [5_100_000]})) == [
+        Clip("030c760c@5100000", "pai:030c760c@5100000", 5_100_000)
+    ]
+    with pytest.raises(ValueError, match=r"row 0: a PhysicalAI-AV row needs a clip_id and a t0_us"):
+        load_clip_list(write({"clip_id": ["030c760c"], "t0_us": [None]}))
+    with pytest.raises(ValueError, match=r"pai:030c760c: a PhysicalAI-AV clip is evaluated at one tick"):
+        collect_clips(["pai:030c760c"], None, None)
     with pytest.raises(ValueError, match=r"row 1: t0_us must be a whole number of microseconds >= 0, got -5"):
         load_clip_list(write({"drive": ["a.mcap", "b.mcap"], "t0_us": [1, -5]}))
     with pytest.raises(ValueError, match=r"clip id 'a' names two clips"):
@@ -232,9 +238,24 @@ def test_clip_lists_are_validated_with_the_row_and_the_allowed_values(tmp_path):
     clips = load_clip_list(write({"drive": ["a.mcap", "/abs/b.mcap"], "t0_us": [5_100_000, None]}))
     assert clips == [Clip("a@5100000", str(tmp_path / "a.mcap"), 5_100_000), Clip("b", "/abs/b.mcap", None)]
     assert collect_clips(["a.mcap", "b.mcap", "c.mcap"], None, 2) == [
-        Clip("a", "a.mcap"),
-        Clip("b", "b.mcap"),
+        Clip("a", str(Path("a.mcap").resolve())),
+        Clip("b", str(Path("b.mcap").resolve())),
     ]
+
+
+def test_physicalai_av_clips_need_the_dataset_directory(tmp_path, demo_checkpoint, capsys):
+    clip_list = tmp_path / "eval_metadata.parquet"
+    pd.DataFrame({"clip_id": ["030c760c-ae38-49aa-9ad8-f5650a545d26"], "t0_us": [5_100_000]}).to_parquet(
+        clip_list
+    )
+    assert evaluate(demo_checkpoint, tmp_path / "run", "--clips", str(clip_list)) == 2
+    err = capsys.readouterr().err
+    assert "030c760c-ae38-49aa-9ad8-f5650a545d26@5100000" in err and "give --pai-dir DIR" in err
+    # With a directory that is not the dataset, the clip fails with the reader's reason and the run goes on.
+    out = tmp_path / "run2"
+    assert evaluate(demo_checkpoint, out, "--clips", str(clip_list), "--pai-dir", str(tmp_path)) == 1
+    (record,) = records(out).values()
+    assert record["status"] == "failed" and record["clip"]["drive"].startswith("pai:030c760c")
 
 
 def test_per_clip_seeds_depend_on_the_clip_and_the_run_seed_only():

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from alpamayo.commands.common import add_model_args, add_sampling_args
+from alpamayo.commands.replay_args import add_drive_source_args
 from alpamayo.eval.clips import collect_clips
 from alpamayo.eval.report import report_table
 from alpamayo.eval.session import run_eval
@@ -28,8 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--clips",
         type=Path,
         default=None,
-        help="clip list (.parquet or .csv): columns drive [, t0_us, clip_id] (see docs/eval.md)",
+        help="clip list (.parquet or .csv): columns drive [, t0_us, clip_id], or clip_id, t0_us for "
+        "PhysicalAI-AV clips (see docs/eval.md)",
     )
+    add_drive_source_args(p)
     p.add_argument("--out", type=Path, required=True, help="run directory: per-clip results and the report")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N clips only")
     p.add_argument(
@@ -80,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         tt_cache=args.tt_cache,
         moe_config=args.moe_config,
         layout=args.layout,
+        pai_dir=None if args.pai_dir is None else args.pai_dir.resolve(),
+        cameras=args.pai_cameras,
         ray=args.ray,
         workers=args.workers,
         cpus_per_worker=args.cpus_per_worker,

@@ -1,11 +1,12 @@
 """The clips of an evaluation: one prediction each, from a recorded drive at a chosen t0.
 
-A clip comes from a drive path on the command line (its first tick) or from one row of a clip list
-(`.parquet` or `.csv`):
-  * `drive` [, `t0_us`] [, `clip_id`]: a recorded drive and, optionally, the evaluation time in microseconds
-    after the drive's first reference-camera frame (default: the drive's first tick);
-  * `clip_id`, `t0_us`: the PhysicalAI-AV evaluation metadata's columns (NVIDIA's 644-clip list); they need a
-    `drive` column naming each clip's recording.
+A clip comes from a drive on the command line (an MCAP path: its first tick; `pai:CLIP_ID@T0_US`: that
+PhysicalAI-AV tick) or from one row of a clip list (`.parquet` or `.csv`):
+  * `drive` [, `t0_us`] [, `clip_id`]: a recorded drive (Foxglove or rosbag2 MCAP, or a `pai:` spec) and,
+    optionally, the evaluation time in microseconds after the drive's first reference-camera frame (default:
+    the drive's first tick);
+  * `clip_id`, `t0_us` without `drive`: the PhysicalAI-AV evaluation metadata's columns (NVIDIA's 644-clip
+    list), each row the clip `pai:CLIP_ID@T0_US` read from `--pai-dir` (`bridges.drives.open_drive`).
 The clip id names the clip's result file and derives its sampling seed (`clip_seed`), so a clip's samples do
 not depend on which worker evaluates it, or in what order.
 """
@@ -21,14 +22,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from bridges.drives import PAI_PREFIX, parse_pai_spec
+
 CLIP_LIST_SUFFIXES = (".parquet", ".csv")
 SEED_BITS = 63  # TokenSampler seeds are non-negative integers
 
 
 @dataclass(frozen=True)
 class Clip:
-    """One evaluation unit: `drive` (a recording path), `t0_us` (µs after its first reference frame; None:
-    its first tick) and the id its result and seed are keyed by."""
+    """One evaluation unit: `drive` (a recording path or a `pai:CLIP_ID@T0_US` spec), `t0_us` (µs after its
+    first reference frame, or the PhysicalAI-AV clip's t0; None: its first tick) and the id its result and seed
+    are keyed by."""
 
     clip_id: str
     drive: str
@@ -41,6 +45,11 @@ class Clip:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", self.clip_id)[:80]
         return f"{safe}-{hashlib.sha256(self.clip_id.encode()).hexdigest()[:10]}.json"
 
+    @property
+    def is_pai(self) -> bool:
+        """A PhysicalAI-AV clip: its spec carries t0 and the source yields that one tick."""
+        return self.drive.startswith(PAI_PREFIX)
+
     def as_dict(self) -> dict:
         return {"clip_id": self.clip_id, "drive": self.drive, "t0_us": self.t0_us}
 
@@ -52,10 +61,19 @@ def clip_seed(clip_id: str, seed: int) -> int:
 
 
 def drive_clip(drive: str | Path, t0_us: int | None = None, clip_id: str | None = None) -> Clip:
-    """The clip of `drive` at t0_us; its id defaults to the file's stem (with `@t0_us` when one is given)."""
+    """The clip of `drive` at t0_us; its id defaults to the file's stem (with `@t0_us` when one is given), or
+    CLIP_ID@T0_US for a `pai:` spec (which must name its t0: NVIDIA's protocol evaluates one tick per clip)."""
+    text = str(drive)
+    if text.startswith(PAI_PREFIX):
+        name, spec_t0 = parse_pai_spec(text)
+        if spec_t0 is None or t0_us is not None:
+            raise ValueError(
+                f"{text}: a PhysicalAI-AV clip is evaluated at one tick: give it as pai:CLIP_ID@T0_US"
+            )
+        return Clip(clip_id or f"{name}@{spec_t0}", text, spec_t0)
     if clip_id is None:
-        clip_id = Path(drive).stem + ("" if t0_us is None else f"@{t0_us}")
-    return Clip(clip_id, str(drive), t0_us)
+        clip_id = Path(text).stem + ("" if t0_us is None else f"@{t0_us}")
+    return Clip(clip_id, text, t0_us)
 
 
 def _t0(value: object, where: str) -> int | None:
@@ -92,12 +110,18 @@ def load_clip_list(path: str | Path) -> list[Clip]:
     path = Path(path)
     table = _read_table(path)
     columns = set(table.columns)
+    if "drive" not in columns and {"clip_id", "t0_us"} <= columns:
+        clips = []
+        for row, record in enumerate(table.to_dict("records")):
+            where = f"clip list {path} row {row}"
+            clip_id, t0 = record["clip_id"], _t0(record["t0_us"], where)
+            if not (isinstance(clip_id, str) and clip_id) or t0 is None:
+                raise ValueError(
+                    f"{where}: a PhysicalAI-AV row needs a clip_id and a t0_us, got {clip_id!r}, {t0}"
+                )
+            clips.append(drive_clip(f"{PAI_PREFIX}{clip_id}@{t0}"))
+        return clips
     if "drive" not in columns:
-        if {"clip_id", "t0_us"} <= columns:
-            raise ValueError(
-                f"clip list {path} names PhysicalAI-AV clips (clip_id, t0_us) without a `drive` column; this "
-                "build evaluates recorded drives only: add a `drive` column with each clip's recording"
-            )
         raise ValueError(
             f"clip list {path} has columns {sorted(columns)}; expected `drive` [, `t0_us`, `clip_id`] or "
             "`clip_id`, `t0_us` (PhysicalAI-AV)"
@@ -108,7 +132,7 @@ def load_clip_list(path: str | Path) -> list[Clip]:
         drive = record.get("drive")
         if not isinstance(drive, str) or not drive:
             raise ValueError(f"{where}: `drive` must be a path, got {drive!r}")
-        if not Path(drive).is_absolute():
+        if not drive.startswith(PAI_PREFIX) and not Path(drive).is_absolute():
             drive = str(path.parent / drive)
         clip_id = record.get("clip_id")
         if clip_id is not None and not (isinstance(clip_id, str) and clip_id):
@@ -127,7 +151,8 @@ def collect_clips(
     ValueError for none at all or for two clips with one id."""
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1, got {limit}")
-    clips = [drive_clip(s) for s in sources]
+    # Absolute paths: a Ray worker's working directory is not the command's.
+    clips = [drive_clip(s if str(s).startswith(PAI_PREFIX) else Path(s).resolve()) for s in sources]
     if clip_list is not None:
         clips += load_clip_list(clip_list)
     if not clips:

@@ -11,7 +11,6 @@ import os
 import socket
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,8 @@ from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import TickOutput, prediction_record
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.runtime import AlpamayoVLA
-from bridges.recording import Drive, RecordingLayout
+from bridges.drives import DriveSource, open_drive
+from bridges.recording import RecordingLayout
 
 
 class ClipCapture:
@@ -108,18 +108,27 @@ class ClipEvaluator:
 
     def _evaluate(self, clip: Clip, seed: int, warn) -> dict[str, Any]:
         self.tracer.clear()
+        s = self.settings
         with self.tracer.span("open_drive"):
-            drive = Drive.open(clip.drive, self.layout, warn)
+            drive = open_drive(clip.drive, self.layout, s.pai_dir, s.cameras if clip.is_pai else None, warn)
+        try:
+            return self._evaluate_tick(clip, drive, seed, warn)
+        finally:
+            drive.close()
+
+    def _evaluate_tick(self, clip: Clip, drive: DriveSource, seed: int, warn) -> dict[str, Any]:
         # Every demo drive (and many fleets' logs) starts at the same clock time: features cached by frame time
         # must not carry over from the previous clip.
         self.predictor.reset()
         s = self.settings
+        # A PhysicalAI-AV spec's source yields its t0's tick only; an MCAP drive's window starts at t0.
+        offset_us = None if clip.is_pai else clip.t0_us
         replay = ReplaySettings(
-            drive=Path(clip.drive),
+            drive=clip.drive,
             checkpoint=s.checkpoint,
-            start_s=0.0 if clip.t0_us is None else clip.t0_us / 1e6,
+            start_s=0.0 if offset_us is None else offset_us / 1e6,
             # One period from t0: the tick at t0 or none, never a later tick scored in its place.
-            duration_s=None if clip.t0_us is None else DT_S,
+            duration_s=None if offset_us is None else DT_S,
             max_ticks=1,
             num_samples=s.num_samples,
             temperature=s.temperature,

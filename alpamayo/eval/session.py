@@ -47,6 +47,9 @@ def run_eval(settings: EvalSettings, clips: Sequence[Clip]) -> EvalRun:
     """Evaluate the clips of `clips` not yet done in settings.out (failed ones are tried again), write each
     result as it arrives, then report.json, clips.parquet and the plots."""
     settings.validate()
+    pai = next((c for c in clips if c.is_pai), None)
+    if pai is not None and settings.pai_dir is None:
+        raise ValueError(f"clip {pai.clip_id} ({pai.drive}) is a PhysicalAI-AV clip: give --pai-dir DIR")
     run_dir = RunDir.open(settings.out, settings)
     held = [run_dir.load(c) for c in clips]
     todo = [c for c, r in zip(clips, held, strict=True) if r is None or r["status"] != "done"]

@@ -25,6 +25,7 @@ RESULT_KEYS = (
     "backend",
     "dtype",
     "recipe",
+    "cameras",
 )
 
 
@@ -50,6 +51,8 @@ class EvalSettings:
     tt_cache: Path | None = None
     moe_config: Path | None = None
     layout: Path | None = None
+    pai_dir: Path | None = None
+    cameras: tuple[int, ...] | None = None  # PhysicalAI-AV cameras (None: Alpamayo's 0, 1, 2, 6)
     ray: str | None = None
     workers: int | None = None
     cpus_per_worker: int | None = None
@@ -90,7 +93,9 @@ class EvalSettings:
             raise ValueError(f"--out {self.out} is a file; expected a run directory")
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        values = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        values["cameras"] = None if self.cameras is None else list(self.cameras)  # as JSON reads it back
+        return values
 
     def result_settings(self) -> dict[str, Any]:
         """The settings every result in RUN_DIR must share (see RESULT_KEYS)."""
