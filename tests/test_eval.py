@@ -274,6 +274,12 @@ def test_settings_refuse_what_this_build_cannot_run(tmp_path):
         settings.validate()
     with pytest.raises(ValueError, match=r"--workers 2 needs --ray"):
         EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", workers=2).validate()
+    with pytest.raises(
+        ValueError, match=r"--ray 'drive0.mcap' is not a Ray address .* put --ray after the drives"
+    ):
+        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray="drive0.mcap").validate()
+    for address in ("auto", "ray://head.example:10001", "10.0.0.5:6379"):
+        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray=address).validate()
     with pytest.raises(ValueError, match=r"--samples 6 with --backend ttnn"):
         EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", backend="ttnn").validate()
     RunDir.open(tmp_path / "run", EvalSettings(checkpoint=tmp_path, out=tmp_path / "run"))

@@ -11,6 +11,7 @@ import os
 import socket
 import time
 import traceback
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,15 +19,14 @@ import torch
 from alpamayo.eval.clips import Clip, clip_seed
 from alpamayo.eval.results import CLIP_SCHEMA, failed_record
 from alpamayo.eval.settings import EvalSettings
-from alpamayo.generation import Sampling
 from alpamayo.prediction import DT_S
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware
 from alpamayo.profiling.stats import stage_label
 from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import TickOutput, prediction_record
-from alpamayo.replay.settings import ReplayJob, ReplaySettings
-from alpamayo.runtime import AlpamayoVLA
+from alpamayo.replay.session import load_predictor
+from alpamayo.replay.settings import ReplayJob
 from bridges.drives import DriveSource, open_drive
 from bridges.recording import RecordingLayout
 
@@ -68,14 +68,9 @@ class ClipEvaluator:
             # threads waiting for descheduled ones: 29 s vs 1 s per demo clip).
             torch.set_num_threads(threads)
         self.settings = settings
+        self.replay = settings.replay_settings()
         self.tracer = Tracer()
-        self.predictor = AlpamayoVLA.from_checkpoint(
-            settings.checkpoint,
-            settings.backend_options(),
-            tracer=self.tracer,
-            sampling=Sampling(settings.temperature, settings.top_p),
-            max_reasoning_tokens=settings.max_reasoning_tokens,
-        )
+        self.predictor = load_predictor(self.replay, self.tracer)
         self.layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
         self.worker = {"index": worker, "pid": os.getpid(), "host": socket.gethostname()}
         self.load_s = time.perf_counter() - start
@@ -109,8 +104,9 @@ class ClipEvaluator:
     def _evaluate(self, clip: Clip, seed: int, warn) -> dict[str, Any]:
         self.tracer.clear()
         s = self.settings
+        cameras = s.cameras if clip.is_pai else None
         with self.tracer.span("open_drive"):
-            drive = open_drive(clip.drive, self.layout, s.pai_dir, s.cameras if clip.is_pai else None, warn)
+            drive = open_drive(clip.drive, self.layout, s.pai_dir, cameras, warn)
         try:
             return self._evaluate_tick(clip, drive, seed, warn)
         finally:
@@ -120,25 +116,15 @@ class ClipEvaluator:
         # Every demo drive (and many fleets' logs) starts at the same clock time: features cached by frame time
         # must not carry over from the previous clip.
         self.predictor.reset()
-        s = self.settings
         # A PhysicalAI-AV spec's source yields its t0's tick only; an MCAP drive's window starts at t0.
         offset_us = None if clip.is_pai else clip.t0_us
-        replay = ReplaySettings(
+        replay = replace(
+            self.replay,
             drive=clip.drive,
-            checkpoint=s.checkpoint,
             start_s=0.0 if offset_us is None else offset_us / 1e6,
             # One period from t0: the tick at t0 or none, never a later tick scored in its place.
             duration_s=None if offset_us is None else DT_S,
-            max_ticks=1,
-            num_samples=s.num_samples,
-            temperature=s.temperature,
-            top_p=s.top_p,
             seed=seed,
-            max_reasoning_tokens=s.max_reasoning_tokens,
-            backend=s.backend,
-            device=s.device,
-            dtype=s.dtype,
-            progress=False,
         )
         capture = ClipCapture()
         job = ReplayJob(drive, self.predictor, self.tracer, replay, capture, warn=warn)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from alpamayo.backends import BackendOptions, check_num_samples
+from alpamayo.backends import check_num_samples
+from alpamayo.replay.settings import ReplaySettings
 
 # The trajectory decoders `--decoder` names. This build's runtime decodes the 128 trajectory tokens only; the
 # flow-matching action expert (`expert`) is refused with that reason until the runtime offers it.
 DECODERS = ("expert", "tokens")
 RUNTIME_DECODERS = ("tokens",)
 LOCAL_RAY = "local"  # `--ray` without an address: an embedded Ray on this machine
+# What `--ray ADDRESS` accepts: `auto`, Ray Client's ray://HOST:PORT, or a GCS HOST:PORT.
+RAY_ADDRESS = re.compile(r"auto|ray://[^\s/]+:\d+|[A-Za-z0-9.\-\[\]:]+:\d+")
 # Settings a resumed run must share with the results already in RUN_DIR (anything that changes a prediction).
 RESULT_KEYS = (
     "checkpoint",
@@ -60,9 +64,28 @@ class EvalSettings:
     worst: int = 6
     progress: bool = True
 
-    def backend_options(self) -> BackendOptions:
-        return BackendOptions(
-            self.backend, self.dtype, self.device, self.recipe, self.tt_cache, self.moe_config
+    def replay_settings(self) -> ReplaySettings:
+        """The lock-step replay of one tick that evaluates a clip, with this model and sampling; a clip sets its
+        drive, window and seed (`dataclasses.replace`)."""
+        return ReplaySettings(
+            drive="",
+            checkpoint=self.checkpoint,
+            max_ticks=1,
+            num_samples=self.num_samples,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            max_reasoning_tokens=self.max_reasoning_tokens,
+            backend=self.backend,
+            device=self.device,
+            dtype=self.dtype,
+            recipe=self.recipe,
+            tt_cache=self.tt_cache,
+            moe_config=self.moe_config,
+            layout=self.layout,
+            pai_dir=self.pai_dir,
+            cameras=self.cameras,
+            progress=False,
         )
 
     def validate(self) -> None:
@@ -81,8 +104,14 @@ class EvalSettings:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
-        if self.workers is not None and self.ray is None:
-            raise ValueError(f"--workers {self.workers} needs --ray; without it clips run in this process")
+        if self.ray not in (None, LOCAL_RAY) and not RAY_ADDRESS.fullmatch(self.ray):
+            raise ValueError(
+                f"--ray {self.ray!r} is not a Ray address (auto, ray://HOST:10001 or HOST:PORT); a drive right "
+                "after a bare --ray is taken as its address: put --ray after the drives"
+            )
+        for option, value in (("--workers", self.workers), ("--cpus-per-worker", self.cpus_per_worker)):
+            if value is not None and self.ray is None:
+                raise ValueError(f"{option} {value} needs --ray; without it clips run in this process")
         if self.cpus_per_worker is not None and self.cpus_per_worker < 1:
             raise ValueError(f"--cpus-per-worker must be >= 1, got {self.cpus_per_worker}")
         if not 0 <= self.max_retries <= 100:
