@@ -184,6 +184,27 @@ def test_a_worker_killed_inside_a_clip_is_retried_and_the_report_is_complete(
     assert doc["accuracy"] == report(in_process)["accuracy"]  # nothing lost, nothing counted twice
 
 
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the worker through Linux /proc")
+def test_a_clip_whose_worker_dies_past_the_retry_limit_fails_and_the_worker_goes_on(
+    tmp_path, demo_checkpoint, drives, ray_cluster
+):
+    killer = eval_faults.KillInsideAClip(ray_cluster)
+    killer.start()
+    out = tmp_path / "run"
+    args = [*map(str, drives[:2]), "--ray", "--workers", "1", "--cpus-per-worker", "1", "--max-retries", "0"]
+    try:
+        assert evaluate(demo_checkpoint, out, *args) == 1
+    finally:
+        killer.stop.set()
+        killer.join()
+    doc = report(out)
+    assert doc["clips"]["done"] == 1 and doc["clips"]["failed"] == 1
+    (reason,) = doc["clips"]["failed_reasons"].values()
+    assert reason.startswith("the worker process died 1 time(s) evaluating it (Ray: ")
+    (done,) = [r for r in records(out).values() if r["status"] == "done"]
+    assert done["worker"]["pid"] != killer.killed  # Ray restarted the worker, which took the next clip
+
+
 def test_the_report_plots_and_the_result_files_load(in_process):
     for name in ("min_ade_histogram.png", "error_vs_horizon.png", "worst_clips.png"):
         with Image.open(in_process / "plots" / name) as img:

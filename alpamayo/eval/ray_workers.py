@@ -148,9 +148,12 @@ def _dispatch(
     on_result: Callable[[Clip, dict[str, Any]], None],
 ) -> None:
     """One clip in flight per actor; a free actor takes the next clip. A task whose retries ran out (its worker
-    process died max_retries + 1 times) is the clip's failure."""
+    process died max_retries + 1 times) is the clip's failure; the actor then gets its next clip only once Ray
+    has restarted it (a `ready` call, retried until the new process answers: a clip sent to a restarting actor
+    fails as unavailable, without running). An actor that cannot come back leaves its clips to the others; with
+    none left the remaining clips stay unevaluated (pending in the report, evaluated by a rerun)."""
     queue = deque(clips)
-    inflight: dict[Any, tuple[Any, Clip]] = {}
+    inflight: dict[Any, tuple[Any, Clip | None]] = {}  # clip None: waiting for the actor's restart
 
     def submit(a: Any) -> None:
         if queue:
@@ -165,9 +168,17 @@ def _dispatch(
         try:
             record = ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            record = failed_record(
+            if clip is None:
+                continue  # the actor is gone for good
+            on_result(
                 clip,
-                f"the worker process died {max_retries + 1} time(s) evaluating it (Ray: {type(e).__name__})",
+                failed_record(
+                    clip,
+                    f"the worker process died {max_retries + 1} time(s) evaluating it (Ray: {type(e).__name__})",
+                ),
             )
-        on_result(clip, record)
+            inflight[a.ready.options(max_task_retries=-1).remote()] = (a, None)
+            continue
+        if clip is not None:
+            on_result(clip, record)
         submit(a)
