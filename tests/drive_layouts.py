@@ -14,10 +14,13 @@ same pixels.
 
 from __future__ import annotations
 
+import functools
 import io
+import itertools
 import json
 import tempfile
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,14 +60,20 @@ def ego_pose(t_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return xyz, yaw_to_quat(yaw)
 
 
-def pattern(camera: int, k: int, size: tuple[int, int]) -> np.ndarray:
-    """A frame H x W x 3 uint8 that differs per camera and frame (gradients and a moving bar)."""
+@functools.lru_cache(maxsize=8)
+def _gradient(camera: int, size: tuple[int, int]) -> np.ndarray:
     h, w = size
     y, x = np.mgrid[0:h, 0:w]
     img = np.stack([(x * 255 // max(w - 1, 1)), (y * 255 // max(h - 1, 1)), np.full_like(x, 40 * camera)], 2)
-    bar = (x // 8 + k) % 12 == 0
-    img[bar] = [255, 255 - 20 * camera, 30 * (k % 8)]
     return img.astype(np.uint8)
+
+
+def pattern(camera: int, k: int, size: tuple[int, int]) -> np.ndarray:
+    """A frame H x W x 3 uint8 that differs per camera and frame (gradients and moving bars)."""
+    img = _gradient(camera, size).copy()
+    bar = (np.arange(size[1]) // 8 + k) % 12 == 0
+    img[:, bar] = [255, 255 - 20 * camera, 30 * (k % 8)]
+    return img
 
 
 @dataclass
@@ -77,6 +86,7 @@ class KnownDrive:
     gop: int = 5
     faststart: bool = False
     fps: int = 10
+    keep_decoded: bool = True  # the MP4-decoded frames (the MCAP writers need them; a benchmark does not)
     mp4: dict[int, bytes] = field(default_factory=dict)
     decoded: dict[int, list[np.ndarray]] = field(default_factory=dict)
 
@@ -103,7 +113,7 @@ class KnownDrive:
         return np.arange(START_US, last + 1, POSE_PERIOD_US, dtype=np.int64)
 
 
-def encode_mp4(images: list[np.ndarray], fps: int, gop: int, faststart: bool = False) -> bytes:
+def encode_mp4(images: Iterable[np.ndarray], fps: int, gop: int, faststart: bool = False) -> bytes:
     """H.264 (libx264, yuv420p) MP4 of `images` at `fps`, a keyframe every `gop` frames; with `faststart` the
     index (moov) comes first, so a truncated file still opens."""
     options = {"movflags": "faststart"} if faststart else {}
@@ -114,13 +124,15 @@ def encode_mp4(images: list[np.ndarray], fps: int, gop: int, faststart: bool = F
         return path.read_bytes()
 
 
-def _encode_to(path: Path, images: list[np.ndarray], fps: int, gop: int, options: dict[str, str]) -> None:
+def _encode_to(path: Path, images: Iterable[np.ndarray], fps: int, gop: int, options: dict[str, str]) -> None:
+    images = iter(images)
+    first = next(images)
     with av.open(str(path), "w", format="mp4", options=options) as container:
         stream = container.add_stream("libx264", rate=fps)
-        stream.height, stream.width = images[0].shape[:2]
+        stream.height, stream.width = first.shape[:2]
         stream.pix_fmt = "yuv420p"
         stream.options = {"g": str(gop), "crf": "18"}
-        for image in images:
+        for image in itertools.chain([first], images):
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode())
 
