@@ -31,6 +31,7 @@ from tests.drive_layouts import (
     write_rosbag2,
 )
 
+START_NS = 100_000_000  # the known drive's first pose, ns
 FAST = ["--max-reasoning-tokens", "2", "--no-progress", "--max-ticks", "1"]
 
 
@@ -355,3 +356,63 @@ def test_bag_without_autoware_topics_asks_for_a_layout(known, tmp_path):
     bag = write_rosbag2(tmp_path / "other.mcap", known, topics={c: f"/cam{c}" for c in known.cameras})
     with pytest.raises(RecordingError, match=r"no camera topic of the Autoware layout .* give --layout FILE"):
         open_drive(bag)
+
+
+@pytest.mark.parametrize(
+    "encoding", ["bayer_rggb8", "bayer_bggr8", "bayer_gbrg8", "bayer_grbg8", "mono8", "bgr8"]
+)
+def test_ros_raw_image_encodings_convert_to_rgb(known, tmp_path, encoding):
+    """Images whose colour is constant over each 2x2 cell survive a Bayer mosaic exactly; mono8 becomes grey."""
+    cells = pattern(1, 3, (32, 48))[::2, ::2]
+    rgb = cells.repeat(2, axis=0).repeat(2, axis=1)
+    if encoding.startswith("bayer"):
+        order = encoding[6:10].upper()
+        data = np.zeros(rgb.shape[:2], np.uint8)
+        for i, colour in enumerate(order):
+            data[i // 2 :: 2, i % 2 :: 2] = rgb[i // 2 :: 2, i % 2 :: 2, "RGB".index(colour)]
+        expected = rgb
+    elif encoding == "mono8":
+        data, expected = rgb[:, :, 0], np.repeat(rgb[:, :, :1], 3, axis=2)
+    else:
+        data, expected = rgb[:, :, ::-1], rgb
+    frame_bytes = np.ascontiguousarray(data).tobytes()
+    step = len(frame_bytes) // 32
+    from mcap_ros2.writer import Writer as Ros2Writer
+
+    from bridges.ros2_messages import definition, stamp
+
+    bag = tmp_path / "raw.mcap"
+    xyz, quat = ego_pose(known.pose_times_us)
+    with open(bag, "wb") as f:
+        writer = Ros2Writer(f)
+        image = writer.register_msgdef("sensor_msgs/msg/Image", definition("sensor_msgs/msg/Image"))
+        odom = writer.register_msgdef("nav_msgs/msg/Odometry", definition("nav_msgs/msg/Odometry"))
+        for t_us, p, q in zip(known.pose_times_us[:3], xyz, quat, strict=False):
+            pose = {
+                "position": dict(zip("xyz", map(float, p), strict=True)),
+                "orientation": dict(zip("xyzw", map(float, q), strict=True)),
+            }
+            zero = {"x": 0.0, "y": 0.0, "z": 0.0}
+            message = {
+                "header": {"stamp": stamp(int(t_us) * 1000), "frame_id": "map"},
+                "child_frame_id": "base_link",
+                "pose": {"pose": pose, "covariance": [0.0] * 36},
+                "twist": {"twist": {"linear": zero, "angular": zero}, "covariance": [0.0] * 36},
+            }
+            writer.write_message(
+                "/localization/kinematic_state", odom, message, int(t_us) * 1000, int(t_us) * 1000
+            )
+        header = {"stamp": stamp(START_NS), "frame_id": "cam"}
+        message = {
+            "header": header,
+            "height": 32,
+            "width": 48,
+            "encoding": encoding,
+            "is_bigendian": 0,
+            "step": step,
+            "data": frame_bytes,
+        }
+        writer.write_message("/sensing/camera/camera1/image_raw", image, message, START_NS, START_NS)
+        writer.finish()
+    (frame,) = list(open_drive(bag).frames())
+    assert np.array_equal(frame.rgb(), expected)
