@@ -25,7 +25,7 @@ from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer
 
 from alpamayo.prediction import DT_S, FUTURE_STEPS
-from alpamayo.replay.outputs import EGO_FRAME, TIMINGS_TOPIC, TickOutput
+from alpamayo.replay.outputs import EGO_FRAME, TIMINGS_TOPIC, TickOutput, timings_record
 from alpamayo.rotations import yaw_to_quat
 from bridges.ros2_messages import definition, stamp
 
@@ -149,12 +149,7 @@ class Ros2Recorder:
 
     def timings(self, seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> None:
         """Per-stage ms of a tick as JSON text (`alpamayo.Timings` fields)."""
-        message = {
-            "seq": seq,
-            "t0_ns": t0_ns,
-            "stages_ms": {k: float(v) for k, v in sorted(stages_ms.items())},
-            "e2e_age_ms": float(e2e_age_ms),
-        }
+        message = timings_record(seq, t0_ns, stages_ms, e2e_age_ms)
         self._write(TIMINGS_TOPIC, TYPES[TIMINGS_TOPIC], {"data": json.dumps(message, sort_keys=True)}, t0_ns)
 
     def copy(self, schema: Schema, channel: Channel, message: Message) -> None:

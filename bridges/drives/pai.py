@@ -15,8 +15,9 @@ already is a Hugging Face cache (it holds `datasets--nvidia--PhysicalAI-Autonomo
 `HF_HUB_OFFLINE` is forced on before the devkit is used: nothing is downloaded, ever.
 
 As NVIDIA's reference loader (`load_physical_aiavdataset`) does: a tick at t0 takes each camera's frame nearest at
-or before t0 - 0.3, -0.2, -0.1, 0 s, decoded from the MP4 by the devkit's reader when first used (frames are
-never decoded ahead; the newest few per camera are kept, as consecutive ticks share three of four); the ego
+or before t0 - 0.3, -0.2, -0.1, 0 s, decoded from the MP4 by the devkit's reader when first used, together with
+the next window's frames in the same pass (never the whole clip: two windows per camera are kept, as consecutive
+ticks share three of four frames); the ego
 history and the 64-step future are the devkit's egomotion interpolation (cubic-spline position, slerp rotation)
 at t0 - 1.5 .. 0 s and t0 + 0.1 .. 6.4 s. Times are µs in the dataset and ns (x 1000) everywhere else.
 """
@@ -61,7 +62,11 @@ FRAME_OFFSETS_US = PERIOD_US * np.arange(-(FRAMES_PER_CAMERA - 1), 1, dtype=np.i
 MAX_FRAME_AGE_US = (
     PERIOD_US  # a frame at or before a slot older than a period means the camera dropped frames
 )
-KEPT_FRAMES = 2 * FRAMES_PER_CAMERA  # decoded frames kept per camera: the current window and the one before
+# One devkit call seeks to the keyframe before its first frame and decodes forward, so a call per new frame
+# decodes half a GOP for each (236 ms per 1080p frame at GOP 30, benchmarks/drive_sources.py); decoding the
+# next window's frames in the same pass shares that seek. Kept per camera: two windows of decoded frames.
+PREFETCH_FRAMES = FRAMES_PER_CAMERA
+KEPT_FRAMES = 2 * FRAMES_PER_CAMERA
 
 
 def _devkit() -> Any:
@@ -132,6 +137,7 @@ class CameraVideo:
         self.reader = reader  # physical_ai_av.video.SeekVideoReader
         self.timestamps_us = timestamps_us
         self.source = source
+        self.used = np.zeros(0, dtype=np.int64)  # the frame numbers the ticks use, ascending (set by PaiClip)
         self._frames: OrderedDict[int, VideoFrame] = OrderedDict()
 
     def frame(self, index: int) -> VideoFrame:
@@ -146,7 +152,11 @@ class CameraVideo:
         return frame
 
     def decode(self, frame: VideoFrame) -> np.ndarray:
-        """Decode `frame` together with the other kept frames not yet decoded (one seek per call)."""
+        """Decode `frame` together with the other kept frames not yet decoded and the next PREFETCH_FRAMES
+        frames the ticks use (one forward pass per keyframe)."""
+        ahead = self.used[np.searchsorted(self.used, frame.index, side="right") :][:PREFETCH_FRAMES]
+        for index in ahead:
+            self.frame(int(index))
         pending = [f for f in self._frames.values() if not f.decoded and f is not frame] + [frame]
         indices = np.array(sorted({f.index for f in pending}), dtype=np.int64)
         try:
@@ -242,6 +252,11 @@ class PaiClip:
         self.skipped: Counter = Counter()
         self._warn = warn
         self.tick_times_ns = self._tick_times_us() * 1000
+        slots = np.unique((self.tick_times_ns // 1000)[:, None] + FRAME_OFFSETS_US[None, :])
+        for video in videos:
+            ts = video.timestamps_us
+            inside = slots[(slots >= ts[0]) & (slots <= ts[-1])]
+            video.used = np.unique(np.searchsorted(ts, inside, side="right") - 1)
 
     @classmethod
     def open(
@@ -347,13 +362,10 @@ class PaiClip:
     def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[CameraFrame]:
         """The frames the ticks use (nearest at or before each 0.1 s slot), in time order; a slot a camera cannot
         serve is left out."""
-        slots = np.unique((self.tick_times_ns // 1000)[:, None] + FRAME_OFFSETS_US[None, :])
-        picked: list[VideoFrame] = []
+        picked: list[tuple[int, int, int]] = []
         for video in self.videos.values():
-            ts = video.timestamps_us
-            inside = slots[(slots >= ts[0]) & (slots <= ts[-1])]
-            for index in np.unique(np.searchsorted(ts, inside, side="right") - 1):
-                t_ns = int(ts[index]) * 1000
+            for index in video.used:
+                t_ns = int(video.timestamps_us[index]) * 1000
                 if (start_ns is None or t_ns >= start_ns) and (end_ns is None or t_ns < end_ns):
                     picked.append((t_ns, video.camera, int(index)))
         for _, camera, index in sorted(picked):
