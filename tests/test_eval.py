@@ -22,6 +22,7 @@ from alpamayo.eval.results import RunDir
 from alpamayo.eval.settings import EvalSettings
 from alpamayo.profiling import plots
 from tests import eval_faults
+from tests.drive_layouts import CLIP, KnownDrive, write_pai
 
 # 1.6 s of one small camera: one tick at t0 = 1.5 s (it needs 1.5 s of ego history). The random demo weights
 # never end their reasoning, so a 4-token cap keeps a clip (K = 6) to about a second.
@@ -232,6 +233,25 @@ def test_a_clip_t0_picks_the_tick_at_that_time(tmp_path, demo_checkpoint):
     assert (
         got["early"]["status"] == "failed" and "has no tick between 0.2 s and 0.3 s" in got["early"]["reason"]
     )
+
+
+def test_nvidia_clip_lists_evaluate_physicalai_av_clips_at_their_t0(tmp_path, demo_checkpoint):
+    """A (clip_id, t0_us) list as NVIDIA's evaluation metadata holds it, over a PhysicalAI-AV tree written with
+    the devkit's layout (`tests.drive_layouts.write_pai`: H.264 MP4s, parquets in chunk zips)."""
+    write_pai(tmp_path / "pai", KnownDrive(cameras=(1,)))
+    clip_list = tmp_path / "eval_metadata.parquet"
+    pd.DataFrame({"clip_id": [CLIP, CLIP], "t0_us": [1_700_000, 1_800_000]}).to_parquet(clip_list)
+    out = tmp_path / "run"
+    args = ["--clips", str(clip_list), "--pai-dir", str(tmp_path / "pai"), "--cameras", "1"]
+    with one_torch_thread():
+        assert evaluate(demo_checkpoint, out, *args) == 0
+    got = records(out)
+    assert sorted(got) == [f"{CLIP}@1700000", f"{CLIP}@1800000"]
+    for t0_us in (1_700_000, 1_800_000):
+        record = got[f"{CLIP}@{t0_us}"]
+        assert record["t0_ns"] == t0_us * 1000 and record["clip"]["drive"] == f"pai:{CLIP}@{t0_us}"
+        assert record["errors_m"]["min_ade@6.4s"] >= 0 and len(record["prediction"]["samples"]) == 6
+    assert report(out)["clips"]["done"] == 2
 
 
 def test_clip_lists_are_validated_with_the_row_and_the_allowed_values(tmp_path):
