@@ -31,6 +31,7 @@ import torch
 from alpamayo.demo_checkpoint import make_demo_checkpoint
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.eval.clips import collect_clips
+from alpamayo.eval.ray_workers import start_local_ray
 from alpamayo.eval.report import EvalRun
 from alpamayo.eval.session import run_eval
 from alpamayo.eval.settings import EvalSettings
@@ -82,13 +83,7 @@ def main() -> None:
 
         torch.set_num_threads(1)
         start = time.perf_counter()
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            object_store_memory=OBJECT_STORE_BYTES,
-            logging_level="WARNING",
-            log_to_driver=False,
-        )
+        start_local_ray(ray, num_cpus=2, object_store_bytes=OBJECT_STORE_BYTES)
         ray_init_s = time.perf_counter() - start
         configs = {
             "in_process": {},

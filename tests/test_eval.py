@@ -17,7 +17,7 @@ from PIL import Image
 from alpamayo.cli import main
 from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.eval.clips import Clip, clip_seed, collect_clips, load_clip_list
-from alpamayo.eval.ray_workers import TENSTORRENT, worker_resources
+from alpamayo.eval.ray_workers import TENSTORRENT, start_local_ray, worker_resources
 from alpamayo.eval.results import RunDir
 from alpamayo.eval.settings import EvalSettings
 from alpamayo.profiling import plots
@@ -77,13 +77,7 @@ def ray_cluster(tmp_path_factory):
     ray = pytest.importorskip("ray")
     marker = tmp_path_factory.mktemp("ray").name
     os.environ[eval_faults.MARKER_ENV] = marker
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=RAY_OBJECT_STORE_BYTES,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    start_local_ray(ray, num_cpus=2, object_store_bytes=RAY_OBJECT_STORE_BYTES)
     yield marker
     ray.shutdown()
     del os.environ[eval_faults.MARKER_ENV]
@@ -351,7 +345,7 @@ def test_cuda_workers_on_ray_each_get_a_gpu(tmp_path, demo_checkpoint, drives):
     import torch
 
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=RAY_OBJECT_STORE_BYTES)
+    start_local_ray(ray, num_cpus=2, object_store_bytes=RAY_OBJECT_STORE_BYTES)
     try:
         out = tmp_path / "run"
         assert evaluate(demo_checkpoint, out, *map(str, drives[:2]), "--ray", "--device", "cuda") == 0

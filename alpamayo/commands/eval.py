@@ -23,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="evaluate the model over many clips (minADE_K, ADE/FDE per horizon), in-process or on Ray",
     )
     p.add_argument(
-        "sources", nargs="*", type=Path, help="recorded drives (.mcap); each is one clip at its first tick"
+        "sources",
+        nargs="*",
+        help="drives: a Foxglove or rosbag2 .mcap (one clip at its first tick) or pai:CLIP_ID@T0_US (--pai-dir)",
     )
     p.add_argument(
         "--clips",

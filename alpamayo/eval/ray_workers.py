@@ -50,18 +50,27 @@ def import_ray() -> Any:
     return ray
 
 
+def start_local_ray(
+    ray: Any, num_cpus: int | None = None, object_store_bytes: int = LOCAL_OBJECT_STORE_BYTES
+) -> None:
+    """An embedded Ray with a small footprint: `num_cpus` (None: all), no dashboard, a small object store, the
+    workers' logs kept out of this terminal (the progress bar and report are the output)."""
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        object_store_memory=object_store_bytes,
+        logging_level="WARNING",
+        log_to_driver=False,
+    )
+
+
 def connect(ray: Any, address: str) -> bool:
     """Join `address` (or start an embedded Ray for LOCAL_RAY); True when this call started Ray (and so
     stops it). A process that already called ray.init keeps its connection."""
     if ray.is_initialized():
         return False
     if address == LOCAL_RAY:
-        ray.init(
-            include_dashboard=False,
-            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-            logging_level="WARNING",
-            log_to_driver=False,
-        )
+        start_local_ray(ray)
     else:
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
