@@ -106,6 +106,10 @@ def test_stand_in_links_rv32_executables_that_kernels_link_against(root, tmp_pat
     assert k_data == fw["__fw_export_ldm_end"] == k["__ldm_data_start"]
     assert k_text < k_data_lma <= k_text + 16
     assert re.search(r"\.rela\.text\s+RELA\s+\S+\s+\S+\s+000000\s", readelf("-S", str(kernel)))  # empty
+    again = tmp_path / "again.elf"  # the same script and firmware: the ELF comes from the link cache
+    link(root, "kernel_brisc.ld", again, f"-Wl,--just-symbols={firmware}")
+    assert again.read_bytes() == kernel.read_bytes()
+    assert len(list((root / "link-cache").glob("kernel_brisc.ld.*.elf"))) == 1
 
 
 def test_dry_run_opens_a_blackhole_mock_whose_ops_run_their_host_side(dryrun_device):
