@@ -30,14 +30,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from alpamayo.errors import BackendUnavailable
-from alpamayo.tt.runtime import INSTALL_HINT, MOCK_DESCRIPTOR, MOCK_ENV
+from alpamayo.tt.runtime import INSTALL_HINT, MOCK_DESCRIPTOR, MOCK_ENV, RUNTIME_ROOT_ENV, SFPI_COMPILER
 
-ROOT_ENV = "TT_METAL_RUNTIME_ROOT"
 JIT_CACHE_ENV = "TT_METAL_CACHE"
 # tt-metal writes `generated/` (fabric maps, watcher kernel lists) here, else into the working directory.
 LOGS_ENV = "TT_METAL_LOGS_PATH"
-# Where tt-metal 0.81.1 looks for SFPI under the runtime root (before /opt/tenstorrent/sfpi).
-COMPILER = Path("runtime/sfpi/compiler/bin/riscv-tt-elf-g++")
 # A file in the root saying it is a dry-run root (what `active()` checks), naming the ttnn it mirrors.
 MARKER = "alpamayo-dryrun"
 LINKER = Path(__file__).resolve().with_name("link.py")
@@ -110,7 +107,7 @@ def build_runtime_root(directory: Path, ttnn_dir: Path | None = None) -> Path:
     (root / "runtime").mkdir()
     for entry in (ttnn_dir / "runtime").iterdir():
         (root / "runtime" / entry.name).symlink_to(entry)
-    compiler = root / COMPILER
+    compiler = root / SFPI_COMPILER
     compiler.parent.mkdir(parents=True)
     (root / "link-cache").mkdir()
     compiler.write_text(
@@ -126,7 +123,7 @@ def environment(directory: Path) -> dict[str, str]:
     tt-metal's generated files in `directory/logs`): nothing is written outside `directory`."""
     directory = Path(directory)
     return {
-        ROOT_ENV: str(directory / "root"),
+        RUNTIME_ROOT_ENV: str(directory / "root"),
         MOCK_ENV: str(MOCK_DESCRIPTOR),
         JIT_CACHE_ENV: str(directory / "jit-cache"),
         LOGS_ENV: str(directory / "logs"),
@@ -136,13 +133,13 @@ def environment(directory: Path) -> dict[str, str]:
 def prepare(directory: Path) -> dict[str, str]:
     """Build a dry run in `directory` (root and JIT cache) and return its environment variables."""
     env = environment(directory)
-    build_runtime_root(Path(env[ROOT_ENV]))
+    build_runtime_root(Path(env[RUNTIME_ROOT_ENV]))
     return env
 
 
 def active(environ: Mapping[str, str] = os.environ) -> bool:
     """ttnn in this environment opens the dry run's mock p150 (a dry-run root and the mock descriptor)."""
-    root = environ.get(ROOT_ENV)
+    root = environ.get(RUNTIME_ROOT_ENV)
     return bool(root and environ.get(MOCK_ENV) and (Path(root) / MARKER).is_file())
 
 
