@@ -93,11 +93,13 @@ class KnownDrive:
     def __post_init__(self) -> None:
         for camera in self.cameras:
             self.mp4[camera] = encode_mp4(
-                [pattern(camera, k, self.size) for k in range(self.frames)],
+                (pattern(camera, k, self.size) for k in range(self.frames)),
                 self.fps,
                 self.gop,
                 self.faststart,
             )
+            if not self.keep_decoded:
+                continue
             with av.open(io.BytesIO(self.mp4[camera])) as container:
                 self.decoded[camera] = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
 
