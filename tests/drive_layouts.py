@@ -86,6 +86,7 @@ class KnownDrive:
     gop: int = 5
     faststart: bool = False
     fps: int = 10
+    preset: str = "medium"  # libx264's speed/size trade-off (the benchmark's 1080p clip uses veryfast)
     keep_decoded: bool = True  # the MP4-decoded frames (the MCAP writers need them; a benchmark does not)
     mp4: dict[int, bytes] = field(default_factory=dict)
     decoded: dict[int, list[np.ndarray]] = field(default_factory=dict)
@@ -93,11 +94,14 @@ class KnownDrive:
     def __post_init__(self) -> None:
         for camera in self.cameras:
             self.mp4[camera] = encode_mp4(
-                [pattern(camera, k, self.size) for k in range(self.frames)],
+                (pattern(camera, k, self.size) for k in range(self.frames)),
                 self.fps,
                 self.gop,
                 self.faststart,
+                self.preset,
             )
+            if not self.keep_decoded:
+                continue
             with av.open(io.BytesIO(self.mp4[camera])) as container:
                 self.decoded[camera] = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
 
@@ -113,25 +117,29 @@ class KnownDrive:
         return np.arange(START_US, last + 1, POSE_PERIOD_US, dtype=np.int64)
 
 
-def encode_mp4(images: Iterable[np.ndarray], fps: int, gop: int, faststart: bool = False) -> bytes:
+def encode_mp4(
+    images: Iterable[np.ndarray], fps: int, gop: int, faststart: bool = False, preset: str = "medium"
+) -> bytes:
     """H.264 (libx264, yuv420p) MP4 of `images` at `fps`, a keyframe every `gop` frames; with `faststart` the
     index (moov) comes first, so a truncated file still opens."""
     options = {"movflags": "faststart"} if faststart else {}
     # faststart rewrites the file in a second pass, which needs a real file rather than a buffer.
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "video.mp4"
-        _encode_to(path, images, fps, gop, options)
+        _encode_to(path, images, fps, gop, options, preset)
         return path.read_bytes()
 
 
-def _encode_to(path: Path, images: Iterable[np.ndarray], fps: int, gop: int, options: dict[str, str]) -> None:
+def _encode_to(
+    path: Path, images: Iterable[np.ndarray], fps: int, gop: int, options: dict[str, str], preset: str
+) -> None:
     images = iter(images)
     first = next(images)
     with av.open(str(path), "w", format="mp4", options=options) as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.height, stream.width = first.shape[:2]
         stream.pix_fmt = "yuv420p"
-        stream.options = {"g": str(gop), "crf": "18"}
+        stream.options = {"g": str(gop), "crf": "18", "preset": preset}
         for image in itertools.chain([first], images):
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode())

@@ -16,6 +16,7 @@ ego `/localization/kinematic_state` (Odometry), else `/tf`.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,15 @@ class Rosbag2Drive(Drive):
 
     def _schema_name(self, schema: Schema) -> str:
         return _CONVERSIONS[type_name(schema.name)][0]
+
+    def describe(self) -> Any:
+        """`Drive.describe` with the cameras' ROS types, plus the bag's other topics and their types (to write a
+        --layout from)."""
+        description = super().describe()
+        cameras = [dataclasses.replace(c, detail=self.types[c.source]) for c in description.cameras]
+        others = {t: self.types[t] for t in sorted(self.types) if t not in self.layout.topics}
+        extra = {**description.extra, "other topics": others}
+        return dataclasses.replace(description, cameras=cameras, extra=extra)
 
     def ego_source(self) -> str:
         topic = self.layout.ego_pose_topic
