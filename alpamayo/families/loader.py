@@ -1,6 +1,7 @@
 """One loader for every model family: `config.json` -> family -> `ModelConfig`, tokenizer, checks.
 
-    cfg = load_model_config(ckpt_dir, base_model=None)   # what `alpamayo.config.load_config` does
+    cfg = load_model_config(ckpt_dir, base_model=None)   # what `alpamayo.config.load_config` does; checks the
+                                                         # action expert's config against the VLM's
     tokenizer = model_tokenizer(cfg)                     # shipped, or the base model's extended
     check_checkpoint(ckpt, cfg)                          # headers only, before any weight is read
 
@@ -17,8 +18,9 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from alpamayo.config import ModelConfig, generation_eos, parse_config
+from alpamayo.config import ALPAMAYO_VLM_KEY, ModelConfig, generation_eos, parse_config
 from alpamayo.errors import ConfigError
+from alpamayo.expert.config import parse_expert_config, validate_against_vlm
 from alpamayo.families.base_model import resolve_base_model
 from alpamayo.families.registry import RELEASE_IDS, detect_family
 from alpamayo.families.vocabulary import check_embedding_rows, extend_tokenizer
@@ -69,7 +71,9 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
                 f"--base-model {base_model}: {source} is a {family.title} checkpoint, which needs no base "
                 "model (only Alpamayo 1 (R1) and 1.5 checkpoints name one)"
             )
-        return parse_config(raw, source, eos)
+        cfg = parse_config(raw, source, eos)
+        vlm = raw.get(ALPAMAYO_VLM_KEY)
+        return _check_expert(cfg, raw, vlm.get("text_config") if isinstance(vlm, dict) else None)
     name = Fields(raw, "", source).str("vlm_name_or_path")
     base = resolve_base_model(name, directory, base_model, source)
     traj_vocab_size, add_special = _extension(raw, source)
@@ -79,9 +83,20 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
     if not isinstance(vlm["text_config"], dict):
         raise ConfigError(f"{base.config_source}: field 'text_config' must be a JSON object")
     vlm["text_config"]["vocab_size"] = vlm["vocab_size"] = len(tokenizer)
-    return parse_config(
+    cfg = parse_config(
         raw, source, eos or generation_eos(base.directory), base_vlm=vlm, base_model=str(base.directory)
     )
+    return _check_expert(cfg, raw, vlm["text_config"])
+
+
+def _check_expert(cfg: ModelConfig, raw: dict[str, Any], vlm_text: dict[str, Any] | None) -> ModelConfig:
+    """The action expert (when the config has one) reads the VLM's KV cache layer by layer: refuse a config
+    whose layer count or KV width differs, before any weight is read."""
+    if cfg.family.weight_prefix:
+        expert = parse_expert_config(raw, vlm_text, cfg.source, cfg.kind)
+        if expert is not None:
+            validate_against_vlm(expert, cfg.text)
+    return cfg
 
 
 def model_tokenizer(cfg: ModelConfig) -> Any:
