@@ -75,10 +75,6 @@ def test_explicit_noise_reproduces_and_steers_the_trajectory(release):
     c = vla.predict(frames, ego, seed=5, noise=2 * noise)
     assert np.array_equal(a.best.xyz, b.best.xyz)
     assert np.abs(a.best.xyz - c.best.xyz).max() > 1e-3
-    # with the same seed and no explicit noise, the seeded noise reproduces too
-    assert np.array_equal(
-        vla.predict(frames, ego, seed=5).best.xyz, vla.predict(frames, ego, seed=5).best.xyz
-    )
 
 
 def test_bad_expert_inputs_are_clear_errors(release):
