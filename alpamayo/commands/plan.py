@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from alpamayo.commands.common import MOE_CONFIG_HELP, RECIPE_HELP
+from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.configs import NAMES, builtin_config
 from alpamayo.moe.config import model_block_config
@@ -22,16 +22,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         required=True,
         help=f"checkpoint directory, or a built-in config name ({', '.join(NAMES)})",
     )
+    p.add_argument("--base-model", default=None, help=BASE_MODEL_HELP)
     p.add_argument("--recipe", default="performance", help=RECIPE_HELP)
     p.add_argument("--max-seq-len", type=int, default=8192, help="KV cache positions (prompt + generated)")
     p.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
     p.set_defaults(handler=run)
 
 
-def resolve_config(spec: str) -> ModelConfig:
-    """A checkpoint directory's config, or a built-in config by name."""
+def resolve_config(spec: str, base_model: str | None = None) -> ModelConfig:
+    """A checkpoint directory's config (R1 / 1.5: with its base model), or a built-in config by name."""
     if Path(spec).exists():
-        return load_config(spec)
+        return load_config(spec, base_model)
     if spec in NAMES:
         return builtin_config(spec)
     raise ValueError(
@@ -40,7 +41,8 @@ def resolve_config(spec: str) -> ModelConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = resolve_config(args.checkpoint)
+    cfg = resolve_config(args.checkpoint, args.base_model)
+    print(f"model family: {cfg.family.title} ({cfg.family.name})")
     precision = load_precision(args.recipe)
     # the block config a ttnn run would take, so its one-chip refusals (mesh, shared experts, bias) show here
     block = model_block_config(cfg.text, args.moe_config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args, add_sampling_args
+from alpamayo.commands.common import add_model_args, add_sampling_args, flow_settings
 from alpamayo.replay.settings import OUTPUT_FORMATS, ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
@@ -95,8 +95,12 @@ def settings_from_args(
         num_samples=args.samples,
         temperature=args.temperature,
         top_p=args.top_p,
+        top_k=args.top_k,
         seed=args.seed,
         max_reasoning_tokens=args.max_reasoning_tokens,
+        base_model=None if args.base_model is None else Path(args.base_model),
+        decoder=args.decoder,
+        flow=flow_settings(args),
         backend=args.backend,
         recipe=args.recipe,
         tt_cache=args.tt_cache,

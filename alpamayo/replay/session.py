@@ -11,7 +11,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from alpamayo.generation import Sampling
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware, software, source_commit
 from alpamayo.replay.accuracy import summarize_accuracy
@@ -32,13 +31,18 @@ RUN_METADATA = "alpamayo.run"
 
 
 def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
-    return AlpamayoVLA.from_checkpoint(
+    """The model, decoding with its family's sampling defaults where the settings leave them open."""
+    vla = AlpamayoVLA.from_checkpoint(
         settings.checkpoint,
         settings.backend_options(),
         tracer=tracer,
-        sampling=Sampling(settings.temperature, settings.top_p),
         max_reasoning_tokens=settings.max_reasoning_tokens,
+        base_model=settings.base_model,
+        decoder=settings.decoder,
+        flow=settings.flow,
     )
+    vla.sampling = vla.sampling.override(settings.temperature, settings.top_p, settings.top_k)
+    return vla
 
 
 def run_info(settings: ReplaySettings, drive: DriveSource, predictor: AlpamayoVLA) -> dict[str, Any]:
@@ -60,8 +64,16 @@ def run_info(settings: ReplaySettings, drive: DriveSource, predictor: AlpamayoVL
             "input": input_size,
             "model": "?",  # known once a frame has been resized: set after the replay
         },
+        "family": predictor.family.name,
+        "decoder": predictor.decoder,
+        "flow": None if predictor.expert is None else predictor.expert.record(),
         "samples": settings.num_samples,
-        "sampling": {"temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed},
+        "sampling": {
+            "temperature": predictor.sampling.temperature,
+            "top_p": predictor.sampling.top_p,
+            "top_k": predictor.sampling.top_k,
+            "seed": settings.seed,
+        },
         "warmup_ticks": settings.warmup,
         "hardware": hardware(settings.device),
         "software": software(),
@@ -90,6 +102,7 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
     except BaseException:
         drive.close()
         raise
+    print(predictor.model_line(), file=sys.stderr)
     writer = None
     try:
         info = run_info(settings, drive, predictor)

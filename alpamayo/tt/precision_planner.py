@@ -34,11 +34,11 @@ import torch
 
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.demo_checkpoint import CORPUS
+from alpamayo.families.loader import model_tokenizer
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
-from alpamayo.tokenizer import load_tokenizer
 from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import model_name
@@ -165,7 +165,7 @@ def _vla(
 
     vlm = VisionLanguageModel.from_checkpoint(directory, weights=weights, cfg=cfg)
     vlm.text.kv_store = store
-    planner = Planner.from_config(vlm.config, load_tokenizer(directory))
+    planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
 
 
@@ -190,7 +190,7 @@ def drive_ticks(
 
 def evaluation_ids(directory: Path, prompt_tokens: int) -> torch.Tensor:
     """The first `prompt_tokens` tokens of the built-in driving corpus in the checkpoint's tokenizer."""
-    ids = load_tokenizer(directory)(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
+    ids = model_tokenizer(load_config(directory))(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
     if len(ids) < prompt_tokens:
         raise ValueError(f"prompt-tokens {prompt_tokens}: the corpus has only {len(ids)} tokens")
     return torch.tensor(ids[:prompt_tokens])

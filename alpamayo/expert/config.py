@@ -1,0 +1,298 @@
+"""The flow-matching action expert's configuration, derived from a checkpoint's raw `config.json`.
+
+Two layouts (NVIDIA's public code is the definition):
+  * Alpamayo R1 / 1.5 (flat `config.json`): the expert transformer is a copy of the VLM's text config with
+    each `expert_cfg` key set on it (`expert_cfg` absent: a plain copy); the projections and sampler come from
+    the top-level `action_in_proj_cfg`, `action_out_proj_cfg`, `diffusion_cfg` and
+    `expert_non_causal_attention`. Weights: `expert.*`, `action_in_proj.*`, `action_out_proj.*`.
+  * Alpamayo 2 Super: `expert_config` holds a full `llm_config` (a text-model config, not overrides) beside
+    the same four settings. Weights: `expert.expert.*`, `expert.action_in_proj.*`, `expert.action_out_proj.*`.
+    Super's model refuses classifier-free guidance.
+
+The expert reads the VLM's KV cache layer by layer, so `validate_against_vlm` requires equal layer counts and
+equal K/V layouts (KV heads x head_dim) before any weight is read.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from alpamayo.config import ModelConfig, TextConfig, parse_text_config
+from alpamayo.errors import ConfigError
+from alpamayo.json_fields import Fields
+
+FLAT = "flat"  # Alpamayo R1 / 1.5
+SUPER = "super"  # Alpamayo 2 Super
+FLAT_EXPERT_KEYS = ("expert_cfg", "action_in_proj_cfg")  # either one means the flat config has an expert
+SUPER_EXPERT_KEY = "expert_config"
+ACTION_DIMS = 2  # (acceleration, curvature) per waypoint: the unicycle action space of every release
+IN_PROJ_TARGET = "PerWaypointActionInProjV2"
+DIFFUSION_TARGET = "FlowMatching"
+OUT_PROJ_TARGET = "Linear"
+MOE_MODEL_TYPES = ("qwen3_vl_moe_text", "qwen3_vl_moe", "qwen3_moe")
+# The expert settings of the 10B releases' config.json (R1 and 1.5; alpamayo-code-audit.md B.2): the real
+# shapes for plans, benchmarks and tests (with the 8B VLM: 36 layers, 8 KV heads x 128, 2.28B parameters).
+RELEASE_10B_EXPERT: dict[str, Any] = {
+    "expert_cfg": {
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "head_dim": 128,
+        "intermediate_size": 8256,
+    },
+    "action_in_proj_cfg": {
+        "num_enc_layers": 2,
+        "hidden_size": 512,
+        "num_fourier_feats": 20,
+        "max_freq": 100.0,
+    },
+    "action_out_proj_cfg": {},
+    "diffusion_cfg": {"int_method": "euler", "num_inference_steps": 10},
+    "expert_non_causal_attention": True,
+}
+
+
+@dataclass(frozen=True)
+class WeightPrefixes:
+    """Prefixes of the expert's tensors on disk (each ends with a dot)."""
+
+    expert: str  # the transformer: `{expert}layers.{i}.…`, `{expert}norm.weight`
+    in_proj: str  # `{in_proj}encoder.trunk.{0,2,3,…}.…`, `{in_proj}norm.{weight,bias}`, R1 `…freqs` buffers
+    out_proj: str  # `{out_proj}weight` [action_dims, hidden], `{out_proj}bias` [action_dims]
+
+
+FLAT_PREFIXES = WeightPrefixes("expert.", "action_in_proj.", "action_out_proj.")
+SUPER_PREFIXES = WeightPrefixes("expert.expert.", "expert.action_in_proj.", "expert.action_out_proj.")
+
+
+@dataclass(frozen=True)
+class InProjConfig:
+    """`PerWaypointActionInProjV2`: Fourier features of each action dimension and of t, then an MLP.
+
+    Defaults are NVIDIA's class defaults; the 10B releases set `num_enc_layers` 2 and `hidden_size` 512.
+    """
+
+    num_enc_layers: int = 4
+    hidden_size: int = 1024
+    num_fourier_feats: int = 20  # per encoded scalar: half sines, half cosines
+    max_freq: float = 100.0
+
+    @property
+    def num_freqs(self) -> int:
+        return self.num_fourier_feats // 2
+
+    @property
+    def num_features(self) -> int:
+        """MLP input width: one Fourier encoding per action dimension plus one for t (60 for the releases)."""
+        return (ACTION_DIMS + 1) * self.num_fourier_feats
+
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    """Everything the action expert needs from `config.json`."""
+
+    layout: str  # FLAT or SUPER
+    text: TextConfig  # the expert transformer's dimensions
+    text_dict: dict[
+        str, Any
+    ]  # the same as an HF-style text-config dict (builds transformers' model in tests)
+    in_proj: InProjConfig
+    prefixes: WeightPrefixes
+    num_inference_steps: int = 10  # Euler steps
+    non_causal: bool = True  # the 64 action tokens attend to each other bidirectionally
+    out_proj_bias: bool = True
+    supports_guidance: bool = True  # navigation CFG (Super's model refuses it)
+    source: str = "config.json"
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every required tensor on disk and its shape (the R1 `freqs` buffers are optional, not listed)."""
+        t, p = self.text, self.prefixes
+        shapes: dict[str, tuple[int, ...]] = {}
+        for i in range(t.num_hidden_layers):
+            layer = f"{p.expert}layers.{i}."
+            shapes.update(
+                {
+                    f"{layer}input_layernorm.weight": (t.hidden_size,),
+                    f"{layer}self_attn.q_proj.weight": (t.q_dim, t.hidden_size),
+                    f"{layer}self_attn.k_proj.weight": (t.kv_dim, t.hidden_size),
+                    f"{layer}self_attn.v_proj.weight": (t.kv_dim, t.hidden_size),
+                    f"{layer}self_attn.o_proj.weight": (t.hidden_size, t.q_dim),
+                    f"{layer}self_attn.q_norm.weight": (t.head_dim,),
+                    f"{layer}self_attn.k_norm.weight": (t.head_dim,),
+                    f"{layer}post_attention_layernorm.weight": (t.hidden_size,),
+                    f"{layer}mlp.gate_proj.weight": (t.intermediate_size, t.hidden_size),
+                    f"{layer}mlp.up_proj.weight": (t.intermediate_size, t.hidden_size),
+                    f"{layer}mlp.down_proj.weight": (t.hidden_size, t.intermediate_size),
+                }
+            )
+            if t.attention_bias:
+                shapes.update(
+                    {
+                        f"{layer}self_attn.q_proj.bias": (t.q_dim,),
+                        f"{layer}self_attn.k_proj.bias": (t.kv_dim,),
+                        f"{layer}self_attn.v_proj.bias": (t.kv_dim,),
+                        f"{layer}self_attn.o_proj.bias": (t.hidden_size,),
+                    }
+                )
+        shapes[f"{p.expert}norm.weight"] = (t.hidden_size,)
+        shapes.update(self._in_proj_shapes())
+        shapes[f"{p.out_proj}weight"] = (ACTION_DIMS, t.hidden_size)
+        if self.out_proj_bias:
+            shapes[f"{p.out_proj}bias"] = (ACTION_DIMS,)
+        return shapes
+
+    def _in_proj_shapes(self) -> dict[str, tuple[int, ...]]:
+        """`encoder.trunk` is Linear, SiLU, then (RMSNorm, Linear, SiLU) per extra layer, RMSNorm, Linear."""
+        c, hidden, pre = self.in_proj, self.text.hidden_size, f"{self.prefixes.in_proj}encoder.trunk."
+        shapes = {f"{pre}0.weight": (c.hidden_size, c.num_features), f"{pre}0.bias": (c.hidden_size,)}
+        for layer in range(c.num_enc_layers):
+            norm = 2 + 3 * layer
+            out = hidden if layer == c.num_enc_layers - 1 else c.hidden_size
+            shapes[f"{pre}{norm}.weight"] = (c.hidden_size,)
+            shapes[f"{pre}{norm + 1}.weight"] = (out, c.hidden_size)
+            shapes[f"{pre}{norm + 1}.bias"] = (out,)
+        shapes[f"{self.prefixes.in_proj}norm.weight"] = (hidden,)
+        shapes[f"{self.prefixes.in_proj}norm.bias"] = (hidden,)
+        return shapes
+
+    def freqs_keys(self) -> list[str]:
+        """Names of R1's persistent Fourier `freqs` buffers ([1, num_freqs]): one per action dim, then t."""
+        pre = self.prefixes.in_proj
+        return [f"{pre}sinus.{i}.freqs" for i in range(ACTION_DIMS)] + [
+            f"{pre}timestep_fourier_encoder.freqs"
+        ]
+
+
+def has_expert(raw: dict[str, Any]) -> bool:
+    """Whether a raw `config.json` object describes an action expert (either layout)."""
+    if isinstance(raw.get(SUPER_EXPERT_KEY), dict):
+        # Super builds its expert only when `expert_config` carries an action space (`enable_expert`).
+        return raw[SUPER_EXPERT_KEY].get("action_space_cfg") is not None
+    return any(raw.get(k) is not None for k in FLAT_EXPERT_KEYS)
+
+
+def expert_text_dict(
+    raw: dict[str, Any], vlm_text: dict[str, Any] | None, source: str = "config.json"
+) -> dict[str, Any]:
+    """The expert transformer's HF-style text-config dict.
+
+    Flat layout: a deep copy of the VLM's `text_config` dict `vlm_text` with each `expert_cfg` key set (as
+    NVIDIA's `setattr` loop does). Super: `expert_config.llm_config` (its `text_config` when it is a full
+    vision-language config). The dict parses with `alpamayo.config.parse_text_config` and builds
+    transformers' `Qwen3VLTextModel(Qwen3VLTextConfig(**d))`.
+    """
+    root = Fields(raw, "", source)
+    if root.has(SUPER_EXPERT_KEY):
+        llm = root.sub(SUPER_EXPERT_KEY).sub("llm_config")
+        if llm.has("text_config"):
+            llm = llm.sub("text_config")
+        return copy.deepcopy(llm.data)
+    if vlm_text is None:
+        raise ConfigError(
+            f"{source}: the action expert's config is the VLM's text config with 'expert_cfg' applied, "
+            "but no VLM text config was given"
+        )
+    out = copy.deepcopy(vlm_text)
+    out.update(copy.deepcopy(root.optional_sub("expert_cfg").data))
+    return out
+
+
+def _check_target(section: Fields, expected: str) -> None:
+    """A Hydra `_target_` (when given) must name the class whose maths this package implements."""
+    if section.has("_target_"):
+        target = section.str("_target_")
+        if target.rsplit(".", 1)[-1] != expected:
+            raise ConfigError(
+                f"{section.source}: unsupported '{section.name('_target_')}' = {target!r}; supported: "
+                f"a class named {expected!r}"
+            )
+
+
+def _in_proj(section: Fields) -> InProjConfig:
+    _check_target(section, IN_PROJ_TARGET)
+    d = InProjConfig()
+    cfg = InProjConfig(
+        num_enc_layers=section.int("num_enc_layers", d.num_enc_layers),
+        hidden_size=section.int("hidden_size", d.hidden_size),
+        num_fourier_feats=section.int("num_fourier_feats", d.num_fourier_feats, minimum=2),
+        max_freq=section.number("max_freq", d.max_freq, positive=True),
+    )
+    if cfg.num_fourier_feats % 2:
+        raise section.fail("num_fourier_feats", "even (half sines, half cosines)")
+    return cfg
+
+
+def _diffusion_steps(section: Fields) -> int:
+    _check_target(section, DIFFUSION_TARGET)
+    method = section.str("int_method", "euler")
+    if method != "euler":
+        raise ConfigError(
+            f"{section.source}: unsupported '{section.name('int_method')}' = {method!r}; supported: 'euler'"
+        )
+    return section.int("num_inference_steps", 10)
+
+
+def parse_expert_config(
+    raw: dict[str, Any],
+    vlm_text: dict[str, Any] | None = None,
+    source: str = "config.json",
+    vlm_kind: str = "dense",
+) -> ExpertConfig | None:
+    """The expert of a raw `config.json` object, or None when it describes none (`has_expert`).
+
+    `vlm_text` is the VLM's HF-style `text_config` dict (required for the flat R1 / 1.5 layout, whose expert
+    copies it) and `vlm_kind` its "dense"/"moe" kind, which the copy inherits.
+    """
+    if not has_expert(raw):
+        return None
+    root = Fields(raw, "", source)
+    super_layout = root.has(SUPER_EXPERT_KEY)
+    settings = root.sub(SUPER_EXPERT_KEY) if super_layout else root
+    text_dict = expert_text_dict(raw, vlm_text, source)
+    if super_layout:
+        llm = settings.sub("llm_config")
+        path = llm.name("text_config") if llm.has("text_config") else llm.path
+        text_fields = Fields(text_dict, path, source)
+        kind = "moe" if text_dict.get("model_type") in MOE_MODEL_TYPES else "dense"
+    else:
+        text_fields = Fields(text_dict, "<VLM text_config + expert_cfg>", source)
+        kind = vlm_kind
+    out_proj = settings.optional_sub("action_out_proj_cfg")
+    _check_target(out_proj, OUT_PROJ_TARGET)
+    return ExpertConfig(
+        layout=SUPER if super_layout else FLAT,
+        text=parse_text_config(text_fields, kind),
+        text_dict=text_dict,
+        in_proj=_in_proj(settings.optional_sub("action_in_proj_cfg")),
+        prefixes=SUPER_PREFIXES if super_layout else FLAT_PREFIXES,
+        num_inference_steps=_diffusion_steps(settings.optional_sub("diffusion_cfg")),
+        non_causal=settings.bool("expert_non_causal_attention", True),
+        out_proj_bias=out_proj.bool("bias", True),
+        supports_guidance=not super_layout,
+        source=source,
+    )
+
+
+def validate_against_vlm(expert: ExpertConfig, vlm: TextConfig) -> None:
+    """The expert's layer ℓ attends over the VLM's layer-ℓ K/V cache: layer counts and K/V layouts must agree.
+
+    Raises a ConfigError naming both values.
+    """
+    e = expert.text
+    if e.num_hidden_layers != vlm.num_hidden_layers:
+        raise ConfigError(
+            f"{expert.source}: the action expert has {e.num_hidden_layers} layers but the VLM has "
+            f"{vlm.num_hidden_layers}; each expert layer reads the VLM layer of the same index"
+        )
+    if (e.num_key_value_heads, e.head_dim) != (vlm.num_key_value_heads, vlm.head_dim):
+        raise ConfigError(
+            f"{expert.source}: the action expert's KV width {e.kv_dim} (num_key_value_heads "
+            f"{e.num_key_value_heads} x head_dim {e.head_dim}) differs from the VLM's {vlm.kv_dim} "
+            f"({vlm.num_key_value_heads} x {vlm.head_dim}); the expert attends over the VLM's K/V cache"
+        )
+
+
+def expert_config_of(cfg: ModelConfig) -> ExpertConfig | None:
+    """The expert of a parsed checkpoint config (its top-level keys and the VLM's text config), or None."""
+    return parse_expert_config(cfg.extra, cfg.raw_text_config, cfg.source, cfg.kind)
