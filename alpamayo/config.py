@@ -138,6 +138,8 @@ class ModelConfig:
     source: str = ""
     family_name: str = QWEN3_VL.name  # `alpamayo.families.FAMILIES` key
     base_model: str | None = None  # R1 / 1.5: the resolved base-model directory (tokenizer, processor)
+    # The text_config object as written (HF spelling): the action expert's config copies it (alpamayo.expert).
+    raw_text_config: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def family(self) -> Family:
@@ -348,6 +350,7 @@ def parse_config(
         source=source,
         family_name=family.name,
         base_model=base_model,
+        raw_text_config=text_fields.data,
     )
 
 

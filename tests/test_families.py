@@ -51,7 +51,11 @@ def vla_of(releases):
 
     def get(layout: str) -> AlpamayoVLA:
         if layout not in loaded:
-            loaded[layout] = AlpamayoVLA.from_checkpoint(releases[layout], max_reasoning_tokens=4)
+            # The discrete decoder: these tests pin its tokens against transformers' generate (the layouts'
+            # default, the action expert, is pinned by tests/test_expert_*.py).
+            loaded[layout] = AlpamayoVLA.from_checkpoint(
+                releases[layout], max_reasoning_tokens=4, decoder="tokens"
+            )
         return loaded[layout]
 
     return get

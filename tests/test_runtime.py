@@ -4,6 +4,7 @@ shared-prefill samples, input validation and `alpamayo predict`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,20 +196,27 @@ def write_prediction_inputs(directory, frames, times, ego: EgoHistory) -> None:
     (directory / "ego.csv").write_text("\n".join(rows) + "\n")
 
 
-def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
-    frames, times = frames_at(5)
-    write_prediction_inputs(tmp_path, frames, times, straight_history())
-    args = [
+def predict_argv(checkpoint: Path, directory: Path) -> list[str]:
+    """`alpamayo predict` on the inputs `write_prediction_inputs` wrote to `directory`, 4 reasoning tokens at
+    most."""
+    frames, ego = str(directory / "frames"), str(directory / "ego.csv")
+    return [
         "predict",
         "--checkpoint",
-        str(demo_checkpoint),
+        str(checkpoint),
         "--frames",
-        str(tmp_path / "frames"),
+        frames,
         "--ego",
-        str(tmp_path / "ego.csv"),
+        ego,
         "--max-reasoning-tokens",
         "4",
     ]
+
+
+def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
+    frames, times = frames_at(5)
+    write_prediction_inputs(tmp_path, frames, times, straight_history())
+    args = predict_argv(demo_checkpoint, tmp_path)
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (sample,) = out["samples"]

@@ -19,7 +19,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from alpamayo.config import TextConfig, parse_text_config
+from alpamayo.config import ModelConfig, TextConfig, parse_text_config
 from alpamayo.errors import ConfigError
 from alpamayo.json_fields import Fields
 
@@ -32,6 +32,25 @@ IN_PROJ_TARGET = "PerWaypointActionInProjV2"
 DIFFUSION_TARGET = "FlowMatching"
 OUT_PROJ_TARGET = "Linear"
 MOE_MODEL_TYPES = ("qwen3_vl_moe_text", "qwen3_vl_moe", "qwen3_moe")
+# The expert settings of the 10B releases' config.json (R1 and 1.5; alpamayo-code-audit.md B.2): the real
+# shapes for plans, benchmarks and tests (with the 8B VLM: 36 layers, 8 KV heads x 128, 2.28B parameters).
+RELEASE_10B_EXPERT: dict[str, Any] = {
+    "expert_cfg": {
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "head_dim": 128,
+        "intermediate_size": 8256,
+    },
+    "action_in_proj_cfg": {
+        "num_enc_layers": 2,
+        "hidden_size": 512,
+        "num_fourier_feats": 20,
+        "max_freq": 100.0,
+    },
+    "action_out_proj_cfg": {},
+    "diffusion_cfg": {"int_method": "euler", "num_inference_steps": 10},
+    "expert_non_causal_attention": True,
+}
 
 
 @dataclass(frozen=True)
@@ -272,3 +291,8 @@ def validate_against_vlm(expert: ExpertConfig, vlm: TextConfig) -> None:
             f"{e.num_key_value_heads} x head_dim {e.head_dim}) differs from the VLM's {vlm.kv_dim} "
             f"({vlm.num_key_value_heads} x {vlm.head_dim}); the expert attends over the VLM's K/V cache"
         )
+
+
+def expert_config_of(cfg: ModelConfig) -> ExpertConfig | None:
+    """The expert of a parsed checkpoint config (its top-level keys and the VLM's text config), or None."""
+    return parse_expert_config(cfg.extra, cfg.raw_text_config, cfg.source, cfg.kind)

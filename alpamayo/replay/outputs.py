@@ -5,7 +5,8 @@ Per tick, all logged at t0 on the recording clock (so outputs line up with the c
   /alpamayo/trajectory      foxglove.PosesInFrame    predicted waypoints, base_link (t0 ego frame), best sample
   /alpamayo/recorded_future foxglove.PosesInFrame    the recorded 6.4 s after t0, base_link (when recorded)
   /alpamayo/reasoning       foxglove.Log             the best sample's reasoning text
-  /alpamayo/prediction      alpamayo.Prediction      every sample: tokens, waypoints, actions, errors, validity
+  /alpamayo/prediction      alpamayo.Prediction      every sample: tokens, waypoints, actions, errors, validity,
+                                                     and the trajectory decoder (expert + flow settings, or tokens)
   /alpamayo/timings         alpamayo.Timings         per-stage milliseconds (the only non-deterministic topic)
 `docs/recordings.md` documents the fields. Serialising and publishing are separate calls so that profiling
 times them as the `serialise` and `publish` stages.
@@ -90,6 +91,8 @@ def prediction_record(out: TickOutput) -> dict[str, Any]:
         "valid": not out.invalid_reasons,
         "invalid_reasons": list(out.invalid_reasons),
         "t_s": _floats(out.prediction.t_s),
+        "decoder": out.prediction.decoder,  # the action expert ("expert": token_ids empty) or "tokens"
+        "flow": out.prediction.flow,
         "samples": [
             {
                 "reasoning": s.reasoning,
@@ -106,6 +109,16 @@ def prediction_record(out: TickOutput) -> dict[str, Any]:
             for s in out.prediction.samples
         ],
         "errors_m": None if out.errors_m is None else {k: float(v) for k, v in sorted(out.errors_m.items())},
+    }
+
+
+def timings_record(seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> dict[str, Any]:
+    """The alpamayo.Timings message of a tick."""
+    return {
+        "seq": seq,
+        "t0_ns": t0_ns,
+        "stages_ms": {k: float(v) for k, v in sorted(stages_ms.items())},
+        "e2e_age_ms": float(e2e_age_ms),
     }
 
 
@@ -175,10 +188,5 @@ class PredictionRecorder:
 
     def timings(self, seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> None:
         """Per-stage ms of a tick, and its end-to-end age (`TickResult.e2e_ms`)."""
-        message = {
-            "seq": seq,
-            "t0_ns": t0_ns,
-            "stages_ms": {k: float(v) for k, v in sorted(stages_ms.items())},
-            "e2e_age_ms": float(e2e_age_ms),
-        }
+        message = timings_record(seq, t0_ns, stages_ms, e2e_age_ms)
         self.writer.write(TIMINGS_TOPIC, "alpamayo.Timings", message, t0_ns, "json")

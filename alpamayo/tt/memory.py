@@ -13,15 +13,23 @@ their product, their outputs and the gathered sum (`H + k (3 I + 2 H)`); in atte
 QKV, the q/k/v heads and their normed and rotated copies (`H + 3 (q_dim + 2 kv_dim)`); plus the cos/sin tables
 and, for images, one DeepStack level. The vision tower runs before the prefill and frees its activations, so
 the peak is the larger of the two; a vision forward encodes at most 4 patches per prompt position.
+
+A checkpoint with a flow-matching action expert (`alpamayo.expert`) adds its weights (the expert's decoder
+layers laid out and typed like the VLM's by the same recipe, its final norm, and the bf16 in/out projections)
+under `expert`, and its activations: one step's 64 action tokens per layer like a prefill of 64 rows, plus
+the attention scores over the cache. They run after the prefill has freed its own, so the activation peak is
+the larger of the two.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
+from alpamayo.expert.config import ExpertConfig, expert_config_of
+from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.precision import PRESETS, TILE_BYTES, Precision
 from alpamayo.tt.program_config import TextPlan, VisionPlan, model_name, plan_text
@@ -110,6 +118,28 @@ def _activation_bytes(cfg: ModelConfig, plan: TextPlan, max_seq_len: int) -> int
     return max(text, vision)
 
 
+def _expert_weight_bytes(cfg: ModelConfig, expert: ExpertConfig, precision: Precision, banks: int) -> int:
+    """The expert's DRAM bytes: its layers as the recipe stores the VLM's (no head), the rest bf16 tiles."""
+    as_text = replace(cfg, text=expert.text, vision=None, tie_word_embeddings=True)
+    layers = [s for s in text_weight_specs(as_text, banks) if s.group != "lm_head"]
+    total = sum(spec_bytes(s, weight_dtype(s, precision)) for s in layers)
+    p = expert.prefixes
+    for name, shape in expert.weight_shapes().items():
+        if name.startswith((p.in_proj, p.out_proj)):
+            rows, cols = (1, *shape)[-2:]
+            total += round_up(rows, TILE) * round_up(cols, TILE) * BF16
+    return total
+
+
+def _expert_activation_bytes(expert: ExpertConfig, max_seq_len: int) -> int:
+    """One Euler step of one sample: 64 rows through a layer (as `_activation_bytes` counts a prefill row)
+    plus the fp32 attention scores of every head over the cache and the 64 tokens."""
+    t, rows = expert.text, round_up(FUTURE_STEPS, TILE)
+    per_row = t.hidden_size + 3 * max(t.q_dim + 2 * t.kv_dim, t.intermediate_size) + 2 * t.head_dim
+    scores = t.num_attention_heads * rows * round_up(max_seq_len + FUTURE_STEPS, TILE) * 4
+    return rows * per_row * BF16 + scores
+
+
 def plan_memory(
     cfg: ModelConfig, precision: Precision, max_seq_len: int, device: DeviceSpec = P150
 ) -> MemoryPlan:
@@ -126,13 +156,18 @@ def plan_memory(
     kv_tiles = t.num_key_value_heads * round_up(cache_rows, TILE) // TILE * (t.head_dim // TILE)
     kv = 2 * t.num_hidden_layers * kv_tiles * TILE_BYTES[precision.dtype("kv_cache")]
     plan = plan_text(cfg, precision, device)
+    activations = _activation_bytes(cfg, plan, max_seq_len)
+    expert = expert_config_of(cfg)
+    if expert is not None:
+        weights["expert"] = _expert_weight_bytes(cfg, expert, precision, device.dram_banks)
+        activations = max(activations, _expert_activation_bytes(expert, max_seq_len))
     return MemoryPlan(
         model=model_name(cfg),
         recipe=precision.name,
         max_seq_len=max_seq_len,
         weights=weights,
         kv_cache=kv,
-        activations=_activation_bytes(cfg, plan, max_seq_len),
+        activations=activations,
         trace_region=plan.trace_region_bytes,
         capacity=device.dram_bytes,
     )
