@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from alpamayo.expert.config import ExpertConfig, parse_expert_config
 from alpamayo.families.registry import MARKERS_1_5
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.tokenizer import qwen3vl_chat_template
@@ -86,6 +87,12 @@ DEMO_VISION = {
     "deepstack_visual_indexes": [1, 2, 3],
     "hidden_act": "gelu_pytorch_tanh",
 }
+# The action expert at toy size, as `expert_cfg` overrides of the text config: the VLM's 4 layers and KV layout
+# (2 heads x 32) are kept, as the shared cache needs; the 10B releases use hidden 2048, 16 heads x 128,
+# intermediate 8256 (`alpamayo.expert.config.RELEASE_10B_EXPERT`). Shared by every layout.
+EXPERT_CFG = {"hidden_size": 64, "num_attention_heads": 2, "head_dim": 32, "intermediate_size": 96}
+IN_PROJ = {"hidden_size": 32, "num_enc_layers": 2, "num_fourier_feats": 20, "max_freq": 100.0}
+DIFFUSION = {"int_method": "euler", "num_inference_steps": 10}
 # Alpamayo's processor settings (`helper.py`: min_pixels 163840, max_pixels 196608) with Qwen3-VL's
 # normalisation: a 1080x1920 frame resizes to 320x576, a 20x36 patch grid, 180 merged tokens.
 MIN_PIXELS, MAX_PIXELS = 163840, 196608
@@ -210,11 +217,24 @@ def demo_config(tokenizer: Any) -> dict[str, Any]:
         "action_space_cfg": {
             k: list(v) if isinstance(v, tuple) else v for k, v in asdict(planner.action_space).items()
         },
+        **expert_settings(),
         "min_pixels": MIN_PIXELS,
         "max_pixels": MAX_PIXELS,
         "include_camera_ids": True,
         "include_frame_nums": True,
         "add_special_tokens": True,
+    }
+
+
+def expert_settings() -> dict[str, Any]:
+    """The action expert's config.json fields in the project's layout: Alpamayo 1.5's flat keys
+    (`alpamayo.expert.config`), without its Hydra `_target_` strings."""
+    return {
+        "expert_cfg": dict(EXPERT_CFG),
+        "action_in_proj_cfg": dict(IN_PROJ),
+        "action_out_proj_cfg": {"bias": True},
+        "diffusion_cfg": dict(DIFFUSION),
+        "expert_non_causal_attention": True,
     }
 
 
@@ -254,6 +274,35 @@ def demo_weights(vlm_config: dict[str, Any], seed: int) -> dict[str, torch.Tenso
     return {f"vlm.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
+@torch.no_grad()
+def expert_weights(expert: ExpertConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Random float32 action-expert tensors under their on-disk names (`expert.prefixes`): transformers'
+    `Qwen3VLTextModel` for the expert config without `embed_tokens` (seeded with `seed`), then the in / out
+    projections (`seed + 1`)."""
+    from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
+
+    text = {k: v for k, v in expert.text_dict.items() if k not in ("architectures", "model_type")}
+    model = Qwen3VLTextModel(Qwen3VLTextConfig(**text)).eval()
+    randomize_weights(model, seed)
+    prefixes = expert.prefixes
+    out = {
+        f"{prefixes.expert}{k}": v.contiguous()
+        for k, v in model.state_dict().items()
+        if "embed_tokens" not in k
+    }
+    g = torch.Generator().manual_seed(seed + 1)
+    for name, shape in sorted(expert.weight_shapes().items()):
+        if name.startswith((prefixes.in_proj, prefixes.out_proj)):
+            out[name] = random_tensor(name, shape, g)
+    missing = sorted(set(expert.weight_shapes()) - set(out))
+    wrong = [n for n, s in expert.weight_shapes().items() if n in out and tuple(out[n].shape) != tuple(s)]
+    if missing or wrong:
+        raise RuntimeError(
+            f"expert weights disagree with the expert config: missing {missing}, mis-shaped {wrong}"
+        )
+    return out
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -288,9 +337,11 @@ def make_demo_checkpoint(
     write_json(out / "config.json", config)
     write_json(out / "generation_config.json", generation_config(tokenizer))
     write_json(out / "preprocessor_config.json", PREPROCESSOR)
-    save_file(
-        demo_weights(config["vlm_config"], seed), str(out / "model.safetensors"), metadata={"format": "pt"}
-    )
+    vlm = config["vlm_config"]
+    weights = demo_weights(vlm, seed)
+    expert = parse_expert_config(config, vlm["text_config"], str(out / "config.json"))
+    weights.update(expert_weights(expert, seed + 1))
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 

@@ -32,15 +32,17 @@ from typing import Any
 import torch
 
 from alpamayo.demo_checkpoint import (
+    DIFFUSION,
+    EXPERT_CFG,
+    IN_PROJ,
     MAX_PIXELS,
     MIN_PIXELS,
     PREPROCESSOR,
     base_tokenizer,
     check_output_dir,
     demo_weights,
+    expert_weights,
     generation_config,
-    random_tensor,
-    randomize_weights,
     vlm_config,
     write_json,
 )
@@ -52,10 +54,6 @@ from planner.settings import PlannerSettings
 NUM_SHARDS = 3
 # Python package of each release's classes, for the Hydra `_target_` strings (read as data, never imported).
 PACKAGES = {R1.name: "alpamayo_r1", ALPAMAYO_1_5.name: "alpamayo1_5", SUPER.name: "alpamayo2_super"}
-# The expert overrides (`expert_cfg`) at toy size: the VLM's 4 layers and KV layout (2 heads x 32) are kept,
-# as the shared cache needs; the release uses hidden 2048, 16 heads x 128, intermediate 8256.
-EXPERT_CFG = {"hidden_size": 64, "num_attention_heads": 2, "head_dim": 32, "intermediate_size": 96}
-IN_PROJ = {"hidden_size": 32, "num_enc_layers": 2, "num_fourier_feats": 20, "max_freq": 100.0}
 BASE_VOCAB_MULTIPLE = 64  # Qwen3-VL's 151936 embedding rows for its 151669 tokens
 SUPER_VOCAB_MULTIPLE = 128  # Super rounds its vocabulary up to a multiple of 128 ([A2-src] config.py)
 # Qwen3-VL's own processor (what the base model ships; Alpamayo overrides the pixel bounds from config.json).
@@ -82,9 +80,7 @@ def _expert_blocks(package: str) -> dict[str, Any]:
     """The four expert settings both layouts share, with the release key names."""
     return {
         "action_space_cfg": _action_space(package),
-        "diffusion_cfg": _target(
-            package, "diffusion.flow_matching.FlowMatching", int_method="euler", num_inference_steps=10
-        ),
+        "diffusion_cfg": _target(package, "diffusion.flow_matching.FlowMatching", **DIFFUSION),
         "action_in_proj_cfg": _target(package, "models.action_in_proj.PerWaypointActionInProjV2", **IN_PROJ),
         "action_out_proj_cfg": {"_target_": "torch.nn.Linear"},
         "expert_non_causal_attention": True,
@@ -199,37 +195,13 @@ def super_config(tokenizer: Any) -> dict[str, Any]:
     }
 
 
-@torch.no_grad()
-def expert_weights(
-    expert: ExpertConfig, seed: int, r1_buffers: dict[str, float] | None
-) -> dict[str, torch.Tensor]:
-    """The action expert's tensors under their on-disk names: transformers' `Qwen3VLTextModel` for the expert
-    config without `embed_tokens`, the in / out projections, and (R1) the persistent buffers."""
-    from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
-
-    text = {k: v for k, v in expert.text_dict.items() if k not in ("architectures", "model_type")}
-    model = Qwen3VLTextModel(Qwen3VLTextConfig(**text)).eval()
-    randomize_weights(model, seed)
-    prefixes = expert.prefixes
-    out = {
-        f"{prefixes.expert}{k}": v.contiguous()
-        for k, v in model.state_dict().items()
-        if "embed_tokens" not in k
-    }
-    g = torch.Generator().manual_seed(seed + 1)
-    for name, shape in sorted(expert.weight_shapes().items()):
-        if name.startswith((prefixes.in_proj, prefixes.out_proj)):
-            out[name] = random_tensor(name, shape, g)
-    missing = sorted(set(expert.weight_shapes()) - set(out))
-    wrong = [n for n, s in expert.weight_shapes().items() if n in out and tuple(out[n].shape) != tuple(s)]
-    if missing or wrong:
-        raise RuntimeError(
-            f"expert weights disagree with the expert config: missing {missing}, mis-shaped {wrong}"
-        )
-    if r1_buffers is not None:
-        freqs = torch.logspace(0, math.log10(expert.in_proj.max_freq), expert.in_proj.num_freqs)[None, :]
-        out.update({name: freqs.clone() for name in expert.freqs_keys()})
-        out.update({f"action_space.{k}": torch.tensor(float(v)) for k, v in r1_buffers.items()})
+def r1_buffers(expert: ExpertConfig, action_space: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """R1's persistent buffers: the in-projection's Fourier `freqs` (float32 logspace, as R1 stores them) and
+    the action-space statistics `action_space.{accel,curvature}_{mean,std}`."""
+    freqs = torch.logspace(0, math.log10(expert.in_proj.max_freq), expert.in_proj.num_freqs)[None, :]
+    out = {name: freqs.clone() for name in expert.freqs_keys()}
+    stats = ("accel_mean", "accel_std", "curvature_mean", "curvature_std")
+    out.update({f"action_space.{k}": torch.tensor(float(action_space[k])) for k in stats})
     return out
 
 
@@ -290,11 +262,9 @@ def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: s
         tokenizer.save_pretrained(out)
         write_json(out / "preprocessor_config.json", PREPROCESSOR)
     expert = parse_expert_config(config, vlm["text_config"], str(out / "config.json"))
-    buffers = None
-    if layout == R1.name:
-        space = config["action_space_cfg"]
-        buffers = {k: space[k] for k in ("accel_mean", "accel_std", "curvature_mean", "curvature_std")}
     weights = demo_weights(vlm, seed)
-    weights.update(expert_weights(expert, seed + 1, buffers))
+    weights.update(expert_weights(expert, seed + 1))
+    if layout == R1.name:
+        weights.update(r1_buffers(expert, config["action_space_cfg"]))
     write_shards(out, weights)
     return out

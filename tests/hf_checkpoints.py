@@ -330,10 +330,12 @@ def hf_multimodal_inputs(tokenizer, processor, images: list, prompt: str) -> dic
 
 def load_alpamayo_hf(directory: Path) -> torch.nn.Module:
     """transformers' Qwen3-VL model holding the VLM of an Alpamayo-layout checkpoint (`vlm_config`, `vlm.`
-    weights), such as the demo checkpoint: the golden reference for code that reads that layout."""
+    weights), such as the demo checkpoint: the golden reference for code that reads that layout. Every `vlm.`
+    tensor must fit (strict); the action expert's (`expert.*`, `action_*_proj.*`) are not the VLM's."""
     model = hf_vlm(json.loads((directory / "config.json").read_text())["vlm_config"])
     weights = load_file(str(directory / "model.safetensors"))
-    model.load_state_dict({k.removeprefix("vlm."): v for k, v in weights.items()}, strict=True)
+    vlm = {k.removeprefix("vlm."): v for k, v in weights.items() if k.startswith("vlm.")}
+    model.load_state_dict(vlm, strict=True)
     return model
 
 

@@ -10,8 +10,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from alpamayo.config import parse_config
+from alpamayo.config import load_config, parse_config
 from alpamayo.configs import CONFIG_DIR
 from alpamayo.demo_checkpoint import make_demo_checkpoint
 from alpamayo.expert.config import RELEASE_10B_EXPERT, expert_config_of
@@ -122,9 +124,55 @@ def test_decoder_choice_rules():
         choose_decoder("expert", cfg, True, "ttnn", "c")
 
 
-def test_decoder_expert_on_a_checkpoint_without_expert_is_refused(demo_checkpoint):
+def test_the_demo_layout_carries_the_expert_under_the_1_5_names(demo_checkpoint, release):
+    """The project's layout writes Alpamayo 1.5's flat expert fields and tensor names, so it decodes with the
+    expert by default and parses to the same expert as the 1.5 layout of the same seed."""
+    raw = json.loads((demo_checkpoint / "config.json").read_text())
+    assert {"expert_cfg", "action_in_proj_cfg", "action_out_proj_cfg", "diffusion_cfg"} <= set(raw)
+    demo_cfg = expert_config_of(load_config(demo_checkpoint))
+    release_cfg = expert_config_of(load_config(release[0]))
+    assert (demo_cfg.layout, demo_cfg.prefixes) == (release_cfg.layout, release_cfg.prefixes)
+    assert (demo_cfg.text, demo_cfg.in_proj) == (release_cfg.text, release_cfg.in_proj)
+    assert demo_cfg.num_inference_steps == 10 and demo_cfg.out_proj_bias
+    with safe_open(demo_checkpoint / "model.safetensors", "pt") as f:
+        names = f.keys()  # safetensors' own reader: the names on disk
+    demo_names = {k for k in names if not k.startswith("vlm.")}
+    index = json.loads((release[0] / "model.safetensors.index.json").read_text())
+    assert demo_names == {k for k in index["weight_map"] if not k.startswith("vlm.")}
+    assert demo_names == set(demo_cfg.weight_shapes())
+    vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=2)
+    assert vla.decoder == "expert" and "action expert (10 flow steps" in vla.model_line()
+
+
+def _copy_checkpoint(src, dst, config=None, weights=None):
+    """`src` in `dst` (links to its files), with `config` (a dict) / `weights` (tensors) written instead."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if not (f.name == "config.json" and config is not None) and not (
+            f.name == "model.safetensors" and weights is not None
+        ):
+            (dst / f.name).symlink_to(f)
+    if config is not None:
+        (dst / "config.json").write_text(json.dumps(config))
+    if weights is not None:
+        save_file(weights, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_decoder_expert_without_expert_config_or_tensors_is_refused(demo_checkpoint, tmp_path):
+    raw = json.loads((demo_checkpoint / "config.json").read_text())
+    bare = {
+        k: v for k, v in raw.items() if not k.startswith(("expert", "action_in", "action_out", "diffusion"))
+    }
+    no_config = _copy_checkpoint(demo_checkpoint, tmp_path / "no-config", config=bare)
+    assert AlpamayoVLA.from_checkpoint(no_config, max_reasoning_tokens=2).decoder == "tokens"
     with pytest.raises(ValueError, match="describes no action expert"):
-        AlpamayoVLA.from_checkpoint(demo_checkpoint, decoder="expert")
+        AlpamayoVLA.from_checkpoint(no_config, decoder="expert")
+    vlm = {k: v for k, v in load_file(demo_checkpoint / "model.safetensors").items() if k.startswith("vlm.")}
+    no_tensors = _copy_checkpoint(demo_checkpoint, tmp_path / "no-tensors", weights=vlm)
+    assert AlpamayoVLA.from_checkpoint(no_tensors, max_reasoning_tokens=2).decoder == "tokens"
+    with pytest.raises(ValueError, match="it holds no expert tensors"):
+        AlpamayoVLA.from_checkpoint(no_tensors, decoder="expert")
 
 
 def test_cli_predict_reports_the_expert(release, tmp_path, capsys):

@@ -49,7 +49,10 @@ def straight_history(speed: float = 8.0, yaw: float = 0.3) -> EgoHistory:
 
 @pytest.fixture(scope="module")
 def vla(demo_checkpoint):
-    return AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=6)
+    """The discrete-token decoder: these tests pin its 128 trajectory tokens (against transformers, across the
+    vision cache, across samples); the demo checkpoint's default, the action expert, is
+    `test_predict_command_prints_64_waypoints`' and tests/test_expert_runtime.py's."""
+    return AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=6, decoder="tokens")
 
 
 def test_greedy_prediction_matches_transformers_end_to_end(vla, demo_checkpoint, record_figure):
@@ -168,7 +171,9 @@ def test_cuda_prediction_equals_the_cpu_one(vla, demo_checkpoint):
     device reproduce for a seed."""
     frames, times = frames_at(50)
     expected = vla.predict(frames, straight_history(), frame_times_ns=times)
-    cuda = AlpamayoVLA.from_checkpoint(demo_checkpoint, BackendOptions(device="cuda"), max_reasoning_tokens=6)
+    cuda = AlpamayoVLA.from_checkpoint(
+        demo_checkpoint, BackendOptions(device="cuda"), max_reasoning_tokens=6, decoder="tokens"
+    )
     pred = cuda.predict(frames, straight_history(), frame_times_ns=times)
     assert pred.best.reasoning_token_ids == expected.best.reasoning_token_ids
     assert pred.best.token_ids == expected.best.token_ids
@@ -214,14 +219,23 @@ def predict_argv(checkpoint: Path, directory: Path) -> list[str]:
 
 
 def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
+    """The demo checkpoint carries an action expert, so it decodes by default (no trajectory tokens);
+    `--decoder tokens` gives the 128 discrete tokens after the same reasoning."""
     frames, times = frames_at(5)
     write_prediction_inputs(tmp_path, frames, times, straight_history())
     args = predict_argv(demo_checkpoint, tmp_path)
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (sample,) = out["samples"]
-    assert len(sample["xyz"]) == 64 and len(sample["trajectory_token_ids"]) == 128
+    assert out["decoder"] == "expert" and out["flow"]["steps"] == 10
+    assert len(sample["xyz"]) == 64 and sample["trajectory_token_ids"] == []
+    assert np.isfinite(sample["xyz"]).all()
     assert out["t_s"][0] == 0.1 and out["t_s"][-1] == 6.4
+    assert main([*args, "--json", "--decoder", "tokens"]) == 0
+    tokens = json.loads(capsys.readouterr().out)
+    (discrete,) = tokens["samples"]
+    assert tokens["decoder"] == "tokens" and len(discrete["trajectory_token_ids"]) == 128
+    assert discrete["reasoning_token_ids"] == sample["reasoning_token_ids"]
     assert main(args) == 0
     text = capsys.readouterr().out
     reasoning = len(sample["reasoning_token_ids"])
