@@ -2,8 +2,11 @@
 layout of a released Alpamayo (`layout=` "r1", "alpamayo1.5", "super": `alpamayo.demo_release`).
 
 `make_demo_checkpoint(out, seed)` writes, byte-for-byte the same for a given seed (on one software install):
-  config.json              the project's layout: the Qwen3-VL config under `vlm_config`, trajectory settings on top
-  model.safetensors        random float32 weights, every VLM tensor prefixed `vlm.`
+  config.json              the project's layout: the Qwen3-VL config under `vlm_config`, trajectory settings on top,
+                           the action expert's as Alpamayo 1.5 spells them (`expert_settings`: `expert_cfg`,
+                           `action_in_proj_cfg`, `action_out_proj_cfg`, `diffusion_cfg`, no Hydra `_target_`)
+  model.safetensors        random float32 weights, every VLM tensor prefixed `vlm.`, the expert's under 1.5's
+                           names (`expert.layers.*`, `expert.norm.weight`, `action_in_proj.*`, `action_out_proj.*`)
   tokenizer.json, tokenizer_config.json, chat_template.jinja
                            byte-level BPE trained on `assets/demo_corpus.txt`, extended like Alpamayo's vocabulary
   generation_config.json   EOS ids

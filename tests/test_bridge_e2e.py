@@ -65,10 +65,13 @@ def test_frames_in_valid_trajectory_out_equal_to_a_direct_prediction(vla, record
     assert msg.valid and msg.invalid_reasons == []
     assert msg.t0_ns == T_START + 15 * PERIOD_NS
     assert [(w.name, w.frame_ids) for w in msg.cameras] == [(n, [12, 13, 14, 15]) for n in CAMERAS]
-    assert len(msg.token_ids) == 128 and len(msg.x) == 64
+    # The demo checkpoint's default decoder, the action expert: 64 waypoints, no trajectory tokens.
+    assert msg.decoder == "expert" and msg.token_ids == [] and len(msg.x) == 64
     np.testing.assert_allclose(msg.t, 0.1 * np.arange(1, 65))
     assert np.isfinite([msg.x, msg.y, msg.z, msg.heading]).all()
-    assert msg.model_execution_ms > 0 and {"vision", "prefill", "trajectory_decode"} <= set(msg.timings_ms)
+    assert msg.model_execution_ms > 0 and {"vision", "prefill", "expert", "expert_step"} <= set(
+        msg.timings_ms
+    )
     assert msg.frame_age_ms >= msg.model_execution_ms
 
     # The same inputs straight into the model (frames re-encoded from pixels: frame_times_ns=None).

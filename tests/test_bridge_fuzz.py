@@ -230,7 +230,8 @@ def test_node_survives_fuzzing_and_accounts_for_every_message(vla, record_figure
                 lambda: answering_window(c.subscriber.recv(0.5)), 300.0, "an output for the clean stream"
             )
             assert c.control.status()["counters"]["predictions"] == 1  # the fuzz itself never formed a window
-        assert msg.valid and len(msg.x) == 64 and len(msg.token_ids) == 128
+        # The demo checkpoint's default decoder, the action expert: 64 waypoints, no trajectory tokens.
+        assert msg.valid and len(msg.x) == 64 and msg.decoder == "expert" and msg.token_ids == []
         # Newest wins: the node answers whichever complete window was newest when it was free. The first
         # complete window (1.6 s of ego history) ends at 11.5 s, the last one sent at 11.6 s.
         k0 = (msg.t0_ns - 10_000 * MS) // (100 * MS)

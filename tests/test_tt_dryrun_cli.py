@@ -64,7 +64,9 @@ def test_generate_json_keeps_stdout_to_the_json_and_caches_the_packed_weights(ch
 
 def test_predict_backend_ttnn_on_the_demo_checkpoint(dryrun_device, demo_checkpoint, tmp_path):
     write_prediction_inputs(tmp_path, *frames_at(5), straight_history())
-    proc = alpamayo(*predict_argv(demo_checkpoint, tmp_path), "--backend", "ttnn", "--json")
+    # --decoder tokens: the demo checkpoint carries an expert; this test pins the 128 discrete tokens.
+    argv = predict_argv(demo_checkpoint, tmp_path)
+    proc = alpamayo(*argv, "--backend", "ttnn", "--decoder", "tokens", "--json")
     (sample,) = json.loads(proc.stdout)["samples"]
     assert len(sample["xyz"]) == 64 and len(sample["trajectory_token_ids"]) == 128
     assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1

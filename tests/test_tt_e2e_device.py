@@ -28,7 +28,9 @@ REASONING_CAP = 32
 
 @pytest.fixture(scope="module")
 def torch_predictions(demo_checkpoint):
-    vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=REASONING_CAP)
+    # The discrete-token decoder on both backends: the demo checkpoint's expert is its torch default, and this
+    # test compares the 128 trajectory tokens.
+    vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=REASONING_CAP, decoder="tokens")
     out = []
     for tick in (3, 4):
         frames, times = frames_at(tick)
@@ -41,7 +43,10 @@ def test_device_trajectory_tokens_match_the_torch_backend(
     demo_checkpoint, torch_predictions, recipe, record_figure
 ):
     vla = AlpamayoVLA.from_checkpoint(
-        demo_checkpoint, BackendOptions("ttnn", recipe=recipe), max_reasoning_tokens=REASONING_CAP
+        demo_checkpoint,
+        BackendOptions("ttnn", recipe=recipe),
+        max_reasoning_tokens=REASONING_CAP,
+        decoder="tokens",
     )
     try:
         agreement, drift, encoded, stages = [], [], [], set()
