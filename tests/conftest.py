@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 _FIGURES: list[tuple[str, str]] = []
+# Trace region of the shared dry-run device: nothing is captured on the mock (trace capture crashes it).
+DRYRUN_TRACE_REGION = 0
 
 
 @pytest.fixture(scope="session")
@@ -46,20 +51,63 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_collection_modifyitems(config, items):
     """`cuda` tests skip where torch sees no CUDA device, `blackhole` tests where no p150 can be opened (the
-    reason says whether ttnn or the card is missing); each skip is conditional on that capability."""
+    reason says whether ttnn or the card is missing); each skip is conditional on that capability.
+
+    When `dryrun` tests are collected, ttnn is installed and no card or simulator is present, the session
+    runs under a dry run built now (before any ttnn call: tt-metal reads its runtime root once per process)
+    in a temporary directory; child processes inherit it."""
     no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
     blackhole = [item for item in items if "blackhole" in item.keywords]
     reason = None
     if blackhole:
         from alpamayo.tt.runtime import device_unavailable_reason
 
-        reason = device_unavailable_reason()  # imports ttnn (host mode) only when such tests are collected
+        reason = device_unavailable_reason(dry_run=False)  # imports ttnn (host mode) only for such tests
+    if any("dryrun" in item.keywords for item in items):
+        _start_dry_run(config)
     no_card = pytest.mark.skipif(reason is not None, reason=f"needs a Blackhole p150: {reason}")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(no_cuda)
     for item in blackhole:
         item.add_marker(no_card)
+
+
+def _start_dry_run(config) -> None:
+    """Put this session under a fresh dry run unless one is already set up, a card or ttsim is present (the
+    `dryrun_device` fixture then skips) or ttnn is not installed (it skips with that reason)."""
+    from alpamayo.errors import BackendUnavailable
+    from alpamayo.tt import dryrun
+    from alpamayo.tt.runtime import card_present
+
+    if dryrun.active() or card_present():
+        return
+    try:
+        dryrun.ttnn_package_dir()
+    except BackendUnavailable:
+        return
+    directory = tempfile.mkdtemp(prefix="alpamayo-dryrun-")
+    config.add_cleanup(lambda: shutil.rmtree(directory, ignore_errors=True))
+    os.environ.update(dryrun.prepare(Path(directory)))
+
+
+@pytest.fixture(scope="session")
+def dryrun_device():
+    """The dry run's open mock p150 (`alpamayo.tt.dryrun`), shared by the session's `dryrun` tests; models
+    built on it free their weights on close. Skipped where ttnn cannot be imported or no dry run is set up."""
+    from alpamayo.errors import BackendUnavailable
+    from alpamayo.tt import dryrun
+    from alpamayo.tt.runtime import close_device, import_ttnn, open_device
+
+    try:
+        import_ttnn()
+    except BackendUnavailable as e:
+        pytest.skip(f"ttnn is not importable here: {e}")
+    if not dryrun.active():
+        pytest.skip("no ttnn dry run in this session (a Blackhole card or ttsim is present, or mark the test dryrun)")
+    device = open_device(DRYRUN_TRACE_REGION)
+    yield device
+    close_device(device)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from alpamayo.cli import main
-from alpamayo.tt import runtime
+from alpamayo.tt import dryrun, runtime
 from tests.hf_checkpoints import save_checkpoint, text_config
 
 
@@ -64,6 +64,7 @@ def test_backend_ttnn_without_a_card_says_the_device_is_missing(
 ):
     monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
     monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    monkeypatch.delenv(dryrun.ROOT_ENV, raising=False)  # a session with dryrun tests runs under a dry run
     assert generate_ttnn(checkpoint) == 2
     err = capsys.readouterr().err
     assert "alpamayo generate: error: ttnn is installed but no Blackhole device is present" in err
@@ -75,6 +76,7 @@ def test_serve_with_backend_ttnn_without_a_card_fails_before_binding(
 ):
     monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
     monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    monkeypatch.delenv(dryrun.ROOT_ENV, raising=False)  # a session with dryrun tests runs under a dry run
     argv = ["serve", "--checkpoint", str(demo_checkpoint), "--backend", "ttnn", "--recipe", "accuracy"]
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -90,6 +92,7 @@ def test_a_mock_descriptor_is_refused_when_a_card_is_present(ttnn_host, monkeypa
     monkeypatch.setattr(runtime, "DEVICE_DIR", cards)
     monkeypatch.setenv(runtime.MOCK_ENV, str(runtime.MOCK_DESCRIPTOR))
     monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    monkeypatch.delenv(dryrun.ROOT_ENV, raising=False)
     assert "makes ttnn open a mock device; unset it to use the card" in runtime.device_unavailable_reason()
 
 

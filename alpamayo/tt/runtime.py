@@ -57,16 +57,26 @@ def import_ttnn() -> Any:
     return ttnn
 
 
-def device_unavailable_reason() -> str | None:
-    """None when a ttnn model can run here; otherwise why not (ttnn missing, or no Blackhole device)."""
+def device_unavailable_reason(dry_run: bool = True) -> str | None:
+    """None when a ttnn model can run here; otherwise why not (ttnn missing, or no Blackhole device).
+
+    The dry run's mock p150 (`alpamayo.tt.dryrun`) counts as a device unless `dry_run` is False (the
+    `blackhole` tests, which check numbers that the mock does not compute)."""
+    from alpamayo.tt import dryrun
+
     try:
         import_ttnn()
     except BackendUnavailable as e:
         return str(e)
+    if dryrun.active():
+        if dry_run:
+            return None
+        return f"the ttnn dry run ({dryrun.ROOT_ENV}={os.environ[dryrun.ROOT_ENV]}) opens a mock p150 that runs no kernels"
     if not card_present():
         return (
             f"ttnn is installed but no Blackhole device is present ({DEVICE_DIR} has no card "
-            f"and {SIMULATOR_ENV} is unset); host-side work such as `alpamayo plan` still runs"
+            f"and {SIMULATOR_ENV} is unset); host-side work such as `alpamayo plan` still runs, and "
+            "`scripts/ttnn-dryrun` runs the ttnn backend's host side on a mock p150"
         )
     mock = os.environ.get(MOCK_ENV)
     if mock and not os.environ.get(SIMULATOR_ENV):
