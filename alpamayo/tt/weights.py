@@ -317,6 +317,9 @@ class LayerGroups:
     down: str = "mlp_down"
 
 
+TEXT_GROUPS = LayerGroups()
+
+
 def _sharded_spec(
     name: str,
     sources: tuple[str, ...],
@@ -334,7 +337,7 @@ def _sharded_spec(
 
 
 def decoder_layer_specs(
-    t: TextConfig, source: str, name: str, dram_banks: int, groups: LayerGroups = LayerGroups(), i: int = 0
+    t: TextConfig, source: str, name: str, dram_banks: int, groups: LayerGroups = TEXT_GROUPS, i: int = 0
 ) -> list[WeightSpec]:
     """Device tensors of one dense-or-MoE decoder layer whose checkpoint tensors start with `source`
     (`…layers.{i}.`), named `name` + wqkv, wo, w_gate, w_up, w_down, attn_norm.*, mlp_norm.*, q_norm.rm,
