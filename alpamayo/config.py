@@ -133,6 +133,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # Alpamayo top-level keys besides `vlm_config`
     source: str = ""
+    # The text_config object as written (HF spelling): the action expert's config copies it (alpamayo.expert).
+    raw_text_config: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def is_alpamayo(self) -> bool:
@@ -324,6 +326,7 @@ def parse_config(
         eos_token_ids=tuple(eos_token_ids) or _eos_ids(text_fields.data.get("eos_token_id")),
         extra=extra,
         source=source,
+        raw_text_config=text_fields.data,
     )
 
 

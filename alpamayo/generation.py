@@ -78,12 +78,13 @@ def nucleus_logits(logits: torch.Tensor, temperature: float, top_p: float) -> to
     return scaled.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
 
 
-def row_seeds(seed: int | None, rows: int) -> list[int]:
+def row_seeds(seed: int | None, rows: int, stream: int = 0) -> list[int]:
     """Independent 64-bit seeds for `rows` sample streams. Stream i depends only on (seed, i), so sample i is
-    the same whether it runs alone or among others; seed None draws fresh entropy."""
+    the same whether it runs alone or among others; seed None draws fresh entropy. `stream` > 0 gives another
+    independent family from the same seed (the action expert's initial noise beside the token sampling)."""
     if seed is not None and (not isinstance(seed, int) or seed < 0):
         raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
-    children = np.random.SeedSequence(seed).spawn(rows)
+    children = np.random.SeedSequence(seed, spawn_key=(stream,) if stream else ()).spawn(rows)
     return [int(c.generate_state(1, np.uint64)[0]) for c in children]
 
 

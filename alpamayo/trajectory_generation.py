@@ -8,6 +8,11 @@ After the prompt (which ends with `<|cot_start|>`), each of the K samples:
 The K samples share one prefill: the model forks its prompt KV cache into K rows and all rows decode in lock
 step; a row that has finished is fed `<|traj_future_end|>` until the others finish (its output is ignored).
 Works on any `ForkableLM` (the text model or the VLM).
+
+With `trajectory_tokens=False` (the flow-matching action expert decodes the trajectory instead, as NVIDIA's
+release does) step 2 is skipped: generation stops once every row's `<|traj_future_start|>` is in the KV cache
+(NVIDIA's `StopAfterEOS`: one decode after the last row emits it). Row i's `<|traj_future_start|>` then sits at
+cache position prompt_len + len(reasoning_i); the filler after it is what `alpamayo.expert` masks.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from alpamayo.profiling.tracer import Tracer
 from planner.tokenizers import TrajectoryVocab
 
 REASONING, TRAJECTORY, DONE = 0, 1, 2
+FILLER = "traj_future_end"  # the marker fed to rows that have finished while others continue
 
 
 @dataclass(frozen=True)
@@ -82,12 +88,15 @@ def generate_plans(
     limits: PlanLimits = PlanLimits(),
     eos_ids: Sequence[int] = (),
     tracer: Tracer | None = None,
+    trajectory_tokens: bool = True,
 ) -> list[GeneratedPlan]:
     """K = len(sampler.generators) samples after a prefill whose last-position logits are `first_logits` [V].
 
     The model's cache must hold K rows and `limits.decode_positions` positions beyond the prompt. `eos_ids` are
     masked during the reasoning, so only `<|traj_future_start|>` ends it (as Alpamayo 2 does). With a tracer,
     the spans `reasoning_decode` (until the last row starts its trajectory) and `trajectory_decode` are recorded.
+    `trajectory_tokens=False`: stop once every `<|traj_future_start|>` is in the cache (module docstring); the
+    plans then carry no trajectory tokens and there is no `trajectory_decode` span.
     """
     k = len(sampler.generators)
     if first_logits.dim() != 1:
@@ -95,7 +104,7 @@ def generate_plans(
             f"first_logits must be the last prompt position's logits [V], got {list(first_logits.shape)}"
         )
     masks = _Masks(vocab, first_logits.shape[0], eos_ids, first_logits.device)
-    start_id, end_id = vocab.marker("traj_future_start"), vocab.marker("traj_future_end")
+    start_id, end_id = vocab.marker("traj_future_start"), vocab.marker(FILLER)
     model.fork(k)
     logits = first_logits.unsqueeze(0).expand(k, -1)
     phase = [REASONING] * k
@@ -112,7 +121,7 @@ def generate_plans(
                 if len(plan.reasoning_token_ids) >= limits.max_reasoning_tokens:
                     token, plan.reasoning_capped = start_id, True
                 if token == start_id:
-                    phase[r] = TRAJECTORY
+                    phase[r] = TRAJECTORY if trajectory_tokens else DONE
                 else:
                     plan.reasoning_token_ids.append(token)
             elif phase[r] == TRAJECTORY:
@@ -122,15 +131,20 @@ def generate_plans(
             else:
                 token = end_id
             feed.append(token)
-        if t_switch is None and REASONING not in phase:
+        if t_switch is None and REASONING not in phase and trajectory_tokens:
             t_switch = time.perf_counter_ns()
-        if all(p == DONE for p in phase):
+        if all(p == DONE for p in phase) and trajectory_tokens:
             break
         logits = model.decode(torch.tensor(feed))
+        if all(p == DONE for p in phase):  # the last <|traj_future_start|> has just entered the cache
+            break
     if tracer is not None:
         t_end = time.perf_counter_ns()
+        t_switch = t_switch or t_end
         tracer.record("reasoning_decode", t_start, t_switch - t_start, samples=k)
-        tracer.record("trajectory_decode", t_switch, t_end - t_switch, samples=k)
-    for plan in plans:
-        plan.future_bins = vocab.future_bins(plan.future_token_ids)
+        if trajectory_tokens:
+            tracer.record("trajectory_decode", t_switch, t_end - t_switch, samples=k)
+    if trajectory_tokens:
+        for plan in plans:
+            plan.future_bins = vocab.future_bins(plan.future_token_ids)
     return plans

@@ -90,6 +90,14 @@ class UnicycleActionSpace:
         require_finite("actions", actions)
         return actions
 
+    def denormalise(self, normalised: np.ndarray) -> np.ndarray:
+        """Actions normalised by the action-space statistics (the flow-matching expert's output) [..., 64, 2]
+        -> (acceleration m/s^2, curvature 1/m) float64: a * std + mean per column. No clipping (NVIDIA's
+        bounds only flag out-of-range actions)."""
+        s = self.settings
+        std, mean = np.array([s.accel_std, s.curvature_std]), np.array([s.accel_mean, s.curvature_mean])
+        return self._check_actions(normalised) * std + mean
+
     def rollout(self, actions: np.ndarray, v0: float, z0: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """actions [..., 64, 2] -> (xyz [..., 64, 3] metres, heading [..., 64] rad), t0 ego frame."""
         actions = self._check_actions(actions)

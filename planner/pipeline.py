@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from alpamayo.config import ModelConfig
 from alpamayo.prediction import EgoHistory, TrajectorySample
 from alpamayo.trajectory_generation import GeneratedPlan, PlanLimits
@@ -80,12 +82,19 @@ class Planner:
             ids = ids[: ids.index(end)]
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
-    def samples(self, plans: Sequence[GeneratedPlan], history: LocalHistory) -> list[TrajectorySample]:
-        """Decode each plan's bins to actions and roll them out from the t0 speed estimated from `history`."""
+    def samples(
+        self, plans: Sequence[GeneratedPlan], history: LocalHistory, normalised: np.ndarray | None = None
+    ) -> list[TrajectorySample]:
+        """Each plan's actions rolled out from the t0 speed estimated from `history`. The actions are the
+        plan's decoded trajectory bins, or with `normalised` [K, 64, 2] (the action expert's output, one row per
+        plan) those, un-normalised."""
         v0 = self.action_space.estimate_v0(history)
         out = []
-        for plan in plans:
-            actions = self.future_tokenizer.decode(plan.future_bins)
+        for i, plan in enumerate(plans):
+            if normalised is None:
+                actions = self.future_tokenizer.decode(plan.future_bins)
+            else:
+                actions = self.action_space.denormalise(normalised[i])
             xyz, heading = self.action_space.rollout(actions, v0, z0=float(history.xyz[-1, 2]))
             out.append(
                 TrajectorySample(

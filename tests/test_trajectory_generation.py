@@ -131,3 +131,38 @@ def test_sample_streams_depend_only_on_seed_and_row():
     assert row_seeds(7, 3)[:2] == row_seeds(7, 2) and row_seeds(7, 2) != row_seeds(8, 2)
     with pytest.raises(ValueError, match=r"seed must be None or an integer >= 0, got -1"):
         row_seeds(-1, 2)
+
+
+def test_expert_mode_stops_once_every_start_marker_is_in_the_cache(demo):
+    """trajectory_tokens=False (the action expert decodes the trajectory): no trajectory tokens, and each row's
+    cache holds its reasoning and `<|traj_future_start|>` exactly as that row alone, replayed in one forward
+    (`TextModel.extend`), holds them."""
+    sampling, limits, tracer = Sampling(temperature=0.8, top_p=0.95), PlanLimits(12, 128), Tracer()
+    n = len(demo.prompt)
+    demo.model.setup_cache(n + limits.decode_positions, 3)
+    logits = demo.model.prefill(demo.prompt)
+    sampler = TokenSampler.for_request(sampling, 7, 3)
+    plans = generate_plans(
+        demo.model,
+        logits,
+        demo.vocab,
+        sampler,
+        limits,
+        demo.cfg.eos_token_ids,
+        tracer,
+        trajectory_tokens=False,
+    )
+    lengths = [len(p.reasoning_token_ids) for p in plans]
+    assert all(p.future_token_ids == [] for p in plans)
+    assert demo.model.cache_len == n + max(lengths) + 1
+    assert {s.name for s in tracer.spans} == {"reasoning_decode"}
+    start = demo.vocab.marker("traj_future_start")
+    rows = [(demo.model.cache.k[-1][i, :, : n + m + 1].clone(), demo.model.cache.v[0][i, :, : n + m + 1].clone())
+            for i, m in enumerate(lengths)]  # fmt: skip
+    for (k, v), plan in zip(rows, plans, strict=True):
+        demo.model.setup_cache(n + limits.decode_positions, 1)
+        demo.model.prefill(demo.prompt)
+        demo.model.extend(torch.tensor([[*plan.reasoning_token_ids, start]]))
+        assert demo.model.cache_len == k.shape[1]
+        assert torch.allclose(demo.model.cache.k[-1][0, :, : k.shape[1]], k, atol=1e-5)
+        assert torch.allclose(demo.model.cache.v[0][0, :, : k.shape[1]], v, atol=1e-5)

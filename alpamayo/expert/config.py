@@ -19,7 +19,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from alpamayo.config import TextConfig, parse_text_config
+from alpamayo.config import ModelConfig, TextConfig, parse_text_config
 from alpamayo.errors import ConfigError
 from alpamayo.json_fields import Fields
 
@@ -272,3 +272,8 @@ def validate_against_vlm(expert: ExpertConfig, vlm: TextConfig) -> None:
             f"{e.num_key_value_heads} x head_dim {e.head_dim}) differs from the VLM's {vlm.kv_dim} "
             f"({vlm.num_key_value_heads} x {vlm.head_dim}); the expert attends over the VLM's K/V cache"
         )
+
+
+def expert_config_of(cfg: ModelConfig) -> ExpertConfig | None:
+    """The expert of a parsed checkpoint config (its top-level keys and the VLM's text config), or None."""
+    return parse_expert_config(cfg.extra, cfg.raw_text_config, cfg.source, cfg.kind)

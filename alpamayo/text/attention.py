@@ -41,17 +41,26 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(k_norm, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int
-    ) -> torch.Tensor:
-        """x [B, T, H] at positions [start, start+T); cos/sin [T, head_dim] -> [B, T, H]."""
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, H] -> q [B, nh, T, D], k, v [B, nkv, T, D]: q/k normed per head, then rotated by cos/sin
+        ([T, D], or [B, 1, T, D] for per-row positions)."""
         b, t, _ = x.shape
         d = self.head_dim
         q, k, v = self.qkv(x).split([self.n_heads * d, self.n_kv * d, self.n_kv * d], dim=-1)
         q = self.q_norm(q.view(b, t, self.n_heads, d)).transpose(1, 2)  # [B, nh, T, D]
         k = self.k_norm(k.view(b, t, self.n_kv, d)).transpose(1, 2)  # [B, nkv, T, D]
         v = v.view(b, t, self.n_kv, d).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int
+    ) -> torch.Tensor:
+        """x [B, T, H] at positions [start, start+T); cos/sin [T, head_dim] -> [B, T, H]."""
+        b, t, _ = x.shape
+        d = self.head_dim
+        q, k, v = self.project(x, cos, sin)
         cache.write(self.layer, k, v, start)
         keys, values = cache.read(self.layer, b, start + t)
         if t == 1:
@@ -69,3 +78,63 @@ class Attention(nn.Module):
             q, keys, values, attn_mask=mask, is_causal=start == 0, scale=self.scale, enable_gqa=True
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * d))
+
+    def over_prefix(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        prefix_k: torch.Tensor,
+        prefix_v: torch.Tensor,
+        prefix_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """Non-causal attention of x's T tokens over a read-only K/V prefix and their own K/V (the action
+        expert's attention over the VLM cache): x [B, T, H]; cos/sin [B, 1, T, D]; prefix_k/v [B, nkv, L, D]
+        (views of a cache, never copied nor written); prefix_bias [B, 1, 1, L] additive (0 or -inf) -> [B, T, H].
+        """
+        b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
+        # Fold each kv group's query heads into the query-length dim (non-causal, so exact): plain attention
+        # per kv head, and the prefix is read with its own strides.
+        q = q.reshape(b, self.n_kv, -1, self.head_dim)
+        out = joint_attention(q, (prefix_k, prefix_v, prefix_bias), (k, v, None), scale=self.scale)
+        out = out.view(b, self.n_kv, -1, t, self.head_dim).reshape(b, self.n_heads, t, self.head_dim)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+
+
+KVBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # K, V [B, nkv, S, D], bias [B, 1, 1, S]
+
+
+def attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T * scale + bias) v and its float32 log-sum-exp: q [B, n, M, D], k/v [B, n, S, D] ->
+    ([B, n, M, D], [B, n, M]). The fused kernels that report the log-sum-exp on CPU and CUDA; elsewhere the
+    same maths in float32."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=bias, scale=scale
+        )[:2]
+        return out, lse
+    if q.device.type == "cuda":
+        # The kernel wants the bias at full size; an expanded view costs no memory. Its rows must start on
+        # 16-element boundaries, so callers allocate the bias with a padded row stride (`alpamayo.expert`).
+        bias = None if bias is None else bias.expand(-1, q.shape[1], q.shape[2], -1)
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, True, 0.0, False, scale=scale
+        )[:2]
+        return out, lse[..., : q.shape[2]]
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    return ((scores - lse[..., None]).exp() @ v.float()).to(q.dtype), lse
+
+
+def joint_attention(q: torch.Tensor, *blocks: KVBlock, scale: float) -> torch.Tensor:
+    """Attention of q [B, n, M, D] over the concatenation of K/V blocks, without concatenating them: each
+    block's partial softmax is merged by its log-sum-exp (exact up to rounding). -> [B, n, M, D] in q's dtype."""
+    parts = [attention_with_lse(q, k, v, bias, scale) for k, v, bias in blocks]
+    lse = torch.stack([p[1] for p in parts])  # [n_blocks, B, n, M]
+    weights = (lse - torch.logsumexp(lse, dim=0)).exp()[..., None]
+    return sum(w * out.float() for w, (out, _) in zip(weights, parts, strict=True)).to(q.dtype)

@@ -65,12 +65,15 @@ def check_prefill(
     return position_ids
 
 
-def check_decode_room(cache_len: int, max_seq_len: int) -> None:
-    """RuntimeError unless a decode step can run: a prompt was prefilled and the cache has a free position."""
+def check_decode_room(cache_len: int, max_seq_len: int, tokens: int = 1) -> None:
+    """RuntimeError unless a decode step of `tokens` per row can run: a prompt was prefilled and the cache has
+    that many free positions."""
     if cache_len == 0:
         raise RuntimeError("decode() needs a prefilled prompt")
-    if cache_len >= max_seq_len:
-        raise RuntimeError(f"KV cache full: {cache_len} positions of max_seq_len={max_seq_len}")
+    if cache_len + tokens > max_seq_len:
+        raise RuntimeError(
+            f"KV cache full: {cache_len} positions of max_seq_len={max_seq_len}, {tokens} more requested"
+        )
 
 
 def text_position_ids(length: int) -> torch.Tensor:

@@ -23,3 +23,16 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         h = x + self.attn(self.input_norm(x), cos, sin, cache, start)
         return h + self.mlp(self.post_norm(h))
+
+    def over_prefix(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        prefix_k: torch.Tensor,
+        prefix_v: torch.Tensor,
+        prefix_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """The same layer with non-causal attention over a read-only K/V prefix (`Attention.over_prefix`)."""
+        h = x + self.attn.over_prefix(self.input_norm(x), cos, sin, prefix_k, prefix_v, prefix_bias)
+        return h + self.mlp(self.post_norm(h))

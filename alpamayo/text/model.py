@@ -109,6 +109,14 @@ class TextModel(nn.Module):
         cache.fork(n, self.cache_len)
         self.batch = n
 
+    def save_state(self) -> tuple[KVCache | None, int, int, int]:
+        """The cache and generation state, for `restore_state` after the model served another prompt in a
+        different cache (the action expert's unguided branch)."""
+        return self.cache, self.cache_len, self.rope_delta, self.batch
+
+    def restore_state(self, state: tuple[KVCache | None, int, int, int]) -> None:
+        self.cache, self.cache_len, self.rope_delta, self.batch = state
+
     def _require_cache(self) -> KVCache:
         if self.cache is None:
             raise RuntimeError("call setup_cache(max_seq_len) before prefill/decode")
@@ -196,3 +204,16 @@ class TextModel(nn.Module):
         self.cache_len += 1
         logits = self.logits(h[:, 0])
         return logits[0] if single else logits
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Append T tokens to each active row in one forward (ids [B, T]), causal among them; no logits.
+
+        Replays a known continuation, e.g. the generated reasoning into another prompt's cache."""
+        ids = tokens.reshape(self.batch, -1)
+        t = ids.shape[1]
+        check_decode_room(self.cache_len, self._require_cache().max_seq_len, t)
+        pos = torch.arange(self.cache_len, self.cache_len + t) + self.rope_delta
+        cos, sin = self.rope.cos_sin_1d(pos, self.dtype)
+        self._layers(self.embed(ids), cos, sin, self.cache_len)
+        self.cache_len += t

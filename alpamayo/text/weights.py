@@ -87,9 +87,10 @@ def validate_text_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> None:
             ) from None
 
 
-def build_mlp(cfg: TextConfig, i: int, get: Getter) -> nn.Module:
-    """The feed-forward block of layer i: dense SwiGLU, or the sparse MoE block where the config says so."""
-    p = layer_prefix(i) + "mlp."
+def build_mlp(cfg: TextConfig, i: int, get: Getter, prefix: str | None = None) -> nn.Module:
+    """The feed-forward block of layer i: dense SwiGLU, or the sparse MoE block where the config says so.
+    `prefix`: the layer's tensor-name prefix (default `layer_prefix(i)`, the VLM's text decoder)."""
+    p = (prefix or layer_prefix(i)) + "mlp."
     if cfg.is_sparse(i):
         from alpamayo.moe.block import SparseMoE
 
@@ -97,8 +98,10 @@ def build_mlp(cfg: TextConfig, i: int, get: Getter) -> nn.Module:
     return SwiGLU(get(p + "gate_proj.weight"), get(p + "up_proj.weight"), get(p + "down_proj.weight"))
 
 
-def build_layer(cfg: TextConfig, i: int, get: Getter) -> DecoderLayer:
-    p = layer_prefix(i)
+def build_layer(cfg: TextConfig, i: int, get: Getter, prefix: str | None = None) -> DecoderLayer:
+    """Decoder layer i from tensors named `{prefix}self_attn.…`, `{prefix}mlp.…` (default `layer_prefix(i)`;
+    the action expert's layers live under their own prefix)."""
+    p = prefix or layer_prefix(i)
     a = p + "self_attn."
     qkv = torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")], 0)
     qkv_bias = o_bias = None
@@ -117,7 +120,7 @@ def build_layer(cfg: TextConfig, i: int, get: Getter) -> DecoderLayer:
     )
     return DecoderLayer(
         attn,
-        build_mlp(cfg, i, get),
+        build_mlp(cfg, i, get, p),
         RMSNorm(get(p + "input_layernorm.weight"), cfg.rms_norm_eps),
         RMSNorm(get(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps),
     )

@@ -1,0 +1,134 @@
+"""The action expert as the trajectory decoder of one prediction, after the VLM's reasoning.
+
+    plans = generate_plans(vlm, logits, vocab, sampler, limits, eos, trajectory_tokens=False)
+    actions = decoder.sample(vlm.text, plans, prompt_len, seed)            # [K, 64, 2] normalised
+    # with navigation guidance (1.5): the unguided branch's context first
+    unguided = decoder.unguided_context(vlm, unguided_prompt(ids, route_start, route_end), features, plans, ...)
+
+Row i's `<|traj_future_start|>` is at cache position prompt_len + len(reasoning_i) (`generate_plans`), so its
+offset is one more. The unguided branch is NVIDIA's (`sample_trajectories_from_data_with_vlm_rollout_cfg_nav`):
+the prompt without its `<|route_start|>..<|route_end|>` span is prefilled once into its own cache, forked into
+K rows, and every generated token of each row is replayed into it, including the one NVIDIA generates after the
+last `<|traj_future_start|>` (here: the filler), which the expert's mask hides with the rest after the offset.
+Its action positions follow from its own, shorter prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from alpamayo.expert.model import ActionExpert, ExpertContext
+from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, euler_sample, noise_for
+from alpamayo.profiling.tracer import Tracer
+from alpamayo.text.kv_cache import KVCache
+from alpamayo.trajectory_generation import GeneratedPlan
+
+
+def offsets_after_reasoning(prompt_len: int, plans: Sequence[GeneratedPlan]) -> list[int]:
+    """Per row, the cache index of its `<|traj_future_start|>` plus 1."""
+    return [prompt_len + len(p.reasoning_token_ids) + 1 for p in plans]
+
+
+def replayed_tokens(plans: Sequence[GeneratedPlan], start_id: int, filler_id: int) -> torch.Tensor:
+    """[K, n + 1] int64: what each row fed after the prompt (reasoning, `<|traj_future_start|>` = `start_id`,
+    `filler_id` up to the longest row's n tokens), plus the one token NVIDIA's generation produces after the
+    last start."""
+    n = max(len(p.reasoning_token_ids) for p in plans) + 1
+    rows = [
+        p.reasoning_token_ids + [start_id] + [filler_id] * (n - len(p.reasoning_token_ids)) for p in plans
+    ]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def unguided_prompt(ids: Sequence[int], route_start: int, route_end: int) -> list[int]:
+    """The prompt without its navigation span, `route_start` through `route_end` inclusive (NVIDIA's
+    `remove_nav_text`, on token ids)."""
+    ids = list(ids)
+    if route_start not in ids or route_end not in ids or ids.index(route_end) < ids.index(route_start):
+        raise ValueError(
+            "navigation guidance needs a route in the prompt (<|route_start|> ... <|route_end|>): the unguided "
+            "branch is the same prompt without it"
+        )
+    return ids[: ids.index(route_start)] + ids[ids.index(route_end) + 1 :]
+
+
+class ExpertDecoder:
+    """Samples K normalised action sequences with `expert`, reading a VLM text model's cache in place."""
+
+    def __init__(self, expert: ActionExpert, settings: FlowSettings = DEFAULT_FLOW):
+        if settings.guidance is not None and not expert.cfg.supports_guidance:
+            raise ValueError(
+                "navigation guidance is not supported by this checkpoint's expert (Alpamayo 2 Super's model "
+                "refuses classifier-free guidance); drop --nav-guidance"
+            )
+        self.expert, self.settings = expert, settings
+        self._unguided_cache: KVCache | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.settings.steps or self.expert.cfg.num_inference_steps
+
+    def context(self, text: Any, prompt_len: int, plans: Sequence[GeneratedPlan]) -> ExpertContext:
+        """The guided context: `text`'s cache rows 0..K-1 after `generate_plans(trajectory_tokens=False)`."""
+        return self.expert.context(
+            text.cache, offsets_after_reasoning(prompt_len, plans), text.rope_delta, text.cache_len
+        )
+
+    def unguided_context(
+        self,
+        vlm: Any,
+        ids: Sequence[int],
+        features: Sequence[Any],
+        plans: Sequence[GeneratedPlan],
+        start_id: int,
+        filler_id: int,
+    ) -> ExpertContext:
+        """Prefill the unguided prompt `ids` (expanded, with the same image `features`) into a cache of its own,
+        replay each row's generated tokens (`replayed_tokens`) into it, and view it; the VLM's own cache and
+        state are restored."""
+        text = vlm.text
+        replay = replayed_tokens(plans, start_id, filler_id)
+        rows, need = replay.shape[0], len(ids) + replay.shape[1]
+        cache = self._unguided_cache
+        if cache is None or cache.max_batch < rows or cache.max_seq_len < need:
+            t = text.text_cfg
+            cache = KVCache(
+                t.num_hidden_layers, rows, t.num_key_value_heads, need, t.head_dim, text.dtype, text.device
+            )
+            self._unguided_cache = cache
+        saved = text.save_state()
+        try:
+            text.cache = cache
+            vlm.prefill_hidden(ids, features)
+            text.fork(rows)
+            text.extend(replay)
+            return self.expert.context(
+                cache, offsets_after_reasoning(len(ids), plans), text.rope_delta, text.cache_len
+            )
+        finally:
+            text.restore_state(saved)
+
+    def sample(
+        self,
+        ctx: ExpertContext,
+        seed: int | None = None,
+        noise: torch.Tensor | None = None,
+        unguided: ExpertContext | None = None,
+        tracer: Tracer | None = None,
+    ) -> torch.Tensor:
+        """[K, 64, 2] float32 normalised actions, K = ctx.rows: Euler steps from `noise` (or seeded noise)."""
+        if (unguided is None) != (self.settings.guidance is None):
+            raise ValueError("navigation guidance needs both the guidance weight and the unguided context")
+        x0 = noise_for(ctx.rows, self.expert.n_tokens, self.settings, seed, noise)
+        expert = self.expert
+        return euler_sample(
+            x0,
+            self.steps,
+            lambda x, t: expert.velocity(x, t, ctx),
+            None if unguided is None else (lambda x, t: expert.velocity(x, t, unguided)),
+            1.0 if self.settings.guidance is None else self.settings.guidance,
+            tracer,
+        )

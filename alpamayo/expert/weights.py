@@ -1,0 +1,91 @@
+"""Reading the action expert's tensors (every family's names, `ExpertConfig.prefixes`) into `ActionExpert`.
+
+Everything is checked before the first tensor is read: the expert against the VLM (layer count, K/V layout),
+then every name and shape against the config (all problems reported at once, each naming tensor and file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from alpamayo.checkpoint import Checkpoint, Shape
+from alpamayo.config import TextConfig
+from alpamayo.expert.config import ExpertConfig, validate_against_vlm
+from alpamayo.expert.in_proj import ActionInProj, default_freqs
+from alpamayo.expert.model import ActionExpert
+from alpamayo.prediction import FUTURE_STEPS
+from alpamayo.text.linear import Linear, pack_linears
+from alpamayo.text.norm import RMSNorm
+from alpamayo.text.weights import build_layer
+
+
+def expected_tensors(ckpt: Checkpoint, cfg: ExpertConfig) -> dict[str, list[Shape]]:
+    """Name -> allowed shapes of every expert tensor, plus R1's `freqs` buffers where the checkpoint has them."""
+    shapes = {name: [shape] for name, shape in cfg.weight_shapes().items()}
+    for name in cfg.freqs_keys():
+        if name in ckpt:
+            shapes[name] = [(1, cfg.in_proj.num_freqs), (cfg.in_proj.num_freqs,)]
+    return shapes
+
+
+def has_expert_weights(ckpt: Checkpoint, cfg: ExpertConfig) -> bool:
+    """Whether the checkpoint holds any expert tensor (the default decoder is the expert exactly then)."""
+    return any(ckpt.names(prefix) for prefix in _namespaces(cfg))
+
+
+def _namespaces(cfg: ExpertConfig) -> tuple[str, ...]:
+    p = cfg.prefixes
+    return (f"{p.expert}layers.", f"{p.expert}norm.", p.in_proj, p.out_proj)
+
+
+def validate_expert_tensors(ckpt: Checkpoint, cfg: ExpertConfig, vlm: TextConfig) -> None:
+    """ConfigError if the expert cannot read the VLM's cache; CheckpointError naming every missing, mis-shaped
+    or unexpected expert tensor. Reads headers only."""
+    validate_against_vlm(cfg, vlm)
+    ckpt.validate(expected_tensors(ckpt, cfg), _namespaces(cfg))
+
+
+def load_expert(
+    source: str | Path | Checkpoint,
+    cfg: ExpertConfig,
+    vlm: TextConfig,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    n_tokens: int = FUTURE_STEPS,
+    weight_prefix: str = "",
+) -> ActionExpert:
+    """The expert of checkpoint `source` (a directory, or a `Checkpoint` shared with the VLM), validated first.
+
+    `n_tokens`: action tokens per sample (the action space's waypoints). The in-projection's Fourier
+    frequencies are R1's stored buffers where present, else NVIDIA's bfloat16-rounded table (`default_freqs`).
+    """
+    ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source, weight_prefix)
+    validate_expert_tensors(ckpt, cfg, vlm)
+    get = ckpt.getter(dtype, device)
+    t, p, c = cfg.text, cfg.prefixes, cfg.in_proj
+    layers = [build_layer(t, i, get, f"{p.expert}layers.{i}.") for i in range(t.num_hidden_layers)]
+    freqs = [
+        ckpt.get(name, torch.float32, device) if name in ckpt else default_freqs(c).to(device)
+        for name in cfg.freqs_keys()
+    ]
+    trunk = f"{p.in_proj}encoder.trunk."
+    linear_ids = [0] + [3 + 3 * i for i in range(c.num_enc_layers)]
+    in_proj = ActionInProj(
+        freqs,
+        [(get(f"{trunk}{i}.weight"), get(f"{trunk}{i}.bias")) for i in linear_ids],
+        [get(f"{trunk}{2 + 3 * i}.weight") for i in range(c.num_enc_layers)],
+        (get(f"{p.in_proj}norm.weight"), get(f"{p.in_proj}norm.bias")),
+    )
+    out_bias = get(f"{p.out_proj}bias") if cfg.out_proj_bias else None
+    expert = ActionExpert(
+        cfg,
+        layers,
+        RMSNorm(get(f"{p.expert}norm.weight"), t.rms_norm_eps),
+        in_proj,
+        Linear(get(f"{p.out_proj}weight"), out_bias),
+        n_tokens,
+    )
+    pack_linears(expert)
+    return expert.eval()
