@@ -1,0 +1,147 @@
+"""The ttnn action expert under the dry run (mock p150, `alpamayo.tt.dryrun`): every device path of
+`TTActionExpert` through ttnn's host-side checks at the tiny and the real Alpamayo 1.5 dimensions (layers cut),
+and, from `ttnn.graph`, no host transfer inside the Euler step and none per prediction but the noise in and
+the actions out. Reads return zeros on the mock, so nothing here checks numbers (tests/test_tt_expert_device.py
+does, on a card)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+
+from alpamayo.tt.precision import load_precision
+from alpamayo.tt.program_config import plan_text
+from tests.tt_checkpoints import TT_TINY, tiny_config
+from tests.tt_expert_cases import TINY_VLM, release_cut, save_expert_weights, tiny_expert
+
+pytestmark = pytest.mark.dryrun
+MAX_SEQ_LEN = 512
+STEPS = 2  # the loop and the step's programs are what the dry run checks; ten steps only repeat them
+# ttnn / tt-metal functions that move tensor data between the host and the device (as ttnn.graph names them;
+# a host-only ttnn.from_torch is a conversion, and one with a device shows its nested copy_to_device)
+HOST_TRANSFERS = (
+    "ttnn.copy_host_to_device_tensor",
+    "ttnn.copy_device_to_host_tensor",
+    "ttnn.to_torch",
+    "ttnn.from_device",
+    "ttnn.to_device",
+    "tt::tt_metal::copy_to_device",
+    "tt::tt_metal::copy_to_host",
+    "tt::tt_metal::write_tensor",
+    "tt::tt_metal::read_tensor",
+)
+
+
+def weightless_text(device: Any, cfg: Any, recipe: str) -> Any:
+    """A `TTTextModel` without layer weights: the expert uses only its KV cache, plan, kernel configs and rope
+    (on the mock whatever fills the cache reads back as zeros, so a prefill would add nothing here)."""
+    from alpamayo.tt.text import TTTextModel
+
+    precision = load_precision(recipe)
+    embed = torch.zeros(1, cfg.text.hidden_size, dtype=torch.bfloat16)
+    return TTTextModel(cfg, precision, plan_text(cfg, precision), device, {}, embed)
+
+
+CASES = {
+    "tiny-performance": (lambda: (tiny_config(TT_TINY[TINY_VLM], TINY_VLM), tiny_expert()), "performance"),
+    "tiny-accuracy": (lambda: (tiny_config(TT_TINY[TINY_VLM], TINY_VLM), tiny_expert()), "accuracy"),
+    "alpamayo-1.5-10b-1-layer": (lambda: release_cut(1), "performance"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, dryrun_device, tmp_path_factory):
+    from alpamayo.tt.expert import TTActionExpert
+
+    build, recipe = CASES[request.param]
+    cfg, expert_cfg = build()
+    weights = save_expert_weights(tmp_path_factory.mktemp("expert"), expert_cfg)
+    text = weightless_text(dryrun_device, cfg, recipe)
+    expert = TTActionExpert.from_checkpoint(weights, text, expert_cfg)
+    yield text, expert
+    expert.close()
+    text.close()
+
+
+def transfers(graph: list[dict]) -> Counter:
+    """Calls of host<->device transfer functions at the outermost level of a captured graph."""
+    calls = Counter()
+    depth_of_transfer = None
+    for node in graph:
+        if node.get("node_type") == "function_start":
+            name = (node.get("params") or {}).get("name", "")
+            if depth_of_transfer is None and name in HOST_TRANSFERS:
+                calls[name] += 1
+                depth_of_transfer = node.get("stacking_level")
+        elif node.get("node_type") == "function_end" and node.get("stacking_level") == depth_of_transfer:
+            depth_of_transfer = None
+    return calls
+
+
+def captured(fn) -> tuple[Any, list[dict]]:
+    import ttnn
+
+    ttnn.graph.begin_graph_capture(ttnn.graph.RunMode.NORMAL)
+    try:
+        out = fn()
+    finally:
+        graph = ttnn.graph.end_graph_capture()
+    return out, graph
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
+    text, expert = case
+    plan = expert.plan_for(MAX_SEQ_LEN, samples)
+    text.setup_cache(MAX_SEQ_LEN, reserve_rows=plan.rows)
+    assert text.kv_cache[0][0].shape[-2] == plan.cache_rows
+    noise = torch.randn(samples, 64, 2, generator=torch.Generator().manual_seed(samples))
+    actions = expert.sample(noise, offset=300, rope_delta=-40, steps=STEPS, traced=False)
+    assert actions.shape == (samples, 64, 2) and actions.dtype == torch.float32
+    b = expert._state["buffers"]
+    assert list(b["mask"].shape) == [1, 1, plan.rows, plan.cache_rows]
+    assert list(b["cos"].shape) == [1, 1, plan.rows, expert.cfg.text.head_dim]
+    assert list(b["x"].shape) == [1, 1, plan.rows, 32]
+
+
+def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in_place(case, record_figure):
+    text, expert = case
+    plan = expert.plan_for(MAX_SEQ_LEN, 1)
+    text.setup_cache(MAX_SEQ_LEN, reserve_rows=plan.rows)
+    expert.sample(torch.zeros(1, 64, 2), offset=200, rope_delta=0, steps=STEPS, traced=False)
+    state = expert._state
+    address = state["buffers"]["x"].buffer_address()
+    _, graph = captured(lambda: expert._euler_step(state))
+    assert transfers(graph) == Counter()
+    assert state["buffers"]["x"].buffer_address() == address
+    ops = [n for n in graph if n.get("node_type") == "function_start" and n.get("stacking_level") == 1]
+    record_figure(f"top-level ops per Euler step ({expert.cfg.text.num_hidden_layers} layers)", len(ops))
+
+
+def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
+    text, expert = case
+    plan = expert.plan_for(MAX_SEQ_LEN, 3)
+    text.setup_cache(MAX_SEQ_LEN, reserve_rows=plan.rows)
+    noise = torch.zeros(3, 64, 2)
+    expert.sample(
+        noise, offset=250, rope_delta=-10, steps=STEPS, traced=False
+    )  # allocates the persistent state
+    _, graph = captured(lambda: expert.sample(noise, offset=260, rope_delta=-12, steps=STEPS, traced=False))
+    assert transfers(graph) == Counter({"ttnn.copy_host_to_device_tensor": 1, "ttnn.to_torch": 1})
+
+
+def test_bad_predictions_are_refused_with_the_allowed_range(case):
+    text, expert = case
+    text.setup_cache(MAX_SEQ_LEN)  # no rows reserved for the expert's K/V
+    with pytest.raises(RuntimeError, match=r"call text.setup_cache\(512, reserve_rows=64\)"):
+        expert.sample(torch.zeros(1, 64, 2), offset=100, rope_delta=0, steps=STEPS, traced=False)
+    text.setup_cache(MAX_SEQ_LEN, reserve_rows=64)
+    with pytest.raises(ValueError, match=r"offset 600 must be in \[1, 512\]"):
+        expert.sample(torch.zeros(1, 64, 2), offset=600, rope_delta=0, steps=STEPS, traced=False)
+    with pytest.raises(ValueError, match="initial noise must be finite"):
+        expert.sample(torch.full((1, 64, 2), float("nan")), offset=100, rope_delta=0, traced=False)
+    with pytest.raises(ValueError, match=r"initial noise must have shape \[1, 64, 2\]"):
+        expert.sample(torch.zeros(1, 32, 2), offset=100, rope_delta=0, traced=False)
