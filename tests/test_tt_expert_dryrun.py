@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from alpamayo.trajectory_generation import GeneratedPlan
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.program_config import plan_text
 from tests.tt_checkpoints import TT_TINY, tiny_config
@@ -135,7 +137,7 @@ def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
 
 def test_bad_predictions_are_refused_with_the_allowed_range(case):
     text, expert = case
-    text.setup_cache(MAX_SEQ_LEN)  # no rows reserved for the expert's K/V
+    text.setup_cache(MAX_SEQ_LEN, reserve_rows=0)  # no rows for the expert's K/V
     with pytest.raises(RuntimeError, match=r"call text.setup_cache\(512, reserve_rows=64\)"):
         expert.sample(torch.zeros(1, 64, 2), offset=100, rope_delta=0, steps=STEPS, traced=False)
     text.setup_cache(MAX_SEQ_LEN, reserve_rows=64)
@@ -145,3 +147,29 @@ def test_bad_predictions_are_refused_with_the_allowed_range(case):
         expert.sample(torch.full((1, 64, 2), float("nan")), offset=100, rope_delta=0, traced=False)
     with pytest.raises(ValueError, match=r"initial noise must have shape \[1, 64, 2\]"):
         expert.sample(torch.zeros(1, 32, 2), offset=100, rope_delta=0, traced=False)
+
+
+def test_the_ttnn_backend_loads_the_device_expert_decoder_over_its_text_model(dryrun_device, tmp_path):
+    """`alpamayo.backends.load_expert_decoder` on ttnn: a TTExpertDecoder sharing the text model's device, whose
+    K/V region the text model's caches then reserve; one prediction's context and sampling through it."""
+    from alpamayo.backends import BackendOptions, load_expert_decoder
+    from alpamayo.checkpoint import open_checkpoint
+    from alpamayo.tt.expert import TTExpertDecoder
+    from alpamayo.tt.text import TTTextModel
+    from tests.tt_expert_cases import save_alpamayo_checkpoint
+
+    ckpt, cfg = open_checkpoint(save_alpamayo_checkpoint(tmp_path / "alpamayo", seed=1))
+    text = TTTextModel.from_checkpoint(ckpt, cfg, precision="performance", device=dryrun_device)
+    decoder = load_expert_decoder(ckpt, cfg, BackendOptions("ttnn", recipe="performance"), text)
+    try:
+        assert isinstance(decoder, TTExpertDecoder) and decoder.expert.device is dryrun_device
+        assert text.reserved_rows == 64
+        text.setup_cache(MAX_SEQ_LEN)
+        text.prefill(torch.arange(44) % 200)  # prompt (40), reasoning (3), <|traj_future_start|>
+        plan = GeneratedPlan([7, 8, 9], False, np.zeros(0, np.int64), [])
+        ctx = decoder.context(text, 40, [plan])
+        assert (ctx.offset, ctx.rows) == (44, 1)
+        assert decoder.sample(ctx, seed=0).shape == (1, 64, 2)
+    finally:
+        decoder.close()
+        text.close()

@@ -105,14 +105,16 @@ class TTActionExpert(DeviceIO):
         cfg: ExpertConfig,
         cache_dir: str | Path | None = None,
         tracer: Tracer | None = None,
+        samples: int = 1,
     ) -> TTActionExpert:
         """Validate the expert's tensors against its config and the text model's VLM (layer count, K/V layout),
-        plan it, and upload its weights in the text model's recipe to the text model's device."""
+        plan it, and upload its weights in the text model's recipe to the text model's device. The text model's
+        later caches reserve the K/V region of `samples` samples (`TTTextModel.reserved_rows`)."""
         ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
         validate_expert_tensors(ckpt, cfg, text.text_cfg)
-        plan_expert(
-            text.cfg, cfg, text.precision, 1, 1, text.plan.device
-        )  # refuses what the device cannot run
+        # refuses what the device cannot run, before any upload
+        plan = plan_expert(text.cfg, cfg, text.precision, 1, samples, text.plan.device)
+        text.reserved_rows = plan.rows
         banks = text.plan.device.dram_banks
         weights = upload_weights(
             expert_weight_specs(cfg, banks), text.precision, text.device, ckpt.get, cache_dir, banks
@@ -497,6 +499,9 @@ class TTExpertDecoder:
     @property
     def steps(self) -> int:
         return self.settings.steps or self.expert.cfg.num_inference_steps
+
+    def close(self) -> None:
+        self.expert.close()
 
     def context(self, text: TTTextModel, prompt_len: int, plans: Sequence[GeneratedPlan]) -> TTExpertContext:
         offsets = set(offsets_after_reasoning(prompt_len, plans))

@@ -111,6 +111,8 @@ class TTTextModel(DeviceIO):
         self.cache: DeviceKVCache | None = None
         self.cache_len, self.rope_delta = 0, 0
         self.decode_layers: dict[int, DecodeLayer] = {}
+        # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
+        self.reserved_rows = 0
         self._trace: dict[str, Any] | None = None
         self._inputs: dict[str, Any] | None = None
         t = cfg.text
@@ -185,9 +187,11 @@ class TTTextModel(DeviceIO):
                 close_device(device)
             raise
 
-    def setup_cache(self, max_seq_len: int, max_batch: int = 1, reserve_rows: int = 0) -> None:
+    def setup_cache(self, max_seq_len: int, max_batch: int = 1, reserve_rows: int | None = None) -> None:
         """Allocate the KV cache for `max_seq_len` positions (prompt + generated); refused if it cannot fit.
-        `reserve_rows` more rows are kept behind them for the action expert's K/V (`ExpertPlan`)."""
+        `reserve_rows` (default `reserved_rows`, which a `TTActionExpert` sets) more rows are kept behind them
+        for the action expert's K/V (`ExpertPlan`)."""
+        reserve_rows = self.reserved_rows if reserve_rows is None else reserve_rows
         if max_batch != 1:
             raise ValueError(f"the ttnn backend decodes one sequence: max_batch must be 1, got {max_batch}")
         if max_seq_len < 1:
