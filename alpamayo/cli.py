@@ -13,6 +13,7 @@ COMMANDS = [
     "alpamayo.commands.generate",
     "alpamayo.commands.make_demo_checkpoint",
     "alpamayo.commands.predict",
+    "alpamayo.commands.ask",
     "alpamayo.commands.make_demo_drive",
     "alpamayo.commands.replay",
     "alpamayo.commands.profile",

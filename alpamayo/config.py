@@ -1,11 +1,14 @@
 """Model configuration parsed from a checkpoint directory's `config.json`.
 
-Accepted layouts:
+Accepted layouts, one per model family (`alpamayo.families`, detected from `architectures` / `model_type`):
   * Hugging Face `Qwen3VLForConditionalGeneration` / `Qwen3VLMoeForConditionalGeneration` (hub files and
     transformers-5 `save_pretrained` files: both rope spellings, `num_experts` or `num_local_experts`);
-  * the Alpamayo layout: the Qwen3-VL config nested under `vlm_config` and every VLM weight prefixed `vlm.`.
-    The remaining top-level keys (trajectory tokenizer settings, action expert, ...) are kept verbatim in
-    `ModelConfig.extra` for the planner.
+  * the project's demo layout and Alpamayo 2 Super: the Qwen3-VL config nested under `vlm_config`;
+  * Alpamayo 1 (R1) and 1.5: a flat config whose `vlm_name_or_path` names the base model; its Qwen3-VL config
+    is used with the vocabulary of the extended tokenizer (`alpamayo.families.loader`).
+In every Alpamayo family each VLM weight is prefixed `vlm.`, and the remaining top-level keys (trajectory
+tokenizer settings, action expert, ...) are kept verbatim in `ModelConfig.extra`, as data: Hydra `_target_` /
+`_recursive_` keys are never imported.
 
 Dimensions come only from here; nothing else in the package hard-codes a model size.
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
+from alpamayo.families.registry import FAMILIES, QWEN3_VL, RELEASE_IDS, Family, detect_family
 from alpamayo.json_fields import Fields, read_json
 
 ARCHITECTURES = {
@@ -28,7 +32,6 @@ MODEL_TYPES = {"qwen3_vl": "dense", "qwen3_vl_moe": "moe"}
 PLAIN_ROPE_TYPES = ("default", "mrope")
 DEFAULT_MROPE_SECTION = (24, 20, 20)  # transformers' fallback when the config omits it
 ALPAMAYO_VLM_KEY = "vlm_config"
-ALPAMAYO_WEIGHT_PREFIX = "vlm."
 
 
 @dataclass(frozen=True)
@@ -133,12 +136,18 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # Alpamayo top-level keys besides `vlm_config`
     source: str = ""
+    family_name: str = QWEN3_VL.name  # `alpamayo.families.FAMILIES` key
+    base_model: str | None = None  # R1 / 1.5: the resolved base-model directory (tokenizer, processor)
     # The text_config object as written (HF spelling): the action expert's config copies it (alpamayo.expert).
     raw_text_config: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
+    def family(self) -> Family:
+        return FAMILIES[self.family_name]
+
+    @property
     def is_alpamayo(self) -> bool:
-        return self.weight_prefix == ALPAMAYO_WEIGHT_PREFIX
+        return self.family.weight_prefix != ""
 
 
 def _model_kind(cfg: Fields) -> str:
@@ -149,9 +158,11 @@ def _model_kind(cfg: Fields) -> str:
             raise ConfigError(f"{cfg.source}: field '{cfg.name('architectures')}' must be a non-empty list")
         known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
         if not known:
+            releases = [arch for arch, _ in RELEASE_IDS.values()]
             raise ConfigError(
                 f"{cfg.source}: unsupported architecture {archs!r} in field '{cfg.name('architectures')}'; "
-                f"supported: {sorted(ARCHITECTURES)}"
+                f"supported: {sorted(ARCHITECTURES)}, the Alpamayo releases {releases}, or the project's "
+                "layout (a Qwen3-VL config nested under 'vlm_config')"
             )
         return known[0]
     model_type = cfg.str("model_type")
@@ -292,17 +303,28 @@ def _vision_config(vis: Fields) -> VisionConfig:
 
 
 def parse_config(
-    raw: dict[str, Any], source: str = "config.json", eos_token_ids: tuple[int, ...] = ()
+    raw: dict[str, Any],
+    source: str = "config.json",
+    eos_token_ids: tuple[int, ...] = (),
+    base_vlm: dict[str, Any] | None = None,
+    base_model: str | None = None,
 ) -> ModelConfig:
-    """Parse a `config.json` object (HF or Alpamayo layout) into a `ModelConfig`."""
+    """Parse a `config.json` object (any family's layout) into a `ModelConfig`.
+
+    R1 / 1.5 configs carry no Qwen3-VL config: `base_vlm` is their base model's, with the vocabulary already
+    set to the extended tokenizer's length (`alpamayo.families.loader.load_model_config` builds it)."""
     root = Fields(raw, "", source)
-    extra: dict[str, Any] = {}
-    prefix = ""
-    vlm = root
-    if root.has(ALPAMAYO_VLM_KEY):
-        vlm = root.sub(ALPAMAYO_VLM_KEY)
-        prefix = ALPAMAYO_WEIGHT_PREFIX
-        extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY}
+    family = detect_family(raw)
+    extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY} if family.weight_prefix else {}
+    if family.vlm_source == "base_model":
+        if base_vlm is None:
+            raise ConfigError(
+                f"{source}: an {family.title} config.json carries no Qwen3-VL config; it comes from the base "
+                "model 'vlm_name_or_path' (load the checkpoint directory with load_config)"
+            )
+        vlm = Fields(base_vlm, "", f"{source} (base model {base_model})")
+    else:
+        vlm = root.sub(ALPAMAYO_VLM_KEY) if family.vlm_source == ALPAMAYO_VLM_KEY else root
     kind = _model_kind(vlm)
     text_fields = vlm.sub("text_config")
     text = parse_text_config(text_fields, kind)
@@ -322,10 +344,12 @@ def parse_config(
         video_token_id=vlm.optional_id("video_token_id"),
         vision_start_token_id=vlm.optional_id("vision_start_token_id"),
         vision_end_token_id=vlm.optional_id("vision_end_token_id"),
-        weight_prefix=prefix,
+        weight_prefix=family.weight_prefix,
         eos_token_ids=tuple(eos_token_ids) or _eos_ids(text_fields.data.get("eos_token_id")),
         extra=extra,
         source=source,
+        family_name=family.name,
+        base_model=base_model,
         raw_text_config=text_fields.data,
     )
 
@@ -339,21 +363,17 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
     return ()
 
 
-def _generation_eos(directory: Path) -> tuple[int, ...]:
+def generation_eos(directory: Path) -> tuple[int, ...]:
     path = directory / "generation_config.json"
     if not path.is_file():
         return ()
     return _eos_ids(Fields(read_json(path), "", str(path)).data.get("eos_token_id"))
 
 
-def load_config(path: str | Path) -> ModelConfig:
+def load_config(path: str | Path, base_model: str | Path | None = None) -> ModelConfig:
     """Read `config.json` (and the EOS ids of `generation_config.json`) from a checkpoint directory (or the
-    path of a config file itself)."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: checkpoint directory does not exist")
-    directory = path if path.is_dir() else path.parent
-    cfg_path = path / "config.json" if path.is_dir() else path
-    if not cfg_path.is_file():
-        raise ConfigError(f"{cfg_path}: no config.json in checkpoint directory {directory}")
-    return parse_config(read_json(cfg_path), str(cfg_path), _generation_eos(directory))
+    path of a config file itself). R1 / 1.5 checkpoints also read their base model (`base_model`, else the
+    one `vlm_name_or_path` names; see `alpamayo.families.base_model`)."""
+    from alpamayo.families.loader import load_model_config  # it builds on parse_config
+
+    return load_model_config(path, base_model)

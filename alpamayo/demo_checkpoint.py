@@ -1,7 +1,8 @@
-"""The embedded demo checkpoint: a tiny random-weight model in the Alpamayo format, built offline.
+"""The embedded demo checkpoint: a tiny random-weight model, built offline, in the project's layout or in the
+layout of a released Alpamayo (`layout=` "r1", "alpamayo1.5", "super": `alpamayo.demo_release`).
 
 `make_demo_checkpoint(out, seed)` writes, byte-for-byte the same for a given seed (on one software install):
-  config.json              Alpamayo layout: the Qwen3-VL config under `vlm_config`, trajectory settings on top
+  config.json              the project's layout: the Qwen3-VL config under `vlm_config`, trajectory settings on top
   model.safetensors        random float32 weights, every VLM tensor prefixed `vlm.`
   tokenizer.json, tokenizer_config.json, chat_template.jinja
                            byte-level BPE trained on `assets/demo_corpus.txt`, extended like Alpamayo's vocabulary
@@ -19,16 +20,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from alpamayo.families.registry import MARKERS_1_5
+from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.tokenizer import qwen3vl_chat_template
 from planner.settings import PlannerSettings
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+LAYOUTS = ("demo", "r1", "alpamayo1.5", "super")  # the project's, then each release's as NVIDIA ships it
 CORPUS = ASSETS / "demo_corpus.txt"
 
 BPE_VOCAB_SIZE = 512  # the corpus supports ~580 merges at min_frequency 2; 512 keeps the layout fixed
@@ -48,15 +53,6 @@ QWEN_ADDED_TOKENS = [
     ("<think>", False),
     ("</think>", False),
 ]
-# Alpamayo's 29 markers in the order it adds them (`SPECIAL_TOKENS_KEYS` of its base model).
-ALPAMAYO_MARKERS = [
-    "prompt_start", "prompt_end", "image_start", "_padding_0", "image_end", "traj_history_start", "_padding_1",
-    "traj_history_end", "cot_start", "cot_end", "_padding_2", "_padding_3", "traj_future_start", "_padding_4",
-    "traj_future_end", "traj_history", "traj_future", "image_pad", "_padding_5", "_padding_6", "_padding_7",
-    "_padding_8", "route_start", "route_pad", "route_end", "question_start", "question_end", "answer_start",
-    "answer_end",
-]  # fmt: skip
-
 # Small enough for a 4-camera x 4-frame prediction (16 x 180 visual tokens, ~3k-token prefill) on 2 CPU cores;
 # GQA 2:1, M-RoPE sections summing to head_dim / 2, three DeepStack levels like the real models.
 DEMO_TEXT = {
@@ -114,9 +110,15 @@ PREPROCESSOR = {
 
 
 def build_tokenizer() -> Any:
-    """The demo tokenizer: Qwen2-style byte-level BPE trained on the built-in corpus, then extended with the
-    Qwen added tokens, the 4000 trajectory tokens (normal tokens, as Alpamayo adds them) and the Alpamayo
-    markers (special tokens), with the Qwen3-VL-style chat template."""
+    """The demo tokenizer: `base_tokenizer` extended with the 4000 trajectory tokens (normal tokens, as
+    Alpamayo adds them) and the Alpamayo 1.5 markers (special tokens)."""
+    traj_vocab_size = PlannerSettings().traj_vocab_size
+    return extend_tokenizer(base_tokenizer(), traj_vocab_size, MARKERS_1_5)
+
+
+def base_tokenizer() -> Any:
+    """The demo base tokenizer (what a Qwen3-VL base model ships, at a small scale): Qwen2-style byte-level BPE
+    trained on the built-in corpus plus the Qwen added tokens, with the Qwen3-VL-style chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import AddedToken, Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -155,38 +157,42 @@ def build_tokenizer() -> Any:
     tok.add_tokens(
         [AddedToken(t, special=special, normalized=not special) for t, special in QWEN_ADDED_TOKENS]
     )
-    tok.add_tokens([f"<i{i}>" for i in range(PlannerSettings().traj_vocab_size)])
-    tok.add_tokens([f"<|{m}|>" for m in ALPAMAYO_MARKERS], special_tokens=True)
     tok.chat_template = qwen3vl_chat_template()
     return tok
 
 
-def demo_config(tokenizer: Any) -> dict[str, Any]:
-    """config.json of the demo checkpoint (Alpamayo layout) for `tokenizer`'s vocabulary."""
+def vlm_config(tokenizer: Any, vocab_size: int | None = None) -> dict[str, Any]:
+    """The tiny Qwen3-VL config (hub spelling) for `tokenizer`'s special ids; `vocab_size` embedding rows
+    (default: one per token)."""
     ids = tokenizer.convert_tokens_to_ids
-    planner = PlannerSettings()
-    future, history = planner.future, planner.history
     text = dict(
         DEMO_TEXT,
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         eos_token_id=ids("<|im_end|>"),
         pad_token_id=ids("<|endoftext|>"),
         bos_token_id=None,
         tie_word_embeddings=False,
     )
     return {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "text_config": text,
+        "vision_config": dict(DEMO_VISION, out_hidden_size=DEMO_TEXT["hidden_size"]),
+        "image_token_id": ids("<|image_pad|>"),
+        "video_token_id": ids("<|video_pad|>"),
+        "vision_start_token_id": ids("<|vision_start|>"),
+        "vision_end_token_id": ids("<|vision_end|>"),
+        "tie_word_embeddings": False,
+    }
+
+
+def demo_config(tokenizer: Any) -> dict[str, Any]:
+    """config.json of the demo checkpoint (the project's layout) for `tokenizer`'s vocabulary."""
+    planner = PlannerSettings()
+    future, history = planner.future, planner.history
+    return {
         "model_type": "alpamayo_demo",
-        "vlm_config": {
-            "architectures": ["Qwen3VLForConditionalGeneration"],
-            "model_type": "qwen3_vl",
-            "text_config": text,
-            "vision_config": dict(DEMO_VISION, out_hidden_size=DEMO_TEXT["hidden_size"]),
-            "image_token_id": ids("<|image_pad|>"),
-            "video_token_id": ids("<|video_pad|>"),
-            "vision_start_token_id": ids("<|vision_start|>"),
-            "vision_end_token_id": ids("<|vision_end|>"),
-            "tie_word_embeddings": False,
-        },
+        "vlm_config": vlm_config(tokenizer),
         "traj_vocab_size": planner.traj_vocab_size,
         "tokens_per_history_traj": history.num_tokens,
         "tokens_per_future_traj": planner.tokens_per_future,
@@ -219,13 +225,18 @@ def randomize_weights(model: torch.nn.Module, seed: int) -> None:
     or bias in a golden test.)"""
     g = torch.Generator().manual_seed(seed)
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if p.ndim == 1 and "norm" in name and name.endswith("weight"):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-        elif p.ndim == 1:
-            p.copy_(0.05 * torch.randn(p.shape, generator=g))
-        else:
-            fan_in = p.shape[-1] if p.ndim != 5 else math.prod(p.shape[1:])
-            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+        p.copy_(random_tensor(name, p.shape, g))
+
+
+def random_tensor(name: str, shape: Sequence[int], g: torch.Generator) -> torch.Tensor:
+    """One float32 tensor by `randomize_weights`' rule for parameter `name` (a norm weight, a bias, a matrix)."""
+    shape = tuple(shape)
+    if len(shape) == 1 and "norm" in name and name.endswith("weight"):
+        return 1.0 + 0.1 * torch.randn(shape, generator=g)
+    if len(shape) == 1:
+        return 0.05 * torch.randn(shape, generator=g)
+    fan_in = shape[-1] if len(shape) != 5 else math.prod(shape[1:])
+    return torch.randn(shape, generator=g) / math.sqrt(fan_in)
 
 
 def hf_vlm(vlm_config: dict[str, Any]) -> torch.nn.Module:
@@ -243,45 +254,68 @@ def demo_weights(vlm_config: dict[str, Any], seed: int) -> dict[str, torch.Tenso
     return {f"vlm.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def make_demo_checkpoint(out: str | Path, seed: int = 0) -> Path:
-    """Write the demo checkpoint into `out` (a new or empty directory); returns its path."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
+def check_output_dir(out: Path, what: str = "the demo checkpoint") -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out}: the demo checkpoint needs a new or empty directory; this one is not empty")
+        raise ValueError(f"{out}: {what} needs a new or empty directory; this one is not empty")
+
+
+def make_demo_checkpoint(
+    out: str | Path, seed: int = 0, layout: str = "demo", base_model_out: str | Path | None = None
+) -> Path:
+    """Write the demo checkpoint into `out` (a new or empty directory) in `layout` (`LAYOUTS`); returns its
+    path. R1 / 1.5 layouts also write their base model, into `base_model_out` (default: `<out>-base` beside
+    `out`), which config.json's `vlm_name_or_path` names relative to `out`."""
+    out = Path(out)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown demo checkpoint layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+    check_output_dir(out)
     if not 0 <= seed < 2**63:
         raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    if layout != "demo":
+        from alpamayo.demo_release import make_release_checkpoint
+
+        return make_release_checkpoint(out, seed, layout, base_model_out)
+    from safetensors.torch import save_file
+
     tokenizer = build_tokenizer()
     config = demo_config(tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out)
-    _write_json(out / "config.json", config)
-    eos = [
-        config["vlm_config"]["text_config"]["eos_token_id"],
-        tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-    ]
-    _write_json(out / "generation_config.json", {"eos_token_id": eos, "pad_token_id": eos[1]})
-    _write_json(out / "preprocessor_config.json", PREPROCESSOR)
+    write_json(out / "config.json", config)
+    write_json(out / "generation_config.json", generation_config(tokenizer))
+    write_json(out / "preprocessor_config.json", PREPROCESSOR)
     save_file(
         demo_weights(config["vlm_config"], seed), str(out / "model.safetensors"), metadata={"format": "pt"}
     )
     return out
 
 
-def token_layout(tokenizer: Any) -> list[tuple[str, int, int]]:
-    """(what, first id, last id) of each contiguous block of the demo vocabulary, for notes and reports."""
+def generation_config(tokenizer: Any) -> dict[str, Any]:
+    """generation_config.json: Qwen3-VL's EOS ids (`<|im_end|>`, `<|endoftext|>`) and pad id."""
+    eos = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    return {"eos_token_id": eos, "pad_token_id": eos[1]}
+
+
+def token_layout(tokenizer: Any, history_first: bool = False) -> list[tuple[str, int, int]]:
+    """(what, first id, last id) of each contiguous block of the demo vocabulary, for notes and reports;
+    `history_first`: the history bins come first among the `<iN>` (Alpamayo 2 Super)."""
     ids = tokenizer.convert_tokens_to_ids
     planner = PlannerSettings()
-    n_traj, n_future = planner.traj_vocab_size, planner.future.num_bins
+    blocks = [("future bins", planner.future.num_bins), ("history bins", planner.history.num_bins)]
+    first = 0
+    bins = []
+    for what, n in reversed(blocks) if history_first else blocks:
+        bins.append(
+            (f"{what} <i{first}>..<i{first + n - 1}>", ids(f"<i{first}>"), ids(f"<i{first + n - 1}>"))
+        )
+        first += n
     return [
         ("byte-level BPE (alphabet + merges)", 0, BPE_VOCAB_SIZE - 1),
         ("Qwen added tokens <|endoftext|>..</think>", ids("<|endoftext|>"), ids("</think>")),
-        (f"future bins <i0>..<i{n_future - 1}>", ids("<i0>"), ids(f"<i{n_future - 1}>")),
-        (f"history bins <i{n_future}>..<i{n_traj - 1}>", ids(f"<i{n_future}>"), ids(f"<i{n_traj - 1}>")),
+        *bins,
         ("Alpamayo markers <|prompt_start|>..<|answer_end|>", ids("<|prompt_start|>"), ids("<|answer_end|>")),
     ]

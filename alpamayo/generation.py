@@ -30,7 +30,18 @@ class ForkableLM(Protocol):
 def greedy_continue(
     model: CausalLM, first_logits: torch.Tensor, max_new_tokens: int, stop_ids: Iterable[int] = ()
 ) -> list[int]:
-    """Greedy tokens after a prefill whose last-position logits are `first_logits` [V].
+    """Greedy tokens after a prefill whose last-position logits are `first_logits` [V] (`sample_continue`)."""
+    return sample_continue(model, first_logits, TokenSampler(Sampling(), [0]), max_new_tokens, stop_ids)
+
+
+def sample_continue(
+    model: CausalLM,
+    first_logits: torch.Tensor,
+    sampler: TokenSampler,
+    max_new_tokens: int,
+    stop_ids: Iterable[int] = (),
+) -> list[int]:
+    """Tokens drawn by the one-row `sampler` after a prefill whose last-position logits are `first_logits` [V].
 
     Stops after `max_new_tokens` or after emitting a stop id (which is included, as `generate` does).
     """
@@ -38,7 +49,7 @@ def greedy_continue(
     tokens: list[int] = []
     logits = first_logits
     while len(tokens) < max_new_tokens:
-        token = int(torch.argmax(logits))
+        token = int(sampler(logits.reshape(1, -1))[0])
         tokens.append(token)
         if token in stop or len(tokens) == max_new_tokens:
             break
@@ -48,27 +59,48 @@ def greedy_continue(
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the next token is chosen: greedy (temperature 0) or softmax(logits / temperature) over the top-p
-    nucleus. Alpamayo samples its reasoning with temperature 0.6 and top_p 0.98."""
+    """How the next token is chosen: greedy (temperature 0) or softmax(logits / temperature) over the top_k most
+    probable tokens (None: all) and then their top-p nucleus, in transformers' order. NVIDIA samples every
+    released Alpamayo with temperature 0.6, top_p 0.98 and no top_k."""
 
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be None (no limit) or an integer >= 1, got {self.top_k!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def override(
+        self, temperature: float | None = None, top_p: float | None = None, top_k: int | None = None
+    ) -> Sampling:
+        """These settings with the values that are given (not None) replaced: a command line's flags over a
+        model family's defaults."""
+        return Sampling(
+            self.temperature if temperature is None else temperature,
+            self.top_p if top_p is None else top_p,
+            self.top_k if top_k is None else top_k,
+        )
 
-def nucleus_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """logits [B, V] / temperature, with -inf outside the top-p nucleus: the most probable tokens whose mass
-    reaches top_p (a token is dropped once the more probable tokens already hold top_p; the top one is kept)."""
+
+def nucleus_logits(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int | None = None
+) -> torch.Tensor:
+    """logits [B, V] / temperature, with -inf outside the top_k most probable tokens (ties at the k-th value
+    kept, as transformers does) and then outside the top-p nucleus: the most probable tokens whose mass reaches
+    top_p (a token is dropped once the more probable tokens already hold top_p; the top one is kept)."""
     scaled = logits.float() / temperature
+    if top_k is not None and top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p >= 1:
         return scaled
     probs, order = torch.sort(scaled.softmax(dim=-1), dim=-1, descending=True)
@@ -105,7 +137,8 @@ class TokenSampler:
             raise ValueError(f"expected logits [{len(self.generators)}, V], got {list(logits.shape)}")
         if self.sampling.greedy:
             return torch.argmax(logits, dim=-1)
-        probs = nucleus_logits(logits, self.sampling.temperature, self.sampling.top_p).softmax(dim=-1).cpu()
+        s = self.sampling
+        probs = nucleus_logits(logits, s.temperature, s.top_p, s.top_k).softmax(dim=-1).cpu()
         return torch.cat(
             [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators, strict=True)]
         )

@@ -63,6 +63,18 @@ class Prediction:
         return self.samples[0]
 
 
+@dataclass
+class Answer:
+    """The answer to a question about the camera frames (`AlpamayoVLA.ask`): its text (up to
+    `<|answer_end|>`, specials dropped), the generated token ids, whether the length cap ended it first, and
+    the stage timings in ms."""
+
+    text: str
+    token_ids: list[int]
+    capped: bool
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
 class Predictor(Protocol):
     """What the node and replay call once per tick (implemented by `AlpamayoVLA`).
 

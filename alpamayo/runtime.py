@@ -2,6 +2,7 @@
 
     vla = AlpamayoVLA.from_checkpoint(ckpt_dir, BackendOptions(dtype=torch.bfloat16))
     prediction = vla.predict(frames, ego_history, frame_times_ns=times)   # alpamayo.prediction.Prediction
+    answer = vla.ask(frames, "Is there a pedestrian?")                    # VQA (Alpamayo 1.5 / 2 Super)
 
 One prediction: validate the inputs; ego history -> t0 frame -> 48 history tokens; vision features for every
 frame (cached per (camera, start-of-frame time), so at a 10 Hz tick only each camera's newest frame is
@@ -20,16 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from alpamayo.backends import TORCH_CPU, BackendOptions
-from alpamayo.generation import Sampling, TokenSampler
-from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory, Prediction
+from alpamayo.families.loader import model_tokenizer
+from alpamayo.families.registry import Family
+from alpamayo.generation import Sampling, TokenSampler, sample_continue
+from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
-from alpamayo.tokenizer import load_tokenizer
 from alpamayo.trajectory_generation import generate_plans
 from alpamayo.vlm import ImageFeatures, VisionLanguageModel
 from planner.pipeline import Planner
 from vision.preprocess import check_image_size, preprocess_images
 
-GREEDY = Sampling()
 # Cache positions are allocated in steps of this many, so a prompt that grows by a few tokens between ticks
 # (route text) does not reallocate the KV cache.
 CACHE_STEP = 256
@@ -102,7 +103,7 @@ class AlpamayoVLA:
         vlm: VisionLanguageModel,
         planner: Planner,
         tracer: Tracer | None = None,
-        sampling: Sampling = GREEDY,
+        sampling: Sampling | None = None,
         max_reasoning_tokens: int = 256,
         precision: str = "float32",
     ):
@@ -110,7 +111,7 @@ class AlpamayoVLA:
         # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
         self.tracer = tracer or Tracer(max_spans=10_000)
         vlm.trace_into(self.tracer)
-        self.sampling = sampling
+        self.sampling = sampling or self.family.sampling
         self.limits = planner.limits(max_reasoning_tokens)
         self.cache = FeatureCache(capacity=0)
         self.frames_encoded = 0  # vision forwards run since construction (the frame cache's misses)
@@ -123,18 +124,36 @@ class AlpamayoVLA:
         directory: str | Path,
         options: BackendOptions = TORCH_CPU,
         tracer: Tracer | None = None,
-        sampling: Sampling = GREEDY,
+        sampling: Sampling | None = None,
         max_reasoning_tokens: int = 256,
+        base_model: str | Path | None = None,
     ) -> AlpamayoVLA:
-        """Load an Alpamayo (or plain Qwen3-VL plus trajectory vocabulary) checkpoint directory.
+        """Load a checkpoint directory of any family (`alpamayo.families`): an Alpamayo release (R1, 1.5,
+        2 Super), the project's layout, or a plain Qwen3-VL plus trajectory vocabulary. `base_model`: the
+        R1 / 1.5 base-model directory where `vlm_name_or_path` is not found locally. `sampling` None takes the
+        family's default (the released models: temperature 0.6, top_p 0.98; the project's layouts: greedy).
 
         The torch backend runs on `options.device` in `options.dtype`; ttnn runs the vision tower and the text
         backbone on one Blackhole p150 with the precision `options.recipe` (one sample per prediction). Either
         way only frames not seen before are encoded (`FeatureCache`).
         """
-        vlm = VisionLanguageModel.from_checkpoint(directory, options)
-        planner = Planner.from_config(vlm.config, load_tokenizer(directory))
+        vlm = VisionLanguageModel.from_checkpoint(directory, options, base_model=base_model)
+        planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
         return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision)
+
+    @property
+    def family(self) -> Family:
+        """The checkpoint's model family (decides the prompt, the token order and the defaults)."""
+        return self.vlm.config.family
+
+    def model_line(self) -> str:
+        """What predict, serve and replay print first: the model family and how it decodes."""
+        s = self.sampling
+        top_k = "all" if s.top_k is None else s.top_k
+        decoding = (
+            "greedy" if s.greedy else f"temperature {s.temperature:g}, top_p {s.top_p:g}, top_k {top_k}"
+        )
+        return f"model family: {self.family.title} ({self.family.name}); decoding: {decoding}"
 
     def close(self) -> None:
         """Release device resources (the ttnn backend's trace and device)."""
@@ -159,8 +178,9 @@ class AlpamayoVLA:
         frame_times_ns: Mapping[int, Sequence[int]] | None = None,
         sampling: Sampling | None = None,
     ) -> Prediction:
-        """See `alpamayo.prediction.Predictor`. Greedy unless `sampling` (or the model's default) samples;
-        K > 1 samples need a temperature > 0, and with a seed the result is reproducible."""
+        """See `alpamayo.prediction.Predictor`. `sampling` defaults to the model's (`self.sampling`: the
+        family's unless given at construction); K > 1 samples need a temperature > 0, and with a seed the
+        result is reproducible."""
         sampling = sampling or self.sampling
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
@@ -191,6 +211,44 @@ class AlpamayoVLA:
         with self.tracer.span("rollout", samples=num_samples):
             samples = self.planner.samples(plans, history)
         return Prediction(samples=samples, timings_ms=self.tracer.totals_ms(mark))
+
+    def ask(
+        self,
+        frames: Mapping[int, Sequence[np.ndarray]],
+        question: str,
+        seed: int | None = None,
+        frame_times_ns: Mapping[int, Sequence[int]] | None = None,
+        sampling: Sampling | None = None,
+        max_new_tokens: int = 256,
+    ) -> Answer:
+        """Answer `question` about the frames (VQA; Alpamayo 1.5, 2 Super and the project's layout): the
+        images, `<|question_start|>question<|question_end|>`, the assistant prefilled with `<|answer_start|>`;
+        tokens are drawn with `sampling` (default: the model's) until `<|answer_end|>`, an EOS id or
+        `max_new_tokens` (NVIDIA's `generate_text` default, 256)."""
+        if not self.family.vqa:
+            raise ValueError(
+                f"{self.vlm.config.source}: {self.family.title} checkpoints do not answer questions "
+                "(VQA is trained into Alpamayo 1.5 and 2 Super)"
+            )
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        cameras = check_frames(frames, frame_times_ns)
+        mark = self.tracer.mark()
+        prompt = self.planner.vqa_prompt(cameras, FRAMES_PER_CAMERA, question)
+        features = self._features(frames, frame_times_ns, prompt.images)
+        ids = self.vlm.expand_image_pads(prompt.token_ids, features)
+        self._ensure_cache(len(ids) + max_new_tokens, 1)
+        with self.tracer.span("prefill", tokens=len(ids)):
+            logits = self.vlm.prefill(ids, features)
+        self.vlm.fork(1)
+        end = self.planner.vocab.marker("answer_end")
+        sampler = TokenSampler.for_request(sampling or self.sampling, seed, 1)
+        with self.tracer.span("answer_decode"):
+            tokens = sample_continue(
+                self.vlm, logits, sampler, max_new_tokens, [end, *self.vlm.config.eos_token_ids]
+            )
+        capped = len(tokens) == max_new_tokens and tokens[-1] != end
+        return Answer(self.planner.answer_text(tokens), tokens, capped, self.tracer.totals_ms(mark))
 
     def _features(
         self,

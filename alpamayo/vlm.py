@@ -25,6 +25,7 @@ from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_text_
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.errors import ConfigError
+from alpamayo.families.loader import check_checkpoint
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from alpamayo.profiling import Tracer
 from vision.encoder import VisionEncoder
@@ -55,19 +56,24 @@ class VisionLanguageModel:
         options: BackendOptions = TORCH_CPU,
         weights: Checkpoint | None = None,
         cfg: ModelConfig | None = None,
+        base_model: str | Path | None = None,
     ) -> VisionLanguageModel:
-        """HF or Alpamayo checkpoint directory (config.json, safetensors, optional preprocessor_config.json;
+        """Checkpoint directory of any family (config.json, safetensors, optional preprocessor_config.json;
         an Alpamayo config.json's top-level `min_pixels` / `max_pixels` override the latter's, as in Alpamayo).
+        R1 / 1.5 take the config, tokenizer and preprocessor_config.json from their base model: `base_model`
+        (a directory), else the one `vlm_name_or_path` names (`alpamayo.families.base_model`).
 
         `options` chooses the backend of the text backbone and the vision tower (default: torch, float32, CPU);
         with ttnn both run on the one Blackhole device. `weights` serves the tensors instead of
         the directory's files and `cfg` replaces its config.json (e.g. `alpamayo.tt.quantized.
         QuantizedCheckpoint` and its `config`: the model as a precision recipe rounds it).
         """
-        cfg = cfg or load_config(directory)
+        cfg = cfg or load_config(directory, base_model)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
-        pre = PreprocessConfig.from_checkpoint(directory).with_pixel_bounds(cfg.extra, cfg.source)
+        pre = PreprocessConfig.from_checkpoint(cfg.base_model or directory).with_pixel_bounds(
+            cfg.extra, cfg.source
+        )
         v = cfg.vision
         model_side = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
         if (pre.patch_size, pre.merge_size, pre.temporal_patch_size) != model_side:
@@ -76,6 +82,7 @@ class VisionLanguageModel:
                 f"{(pre.patch_size, pre.merge_size, pre.temporal_patch_size)} differ from vision_config's {model_side}"
             )
         ckpt = weights or Checkpoint(directory, cfg.weight_prefix)
+        check_checkpoint(ckpt, cfg)
         text = load_text_model(ckpt, cfg, options)
         try:
             vision = load_vision_encoder(ckpt, cfg, options, text)

@@ -45,6 +45,7 @@ class ModelSection:
     """What to load and how to call it (`AlpamayoVLA.from_checkpoint`, `predict`)."""
 
     checkpoint: str | None = None
+    base_model: str | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
     backend: str = "torch"
     device: str = "cpu"  # torch backend
     dtype: str = "float32"  # torch backend
@@ -54,8 +55,11 @@ class ModelSection:
     route: str | None = None  # navigation text passed to every prediction
     num_samples: int = 1
     seed: int | None = None
-    temperature: float = 0.0  # 0 = greedy; Alpamayo samples its reasoning at 0.6
-    top_p: float = 1.0
+    # Decoding; None takes the model family's default (Alpamayo R1 / 1.5 / 2 Super: temperature 0.6, top_p 0.98;
+    # the project's layouts: greedy). temperature 0 = greedy.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     max_reasoning_tokens: int = 256  # after this many, <|traj_future_start|> is forced
 
     def __post_init__(self) -> None:
@@ -68,8 +72,16 @@ class ModelSection:
             f"{', '.join(PRESETS)} or an existing recipe YAML file",
         )
         _check(1 <= self.num_samples <= 64, "model.num_samples", self.num_samples, "1..64")
-        _check(0 <= self.temperature <= 10, "model.temperature", self.temperature, "0 (greedy) .. 10")
-        _check(0 < self.top_p <= 1, "model.top_p", self.top_p, "(0, 1]")
+        _check(
+            self.temperature is None or 0 <= self.temperature <= 10,
+            "model.temperature",
+            self.temperature,
+            "0 (greedy) .. 10, or null for the model family's default",
+        )
+        _check(self.top_p is None or 0 < self.top_p <= 1, "model.top_p", self.top_p, "(0, 1] or null")
+        _check(
+            self.top_k is None or self.top_k >= 1, "model.top_k", self.top_k, ">= 1, or null for all tokens"
+        )
         _check(
             1 <= self.max_reasoning_tokens <= 4096,
             "model.max_reasoning_tokens",
@@ -77,7 +89,7 @@ class ModelSection:
             "1..4096",
         )
         _check(
-            self.num_samples == 1 or self.temperature > 0,
+            self.num_samples == 1 or self.temperature != 0,
             "model.num_samples",
             self.num_samples,
             "1 with greedy decoding (set model.temperature > 0 to draw several samples)",

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from alpamayo.config import ModelConfig
+from alpamayo.families.registry import DEMO, Family
 from alpamayo.prediction import EgoHistory, TrajectorySample
 from alpamayo.trajectory_generation import GeneratedPlan, PlanLimits
 from planner.action_space import UnicycleActionSpace
 from planner.ego_frame import LocalHistory, to_t0_frame
-from planner.prompt import DrivingPrompt, PromptSettings, build_prompt
+from planner.prompt import DrivingPrompt, PromptSettings, build_prompt, build_vqa_prompt
 from planner.settings import PlannerSettings
 from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab
 
@@ -33,11 +34,12 @@ class Planner:
         settings: PlannerSettings | None = None,
         prompt_settings: PromptSettings | None = None,
         vocab_size: int | None = None,
+        family: Family = DEMO,
     ):
         settings = settings or PlannerSettings()
-        self.tokenizer, self.settings = tokenizer, settings
+        self.tokenizer, self.settings, self.family = tokenizer, settings, family
         self.prompt_settings = prompt_settings or PromptSettings()
-        self.vocab = TrajectoryVocab.from_tokenizer(tokenizer, settings, vocab_size)
+        self.vocab = TrajectoryVocab.from_tokenizer(tokenizer, settings, vocab_size, family.history_first)
         self.history_tokenizer = HistoryTokenizer(settings.history)
         self.future_tokenizer = FutureTokenizer(settings.future, settings.action_space)
         self.action_space = UnicycleActionSpace(settings.action_space)
@@ -51,6 +53,7 @@ class Planner:
             PlannerSettings.from_config(cfg),
             PromptSettings.from_config(cfg),
             cfg.text.vocab_size,
+            cfg.family,
         )
 
     def limits(self, max_reasoning_tokens: int = PlanLimits.max_reasoning_tokens) -> PlanLimits:
@@ -74,10 +77,25 @@ class Planner:
             self.added_tokens,
         )
 
+    def vqa_prompt(self, cameras: Sequence[int], frames_per_camera: int, question: str) -> DrivingPrompt:
+        """The question prompt over the same images (ends with `<|answer_start|>`)."""
+        return build_vqa_prompt(
+            self.tokenizer, cameras, frames_per_camera, question, self.prompt_settings, self.added_tokens
+        )
+
     def reasoning_text(self, token_ids: Sequence[int]) -> str:
-        """The chain-of-causation text: the reasoning tokens up to `<|cot_end|>`, specials dropped, stripped."""
+        """The chain-of-causation text, specials dropped, stripped: the reasoning tokens up to `<|cot_end|>`
+        (R1 / 1.5 and the project's layouts), or all of them (Super: plain text up to `<|traj_future_start|>`,
+        which the generation loop already leaves out)."""
+        return self._text_until(token_ids, self.family.reasoning_end)
+
+    def answer_text(self, token_ids: Sequence[int]) -> str:
+        """A VQA answer: the generated tokens up to `<|answer_end|>`, specials dropped, stripped."""
+        return self._text_until(token_ids, "answer_end")
+
+    def _text_until(self, token_ids: Sequence[int], end_marker: str | None) -> str:
         ids = list(token_ids)
-        end = self.vocab.marker("cot_end")
+        end = self.tokenizer.convert_tokens_to_ids(f"<|{end_marker}|>") if end_marker else None
         if end in ids:
             ids = ids[: ids.index(end)]
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()

@@ -1,12 +1,19 @@
-"""The Alpamayo driving prompt (`helper.create_message` of Alpamayo 1 / 1.5), rendered by the checkpoint's chat
-template.
+"""The Alpamayo driving prompt (`helper.create_message` of Alpamayo 1 / 1.5, `build_conversation` of Alpamayo 2
+Super) and its VQA prompt (`helper.create_vqa_message`), rendered by the checkpoint's chat template.
 
     system:    "You are a driving assistant that generates safe and accurate actions."
     user:      per camera in camera-index order: ["<camera name>: "] then per frame ["frame i "] <image>;
                <|traj_history_start|> 48 x <|traj_history|> <|traj_history_end|>
-               [<|route_start|>route text<|route_end|>]
+               [<|route_start|>route text<|route_end|>]      (Super: the raw route text, its own item)
                "output the chain-of-thought reasoning of the driving process, then output the future trajectory."
-    assistant: "<|cot_start|>", continued (continue_final_message)
+    assistant: "<|cot_start|>", continued (continue_final_message); Super: none, the prompt ends with the
+               generation prompt `<|im_start|>assistant\n` and the model writes plain-text reasoning.
+
+VQA: the same images, then `<|question_start|>question<|question_end|>` (no history), assistant
+`<|answer_start|>` continued. Which labels precede the images is the family's (`PromptSettings.from_config`):
+R1 none, 1.5 both whenever camera indices are known (as NVIDIA's helper, whatever the config flags say), Super
+from its `include_camera_ids` / `frame_label`, the project's layouts from `include_camera_ids` /
+`include_frame_nums`.
 
 Each image renders as one `<|image_pad|>` (inside <|vision_start|>..<|vision_end|>); the VLM expands it to the
 image's merged-patch count. The `<|traj_history|>` placeholders are replaced by the history bin tokens.
@@ -21,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from alpamayo.config import ModelConfig
+from alpamayo.errors import ConfigError
 from alpamayo.json_fields import Fields
 from alpamayo.tokenizer import chat_prompt_ids, qwen3vl_chat_template
 from planner.checks import require_bins
@@ -45,16 +53,33 @@ IMAGE_PAD = "<|image_pad|>"
 
 @dataclass(frozen=True)
 class PromptSettings:
-    """Which labels precede the images: Alpamayo 1.5 writes both, Alpamayo 1 neither."""
+    """Which labels precede the images (Alpamayo 1.5 writes both, Alpamayo 1 neither), whether the assistant
+    turn is prefilled with `<|cot_start|>` and whether route text goes inside route tokens (Super: neither)."""
 
     camera_labels: bool = True
     frame_labels: bool = True
+    cot_prefill: bool = True
+    route_tokens: bool = True
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> PromptSettings:
-        """From the checkpoint's `include_camera_ids` / `include_frame_nums` keys (both default true)."""
-        extra = Fields(cfg.extra, "", cfg.source)
-        return cls(extra.bool("include_camera_ids", True), extra.bool("include_frame_nums", True))
+        """The family's policy (see the module docstring); "config" labels read `include_camera_ids` (default
+        true) and `include_frame_nums` (default true) or, where the config has it, Super's `frame_label`."""
+        family, extra = cfg.family, Fields(cfg.extra, "", cfg.source)
+        camera = {"always": True, "never": False}.get(family.camera_labels)
+        frame = {"always": True, "never": False}.get(family.frame_labels)
+        if camera is None:
+            camera = extra.bool("include_camera_ids", True)
+        if frame is None and extra.has("frame_label"):
+            label = extra.str("frame_label")
+            if label not in ("frame_num", "none"):
+                raise ConfigError(
+                    f"{cfg.source}: field 'frame_label' = {label!r} is not supported; allowed: 'frame_num', 'none'"
+                )
+            frame = label == "frame_num"
+        if frame is None:
+            frame = extra.bool("include_frame_nums", True)
+        return cls(camera, frame, family.cot_prefill, family.route_tokens)
 
 
 @dataclass(frozen=True)
@@ -81,14 +106,8 @@ def _check_cameras(cameras: Sequence[int], frames_per_camera: int) -> list[int]:
     return ordered
 
 
-def driving_messages(
-    cameras: Sequence[int],
-    frames_per_camera: int,
-    num_history_tokens: int,
-    route: str | None = None,
-    settings: PromptSettings = PromptSettings(),
-) -> list[dict[str, Any]]:
-    """The chat messages of one driving prompt; images are `{"type": "image"}` items in camera-index order."""
+def _image_items(cameras: Sequence[int], frames_per_camera: int, settings: PromptSettings) -> list[dict]:
+    """One `{"type": "image"}` item per frame, cameras in index order, with the labels `settings` asks for."""
     content: list[dict[str, Any]] = []
     for camera in _check_cameras(cameras, frames_per_camera):
         if settings.camera_labels:
@@ -97,26 +116,82 @@ def driving_messages(
             if settings.frame_labels:
                 content.append({"type": "text", "text": f"frame {frame} "})
             content.append({"type": "image"})
+    return content
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def driving_messages(
+    cameras: Sequence[int],
+    frames_per_camera: int,
+    num_history_tokens: int,
+    route: str | None = None,
+    settings: PromptSettings = PromptSettings(),
+) -> list[dict[str, Any]]:
+    """The chat messages of one driving prompt; images are `{"type": "image"}` items in camera-index order.
+    Without `cot_prefill` there is no assistant message (render with add_generation_prompt)."""
+    content = _image_items(cameras, frames_per_camera, settings)
     history = marker("traj_history") * num_history_tokens
-    text = marker("traj_history_start") + history + marker("traj_history_end")
+    content.append(_text(marker("traj_history_start") + history + marker("traj_history_end")))
     if route is not None:
-        text += marker("route_start") + route + marker("route_end")
-    content.append({"type": "text", "text": text + INSTRUCTION})
+        content.append(
+            _text(marker("route_start") + route + marker("route_end") if settings.route_tokens else route)
+        )
+    content.append(_text(INSTRUCTION))
+    messages = [{"role": "system", "content": [_text(SYSTEM_PROMPT)]}, {"role": "user", "content": content}]
+    if settings.cot_prefill:
+        messages.append({"role": "assistant", "content": [_text(marker("cot_start"))]})
+    return messages
+
+
+def vqa_messages(
+    cameras: Sequence[int], frames_per_camera: int, question: str, settings: PromptSettings = PromptSettings()
+) -> list[dict[str, Any]]:
+    """The chat messages of a question about the frames: images, `<|question_start|>q<|question_end|>`, and the
+    assistant prefilled with `<|answer_start|>` (no history block), as NVIDIA's `create_vqa_message`."""
+    content = _image_items(cameras, frames_per_camera, settings)
+    content.append(_text(marker("question_start") + question + marker("question_end")))
     return [
-        {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
+        {"role": "system", "content": [_text(SYSTEM_PROMPT)]},
         {"role": "user", "content": content},
-        {"role": "assistant", "content": [{"type": "text", "text": marker("cot_start")}]},
+        {"role": "assistant", "content": [_text(marker("answer_start"))]},
     ]
 
 
-def _check_route(added_tokens: Collection[str], route: str) -> None:
-    """Route text must be plain text: an added token inside it (a marker, `<|image_pad|>`, `<i12>`) would
-    change the prompt's structure."""
-    if not isinstance(route, str) or not route.strip():
-        raise ValueError(f"route must be non-empty text, got {route!r}")
-    inside = sorted({t for t in added_tokens if t in route})
+def _check_plain_text(added_tokens: Collection[str], text: str, what: str = "route") -> None:
+    """Route text and questions must be plain text: an added token inside (a marker, `<|image_pad|>`, `<i12>`)
+    would change the prompt's structure."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{what} must be non-empty text, got {text!r}")
+    inside = sorted({t for t in added_tokens if t in text})
     if inside:
-        raise ValueError(f"route text {route!r} contains the reserved token(s) {inside}; pass plain text")
+        raise ValueError(f"{what} text {text!r} contains the reserved token(s) {inside}; pass plain text")
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], continued: bool) -> np.ndarray:
+    # Alpamayo takes its processor, chat template included, from Qwen3-VL's hub files, so its checkpoint's
+    # tokenizer may have no template; Qwen3-VL's then renders the prompt.
+    return np.array(
+        chat_prompt_ids(
+            tokenizer,
+            messages,
+            add_generation_prompt=not continued,
+            continue_final_message=continued,
+            fallback_template=qwen3vl_chat_template(),
+        )
+    )
+
+
+def _checked_images(
+    tokenizer: Any, ids: np.ndarray, cameras: Sequence[int], frames: int
+) -> list[tuple[int, int]]:
+    images = [(c, f) for c in sorted(cameras) for f in range(frames)]
+    n_pads = int((ids == tokenizer.convert_tokens_to_ids(IMAGE_PAD)).sum())
+    if n_pads != len(images):
+        raise ValueError(f"the rendered prompt has {n_pads} {IMAGE_PAD} tokens for {len(images)} images")
+    return images
 
 
 def build_prompt(
@@ -138,19 +213,9 @@ def build_prompt(
     history_bins = np.asarray(history_bins)
     history_bins = require_bins("history_bins", history_bins, len(history_bins), len(vocab.history_ids))
     if route is not None:
-        _check_route(tokenizer.get_added_vocab() if added_tokens is None else added_tokens, route)
+        _check_plain_text(tokenizer.get_added_vocab() if added_tokens is None else added_tokens, route)
     messages = driving_messages(cameras, frames_per_camera, len(history_bins), route, settings)
-    # Alpamayo takes its processor, chat template included, from Qwen3-VL's hub files, so its checkpoint's
-    # tokenizer may have no template; Qwen3-VL's then renders the prompt.
-    ids = np.array(
-        chat_prompt_ids(
-            tokenizer,
-            messages,
-            add_generation_prompt=False,
-            continue_final_message=True,
-            fallback_template=qwen3vl_chat_template(),
-        )
-    )
+    ids = _render(tokenizer, messages, continued=settings.cot_prefill)
     slots = np.flatnonzero(ids == vocab.marker("traj_history"))
     if len(slots) != len(history_bins):
         raise ValueError(
@@ -158,8 +223,23 @@ def build_prompt(
             f"{len(history_bins)} history tokens; the chat template must keep text items verbatim"
         )
     ids[slots] = vocab.history_ids[history_bins]
-    images = [(c, f) for c in sorted(cameras) for f in range(frames_per_camera)]
-    n_pads = int((ids == tokenizer.convert_tokens_to_ids(IMAGE_PAD)).sum())
-    if n_pads != len(images):
-        raise ValueError(f"the rendered prompt has {n_pads} {IMAGE_PAD} tokens for {len(images)} images")
+    images = _checked_images(tokenizer, ids, cameras, frames_per_camera)
     return DrivingPrompt(token_ids=ids.tolist(), images=images)
+
+
+def build_vqa_prompt(
+    tokenizer: Any,
+    cameras: Sequence[int],
+    frames_per_camera: int,
+    question: str,
+    settings: PromptSettings = PromptSettings(),
+    added_tokens: Collection[str] | None = None,
+) -> DrivingPrompt:
+    """Render the VQA prompt (`vqa_messages`): token ids ending with `<|answer_start|>`, one pad per image."""
+    _check_plain_text(
+        tokenizer.get_added_vocab() if added_tokens is None else added_tokens, question, "question"
+    )
+    ids = _render(tokenizer, vqa_messages(cameras, frames_per_camera, question, settings), continued=True)
+    return DrivingPrompt(
+        token_ids=ids.tolist(), images=_checked_images(tokenizer, ids, cameras, frames_per_camera)
+    )

@@ -8,7 +8,10 @@ Keys (Alpamayo 1 / 1.5 `config.json` spelling; every one optional, defaults are 
                             accel_bounds, curvature_bounds, v/theta/a/kappa _lambda and _ridge}
   tokens_per_future_traj 128, tokens_per_history_traj 48, traj_vocab_size 4000 (checked when present)
 `traj_tokenizer_cfg.action_space_cfg` (what the discrete tokenizer was trained with) overrides the top-level
-`action_space_cfg` key by key.
+`action_space_cfg` key by key. Alpamayo 2 Super spells the future tokenizer `future_traj_tokenizer_cfg`, keeps
+its action space under `expert_config.action_space_cfg` and states `history_vocab_size` / `future_vocab_size`
+(checked against the bins); the family (`alpamayo.families.Family`) says which spelling a checkpoint uses.
+Hydra `_target_` / `_recursive_` keys are ignored: the settings are read as data.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
+from alpamayo.families.registry import DEMO, Family
 from alpamayo.json_fields import Fields
 from alpamayo.prediction import DT_S, FUTURE_STEPS, HISTORY_STEPS
 
@@ -88,7 +92,7 @@ class PlannerSettings:
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> PlannerSettings:
-        return parse_planner_settings(cfg.extra, cfg.source)
+        return parse_planner_settings(cfg.extra, cfg.source, cfg.family)
 
 
 def _ranges(section: Fields, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -> tuple[tuple, tuple]:
@@ -101,11 +105,15 @@ def _ranges(section: Fields, lo_key: str, hi_key: str, lo: tuple, hi: tuple) -> 
     return low, high
 
 
-def _action_space(root: Fields) -> ActionSpaceSettings:
-    """`action_space_cfg`, overridden by `traj_tokenizer_cfg.action_space_cfg` where both are given."""
-    merged = dict(root.optional_sub("action_space_cfg").data)
-    merged.update(root.optional_sub("traj_tokenizer_cfg").optional_sub("action_space_cfg").data)
-    s = Fields(merged, "action_space_cfg", root.source)
+def _action_space(root: Fields, family: Family) -> ActionSpaceSettings:
+    """The family's action-space section (`action_space_cfg`; Super: `expert_config.action_space_cfg`),
+    overridden by the future tokenizer's own `action_space_cfg` where both are given."""
+    section = root
+    for key in family.action_space_path:
+        section = section.optional_sub(key)
+    merged = dict(section.data)
+    merged.update(root.optional_sub(family.future_key).optional_sub("action_space_cfg").data)
+    s = Fields(merged, section.path, root.source)
     d = ActionSpaceSettings()
     positive = {"dt", "accel_std", "curvature_std", "v_ridge", "theta_ridge", "a_ridge", "kappa_ridge"}
     values: dict[str, Any] = {
@@ -128,10 +136,12 @@ def _action_space(root: Fields) -> ActionSpaceSettings:
     return ActionSpaceSettings(**values)
 
 
-def parse_planner_settings(extra: dict[str, Any], source: str = "config.json") -> PlannerSettings:
+def parse_planner_settings(
+    extra: dict[str, Any], source: str = "config.json", family: Family = DEMO
+) -> PlannerSettings:
     """`PlannerSettings` from the top-level keys of an Alpamayo `config.json` (see the module docstring)."""
     root = Fields(extra, "", source)
-    fut, hist = root.optional_sub("traj_tokenizer_cfg"), root.optional_sub("hist_traj_tokenizer_cfg")
+    fut, hist = root.optional_sub(family.future_key), root.optional_sub("hist_traj_tokenizer_cfg")
     df, dh = FutureTokenizerSettings(), HistoryTokenizerSettings()
     dims_min, dims_max = _ranges(fut, "dims_min", "dims_max", df.dims_min, df.dims_max)
     xyz_min, xyz_max = _ranges(hist, "ego_xyz_min", "ego_xyz_max", dh.xyz_min, dh.xyz_max)
@@ -143,12 +153,14 @@ def parse_planner_settings(extra: dict[str, Any], source: str = "config.json") -
             xyz_max,
             hist.bool("pad_origin_at_beginning", dh.pad_origin),
         ),
-        action_space=_action_space(root),
+        action_space=_action_space(root, family),
     )
     expected = {
         "tokens_per_future_traj": settings.tokens_per_future,
         "tokens_per_history_traj": settings.history.num_tokens,
         "traj_vocab_size": settings.traj_vocab_size,
+        "history_vocab_size": settings.history.num_bins,
+        "future_vocab_size": settings.future.num_bins,
     }
     for key, value in expected.items():
         if key in extra and root.int(key, value) != value:

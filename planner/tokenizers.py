@@ -6,6 +6,7 @@ Binning (both tokenizers): a value v in [lo, hi] becomes bin round((v - lo) / (h
 
 Token ids are looked up through the checkpoint tokenizer by their strings, never computed: future bin b is
 `<i{b}>`, history bin b is `<i{F + b}>` (F = number of future bins, 3000), and the markers are `<|...|>`.
+Alpamayo 2 Super reverses the two ranges: history bin b is `<i{b}>`, future bin b is `<i{H + b}>` (H = 1000).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ MARKERS = (
     "cot_end",
     "route_start",
     "route_end",
+    "answer_end",
 )
 
 
@@ -132,8 +134,9 @@ class FutureTokenizer:
 class TrajectoryVocab:
     """Checkpoint token ids of the trajectory vocabulary, resolved by string through its tokenizer.
 
-    future_ids [F] int64: id of `<i{b}>` for future bin b; history_ids [H]: id of `<i{F + b}>` for history bin b;
-    markers: `MARKERS` name -> id (`route_start`/`route_end` only when the tokenizer has them).
+    future_ids [F] int64: id of `<i{b}>` for future bin b; history_ids [H]: id of `<i{F + b}>` for history bin b
+    (history_first, Super: history_ids of `<i{b}>`, future_ids of `<i{H + b}>`);
+    markers: `MARKERS` name -> id (`route_start`/`route_end`/`answer_end` only when the tokenizer has them).
     """
 
     future_ids: np.ndarray
@@ -142,14 +145,20 @@ class TrajectoryVocab:
 
     @classmethod
     def from_tokenizer(
-        cls, tokenizer: Any, settings: PlannerSettings | None = None, vocab_size: int | None = None
+        cls,
+        tokenizer: Any,
+        settings: PlannerSettings | None = None,
+        vocab_size: int | None = None,
+        history_first: bool = False,
     ) -> TrajectoryVocab:
-        """Look every trajectory token up in `tokenizer`; `vocab_size` (embedding rows) bounds the ids."""
+        """Look every trajectory token up in `tokenizer`; `vocab_size` (embedding rows) bounds the ids;
+        `history_first`: the `<iN>` range starts with the history bins (Alpamayo 2 Super)."""
         settings = settings or PlannerSettings()
         table = tokenizer.get_vocab()
         strings = [bin_token(i) for i in range(settings.traj_vocab_size)]
         missing = [s for s in strings if s not in table]
-        missing += [marker(m) for m in MARKERS if marker(m) not in table and not m.startswith("route")]
+        optional = ("route_start", "route_end", "answer_end")
+        missing += [marker(m) for m in MARKERS if marker(m) not in table and m not in optional]
         name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
         if missing:
             raise ValueError(
@@ -164,6 +173,9 @@ class TrajectoryVocab:
                 raise ValueError(
                     f"{name}: trajectory token id {top} is outside the model's embedding table [0, {vocab_size})"
                 )
+        if history_first:
+            n_history = settings.history.num_bins
+            return cls(future_ids=ids[n_history:], history_ids=ids[:n_history], markers=markers)
         n_future = settings.future.num_bins
         return cls(future_ids=ids[:n_future], history_ids=ids[n_future:], markers=markers)
 
@@ -186,6 +198,6 @@ class TrajectoryVocab:
         if len(bad):
             raise ValueError(
                 f"token id {token_ids[bad[0]]} at position {bad[0]} is not a future-trajectory token "
-                f"(<i0>..<i{len(self.future_ids) - 1}>)"
+                f"(one of the {len(self.future_ids)} future bins' <iN> tokens)"
             )
         return bins

@@ -34,7 +34,17 @@ def test_same_seed_gives_the_same_bytes_in_another_process(demo_checkpoint, tmp_
     out = tmp_path / "again"
     env = dict(os.environ, PYTHONHASHSEED="4321")  # set and dict orders differ from this process
     proc = subprocess.run(
-        [sys.executable, "-m", "alpamayo.cli", "make-demo-checkpoint", str(out), "--seed", "0"],
+        [
+            sys.executable,
+            "-m",
+            "alpamayo.cli",
+            "make-demo-checkpoint",
+            str(out),
+            "--seed",
+            "0",
+            "--layout",
+            "demo",
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -47,7 +57,7 @@ def test_same_seed_gives_the_same_bytes_in_another_process(demo_checkpoint, tmp_
 
 
 def test_other_seeds_change_only_the_weights(demo_checkpoint, tmp_path, capsys):
-    assert main(["make-demo-checkpoint", str(tmp_path / "s1"), "--seed", "1"]) == 0
+    assert main(["make-demo-checkpoint", str(tmp_path / "s1"), "--seed", "1", "--layout", "demo"]) == 0
     for name in FILES:
         same = (tmp_path / "s1" / name).read_bytes() == (demo_checkpoint / name).read_bytes()
         assert same == (name != "model.safetensors"), name

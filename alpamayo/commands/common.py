@@ -11,6 +11,7 @@ from alpamayo.backends import BACKENDS, BackendOptions, close_model, load_text_m
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.devices import DTYPES
+from alpamayo.families.loader import check_checkpoint
 from bridges.sockets import CurveClientKeys
 
 RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
@@ -20,8 +21,19 @@ MOE_CONFIG_HELP = (
 )
 
 
+BASE_MODEL_HELP = (
+    "Alpamayo 1 (R1) / 1.5: the base-model directory (tokenizer, Qwen3-VL config) when config.json's "
+    "vlm_name_or_path is neither a local directory nor in the local Hugging Face cache"
+)
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (HF or Alpamayo layout)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint directory: Hugging Face Qwen3-VL, Alpamayo R1 / 1.5 / 2 Super, or the demo layout",
+    )
+    parser.add_argument("--base-model", default=None, help=BASE_MODEL_HELP)
     parser.add_argument(
         "--backend",
         choices=BACKENDS,
@@ -48,7 +60,9 @@ def backend_options(args: argparse.Namespace) -> BackendOptions:
 @contextmanager
 def text_model(args: argparse.Namespace, cfg: ModelConfig, max_seq_len: int) -> Iterator[Any]:
     """The text backbone of `--backend` with its cache set up for `max_seq_len`; closed on exit (ttnn)."""
-    model = load_text_model(Checkpoint(args.checkpoint, cfg.weight_prefix), cfg, backend_options(args))
+    ckpt = Checkpoint(args.checkpoint, cfg.weight_prefix)
+    check_checkpoint(ckpt, cfg)
+    model = load_text_model(ckpt, cfg, backend_options(args))
     try:
         model.setup_cache(max_seq_len)
         yield model
@@ -56,15 +70,29 @@ def text_model(args: argparse.Namespace, cfg: ModelConfig, max_seq_len: int) -> 
         close_model(model)
 
 
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    """How trajectories are sampled: `--samples`, `--temperature`, `--top-p`, `--seed`, `--max-reasoning-tokens`."""
-    parser.add_argument("--samples", type=int, default=1, help="trajectory samples sharing one prefill")
+def add_sampling_args(parser: argparse.ArgumentParser, samples: bool = True) -> None:
+    """How tokens are sampled: `--temperature`, `--top-p`, `--top-k` (each defaulting to the model family's:
+    alpamayo.families), `--seed`; with `samples` also `--samples` and `--max-reasoning-tokens`."""
+    if samples:
+        parser.add_argument("--samples", type=int, default=1, help="trajectory samples sharing one prefill")
     parser.add_argument(
-        "--temperature", type=float, default=0.0, help="0 = greedy (default); Alpamayo uses 0.6"
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 = greedy; default: the model family's (Alpamayo R1 / 1.5 / 2 Super: 0.6; other layouts: 0)",
     )
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="nucleus mass; default: the family's (Alpamayo: 0.98, else 1)",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=None, help="keep the k most probable tokens (default: all)"
+    )
     parser.add_argument("--seed", type=int, help="sampling seed (reproducible samples)")
-    parser.add_argument("--max-reasoning-tokens", type=int, default=256)
+    if samples:
+        parser.add_argument("--max-reasoning-tokens", type=int, default=256)
 
 
 def add_curve_client_args(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,9 @@
 """`alpamayo demo [--out DIR]`: the demo checkpoint, a synthetic drive and a lock-step replay, end to end.
 
-Writes into DIR: checkpoint-seed<S>/ (kept and reused: it is deterministic per seed), drive.mcap,
-predictions.mcap, report.json, trace.json and plots/; prints the accuracy and latency tables.
+Writes into DIR: checkpoint-seed<S>/ in the Alpamayo 1.5 layout with its base model checkpoint-seed<S>-base/
+(kept and reused: they are deterministic per seed), drive.mcap, predictions.mcap, report.json, trace.json and
+plots/; prints the accuracy and latency tables. The replay samples as Alpamayo does (temperature 0.6, top_p
+0.98), seeded with --seed, so a rerun reproduces it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if (checkpoint / "config.json").is_file():
         print(f"using the demo checkpoint in {checkpoint}")
     else:
-        make_demo_checkpoint(checkpoint, args.seed)
+        make_demo_checkpoint(checkpoint, args.seed, layout="alpamayo1.5")
         print(f"wrote the demo checkpoint to {checkpoint}")
     drive = make_demo_drive(out / "drive.mcap", args.seconds, args.cameras, args.seed, args.size)
     print(f"wrote a {args.seconds:g} s drive, {drive.camera_frames} frames, to {drive.path}")
@@ -48,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         out=out / "predictions.mcap",
         warmup=1,  # the first tick encodes all 4 frames of every camera; later ticks only the newest
         max_reasoning_tokens=args.max_reasoning_tokens,
+        seed=args.seed,
         trace=out / "trace.json",
         json=out / "report.json",
         plots=out / "plots",

@@ -10,8 +10,9 @@ from PIL import Image
 
 from alpamayo.commands.common import add_model_args, backend_options, text_model
 from alpamayo.config import ModelConfig, load_config
+from alpamayo.families.loader import model_tokenizer
 from alpamayo.generation import greedy_continue
-from alpamayo.tokenizer import chat_prompt_ids, load_tokenizer
+from alpamayo.tokenizer import chat_prompt_ids
 from alpamayo.vlm import VisionLanguageModel
 
 
@@ -61,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     images = load_images(args.image)
-    cfg = load_config(args.checkpoint)
-    tokenizer = load_tokenizer(args.checkpoint)
+    cfg = load_config(args.checkpoint, args.base_model)
+    tokenizer = model_tokenizer(cfg)
     if images:
         content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]
         with VisionLanguageModel.from_checkpoint(args.checkpoint, backend_options(args), cfg=cfg) as model:

@@ -13,11 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from alpamayo.commands.common import MOE_CONFIG_HELP, RECIPE_HELP
+from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
-from alpamayo.expert.config import ExpertConfig, parse_expert_config
-from alpamayo.json_fields import read_json
+from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.moe.config import model_block_config
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import decode_estimate, expert_estimate, prefill_estimate, vision_estimate
@@ -39,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         required=True,
         help=f"checkpoint directory, or a built-in config name ({', '.join(NAMES + EXPERT_NAMES)})",
     )
+    p.add_argument("--base-model", default=None, help=BASE_MODEL_HELP)
     p.add_argument("--recipe", default="performance", help=RECIPE_HELP)
     p.add_argument("--max-seq-len", type=int, default=8192, help="KV cache positions (prompt + generated)")
     p.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
@@ -51,22 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def checkpoint_expert(directory: Path, cfg: ModelConfig) -> ExpertConfig | None:
-    """The action expert of the checkpoint in `directory` (None when it has none)."""
-    raw = read_json(directory / "config.json")
-    vlm_text = (
-        raw.get("vlm_config", {}).get("text_config") if isinstance(raw.get("vlm_config"), dict) else None
-    )
-    return parse_expert_config(raw, vlm_text, str(directory / "config.json"), cfg.kind)
-
-
-def resolve_config(spec: str) -> tuple[ModelConfig, ExpertConfig | None]:
-    """A checkpoint directory's config and expert, or a built-in config (or Alpamayo release) by name."""
-    if Path(spec).is_dir():
-        cfg = load_config(spec)
-        return cfg, checkpoint_expert(Path(spec), cfg)
+def resolve_config(spec: str, base_model: str | None = None) -> tuple[ModelConfig, ExpertConfig | None]:
+    """A checkpoint directory's config (R1 / 1.5: with its base model) and action expert, or a built-in config
+    (or Alpamayo release) by name."""
     if Path(spec).exists():
-        return load_config(spec), None
+        cfg = load_config(spec, base_model)
+        return cfg, expert_config_of(cfg)
     if spec in NAMES:
         return builtin_config(spec), None
     if spec in EXPERT_NAMES:
@@ -111,7 +101,8 @@ def _estimates(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig 
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg, expert = resolve_config(args.checkpoint)
+    cfg, expert = resolve_config(args.checkpoint, args.base_model)
+    print(f"model family: {cfg.family.title} ({cfg.family.name})")
     precision = load_precision(args.recipe)
     # the block config a ttnn run would take, so its one-chip refusals (mesh, shared experts, bias) show here
     block = model_block_config(cfg.text, args.moe_config)

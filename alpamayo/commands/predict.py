@@ -7,7 +7,6 @@ import json
 
 from alpamayo.backends import check_num_samples
 from alpamayo.commands.common import add_model_args, add_sampling_args, backend_options
-from alpamayo.generation import Sampling
 from alpamayo.inputs import read_ego_csv, read_frames
 from alpamayo.runtime import AlpamayoVLA
 
@@ -30,9 +29,10 @@ def run(args: argparse.Namespace) -> int:
     vla = AlpamayoVLA.from_checkpoint(
         args.checkpoint,
         backend_options(args),
-        sampling=Sampling(args.temperature, args.top_p),
         max_reasoning_tokens=args.max_reasoning_tokens,
+        base_model=args.base_model,
     )
+    vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
     try:
         pred = vla.predict(
             frames, ego, route=args.route, num_samples=args.samples, seed=args.seed, frame_times_ns=times
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
+                    "family": vla.family.name,
                     "t_s": pred.t_s.round(3).tolist(),
                     "samples": [
                         {
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    print(vla.model_line())
     for k, s in enumerate(pred.samples):
         # The token count beside the text: special tokens are not printed, so the random demo checkpoint's
         # reasoning (vision pads until the cap) reads as '' although it ran to the cap.

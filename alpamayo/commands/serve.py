@@ -11,9 +11,8 @@ import sys
 import yaml
 
 from alpamayo.backends import BACKENDS, BackendOptions
-from alpamayo.commands.common import RECIPE_HELP
+from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
 from alpamayo.devices import DTYPES
-from alpamayo.generation import Sampling
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config
 from bridges.node import InferenceNode
@@ -22,6 +21,7 @@ from bridges.node import InferenceNode
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the inference node: frames in over ZeroMQ, trajectories out")
     p.add_argument("--checkpoint", help="checkpoint directory (overrides model.checkpoint)")
+    p.add_argument("--base-model", help="overrides model.base_model (" + BASE_MODEL_HELP + ")")
     p.add_argument("--config", help="node YAML file (docs/protocol.md); keys it omits take their defaults")
     p.add_argument("--input", action="append", help="input endpoint (repeatable; overrides input.endpoints)")
     p.add_argument("--output", help="output endpoint (overrides output.endpoint)")
@@ -51,6 +51,7 @@ def effective_config(args: argparse.Namespace) -> NodeConfig:
     """Defaults < --config file < --set KEY=VALUE < the dedicated flags."""
     flags = {
         "model.checkpoint": args.checkpoint,
+        "model.base_model": args.base_model,
         "input.endpoints": args.input,
         "output.endpoint": args.output,
         "control.endpoint": args.control,
@@ -112,9 +113,12 @@ def _close(model: AlpamayoVLA | None) -> None:
 
 def load_model(config: NodeConfig) -> AlpamayoVLA:
     m = config.model
-    return AlpamayoVLA.from_checkpoint(
+    vla = AlpamayoVLA.from_checkpoint(
         m.checkpoint,
         BackendOptions(m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config),
-        sampling=Sampling(m.temperature, m.top_p),
         max_reasoning_tokens=m.max_reasoning_tokens,
+        base_model=m.base_model,
     )
+    vla.sampling = vla.sampling.override(m.temperature, m.top_p, m.top_k)
+    print(vla.model_line(), flush=True)
+    return vla

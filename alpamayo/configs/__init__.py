@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alpamayo.config import ModelConfig, load_config
-from alpamayo.expert.config import ExpertConfig, parse_expert_config
+from alpamayo.config import ModelConfig, load_config, parse_config
+from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.json_fields import read_json
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -31,7 +31,7 @@ def builtin_config(name: str) -> ModelConfig:
 
 
 def builtin_expert(name: str) -> tuple[ModelConfig, ExpertConfig]:
-    """The VLM config and the action expert of an Alpamayo release by name (e.g. 'alpamayo-1.5-10b'); see
+    """The config and the action expert of an Alpamayo release by name (e.g. 'alpamayo-1.5-10b'); see
     `EXPERT_NAMES`."""
     import yaml
 
@@ -39,8 +39,10 @@ def builtin_expert(name: str) -> tuple[ModelConfig, ExpertConfig]:
     if not path.is_file():
         raise ValueError(f"unknown built-in Alpamayo release {name!r}; available: {EXPERT_NAMES}")
     fields = yaml.safe_load(path.read_text())
-    vlm = fields.pop("vlm")
-    raw_vlm = read_json(CONFIG_DIR / f"{vlm}.json")
-    cfg = builtin_config(vlm)
-    expert = parse_expert_config(fields, raw_vlm["text_config"], str(path), cfg.kind)
+    base = read_json(CONFIG_DIR / f"{fields['vlm']}.json")
+    base["text_config"]["vocab_size"] = fields["vocab_size"]
+    cfg = parse_config(fields["config"], f"{name}/config.json", base_vlm=base, base_model=fields["vlm"])
+    expert = expert_config_of(cfg)
+    if expert is None:
+        raise ValueError(f"{path}: the release's fields describe no action expert")
     return cfg, expert

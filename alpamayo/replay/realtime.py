@@ -64,6 +64,7 @@ def node_config(drive: Drive, settings: ReplaySettings, frame_size: tuple[int, i
     return NodeConfig(
         model=ModelSection(
             checkpoint=str(settings.checkpoint),
+            base_model=None if settings.base_model is None else str(settings.base_model),
             backend=settings.backend,
             device=settings.device,
             dtype=settings.dtype,
@@ -71,6 +72,7 @@ def node_config(drive: Drive, settings: ReplaySettings, frame_size: tuple[int, i
             seed=settings.seed,
             temperature=settings.temperature,
             top_p=settings.top_p,
+            top_k=settings.top_k,
             max_reasoning_tokens=settings.max_reasoning_tokens,
         ),
         input=InputSection(endpoints=[LOOPBACK], bind=True),

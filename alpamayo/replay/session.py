@@ -11,7 +11,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from alpamayo.generation import Sampling
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware, software, source_commit
 from alpamayo.replay.accuracy import summarize_accuracy
@@ -30,13 +29,16 @@ RUN_METADATA = "alpamayo.run"
 
 
 def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
-    return AlpamayoVLA.from_checkpoint(
+    """The model, decoding with its family's sampling defaults where the settings leave them open."""
+    vla = AlpamayoVLA.from_checkpoint(
         settings.checkpoint,
         settings.backend_options(),
         tracer=tracer,
-        sampling=Sampling(settings.temperature, settings.top_p),
         max_reasoning_tokens=settings.max_reasoning_tokens,
+        base_model=settings.base_model,
     )
+    vla.sampling = vla.sampling.override(settings.temperature, settings.top_p, settings.top_k)
+    return vla
 
 
 def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> dict[str, Any]:
@@ -57,8 +59,14 @@ def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> 
             "input": input_size,
             "model": "?",  # known once a frame has been resized: set after the replay
         },
+        "family": predictor.family.name,
         "samples": settings.num_samples,
-        "sampling": {"temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed},
+        "sampling": {
+            "temperature": predictor.sampling.temperature,
+            "top_p": predictor.sampling.top_p,
+            "top_k": predictor.sampling.top_k,
+            "seed": settings.seed,
+        },
         "warmup_ticks": settings.warmup,
         "hardware": hardware(settings.device),
         "software": software(),
@@ -83,6 +91,7 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
     drive = Drive.open(settings.drive, layout, warn)
     tracer = Tracer()
     predictor = load_predictor(settings, tracer)
+    print(predictor.model_line(), file=sys.stderr)
     writer = None
     try:
         info = run_info(settings, drive, predictor)

@@ -33,10 +33,12 @@ class ReplaySettings:
     max_ticks: int | None = None
     warmup: int = 0
     num_samples: int = 1
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
+    temperature: float | None = None  # 0 = greedy; None: the model family's default (alpamayo.families)
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     max_reasoning_tokens: int = 256
+    base_model: Path | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"

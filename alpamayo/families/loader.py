@@ -1,0 +1,120 @@
+"""One loader for every model family: `config.json` -> family -> `ModelConfig`, tokenizer, checks.
+
+    cfg = load_model_config(ckpt_dir, base_model=None)   # what `alpamayo.config.load_config` does; checks the
+                                                         # action expert's config against the VLM's
+    tokenizer = model_tokenizer(cfg)                     # shipped, or the base model's extended
+    check_checkpoint(ckpt, cfg)                          # headers only, before any weight is read
+
+R1 / 1.5: the base model (`alpamayo.families.base_model`) gives the Qwen3-VL config and the tokenizer; the
+tokenizer is extended (`alpamayo.families.vocabulary`) and the config's vocabulary set to its length, as
+NVIDIA's `ReasoningVLAConfig` does. Their EOS ids come from the checkpoint's generation_config.json, else the
+base model's.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+from alpamayo.config import ALPAMAYO_VLM_KEY, ModelConfig, generation_eos, parse_config
+from alpamayo.errors import ConfigError
+from alpamayo.expert.config import parse_expert_config, validate_against_vlm
+from alpamayo.families.base_model import resolve_base_model
+from alpamayo.families.registry import RELEASE_IDS, detect_family
+from alpamayo.families.vocabulary import check_embedding_rows, extend_tokenizer
+from alpamayo.json_fields import Fields, read_json
+from alpamayo.tokenizer import load_tokenizer
+
+EMBEDDING = "language_model.embed_tokens.weight"
+
+
+def _config_path(path: str | Path) -> tuple[Path, Path]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: checkpoint directory does not exist")
+    directory = path if path.is_dir() else path.parent
+    cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.is_file():
+        raise ConfigError(f"{cfg_path}: no config.json in checkpoint directory {directory}")
+    return directory, cfg_path
+
+
+def _extension(raw: dict[str, Any], source: str) -> tuple[int, bool]:
+    """(traj_vocab_size, add_special_tokens) of an R1 / 1.5 config (NVIDIA's class default for the flag)."""
+    root = Fields(raw, "", source)
+    return root.int("traj_vocab_size"), root.bool("add_special_tokens", False)
+
+
+@functools.lru_cache(maxsize=4)
+def _extended_tokenizer(
+    directory: str, traj_vocab_size: int, markers: tuple[str, ...], add_special_tokens: bool
+) -> Any:
+    """The base model's tokenizer extended once per process (the real one takes ~1 s to extend)."""
+    return extend_tokenizer(load_tokenizer(directory), traj_vocab_size, markers, add_special_tokens)
+
+
+def load_model_config(path: str | Path, base_model: str | Path | None = None) -> ModelConfig:
+    """`ModelConfig` of a checkpoint directory (or config file) of any family; `base_model` is the explicit
+    base-model directory for R1 / 1.5 (ignored, and refused, for the families that need none)."""
+    directory, cfg_path = _config_path(path)
+    source = str(cfg_path)
+    raw = read_json(cfg_path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: config.json must hold a JSON object, got {type(raw).__name__}")
+    family = detect_family(raw)
+    eos = generation_eos(directory)
+    if not family.uses_base_model:
+        if base_model is not None:
+            raise ConfigError(
+                f"--base-model {base_model}: {source} is a {family.title} checkpoint, which needs no base "
+                "model (only Alpamayo 1 (R1) and 1.5 checkpoints name one)"
+            )
+        cfg = parse_config(raw, source, eos)
+        vlm = raw.get(ALPAMAYO_VLM_KEY)
+        return _check_expert(cfg, raw, vlm.get("text_config") if isinstance(vlm, dict) else None)
+    name = Fields(raw, "", source).str("vlm_name_or_path")
+    base = resolve_base_model(name, directory, base_model, source)
+    traj_vocab_size, add_special = _extension(raw, source)
+    tokenizer = _extended_tokenizer(str(base.directory), traj_vocab_size, family.markers, add_special)
+    vlm = copy.deepcopy(base.config)
+    vlm.setdefault("text_config", {})
+    if not isinstance(vlm["text_config"], dict):
+        raise ConfigError(f"{base.config_source}: field 'text_config' must be a JSON object")
+    vlm["text_config"]["vocab_size"] = vlm["vocab_size"] = len(tokenizer)
+    cfg = parse_config(
+        raw, source, eos or generation_eos(base.directory), base_vlm=vlm, base_model=str(base.directory)
+    )
+    return _check_expert(cfg, raw, vlm["text_config"])
+
+
+def _check_expert(cfg: ModelConfig, raw: dict[str, Any], vlm_text: dict[str, Any] | None) -> ModelConfig:
+    """The action expert (when the config has one) reads the VLM's KV cache layer by layer: refuse a config
+    whose layer count or KV width differs, before any weight is read."""
+    if cfg.family.weight_prefix:
+        expert = parse_expert_config(raw, vlm_text, cfg.source, cfg.kind)
+        if expert is not None:
+            validate_against_vlm(expert, cfg.text)
+    return cfg
+
+
+def model_tokenizer(cfg: ModelConfig) -> Any:
+    """The tokenizer of a loaded config: the checkpoint's own, or (R1 / 1.5) the extended base tokenizer."""
+    if not cfg.family.uses_base_model:
+        return load_tokenizer(Path(cfg.source).parent)
+    traj_vocab_size, add_special = _extension(cfg.extra, cfg.source)
+    return _extended_tokenizer(cfg.base_model, traj_vocab_size, cfg.family.markers, add_special)
+
+
+def check_checkpoint(ckpt: Any, cfg: ModelConfig) -> None:
+    """What can be checked from the safetensors headers before any weight is read: the embedding table has
+    the rows the family's tokenizer needs (R1 / 1.5: exactly its length). `ckpt` is an open `Checkpoint`."""
+    if cfg.family_name not in RELEASE_IDS or EMBEDDING not in ckpt:
+        return  # the project's own layouts pair their files themselves; a missing table is the weight check's
+    entry = ckpt.entry(EMBEDDING)
+    tokenizer = model_tokenizer(cfg)
+    origin = f"base model {cfg.base_model}, extended" if cfg.family.uses_base_model else "the checkpoint's"
+    check_embedding_rows(
+        len(tokenizer), entry.shape[0], cfg.family.exact_vocab, origin, entry.key, str(entry.file)
+    )

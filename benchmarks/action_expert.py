@@ -1,0 +1,207 @@
+"""Action-expert sampling speed: the project's expert vs an HF-composed reference, and vs the 128-token
+discrete trajectory decoder, side by side in one process on the same random weights.
+
+Shapes: the 8B VLM text model (hidden 4096, 8 KV heads x 128, MLP 12288, vocab 155697, tied head) and the
+released 2.3B expert (`expert_cfg` hidden 2048, 16 heads, MLP 8256; in-projection 2 x 512), both cut to
+`--layers` decoder layers (the expert has as many as the VLM) so that the 2-core machine can run them. The VLM
+cache holds `--prefix` positions per row (a 4-camera x 4-frame prompt plus reasoning is ~3.1k); its K/V are
+random (neither path's cost depends on the values), so no prefill is timed.
+
+  * ours: `ExpertDecoder.sample`, 10 Euler steps, K rows in one batch reading the cache in place;
+  * HF-composed (NVIDIA's `step_fn`): transformers' `Qwen3VLTextModel` with the expert's overrides, fed
+    `inputs_embeds`, 3-row position ids, the 4-D float mask and a `DynamicCache` holding the same K rows of
+    the prefix, appended and cropped per step; the in- and out-projections are the project's (their cost is
+    negligible: 60 -> 512 -> 512 -> 2048 per token);
+  * tokens: 128 decode steps of the VLM for K rows (the discrete decoder's trajectory phase).
+
+    python benchmarks/action_expert.py [--layers 2] [--prefix 3100] [--samples 1 6] [--rounds 2] [--dtype bfloat16]
+
+On the shared 2-core machine use one thread (the default): with 2 threads and other jobs on the cores, one
+elementwise op on [64, 2048] took 4-15 ms instead of 0.1-0.3 ms (threads wait for each other, load average 12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import DynamicCache, Qwen3VLTextConfig, Qwen3VLTextModel
+
+from alpamayo.config import parse_config
+from alpamayo.configs import CONFIG_DIR
+from alpamayo.devices import DTYPES
+from alpamayo.expert.config import parse_expert_config
+from alpamayo.expert.decoding import ExpertDecoder
+from alpamayo.expert.demo import random_expert_weights
+from alpamayo.expert.sampler import FlowSettings
+from alpamayo.expert.weights import load_expert
+from alpamayo.text import TextModel
+from alpamayo.text.linear import Linear, pack_linears
+from alpamayo.text.norm import RMSNorm
+from alpamayo.text.weights import build_layer, text_tensor_shapes
+
+RELEASE_EXPERT = {
+    "expert_cfg": {
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "head_dim": 128,
+        "intermediate_size": 8256,
+    },
+    "action_in_proj_cfg": {
+        "num_enc_layers": 2,
+        "hidden_size": 512,
+        "num_fourier_feats": 20,
+        "max_freq": 100.0,
+    },
+    "diffusion_cfg": {"int_method": "euler", "num_inference_steps": 10},
+}
+VOCAB = 155697  # Alpamayo 1.5's vocabulary (Qwen3-VL + 4000 trajectory bins + markers)
+N_TOKENS = 64
+
+
+def vlm_model(layers: int, dtype: torch.dtype) -> TextModel:
+    """The 8B text model with `layers` layers and random weights, built in memory (no checkpoint file)."""
+    raw = json.loads((CONFIG_DIR / "qwen3-vl-8b.json").read_text())
+    raw["text_config"].update(num_hidden_layers=layers, vocab_size=VOCAB)
+    raw["tie_word_embeddings"] = True
+    cfg = parse_config(raw)
+    g = torch.Generator().manual_seed(0)
+    weights = {}
+    for name, (shape, *_) in text_tensor_shapes(cfg).items():
+        if len(shape) == 1:
+            weights[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(dtype)
+        else:
+            weights[name] = (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(dtype)
+    t = cfg.text
+    layers_ = [build_layer(t, i, weights.__getitem__) for i in range(t.num_hidden_layers)]
+    embed = weights["language_model.embed_tokens.weight"]
+    model = TextModel(
+        cfg, embed, layers_, RMSNorm(weights["language_model.norm.weight"], t.rms_norm_eps), Linear(embed)
+    )
+    pack_linears(model, keep_plain=embed)
+    return model.eval()
+
+
+def fill_cache(model: TextModel, rows: int, prefix: int) -> None:
+    """A cache of `rows` rows with `prefix` random positions, as after the prompt and the reasoning."""
+    model.setup_cache(prefix + 2 * N_TOKENS + 130, rows)
+    g = torch.Generator().manual_seed(1)
+    for buf in (*model.cache.k, *model.cache.v):
+        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+    model.cache_len, model.batch, model.rope_delta = prefix, rows, -900
+
+
+def hf_expert(cfg, weights: dict, dtype: torch.dtype) -> Qwen3VLTextModel:
+    """transformers' expert in `dtype` with its rotary table kept in float32, as `from_pretrained(dtype=...)`
+    keeps it (a plain `.to(bfloat16)` rounds `inv_freq` too, which at positions ~3000 moves the RoPE angles
+    enough to change the sampled actions by O(1))."""
+    model = Qwen3VLTextModel(Qwen3VLTextConfig(**cfg.text_dict)).eval()
+    del model.embed_tokens
+    model.load_state_dict({k[len("expert.") :]: v for k, v in weights.items() if k.startswith("expert.")})
+    inv_freq = model.rotary_emb.inv_freq.clone()
+    model.to(dtype)
+    model.rotary_emb.inv_freq = inv_freq
+    return model
+
+
+class HFComposed:
+    """NVIDIA's step_fn over transformers' Qwen3VLTextModel, with the project's in/out projections."""
+
+    def __init__(self, cfg, weights: dict, expert, dtype: torch.dtype):
+        self.model = hf_expert(cfg, weights, dtype)
+        self.in_proj, self.out_proj = expert.in_proj, expert.out_proj
+
+    @torch.inference_mode()
+    def sample(self, cache: DynamicCache, pos, mask, x0, steps: int):
+        prefill = cache.get_seq_length()
+        x, ts = x0.clone(), torch.linspace(0, 1, steps + 1)
+        for i in range(steps):
+            t = ts[i].expand(x.shape[0])
+            out = self.model(
+                inputs_embeds=self.in_proj(x, t), position_ids=pos, past_key_values=cache, attention_mask=mask,
+                use_cache=True, is_causal=False,
+            )  # fmt: skip
+            cache.crop(prefill - cache.get_seq_length())
+            v = self.out_proj(out.last_hidden_state[:, -N_TOKENS:])
+            x = x + (ts[i + 1] - ts[i]).view(1, 1, 1) * v
+        return x
+
+
+def best_s(fn, rounds: int) -> float:
+    """Fastest of `rounds` (the shared machine slows single runs; the fastest is the closest to the cost)."""
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--prefix", type=int, default=3100)
+    ap.add_argument("--samples", type=int, nargs="+", default=[1, 6])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--no-tokens", action="store_true", help="skip the 128-token decoder")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see above)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    vlm = vlm_model(args.layers, dtype)
+    cfg = parse_expert_config(RELEASE_EXPERT, vlm.cfg.raw_text_config)
+    weights = {k: v.to(dtype) for k, v in random_expert_weights(cfg, seed=0).items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(weights, Path(tmp) / "model.safetensors")
+        expert = load_expert(tmp, cfg, vlm.text_cfg, dtype)
+    hf = HFComposed(cfg, weights, expert, dtype)
+    decoder = ExpertDecoder(expert, FlowSettings(steps=args.steps))
+    print(
+        f"{args.layers} layers of the 8B VLM + 2.3B expert, {args.dtype}, prefix {args.prefix}, {args.steps} steps, "
+        f"torch threads {torch.get_num_threads()}, fastest of {args.rounds}"
+    )
+    for k in args.samples:
+        fill_cache(vlm, k, args.prefix)
+        offsets = [args.prefix - 3 * i for i in range(k)]  # rows whose reasoning ended at different lengths
+        ctx = expert.context(vlm.cache, offsets, vlm.rope_delta, vlm.cache_len)
+        hf_cache = DynamicCache()
+        for i, (kk, vv) in enumerate(zip(ctx.keys, ctx.values, strict=True)):
+            hf_cache.update(kk.clone(), vv.clone(), i)
+        pos = ctx.positions[None].expand(3, -1, -1)
+        mask = torch.zeros(k, 1, N_TOKENS, args.prefix + N_TOKENS, dtype=dtype)
+        for i, off in enumerate(offsets):
+            mask[i, :, :, off : args.prefix] = torch.finfo(dtype).min
+        x0 = torch.randn(k, N_TOKENS, 2, generator=torch.Generator().manual_seed(2))
+        ours_out = decoder.sample(ctx, noise=x0)
+        hf_out = hf.sample(hf_cache, pos, mask, x0, args.steps)
+        err = float((ours_out - hf_out).abs().max())
+        ours = best_s(lambda: decoder.sample(ctx, noise=x0), args.rounds)  # noqa: B023
+        ref = best_s(lambda: hf.sample(hf_cache, pos, mask, x0, args.steps), args.rounds)  # noqa: B023
+        line = (
+            f"K={k}: ours {ours * 1e3:8.1f} ms ({ours / args.steps * 1e3:7.1f} ms/step), HF-composed "
+            f"{ref * 1e3:8.1f} ms ({ref / args.steps * 1e3:7.1f} ms/step): {ref / ours:5.2f}x; "
+            f"actions max abs diff {err:.2e}"
+        )
+        if not args.no_tokens:
+            ids = torch.zeros(k, dtype=torch.long)
+
+            def tokens():
+                vlm.cache_len = args.prefix
+                for _ in range(128):
+                    vlm.decode(ids)  # noqa: B023
+
+            tok = best_s(tokens, 1)
+            line += f"; 128-token decoder {tok * 1e3:8.1f} ms ({tok / 128 * 1e3:6.1f} ms/token): {tok / ours:5.2f}x"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
