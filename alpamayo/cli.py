@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from alpamayo.errors import BackendUnavailable, CheckpointError, ConfigError
@@ -37,8 +38,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def results_only_on_stdout() -> None:
+    """From now on, `sys.stdout` (the command's results: `--json` objects, reports) keeps the process's
+    stdout, and whatever native code writes to file descriptor 1 goes to stderr instead: tt-metal prints its
+    "Opening/Closing user mode device driver" lines there, on a card as on the dry run's mock, also when it
+    tears the cluster down at exit, which broke the JSON of `generate --json --backend ttnn`. A stdout that is
+    not file descriptor 1 (a test harness capturing it) is left alone: native writes cannot reach it."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError):  # io.UnsupportedOperation is an OSError
+        return
+    if fd != 1:
+        return
+    original = sys.stdout
+    original.flush()
+    buffering = 1 if original.line_buffering else -1  # line-buffered on a terminal, as Python's own stdout
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering, original.encoding, original.errors)
+    os.dup2(2, 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    results_only_on_stdout()
     try:
         return int(args.handler(args) or 0)
     except (ConfigError, CheckpointError, ValueError, BackendUnavailable) as e:

@@ -4,6 +4,7 @@ shared-prefill samples, input validation and `alpamayo predict`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,17 +199,24 @@ def test_greedy_cannot_draw_several_samples(vla):
         vla.predict(frames, straight_history(), num_samples=2, frame_times_ns=times)
 
 
-def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
-    frames, times = frames_at(5)
+def write_predict_inputs(directory: Path, tick: int) -> dict[int, list[int]]:
+    """`alpamayo predict`'s inputs for `frames_at(tick)` in `directory`: frames/<camera>/<t_ns>.png and ego.csv
+    (`straight_history`); returns the frame times per camera."""
+    frames, times = frames_at(tick)
     for cam in CAMERAS:
-        (tmp_path / "frames" / str(cam)).mkdir(parents=True)
+        (directory / "frames" / str(cam)).mkdir(parents=True)
         for img, t in zip(frames[cam], times[cam], strict=True):
-            Image.fromarray(img).save(tmp_path / "frames" / str(cam) / f"{t:012d}.png")
+            Image.fromarray(img).save(directory / "frames" / str(cam) / f"{t:012d}.png")
     ego = straight_history()
     rows = ["t_ns,x,y,z,qx,qy,qz,qw"] + [
         ",".join(map(str, [int(t), *p, *q])) for t, p, q in zip(ego.t_ns, ego.xyz, ego.quat_xyzw, strict=True)
     ]
-    (tmp_path / "ego.csv").write_text("\n".join(rows) + "\n")
+    (directory / "ego.csv").write_text("\n".join(rows) + "\n")
+    return times
+
+
+def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
+    times = write_predict_inputs(tmp_path, 5)
     args = [
         "predict",
         "--checkpoint",

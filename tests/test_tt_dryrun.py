@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from alpamayo.tt import dryrun
-from alpamayo.tt.runtime import device_unavailable_reason
+from alpamayo.tt.runtime import RUNTIME_ROOT_ENV, SFPI_COMPILER, device_unavailable_reason
 
 pytestmark = pytest.mark.dryrun
 REPO = Path(__file__).resolve().parents[1]
@@ -45,15 +45,17 @@ def test_runtime_root_mirrors_the_installed_ttnn_with_symlinks(root, ttnn_dir):
         if entry.name != "runtime":
             assert (root / entry.name).resolve() == entry.resolve()
     assert (root / "runtime" / "hw").resolve() == (ttnn_dir / "runtime" / "hw").resolve()
-    assert os.access(root / dryrun.COMPILER, os.X_OK)
-    assert dryrun.active({dryrun.ROOT_ENV: str(root), "TT_METAL_MOCK_CLUSTER_DESC_PATH": "p150.yaml"})
-    assert not dryrun.active({dryrun.ROOT_ENV: str(ttnn_dir), "TT_METAL_MOCK_CLUSTER_DESC_PATH": "p150.yaml"})
+    assert os.access(root / SFPI_COMPILER, os.X_OK)
+    assert dryrun.active({RUNTIME_ROOT_ENV: str(root), "TT_METAL_MOCK_CLUSTER_DESC_PATH": "p150.yaml"})
+    assert not dryrun.active(
+        {RUNTIME_ROOT_ENV: str(ttnn_dir), "TT_METAL_MOCK_CLUSTER_DESC_PATH": "p150.yaml"}
+    )
     with pytest.raises(FileExistsError, match="not empty"):
         dryrun.build_runtime_root(root)
 
 
 def compiler(root: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(root / dryrun.COMPILER), *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([str(root / SFPI_COMPILER), *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_stand_in_compiler_answers_versions_and_compiles_to_empty_objects(root, tmp_path):
@@ -106,6 +108,10 @@ def test_stand_in_links_rv32_executables_that_kernels_link_against(root, tmp_pat
     assert k_data == fw["__fw_export_ldm_end"] == k["__ldm_data_start"]
     assert k_text < k_data_lma <= k_text + 16
     assert re.search(r"\.rela\.text\s+RELA\s+\S+\s+\S+\s+000000\s", readelf("-S", str(kernel)))  # empty
+    again = tmp_path / "again.elf"  # the same script and firmware: the ELF comes from the link cache
+    link(root, "kernel_brisc.ld", again, f"-Wl,--just-symbols={firmware}")
+    assert again.read_bytes() == kernel.read_bytes()
+    assert len(list((root / "link-cache").glob("kernel_brisc.ld.*.elf"))) == 1
 
 
 def test_dry_run_opens_a_blackhole_mock_whose_ops_run_their_host_side(dryrun_device):
@@ -134,9 +140,11 @@ def test_availability_accepts_the_dry_run_but_the_blackhole_tests_need_a_card(dr
 
 
 def test_script_runs_a_command_under_a_fresh_dry_run_and_removes_it(tmp_path, ttnn_dir):
-    code = "import os; from alpamayo.tt import dryrun; print(dryrun.active(), os.environ[dryrun.ROOT_ENV])"
+    code = (
+        f"import os; from alpamayo.tt import dryrun; print(dryrun.active(), os.environ[{RUNTIME_ROOT_ENV!r}])"
+    )
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
-    env.pop(dryrun.ROOT_ENV, None)
+    env.pop(RUNTIME_ROOT_ENV, None)
     proc = subprocess.run(
         [str(REPO / "scripts/ttnn-dryrun"), sys.executable, "-c", code],
         capture_output=True,
@@ -152,5 +160,5 @@ def test_script_runs_a_command_under_a_fresh_dry_run_and_removes_it(tmp_path, tt
         text=True,
         env=env,
     )
-    assert f"export {dryrun.ROOT_ENV}={tmp_path / 'kept' / 'root'}" in shell.stdout
-    assert (tmp_path / "kept" / "root" / dryrun.COMPILER).is_file()
+    assert f"export {RUNTIME_ROOT_ENV}={tmp_path / 'kept' / 'root'}" in shell.stdout
+    assert (tmp_path / "kept" / "root" / SFPI_COMPILER).is_file()

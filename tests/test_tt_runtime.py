@@ -64,7 +64,9 @@ def test_backend_ttnn_without_a_card_says_the_device_is_missing(
 ):
     monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
     monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
-    monkeypatch.delenv(dryrun.ROOT_ENV, raising=False)  # a session with dryrun tests runs under a dry run
+    monkeypatch.delenv(
+        runtime.RUNTIME_ROOT_ENV, raising=False
+    )  # a session with dryrun tests runs under a dry run
     assert generate_ttnn(checkpoint) == 2
     err = capsys.readouterr().err
     assert "alpamayo generate: error: ttnn is installed but no Blackhole device is present" in err
@@ -76,7 +78,9 @@ def test_serve_with_backend_ttnn_without_a_card_fails_before_binding(
 ):
     monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
     monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
-    monkeypatch.delenv(dryrun.ROOT_ENV, raising=False)  # a session with dryrun tests runs under a dry run
+    monkeypatch.delenv(
+        runtime.RUNTIME_ROOT_ENV, raising=False
+    )  # a session with dryrun tests runs under a dry run
     argv = ["serve", "--checkpoint", str(demo_checkpoint), "--backend", "ttnn", "--recipe", "accuracy"]
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -92,7 +96,7 @@ def test_a_mock_descriptor_is_refused_when_a_card_is_present(ttnn_host, monkeypa
     monkeypatch.setattr(runtime, "DEVICE_DIR", cards)
     monkeypatch.setenv(runtime.MOCK_ENV, str(runtime.MOCK_DESCRIPTOR))
     monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
-    monkeypatch.delenv(dryrun.ROOT_ENV, raising=False)
+    monkeypatch.delenv(runtime.RUNTIME_ROOT_ENV, raising=False)
     assert "makes ttnn open a mock device; unset it to use the card" in runtime.device_unavailable_reason()
 
 
@@ -114,3 +118,35 @@ def test_several_samples_with_backend_ttnn_are_refused_before_anything_is_read(c
     assert (
         f"alpamayo {command}: error: --samples 2 with greedy decoding (--temperature 0) would repeat" in err
     )
+
+
+def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch, tmp_path):
+    """`TT_METAL_SIMULATOR` (ttsim, docs/ttnn.md) counts as a device once everything ttsim reads is in place;
+    until then the reason names the next missing piece."""
+    if runtime.SYSTEM_SFPI.exists():
+        pytest.skip(f"{runtime.SYSTEM_SFPI} exists: the missing-compiler case cannot be shown here")
+    monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
+    for name in (runtime.RUNTIME_ROOT_ENV, runtime.MOCK_ENV, runtime.SLOW_DISPATCH_ENV):
+        monkeypatch.delenv(name, raising=False)
+    sim = tmp_path / "sim" / "libttsim.so"
+    monkeypatch.setenv(runtime.SIMULATOR_ENV, str(sim))
+    assert f"TT_METAL_SIMULATOR={sim} is not a file" in runtime.device_unavailable_reason()
+    sim.parent.mkdir()
+    sim.write_bytes(b"\x7fELF")
+    reason = runtime.device_unavailable_reason()
+    soc = runtime.ttnn_runtime_root() / "tt_metal/soc_descriptors/blackhole_140_arch.yaml"
+    assert f"soc_descriptor.yaml beside {sim}: copy {soc} there" in reason and soc.is_file()
+    (sim.parent / "soc_descriptor.yaml").write_bytes(soc.read_bytes())
+    assert "set TT_METAL_SLOW_DISPATCH_MODE=1" in runtime.device_unavailable_reason()
+    monkeypatch.setenv(runtime.SLOW_DISPATCH_ENV, "1")
+    monkeypatch.setenv(runtime.MOCK_ENV, str(runtime.MOCK_DESCRIPTOR))
+    assert "unset it to open the simulated Blackhole" in runtime.device_unavailable_reason()
+    monkeypatch.delenv(runtime.MOCK_ENV)
+    assert "runs real kernels, compiled by the SFPI RISC-V compiler" in runtime.device_unavailable_reason()
+    root = tmp_path / "root"  # a runtime root with SFPI (tt-metal also reads its tt_metal/ there)
+    (root / runtime.SFPI_COMPILER).parent.mkdir(parents=True)
+    (root / runtime.SFPI_COMPILER).touch()
+    monkeypatch.setenv(runtime.RUNTIME_ROOT_ENV, str(root))
+    assert runtime.device_unavailable_reason() is None
+    (root / dryrun.MARKER).touch()
+    assert "dry-run root whose stand-in compiler builds no kernels" in runtime.device_unavailable_reason()

@@ -145,11 +145,14 @@ class TTMoE(DeviceIO):
         L1 = ttnn.L1_MEMORY_CONFIG
         x1 = ttnn.reshape(x, (1, 1, 1, hp), (1, 1, TILE, hp))
         probs, top, ids = self._router(x1, L1)
-        zeros = ttnn.zeros_like(probs, dtype=ttnn.bfloat16)  # [1, 1, 1, E]
+        # zeros_like with another dtype builds the zeros on the host and writes them to the device, which a
+        # trace capture refuses; a typecast of same-dtype zeros stays on the device (ttnn.graph, dry run)
+        zeros_f32 = ttnn.zeros_like(probs)
+        zeros = ttnn.typecast(zeros_f32, ttnn.bfloat16)  # [1, 1, 1, E]
         norm = ttnn.sum(top, dim=-1, keepdim=True)
         renormed = ttnn.div(top, norm)
         scores = ttnn.typecast(renormed, ttnn.bfloat16)
-        self._free(probs, top, norm, renormed)
+        self._free(probs, zeros_f32, top, norm, renormed)
         routing = ttnn.scatter(zeros, -1, ids, scores)  # [1, 1, 1, E] weights, 0 off the top-k
         ones = ttnn.ones_like(scores)
         mask = ttnn.scatter(zeros, -1, ids, ones)  # exactly k ones: nnz = k holds whatever the weights are

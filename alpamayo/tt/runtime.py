@@ -21,6 +21,12 @@ from alpamayo.errors import BackendUnavailable
 
 MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 SIMULATOR_ENV = "TT_METAL_SIMULATOR"
+SLOW_DISPATCH_ENV = "TT_METAL_SLOW_DISPATCH_MODE"
+RUNTIME_ROOT_ENV = "TT_METAL_RUNTIME_ROOT"  # default: the ttnn package directory
+# Where tt-metal 0.81.1 looks for the SFPI RISC-V compiler (kernels and firmware are compiled for the chip):
+# under the runtime root, then the system install.
+SFPI_COMPILER = Path("runtime/sfpi/compiler/bin/riscv-tt-elf-g++")
+SYSTEM_SFPI = Path("/opt/tenstorrent/sfpi")
 MOCK_DESCRIPTOR = Path(__file__).resolve().with_name("p150_mock_cluster.yaml")
 # The Tenstorrent kernel driver (tt-kmd) creates one character device per card here.
 DEVICE_DIR = Path("/dev/tenstorrent")
@@ -31,9 +37,9 @@ INSTALL_HINT = (
 
 
 def card_present() -> bool:
-    """A Blackhole card (tt-kmd device node) or the ttsim simulator (`TT_METAL_SIMULATOR`) is available."""
-    simulator = os.environ.get(SIMULATOR_ENV)
-    if simulator and Path(simulator).is_file():
+    """A Blackhole card (tt-kmd device node) is present or the ttsim simulator (`TT_METAL_SIMULATOR`) named:
+    either way ttnn must not be pointed at the mock descriptor."""
+    if os.environ.get(SIMULATOR_ENV):
         return True
     return DEVICE_DIR.is_dir() and any(DEVICE_DIR.iterdir())
 
@@ -68,19 +74,60 @@ def device_unavailable_reason(dry_run: bool = True) -> str | None:
         import_ttnn()
     except BackendUnavailable as e:
         return str(e)
+    root = os.environ.get(RUNTIME_ROOT_ENV)
     if dryrun.active():
         if dry_run:
             return None
-        return f"the ttnn dry run ({dryrun.ROOT_ENV}={os.environ[dryrun.ROOT_ENV]}) opens a mock p150 that runs no kernels"
-    if not card_present():
+        return f"the ttnn dry run ({RUNTIME_ROOT_ENV}={root}) opens a mock p150 that runs no kernels"
+    simulator = os.environ.get(SIMULATOR_ENV)
+    if simulator:
+        if (problem := simulator_problem(Path(simulator))) is not None:
+            return problem
+    elif not card_present():
         return (
             f"ttnn is installed but no Blackhole device is present ({DEVICE_DIR} has no card "
             f"and {SIMULATOR_ENV} is unset); host-side work such as `alpamayo plan` still runs, and "
             "`scripts/ttnn-dryrun` runs the ttnn backend's host side on a mock p150"
         )
-    mock = os.environ.get(MOCK_ENV)
-    if mock and not os.environ.get(SIMULATOR_ENV):
+    elif mock := os.environ.get(MOCK_ENV):
         return f"{MOCK_ENV}={mock} makes ttnn open a mock device; unset it to use the card"
+    target = f"ttsim ({simulator})" if simulator else "the card"
+    if root and (Path(root) / dryrun.MARKER).is_file():
+        return f"{RUNTIME_ROOT_ENV}={root} is a dry-run root whose stand-in compiler builds no kernels for {target}"
+    if sfpi_compiler() is None:
+        return (
+            f"{target} runs real kernels, compiled by the SFPI RISC-V compiler, which is neither at "
+            f"{ttnn_runtime_root() / SFPI_COMPILER} nor under {SYSTEM_SFPI}; install the SFPI release that "
+            f"{ttnn_runtime_root() / 'tt_metal/sfpi-version'} names"
+        )
+    return None
+
+
+def ttnn_runtime_root() -> Path:
+    """The tt-metal runtime root: `TT_METAL_RUNTIME_ROOT`, else the installed ttnn package directory."""
+    root = os.environ.get(RUNTIME_ROOT_ENV)
+    return Path(root) if root else Path(import_ttnn().__file__).resolve().parent
+
+
+def sfpi_compiler() -> Path | None:
+    """The SFPI compiler tt-metal will use (under the runtime root, else the system install), or None."""
+    for compiler in (ttnn_runtime_root() / SFPI_COMPILER, SYSTEM_SFPI / "compiler/bin/riscv-tt-elf-g++"):
+        if compiler.is_file():
+            return compiler
+    return None
+
+
+def simulator_problem(simulator: Path) -> str | None:
+    """Why ttnn cannot open the ttsim Blackhole simulator `simulator` (libttsim.so) here, or None."""
+    if not simulator.is_file():
+        return f"{SIMULATOR_ENV}={simulator} is not a file (build libttsim.so from Tenstorrent's ttsim, docs/ttnn.md)"
+    if not (simulator.parent / "soc_descriptor.yaml").is_file():
+        soc = ttnn_runtime_root() / "tt_metal/soc_descriptors/blackhole_140_arch.yaml"
+        return f"ttsim reads soc_descriptor.yaml beside {simulator}: copy {soc} there"
+    if os.environ.get(SLOW_DISPATCH_ENV) != "1":
+        return f"ttsim needs slow dispatch: set {SLOW_DISPATCH_ENV}=1"
+    if mock := os.environ.get(MOCK_ENV):
+        return f"{MOCK_ENV}={mock} is set beside {SIMULATOR_ENV}: unset it to open the simulated Blackhole"
     return None
 
 

@@ -36,6 +36,7 @@ The residual stream is `hidden_p` = hidden rounded up to 32 x DRAM banks wide (z
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, validate_text_tensors
+from alpamayo.tt import dryrun
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
@@ -69,6 +71,9 @@ from alpamayo.tt.program_config import (
 from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
 from alpamayo.tt.weight_cache import upload_weights
 from alpamayo.tt.weights import TEXT_GROUPS, LayerGroups, residual_norm_eps, text_weight_specs
+
+# Trace capture crashes the dry run's mock device (alpamayo.tt.dryrun): there the decode runs untraced.
+DRY_RUN_NOTICE = "ttnn dry run: trace capture is card-only (it crashes the mock p150); decoding untraced"
 
 # decode_layers[i](i, x, cos, sin, pos) -> x: x the residual [1, 1, 32, H_p] bf16 width-sharded over the plan's
 # residual grid, cos/sin [1, 1, 32(1), head_dim] height-sharded on core (0, 0), pos [1] int32; the layer must
@@ -115,6 +120,7 @@ class TTTextModel(DeviceIO):
         self.reserved_rows = 0
         self._trace: dict[str, Any] | None = None
         self._inputs: dict[str, Any] | None = None
+        self.dry_run, self._dry_run_noticed = dryrun.active(), False
         t = cfg.text
         self.scale = t.head_dim**-0.5
         self.hidden_padded = plan.hidden_padded
@@ -539,9 +545,11 @@ class TTTextModel(DeviceIO):
             memory_config=self.res_mem,
         )
 
-    def _reshard(self, x: Any, mem: Any, same: bool) -> Any:
-        """x moved to `mem` (x freed) unless it is already there (`same`)."""
-        if same:
+    def _reshard(self, x: Any, mem: Any) -> Any:
+        """x moved to `mem` (x freed) unless it is already there. `to_memory_config` returns x itself then
+        (nlp_concat_heads_decode already writes the o-projection's input layout when head_dim is 32 and the o
+        grid has one core per head: the demo checkpoint, the tiny MoE model), which must not be freed."""
+        if x.memory_config() == mem:
             return x
         y = self.ttnn.to_memory_config(x, mem)
         self._free(x)
@@ -572,16 +580,15 @@ class TTTextModel(DeviceIO):
             memory_config=ttnn.L1_MEMORY_CONFIG,
         )
         self._free(xi)
-        return self._reshard(xn, mem, False)
+        return self._reshard(xn, mem)
 
     def _layer_decode(self, i: int, x: Any, cos: Any, sin: Any, pos: Any) -> Any:
         """One decoder layer for the token at `pos`; x (freed) and the result as in `DecodeLayer`."""
         ttnn, t, plan, w = self.ttnn, self.text_cfg, self.plan, self.layer_weights[i]
-        res = plan.residual_grid
-        n1 = self._reshard(self._res_norm(x, w["attn_norm.rm"]), self.in_mem["qkv"], plan.qkv.grid == res)
+        n1 = self._reshard(self._res_norm(x, w["attn_norm.rm"]), self.in_mem["qkv"])
         qkv = self._ds_linear(n1, w["wqkv"], plan.qkv, "qkv")
         self._free(n1)
-        qkv_i = self._reshard(qkv, ttnn.L1_MEMORY_CONFIG, False)
+        qkv_i = self._reshard(qkv, ttnn.L1_MEMORY_CONFIG)
         width = qkv_i.shape[-1]
         qkv_1 = ttnn.reshape(qkv_i, (1, 1, 1, width), (1, 1, TILE, width))  # one user: row 0 of the tile
         q, k, v = ttnn.experimental.nlp_create_qkv_heads_decode(
@@ -611,11 +618,11 @@ class TTTextModel(DeviceIO):
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
         self._free(qr)
-        a_sh = self._reshard(a, self.heads_mem, False)
+        a_sh = self._reshard(a, self.heads_mem)
         heads = ttnn.experimental.nlp_concat_heads_decode(a_sh, num_heads=t.num_attention_heads)
         self._free(a_sh)
-        attn = self._reshard(heads, self.in_mem["o"], False)
-        o = self._reshard(self._ds_linear(attn, w["wo"], plan.o, "o"), self.res_mem, plan.o.grid == res)
+        attn = self._reshard(heads, self.in_mem["o"])
+        o = self._reshard(self._ds_linear(attn, w["wo"], plan.o, "o"), self.res_mem)
         self._free(attn)
         h = ttnn.add(x, o, memory_config=self.res_mem)
         self._free(x, o)
@@ -628,29 +635,22 @@ class TTTextModel(DeviceIO):
     def _mlp_decode(self, w: dict[str, Any], n2: Any) -> Any:
         """Dense SwiGLU of the normed residual n2 (freed) -> [1, 1, 32, H_p] on the residual grid."""
         ttnn, plan = self.ttnn, self.plan
-        res = plan.residual_grid
-        n2 = self._reshard(n2, self.in_mem["gate"], plan.gate.grid == res)
+        n2 = self._reshard(n2, self.in_mem["gate"])
         g = self._ds_linear(n2, w["w_gate"], plan.gate, "mlp_gate_up")  # SiLU fused
         u = self._ds_linear(n2, w["w_up"], plan.up, "mlp_gate_up")
         self._free(n2)
-        m = self._reshard(
-            ttnn.mul(g, u, memory_config=g.memory_config()),
-            self.in_mem["down"],
-            plan.down.grid == plan.gate.grid,
-        )
+        m = self._reshard(ttnn.mul(g, u, memory_config=g.memory_config()), self.in_mem["down"])
         self._free(g, u)
-        d = self._reshard(
-            self._ds_linear(m, w["w_down"], plan.down, "mlp_down"), self.res_mem, plan.down.grid == res
-        )
+        d = self._reshard(self._ds_linear(m, w["w_down"], plan.down, "mlp_down"), self.res_mem)
         self._free(m)
         return d
 
     def _moe_decode(self, i: int, n2: Any) -> Any:
         """MoE block of sparse layer i on the normed residual n2 (freed) -> [1, 1, 32, H_p] on the residual grid."""
-        n2i = self._reshard(n2, self.ttnn.L1_MEMORY_CONFIG, False)
+        n2i = self._reshard(n2, self.ttnn.L1_MEMORY_CONFIG)
         d = self.moe[i].decode(n2i)
         self._free(n2i)
-        return self._reshard(d, self.res_mem, False)
+        return self._reshard(d, self.res_mem)
 
     def _sharded_inputs(self, inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
         """L1 copies of the persistent x (on the residual grid), cos and sin (core (0, 0)) for `DecodeLayer`."""
@@ -670,7 +670,7 @@ class TTTextModel(DeviceIO):
         self._free(cos, sin)
         xn = self._res_norm(x, self.weights["norm.rm"])
         self._free(x)
-        xi = self._reshard(xn, ttnn.L1_MEMORY_CONFIG, False)  # the 1D multicast head wants interleaved in0
+        xi = self._reshard(xn, ttnn.L1_MEMORY_CONFIG)  # the 1D multicast head wants interleaved in0
         logits = self._head(xi, 0)
         self._free(xi)
         return logits
@@ -730,6 +730,11 @@ class TTTextModel(DeviceIO):
         token = tokens
         self._check_decode(token)
         ttnn = self.ttnn
+        if traced and self.dry_run:
+            if not self._dry_run_noticed:
+                print(DRY_RUN_NOTICE, file=sys.stderr)
+                self._dry_run_noticed = True
+            traced = False
         inputs = self._write_inputs(self._decode_host_inputs(token, self.cache_len))
         if not traced:
             with self.tracer.span("tt.decode_untraced"):

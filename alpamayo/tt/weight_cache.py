@@ -122,9 +122,29 @@ def upload_weights(
     out = {}
     for s in specs:
         host = cache.host_tensor(s, weight_dtype(s, precision), get)
-        if s.placement == "dram_sharded":
-            memory = dram_sharded_weight(ttnn, s.padded[0], s.padded[1], dram_banks)
-        else:
-            memory = ttnn.DRAM_MEMORY_CONFIG
-        out[s.name] = ttnn.to_device(host, device, memory_config=memory)
+        out[s.name] = ttnn.to_device(host, device, memory_config=placement(ttnn, s, dram_banks))
+    return out
+
+
+def placement(ttnn: Any, spec: WeightSpec, dram_banks: int) -> Any:
+    """The device memory config of `spec`: DRAM width-sharded over the banks, or interleaved DRAM."""
+    if spec.placement == "dram_sharded":
+        return dram_sharded_weight(ttnn, spec.padded[0], spec.padded[1], dram_banks)
+    return ttnn.DRAM_MEMORY_CONFIG
+
+
+def allocate_weights(
+    specs: list[WeightSpec], precision: Precision, device: Any, dram_banks: int
+) -> dict[str, Any]:
+    """Every spec allocated, uninitialised, where `upload_weights` puts it (same shape, dtype, layout and
+    placement), with no host preparation: for the dry run at real dimensions (`alpamayo.tt.dryrun`), whose
+    device ignores values and where packing a real model's weights on the host would take minutes."""
+    ttnn = import_ttnn()
+    out = {}
+    for s in specs:
+        layout = ttnn.TILE_LAYOUT if s.layout == "tile" else ttnn.ROW_MAJOR_LAYOUT
+        dtype = ttnn_dtype(ttnn, weight_dtype(s, precision))
+        out[s.name] = ttnn.allocate_tensor_on_device(
+            ttnn.Shape(list(s.padded)), dtype, layout, device, placement(ttnn, s, dram_banks)
+        )
     return out

@@ -1,21 +1,17 @@
-"""Stand-in for SFPI's `riscv-tt-elf-g++`, so ttnn opens the mock p150 without the real RISC-V toolchain.
+"""The link step of the dry run's stand-in for SFPI's `riscv-tt-elf-g++` (`alpamayo.tt.dryrun`).
 
 tt-metal JIT-compiles firmware and every op's kernels before it opens or runs anything, mock device included,
-and reads back what the link produced (segments to lay out in L1, the firmware's exported symbols that kernels
-link against, the text relocations it rewrites). Kernels never run on the mock, so the code itself does not
-matter; what tt-metal reads must be well formed. This program therefore:
+and reads back what the link produced: the segments it lays out in L1, the firmware's exported symbols that
+kernels link against, the text relocations it rewrites. Kernels never run on the mock, so the code does not
+matter, but what tt-metal reads must be well formed. Called with the link's command line, this writes at `-o`
+a minimal RV32 little-endian ELF executable with one text and one data `PT_LOAD`, at the `.text` and `.data`
+addresses that the linker script (`-T`) gives (the data loaded right after the text where the script says
+`AT(...)`, as the kernel scripts do), a symbol table exporting `_start`, `__fw_export_text_end`,
+`__fw_export_ldm_end` and `__ldm_data_start`, and an empty `.rela.text`. Kernel scripts place `.text` and
+`.data` at the firmware's `__fw_export_*` symbols, read from the ELF passed with `-Wl,--just-symbols=`.
 
-* answers `--version` and `-dumpversion`;
-* for a compile (`-c`, or a precompiled header `-x c++-header`): writes an empty object at `-o` and, with
-  `-MF`, a make dependency file naming the sources, as gcc's `-MMD` does;
-* for a link: writes a minimal RV32 little-endian ELF executable with one text and one data `PT_LOAD`, at the
-  `.text` and `.data` addresses the linker script (`-T`) gives, a symbol table exporting `_start`,
-  `__fw_export_text_end`, `__fw_export_ldm_end` and `__ldm_data_start`, and an empty `.rela.text`. Kernel
-  scripts place `.text` / `.data` at the firmware's `__fw_export_*` symbols, read from the ELF passed with
-  `-Wl,--just-symbols=`.
-
-Standard library only: `alpamayo.tt.dryrun` runs this file with `python -S -I` for every compiler call
-(hundreds per op set), so it must start fast and import nothing of the project.
+The output depends on the script and that ELF only, which lets the stand-in's shell front end cache it.
+Standard library only: it runs as `python -S -I link.py ARGS...` (a bare interpreter starts fastest).
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ import struct
 import sys
 from pathlib import Path
 
-VERSION = "15.1.0"  # what `-dumpversion` answers; tt-metal only checks that the compiler runs
 EM_RISCV = 243
 ET_EXEC = 2
 PT_LOAD = 1
@@ -167,30 +162,12 @@ def link(args: list[str], out: str) -> None:
     Path(out).write_bytes(elf(text_addr, data_addr, data_lma, exported))
 
 
-def compile_(args: list[str], out: str) -> None:
-    Path(out).write_bytes(b"")
-    if "-MF" in args:
-        # tt-metal hashes every file the dependency list names: list only files that exist here
-        sources = [a for a in args if a.endswith((".cc", ".cpp", ".c", ".h", ".hpp")) and Path(a).is_file()]
-        Path(args[args.index("-MF") + 1]).write_text(f"{out}: {' '.join(sources)}\n")
-
-
 def main(args: list[str]) -> int:
-    if args[:1] == ["--version"]:
-        print(f"riscv-tt-elf-g++ (alpamayo dry-run stand-in) {VERSION}")
-        return 0
-    if args[:1] == ["-dumpversion"]:
-        print(VERSION)
-        return 0
     if "-o" not in args:
         print(f"riscv-tt-elf-g++ stand-in: no -o in {' '.join(args)}", file=sys.stderr)
         return 1
-    out = args[args.index("-o") + 1]
     try:
-        if "-c" in args or "c++-header" in args:
-            compile_(args, out)
-        else:
-            link(args, out)
+        link(args, args[args.index("-o") + 1])
     except (OSError, ValueError, struct.error) as e:
         print(f"riscv-tt-elf-g++ stand-in: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,83 @@
+"""`--backend ttnn` commands end to end under the dry run (marked `dryrun`; see `alpamayo.tt.dryrun`).
+
+Each command runs as the console script in a child process, which inherits the session's dry run and opens
+its own mock p150: `generate` (text and `--json`, with and without an image, the packed-weight cache written
+and then loaded) and the runtime's `predict` on the demo checkpoint. The mock computes nothing, so these
+check that every command gets through the device code and what reaches stdout, not the tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from alpamayo.tt import dryrun
+from tests.test_runtime import write_predict_inputs
+from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
+
+pytestmark = pytest.mark.dryrun
+DEVICE_OPEN_LINE = "Opening user mode device driver"  # tt-metal's, written on file descriptor 1
+
+
+def alpamayo(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "alpamayo.cli", *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def checkpoint(dryrun_device, tmp_path_factory):
+    """gqa2 with the small test vision tower; `dryrun_device` only for its skip and the session's dry run."""
+    path = tmp_path_factory.mktemp("gqa2")
+    save_tt_checkpoint(path, "gqa2", seed=13)
+    return path
+
+
+def generate(checkpoint, cache, *extra: str) -> subprocess.CompletedProcess:
+    args = ["generate", "--checkpoint", str(checkpoint), "--prompt", "Lane ahead?", "--max-new-tokens", "3"]
+    return alpamayo(*args, "--backend", "ttnn", "--recipe", "accuracy", "--tt-cache", str(cache), *extra)
+
+
+def test_generate_json_keeps_stdout_to_the_json_and_caches_the_packed_weights(checkpoint, tmp_path):
+    assert dryrun.active()
+    cache = tmp_path / "cache"
+    proc = generate(checkpoint, cache, "--json")
+    out = json.loads(proc.stdout)  # tt-metal's device lines went to stderr, not into the JSON
+    assert DEVICE_OPEN_LINE in proc.stderr and DEVICE_OPEN_LINE not in proc.stdout
+    assert 1 <= len(out["token_ids"]) <= 3
+    assert all(0 <= t < TT_TINY["gqa2"]["text"]["vocab_size"] for t in out["token_ids"])
+    written = {p.name: p.stat().st_mtime_ns for p in cache.glob("*.tensorbin")}
+    assert any(name.startswith("layers.0.wqkv.bfp8.256x1024.") for name in written)
+
+    image = tmp_path / "frame.png"
+    Image.new("RGB", (96, 64), (90, 120, 30)).save(image)
+    proc = generate(checkpoint, cache, "--image", str(image))
+    assert DEVICE_OPEN_LINE not in proc.stdout and proc.stdout.endswith("\n")
+    again = {p.name: p.stat().st_mtime_ns for p in cache.glob("*.tensorbin")}
+    assert {name: again[name] for name in written} == written  # loaded from the cache, not rewritten
+    assert any(name.startswith("vision.") for name in set(again) - set(written))
+
+
+def test_predict_backend_ttnn_on_the_demo_checkpoint(dryrun_device, demo_checkpoint, tmp_path):
+    write_predict_inputs(tmp_path, 5)
+    proc = alpamayo(
+        "predict",
+        "--checkpoint",
+        str(demo_checkpoint),
+        "--frames",
+        str(tmp_path / "frames"),
+        "--ego",
+        str(tmp_path / "ego.csv"),
+        "--max-reasoning-tokens",
+        "4",
+        "--backend",
+        "ttnn",
+        "--json",
+    )
+    (sample,) = json.loads(proc.stdout)["samples"]
+    assert len(sample["xyz"]) == 64 and len(sample["trajectory_token_ids"]) == 128
+    assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1

@@ -1,0 +1,147 @@
+"""The ttnn text backbone (dense and MoE) through ttnn's host-side checks on the dry run's mock p150 (marked
+`dryrun`; see `alpamayo.tt.dryrun`). No numbers are checked: the mock runs no kernels and reads back zeros.
+
+Cases, both recipes each: the tiny device-test checkpoints (`TT_TINY`: GQA 2:1, GQA 8:1 with a tied head, MoE
+with 32-wide heads) and the demo checkpoint, uploaded from safetensors as `--backend ttnn` does; and the
+published 2B, 8B, 32B and 30B-A3B configs with two layers, their weights allocated uninitialised
+(`alpamayo.tt.dryrun.models`). Each runs a 126-token prefill and untraced decode at positions 126..129 (a tile
+and a flash-decode chunk boundary) and checks what the plan says: weight placement, KV cache, residual stream
+and logits layout. `ttnn.graph` capture of one decode step checks the trace rule (no host <-> device copy
+inside the step) and counts the device programs per layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alpamayo.tt.dryrun.graph import Capture
+from alpamayo.tt.ttnn_configs import ttnn_dtype
+from alpamayo.tt.weight_cache import placement
+from alpamayo.tt.weights import text_weight_specs, weight_dtype
+from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
+
+pytestmark = pytest.mark.dryrun
+
+RECIPES = ("accuracy", "performance")
+REAL = ("qwen3-vl-2b", "qwen3-vl-8b", "qwen3-vl-32b", "qwen3-vl-30b-a3b")
+REAL_LAYERS = 2
+CASES = [f"{name}/{recipe}" for name in (*TT_TINY, "demo", *REAL) for recipe in RECIPES]
+PROMPT_LEN, DECODE_STEPS, MAX_SEQ_LEN = 126, 4, 256
+
+
+@pytest.fixture(scope="module", params=CASES)
+def model(request, dryrun_device, demo_checkpoint, tmp_path_factory):
+    from alpamayo.tt.dryrun.models import cut_config, text_model
+    from alpamayo.tt.text import TTTextModel
+
+    name, recipe = request.param.split("/")
+    if name in REAL:
+        tt = text_model(cut_config(name, REAL_LAYERS), recipe, dryrun_device)
+    else:
+        path = demo_checkpoint if name == "demo" else tmp_path_factory.mktemp(name)
+        if name != "demo":
+            save_tt_checkpoint(path, name, seed=3)
+        tt = TTTextModel.from_checkpoint(path, precision=recipe, device=dryrun_device)
+    tt.setup_cache(MAX_SEQ_LEN)
+    yield tt
+    tt.close()
+
+
+def prompt(tt) -> torch.Tensor:
+    return torch.arange(PROMPT_LEN) % min(tt.text_cfg.vocab_size, 256)
+
+
+def test_weights_and_kv_cache_are_placed_as_planned(model):
+    ttnn, banks = model.ttnn, model.plan.device.dram_banks
+    for spec in text_weight_specs(model.cfg, banks):
+        w = model.weights[spec.name]
+        assert tuple(w.shape) == spec.padded, spec.name
+        assert w.dtype == ttnn_dtype(ttnn, weight_dtype(spec, model.precision)), spec.name
+        assert w.memory_config() == placement(ttnn, spec, banks), spec.name
+    t = model.text_cfg
+    assert len(model.kv_cache) == t.num_hidden_layers
+    for k, v in model.kv_cache:
+        for c in (k, v):
+            assert tuple(c.shape) == (
+                1,
+                t.num_key_value_heads,
+                model.plan.cache_length(MAX_SEQ_LEN),
+                t.head_dim,
+            )
+            assert c.dtype == model.kv_dtype and c.memory_config() == ttnn.DRAM_MEMORY_CONFIG
+
+
+def test_prefill_and_decode_across_a_tile_and_a_flash_decode_chunk(model, capsys):
+    from alpamayo.tt.text import DRY_RUN_NOTICE
+
+    ttnn, t = model.ttnn, model.text_cfg
+    seen = []
+
+    def recorded(i, x, cos, sin, pos):
+        out = model._layer_decode(i, x, cos, sin, pos)
+        seen.append((i, tuple(out.shape), out.dtype, out.memory_config()))
+        return out
+
+    model.decode_layers = dict.fromkeys(range(t.num_hidden_layers), recorded)
+    try:
+        logits = model.prefill(prompt(model))
+        assert logits.shape == (t.vocab_size,) and logits.dtype == torch.float32
+        for step in range(DECODE_STEPS):
+            logits = model.decode(step + 1)  # traced by default: untraced under the dry run, with a notice
+            assert logits.shape == (t.vocab_size,) and logits.dtype == torch.float32
+    finally:
+        model.decode_layers = {}
+    assert model.cache_len == PROMPT_LEN + DECODE_STEPS
+    residual = (1, 1, 32, model.plan.hidden_padded)
+    assert seen == [
+        (i, residual, ttnn.bfloat16, model.res_mem)
+        for _ in range(DECODE_STEPS)
+        for i in range(t.num_hidden_layers)
+    ]
+    assert model.res_mem.shard_spec.grid.num_cores() == model.plan.residual_grid.cores
+    assert capsys.readouterr().err.count(DRY_RUN_NOTICE) == 1
+
+
+def test_a_decode_step_copies_nothing_between_host_and_device(model, record_figure):
+    ttnn, t = model.ttnn, model.text_cfg
+    model.prefill(prompt(model))
+    inputs = model._write_inputs(
+        model._decode_host_inputs(1, model.cache_len)
+    )  # before the step, as a replay
+    with Capture(ttnn) as step:
+        row = model._decode_graph(inputs)
+    assert step.host_transfers() == []
+    assert tuple(row.shape) == (1, 1, 1, model.plan.head.n_padded)
+    assert row.layout == ttnn.ROW_MAJOR_LAYOUT and row.dtype == ttnn.bfloat16
+    assert row.memory_config() == ttnn.DRAM_MEMORY_CONFIG
+    model._free(row)
+    x, cos, sin = model._sharded_inputs(inputs)
+    per_layer = []
+    for i in range(t.num_hidden_layers):
+        with Capture(ttnn) as layer:
+            x = model._layer_decode(i, x, cos, sin, inputs["pos"])
+        assert layer.host_transfers() == []
+        per_layer.append(layer.programs())
+    model._free(x, cos, sin)
+    assert sum(per_layer) < step.programs()  # the step is the layers, the final norm and the head
+    kinds = {"MoE" if i in model.moe else "dense": n for i, n in enumerate(per_layer)}
+    for kind, n in kinds.items():
+        record_figure(f"decode device programs per {kind} layer", n)
+    record_figure("decode device programs per step", step.programs())
+
+
+def test_moe_block_runs_its_decode_and_grouped_prefill_paths(model):
+    if not model.moe:
+        pytest.skip("a dense model: no MoE block")
+    ttnn, hidden = model.ttnn, model.text_cfg.hidden_size
+    block = model.moe[min(model.moe)]
+    for rows in (1, 33, 300):  # decode path (one row), grouped prefill (padded to 128 and to 384 rows)
+        out = block.forward(torch.randn(rows, hidden))
+        assert out.shape == (rows, hidden) and out.dtype == torch.bfloat16
+    x = model._rows(torch.randn(1, hidden), 32, model.plan.hidden_padded, ttnn.L1_MEMORY_CONFIG)
+    with Capture(ttnn) as decode:
+        out = block.decode(x)
+    assert decode.host_transfers() == []  # the MoE decode runs inside the traced step
+    assert tuple(out.shape) == (1, 1, 32, model.plan.hidden_padded)
+    model._free(x, out)
