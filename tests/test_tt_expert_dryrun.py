@@ -6,7 +6,6 @@ does, on a card)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from alpamayo.trajectory_generation import GeneratedPlan
+from alpamayo.tt.dryrun.graph import Capture
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.program_config import plan_text
 from tests.tt_checkpoints import TT_TINY, tiny_config
@@ -22,19 +22,6 @@ from tests.tt_expert_cases import TINY_VLM, release_cut, save_expert_weights, ti
 pytestmark = pytest.mark.dryrun
 MAX_SEQ_LEN = 512
 STEPS = 2  # the loop and the step's programs are what the dry run checks; ten steps only repeat them
-# ttnn / tt-metal functions that move tensor data between the host and the device (as ttnn.graph names them;
-# a host-only ttnn.from_torch is a conversion, and one with a device shows its nested copy_to_device)
-HOST_TRANSFERS = (
-    "ttnn.copy_host_to_device_tensor",
-    "ttnn.copy_device_to_host_tensor",
-    "ttnn.to_torch",
-    "ttnn.from_device",
-    "ttnn.to_device",
-    "tt::tt_metal::copy_to_device",
-    "tt::tt_metal::copy_to_host",
-    "tt::tt_metal::write_tensor",
-    "tt::tt_metal::read_tensor",
-)
 
 
 def weightless_text(device: Any, cfg: Any, recipe: str) -> Any:
@@ -68,32 +55,6 @@ def case(request, dryrun_device, tmp_path_factory):
     text.close()
 
 
-def transfers(graph: list[dict]) -> Counter:
-    """Calls of host<->device transfer functions at the outermost level of a captured graph."""
-    calls = Counter()
-    depth_of_transfer = None
-    for node in graph:
-        if node.get("node_type") == "function_start":
-            name = (node.get("params") or {}).get("name", "")
-            if depth_of_transfer is None and name in HOST_TRANSFERS:
-                calls[name] += 1
-                depth_of_transfer = node.get("stacking_level")
-        elif node.get("node_type") == "function_end" and node.get("stacking_level") == depth_of_transfer:
-            depth_of_transfer = None
-    return calls
-
-
-def captured(fn) -> tuple[Any, list[dict]]:
-    import ttnn
-
-    ttnn.graph.begin_graph_capture(ttnn.graph.RunMode.NORMAL)
-    try:
-        out = fn()
-    finally:
-        graph = ttnn.graph.end_graph_capture()
-    return out, graph
-
-
 @pytest.mark.parametrize("samples", [1, 3])
 def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
     text, expert = case
@@ -116,11 +77,13 @@ def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in
     expert.sample(torch.zeros(1, 64, 2), offset=200, rope_delta=0, steps=STEPS, traced=False)
     state = expert._state
     address = state["buffers"]["x"].buffer_address()
-    _, graph = captured(lambda: expert._euler_step(state))
-    assert transfers(graph) == Counter()
+    with Capture(expert.ttnn) as step:
+        expert._euler_step(state)
+    assert step.host_transfers() == []
     assert state["buffers"]["x"].buffer_address() == address
-    ops = [n for n in graph if n.get("node_type") == "function_start" and n.get("stacking_level") == 1]
-    record_figure(f"top-level ops per Euler step ({expert.cfg.text.num_hidden_layers} layers)", len(ops))
+    record_figure(
+        f"device programs per Euler step ({expert.cfg.text.num_hidden_layers} layers)", step.programs()
+    )
 
 
 def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
@@ -131,8 +94,14 @@ def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
     expert.sample(
         noise, offset=250, rope_delta=-10, steps=STEPS, traced=False
     )  # allocates the persistent state
-    _, graph = captured(lambda: expert.sample(noise, offset=260, rope_delta=-12, steps=STEPS, traced=False))
-    assert transfers(graph) == Counter({"ttnn.copy_host_to_device_tensor": 1, "ttnn.to_torch": 1})
+    with Capture(expert.ttnn) as prediction:
+        expert.sample(noise, offset=260, rope_delta=-12, steps=STEPS, traced=False)
+    with Capture(expert.ttnn) as noise_in:
+        expert._write_noise(expert._state, noise)
+    with Capture(expert.ttnn) as actions_out:
+        expert._actions(expert._state, 3)
+    assert noise_in.host_transfers() and actions_out.host_transfers()
+    assert prediction.host_transfers() == noise_in.host_transfers() + actions_out.host_transfers()
 
 
 def test_bad_predictions_are_refused_with_the_allowed_range(case):

@@ -59,7 +59,6 @@ from alpamayo.expert.weights import validate_expert_tensors
 from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.profiling import Tracer
 from alpamayo.trajectory_generation import GeneratedPlan
-from alpamayo.tt import dryrun
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, round_up
@@ -421,11 +420,12 @@ class TTActionExpert(DeviceIO):
         default) against the text model's cache -> [K, 64, 2] float32 normalised (accel, curvature).
 
         `offset`: cache index of `<|traj_future_start|>` plus 1; `rope_delta`: the text model's M-RoPE delta.
-        Traced (default, card only): step 0 compiles the step eagerly, the step is captured once per sample
-        count and replayed for the rest; untraced: every step runs eagerly (the dry run's path)."""
+        Traced (default; card only, a dry run falls back to untraced): step 0 compiles the step eagerly, the
+        step is captured once per sample count and replayed for the rest; untraced: every step runs eagerly."""
         noise = self._check(torch.as_tensor(noise))
         steps = steps or self.cfg.num_inference_steps
         samples = noise.shape[0]
+        traced = self.text.traced_here(traced)
         ttnn = self.ttnn
         state = self._setup(samples, steps)
         b = state["buffers"]
@@ -525,4 +525,4 @@ class TTExpertDecoder:
         x0 = noise_for(ctx.rows, FUTURE_STEPS, self.settings, seed, noise)
         if tracer is not None:
             self.expert.tracer = tracer
-        return self.expert.sample(x0, ctx.offset, ctx.rope_delta, self.steps, traced=not dryrun.active())
+        return self.expert.sample(x0, ctx.offset, ctx.rope_delta, self.steps)

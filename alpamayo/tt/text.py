@@ -719,6 +719,16 @@ class TTTextModel(DeviceIO):
     def _logits(self, row: Any) -> torch.Tensor:
         return self._download(row).reshape(-1)[: self.text_cfg.vocab_size].float()
 
+    def traced_here(self, traced: bool) -> bool:
+        """`traced`, except under a dry run, where trace capture crashes the mock device: False then (the text
+        model's decode and the action expert's steps run untraced), said once on stderr."""
+        if traced and self.dry_run:
+            if not self._dry_run_noticed:
+                print(DRY_RUN_NOTICE, file=sys.stderr)
+                self._dry_run_noticed = True
+            return False
+        return traced
+
     def decode(self, tokens: int | torch.Tensor, traced: bool = True) -> torch.Tensor:
         """Append one token at position cache_len; float32 logits [V] for an int, [1, V] for ids [1] (the
         torch backend's contract with one active row). The first traced call compiles the step, captures it
@@ -730,11 +740,7 @@ class TTTextModel(DeviceIO):
         token = tokens
         self._check_decode(token)
         ttnn = self.ttnn
-        if traced and self.dry_run:
-            if not self._dry_run_noticed:
-                print(DRY_RUN_NOTICE, file=sys.stderr)
-                self._dry_run_noticed = True
-            traced = False
+        traced = self.traced_here(traced)
         inputs = self._write_inputs(self._decode_host_inputs(token, self.cache_len))
         if not traced:
             with self.tracer.span("tt.decode_untraced"):
