@@ -37,11 +37,12 @@ import torch
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.demo_checkpoint import CORPUS
+from alpamayo.expert.config import expert_config_of
+from alpamayo.families.loader import model_tokenizer
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
-from alpamayo.tokenizer import load_tokenizer
 from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_run
 from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import Precision, load_precision
@@ -171,7 +172,7 @@ def _vla(
 
     vlm = VisionLanguageModel.from_checkpoint(directory, weights=weights, cfg=cfg)
     vlm.text.kv_store = store
-    planner = Planner.from_config(vlm.config, load_tokenizer(directory))
+    planner = Planner.from_config(vlm.config, model_tokenizer(cfg))
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
 
 
@@ -188,7 +189,7 @@ def drive_ticks(path: str | Path, count: int, warn: Callable[[str], None]) -> li
 
 def evaluation_ids(directory: Path, prompt_tokens: int) -> torch.Tensor:
     """The first `prompt_tokens` tokens of the built-in driving corpus in the checkpoint's tokenizer."""
-    ids = load_tokenizer(directory)(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
+    ids = model_tokenizer(load_config(directory))(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
     if len(ids) < prompt_tokens:
         raise ValueError(f"prompt-tokens {prompt_tokens}: the corpus has only {len(ids)} tokens")
     return torch.tensor(ids[:prompt_tokens])
@@ -375,7 +376,8 @@ def precision_report(
     precisions = [load_precision(r) for r in recipes]
     cfg = load_config(directory)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
-    plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
+    expert = expert_config_of(cfg)
+    plans = [plan_memory(cfg, p, settings.max_seq_len, expert=expert) for p in precisions]
     ticks = drive_ticks(drive, settings.ticks, warn) if drive is not None else []
     ref = reference(directory, settings, ticks)
     reports = [
