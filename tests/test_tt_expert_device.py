@@ -7,7 +7,11 @@ ttnn's packer) over the torch text model's recipe-rounded cache, so the threshol
 implementation; the drift from the unrounded float32 expert is recorded beside them.
 
   * velocity PCC >= 0.99 at every Euler step, the device and the reference evaluated at the reference's own x_k;
-  * waypoint ADE of the device's trajectory (unicycle rollout at 10 m/s, 6.4 s) to the reference's <= 0.5 m;
+  * waypoint ADE of the device's trajectory to the reference's (unicycle rollout at 10 m/s, 6.4 s) at most
+    ADE_FACTOR (4) times the drift the recipe's weight rounding alone causes (the reference against the
+    float32 expert on unrounded weights), and at least 0.5 m of slack: the rollout amplifies small velocity
+    errors (measured on this tiny random expert: bfp8 rounding alone, per-step velocity PCC 0.9997, drifts
+    0.46-0.81 m over the three samples), so a fixed bound in metres would measure the random weights;
   * the traced sampling equals the untraced one bit for bit.
 """
 
@@ -31,7 +35,7 @@ from tests.tt_expert_cases import TINY_VLM, save_expert_weights, tiny_expert
 
 pytestmark = pytest.mark.blackhole
 
-VELOCITY_PCC, ADE_M = 0.99, 0.5
+VELOCITY_PCC, ADE_FACTOR, ADE_FLOOR_M = 0.99, 4.0, 0.5
 PROMPT_LEN, MAX_SEQ_LEN, V0 = 100, 256, 10.0
 CASES = [f"{recipe}-K{k}" for recipe in ("accuracy", "performance") for k in (1, 3)]
 
@@ -135,12 +139,14 @@ def test_sampled_waypoints_match_the_torch_expert(case, record_figure):
     fp32, _ = reference_run(case.fp32, case.ctx_fp32, case.noise, steps)
     got = case.tt.sample(case.noise, case.offset, case.rope_delta)
     drift = max(ade(a, b) for a, b in zip(waypoints(got), waypoints(ref), strict=True))
+    rounding = max(ade(a, b) for a, b in zip(waypoints(ref), waypoints(fp32), strict=True))
     record_figure("waypoint ADE to the rounded torch expert m", drift)
+    record_figure("waypoint ADE of the rounding alone m", rounding)
     record_figure(
         "waypoint ADE to the float32 torch expert m",
         max(ade(a, b) for a, b in zip(waypoints(got), waypoints(fp32), strict=True)),
     )
-    assert drift <= ADE_M
+    assert drift <= max(ADE_FLOOR_M, ADE_FACTOR * rounding)
 
 
 def test_traced_sampling_is_identical_to_untraced(case):
