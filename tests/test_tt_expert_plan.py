@@ -141,3 +141,25 @@ def test_plan_cli_prints_the_alpamayo_1_5_budget_fit_and_estimates(capsys):
 def test_plan_cli_names_a_bad_image_size(capsys):
     assert main(["plan", "--checkpoint", RELEASE, "--image-size", "320by576"]) == 2
     assert "--image-size '320by576': expected HEIGHTxWIDTH" in capsys.readouterr().err
+
+
+def test_device_fourier_tables_give_the_in_projections_features(release):
+    """The device's feature recipe (x * freq rows in float32, frac, phase, sin, sqrt(2), plus the step's t row)
+    on the tables `feature_rows` / `t_feature_rows` build equals the torch in-projection's own features for
+    |f x| up to ~500, where a bf16 or 10-bit-mantissa product of x and f would already be off by a radian."""
+    from alpamayo.expert.in_proj import ActionInProj, default_freqs
+    from alpamayo.tt.expert import feature_rows, t_feature_rows
+
+    _, expert = release
+    c = expert.in_proj
+    freqs = [default_freqs(c)] * 3
+    in_proj = ActionInProj(freqs, [(torch.zeros(1, c.num_features), torch.zeros(1))], [], (None, None))
+    x = torch.randn(3, 64, 2, generator=torch.Generator().manual_seed(0)) * 2.5
+    tables = feature_rows(c, freqs)
+    for k, t_row in enumerate(t_feature_rows(c, freqs, 10)):
+        u = x[..., :1] * tables["freq_a"][0, 0] + x[..., 1:] * tables["freq_k"][0, 0]
+        device = math.sqrt(2) * torch.sin(2 * math.pi * (torch.frac(u) + tables["phase"][0, 0])) + t_row[0, 0]
+        reference = in_proj.features(x, torch.full((3,), k / 10))
+        assert device.shape[-1] == 64 and torch.equal(device[..., 60:], torch.zeros(3, 64, 4))
+        # both round the float32 argument: one ulp of 2 pi f x at |2 pi f x| ~ 3000 rad is 2.4e-4
+        assert (device[..., :60] - reference).abs().max() < 1e-3, k

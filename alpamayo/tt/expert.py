@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
+from alpamayo.expert.config import ACTION_DIMS, ExpertConfig, InProjConfig
 from alpamayo.expert.decoding import offsets_after_reasoning
 from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise, noise_for
@@ -144,23 +144,12 @@ class TTActionExpert(DeviceIO):
         self._state = None
 
     # ------------------------------------------------------------------ static device tensors
-    def _feature_rows(self) -> dict[str, torch.Tensor]:
-        """[1, 1, 1, F_p] float32 rows of the device Fourier features (F_p: the in-projection's padded K):
-        x's accel frequencies, its curvature frequencies (each at their sine and cosine columns) and the phase
-        (0.25 turns the sines of the cosine columns into cosines)."""
-        c = self.cfg.in_proj
-        width = round_up(c.num_features, TILE)
-        rows = {name: torch.zeros(1, 1, 1, width) for name in ("freq_a", "freq_k", "phase")}
-        n, f = c.num_freqs, c.num_fourier_feats
-        for dim, name in enumerate(("freq_a", "freq_k")):
-            rows[name][..., dim * f : dim * f + n] = self.freqs[dim]
-            rows[name][..., dim * f + n : (dim + 1) * f] = self.freqs[dim]
-            rows["phase"][..., dim * f + n : (dim + 1) * f] = 0.25
-        return rows
-
     def _upload_statics(self) -> dict[str, Any]:
         """The feature rows, fixed for the model's life."""
-        return {name: self._upload(row, self.ttnn.float32) for name, row in self._feature_rows().items()}
+        return {
+            name: self._upload(row, self.ttnn.float32)
+            for name, row in feature_rows(self.cfg.in_proj, self.freqs).items()
+        }
 
     def _rope_tables(self) -> dict[str, Any]:
         """Row-major bf16 cos/sin [1, 1, P, hd] over every position an action token can take with the text
@@ -172,19 +161,6 @@ class TTActionExpert(DeviceIO):
             "cos_table": self._upload(cos.view(1, 1, rows, -1), layout=layout),
             "sin_table": self._upload(sin.view(1, 1, rows, -1), layout=layout),
         }
-
-    def _t_rows(self, steps: int) -> list[torch.Tensor]:
-        """Per Euler step k, the [1, 1, 1, F_p] float32 row holding FE(t_k) at the t-feature columns, t_k =
-        linspace(0, 1, steps + 1)[k] (the reference sampler's times), computed with its `fourier_features`."""
-        c = self.cfg.in_proj
-        start = ACTION_DIMS * c.num_fourier_feats
-        times = torch.linspace(0.0, 1.0, steps + 1)[:steps]
-        rows = []
-        for t in times:
-            row = torch.zeros(1, 1, 1, round_up(c.num_features, TILE))
-            row[..., start : start + c.num_fourier_feats] = fourier_features(t.view(1), self.freqs[-1])
-            rows.append(row)
-        return rows
 
     def _setup(self, samples: int, steps: int) -> dict[str, Any]:
         """Persistent step inputs for `samples` samples and `steps` Euler steps over the text model's current
@@ -228,7 +204,7 @@ class TTActionExpert(DeviceIO):
             "columns": self._upload(index, ttnn.float32),
             **self._rope_tables(),
         }
-        t_rows = [self._upload(r, ttnn.float32) for r in self._t_rows(steps)]
+        t_rows = [self._upload(r, ttnn.float32) for r in t_feature_rows(self.cfg.in_proj, self.freqs, steps)]
         self._state = {
             "samples": samples,
             "steps": steps,
@@ -472,6 +448,33 @@ class TTActionExpert(DeviceIO):
         out = self._download(v)[0, 0, : x.shape[0] * FUTURE_STEPS, :ACTION_DIMS]
         self._free(v)
         return out.float().reshape(x.shape[0], FUTURE_STEPS, ACTION_DIMS)
+
+
+def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """[1, 1, 1, F_p] float32 rows of the device Fourier features (F_p: the in-projection's K padded to a tile):
+    the accel frequencies and the curvature frequencies, each at their sine and cosine columns, and the phase
+    (a quarter turn makes the cosine columns' sines cosines). With x = (a, k) per row the device computes
+    sqrt(2) sin(2 pi (frac(a freq_a + k freq_k) + phase)), and the step's t row fills the t columns."""
+    width = round_up(cfg.num_features, TILE)
+    rows = {name: torch.zeros(1, 1, 1, width) for name in ("freq_a", "freq_k", "phase")}
+    n, f = cfg.num_freqs, cfg.num_fourier_feats
+    for dim, name in enumerate(("freq_a", "freq_k")):
+        rows[name][..., dim * f : dim * f + n] = freqs[dim]
+        rows[name][..., dim * f + n : (dim + 1) * f] = freqs[dim]
+        rows["phase"][..., dim * f + n : (dim + 1) * f] = 0.25
+    return rows
+
+
+def t_feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor], steps: int) -> list[torch.Tensor]:
+    """Per Euler step k, the [1, 1, 1, F_p] float32 row holding FE(t_k) at the t-feature columns, t_k =
+    linspace(0, 1, steps + 1)[k] (the reference sampler's times), computed with its `fourier_features`."""
+    start = ACTION_DIMS * cfg.num_fourier_feats
+    rows = []
+    for t in torch.linspace(0.0, 1.0, steps + 1)[:steps]:
+        row = torch.zeros(1, 1, 1, round_up(cfg.num_features, TILE))
+        row[..., start : start + cfg.num_fourier_feats] = fourier_features(t.view(1), freqs[-1])
+        rows.append(row)
+    return rows
 
 
 @dataclass(frozen=True)
