@@ -24,6 +24,14 @@ MAX_SEQ_LEN = 512
 STEPS = 2  # the loop and the step's programs are what the dry run checks; ten steps only repeat them
 
 
+def filled(text: Any, **reserve: int) -> Any:
+    """`text` with a fresh cache whose MAX_SEQ_LEN positions count as prefilled (on the mock whatever a prefill
+    wrote reads back as zeros)."""
+    text.setup_cache(MAX_SEQ_LEN, **reserve)
+    text.cache_len = MAX_SEQ_LEN
+    return text
+
+
 def weightless_text(device: Any, cfg: Any, recipe: str) -> Any:
     """A `TTTextModel` without layer weights: the expert uses only its KV cache, plan, kernel configs and rope
     (on the mock whatever fills the cache reads back as zeros, so a prefill would add nothing here)."""
@@ -59,7 +67,7 @@ def case(request, dryrun_device, tmp_path_factory):
 def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
     text, expert = case
     plan = expert.plan_for(MAX_SEQ_LEN, samples)
-    text.setup_cache(MAX_SEQ_LEN, reserve_rows=plan.rows)
+    filled(text, reserve_rows=plan.rows)
     assert text.kv_cache[0][0].shape[-2] == plan.cache_rows
     noise = torch.randn(samples, 64, 2, generator=torch.Generator().manual_seed(samples))
     actions = expert.sample(noise, offset=300, rope_delta=-40, steps=STEPS, traced=False)
@@ -73,7 +81,7 @@ def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
 def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in_place(case, record_figure):
     text, expert = case
     plan = expert.plan_for(MAX_SEQ_LEN, 1)
-    text.setup_cache(MAX_SEQ_LEN, reserve_rows=plan.rows)
+    filled(text, reserve_rows=plan.rows)
     expert.sample(torch.zeros(1, 64, 2), offset=200, rope_delta=0, steps=STEPS, traced=False)
     state = expert._state
     address = state["buffers"]["x"].buffer_address()
@@ -89,7 +97,7 @@ def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in
 def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
     text, expert = case
     plan = expert.plan_for(MAX_SEQ_LEN, 3)
-    text.setup_cache(MAX_SEQ_LEN, reserve_rows=plan.rows)
+    filled(text, reserve_rows=plan.rows)
     noise = torch.zeros(3, 64, 2)
     expert.sample(
         noise, offset=250, rope_delta=-10, steps=STEPS, traced=False
@@ -106,11 +114,11 @@ def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
 
 def test_bad_predictions_are_refused_with_the_allowed_range(case):
     text, expert = case
-    text.setup_cache(MAX_SEQ_LEN, reserve_rows=0)  # no rows for the expert's K/V
+    filled(text, reserve_rows=0)  # no rows for the expert's K/V
     with pytest.raises(RuntimeError, match=r"call text.setup_cache\(512, reserve_rows=64\)"):
         expert.sample(torch.zeros(1, 64, 2), offset=100, rope_delta=0, steps=STEPS, traced=False)
-    text.setup_cache(MAX_SEQ_LEN, reserve_rows=64)
-    with pytest.raises(ValueError, match=r"offset 600 must be in \[1, 512\]"):
+    filled(text, reserve_rows=64)
+    with pytest.raises(ValueError, match=r"offset 600 must be in \[1, cache_len=512\]"):
         expert.sample(torch.zeros(1, 64, 2), offset=600, rope_delta=0, steps=STEPS, traced=False)
     with pytest.raises(ValueError, match="initial noise must be finite"):
         expert.sample(torch.full((1, 64, 2), float("nan")), offset=100, rope_delta=0, traced=False)

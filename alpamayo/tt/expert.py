@@ -220,11 +220,11 @@ class TTActionExpert(DeviceIO):
     def _prepare(self, state: dict[str, Any], offset: int, rope_delta: int) -> None:
         """Mask and cos/sin of one prediction, built on the device into the persistent inputs."""
         ttnn, b = self.ttnn, state["buffers"]
-        base, last = rope_delta + offset, self.text.max_seq_len
-        if not 1 <= offset <= last or not 0 <= base <= last:
+        base, filled, last = rope_delta + offset, self.text.cache_len, self.text.max_seq_len
+        if not 1 <= offset <= filled or not 0 <= base <= last:
             raise ValueError(
-                f"offset {offset} must be in [1, {last}] and rope_delta + offset = {base} in [0, {last}] "
-                "(positions of the text model's cache)"
+                f"offset {offset} must be in [1, cache_len={filled}] (after <|traj_future_start|>) and "
+                f"rope_delta + offset = {base} in [0, {last}]"
             )
         visible = ttnn.lt(b["columns"], float(offset))
         mask = ttnn.where(visible, 0.0, b["own"])
