@@ -2,6 +2,7 @@
 helpers, and recorded drives (MCAP).
 
 * `bridges.protocol`: the message schema (camera frames, ego poses in; trajectories out), encode/decode;
+* `bridges.jpeg`: JPEG checks at intake (no pixel decoded), the decode, and the bounded decoding pool;
 * `bridges.config`: the node's validated configuration (YAML plus overrides);
 * `bridges.window`: per-camera frame rings, the ego track and the 10 Hz input window;
 * `bridges.node`: `InferenceNode`, the node itself (start/stop in-process, endpoints, counters);

@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from alpamayo.errors import ConfigError
+from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.tt.precision import PRESETS
-from bridges.protocol import ALPAMAYO_CAMERAS, Limits
+from bridges.protocol import ALPAMAYO_CAMERAS, CHANNELS, ENCODINGS, CameraFormat, Limits
 from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 
 # Alpamayo's default four cameras and their model indices (reference/alpamayo.md §1.3).
@@ -157,6 +158,16 @@ class TimingSection:
     shutdown_timeout_s: float = 5.0  # how long SIGTERM waits for the current prediction
     linger_ms: int = DEFAULT_LINGER_MS
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # ZMTP ping interval; peers are dropped after 3 missed
+    # Clock sanity (docs/protocol.md "Clock rules"). A message further ahead of the other streams' clocks is
+    # rejected as `future` without moving its stream's clock: one frame stamped 1 h ahead must not make every
+    # later good frame `backwards`.
+    max_future_ms: float = 2000.0
+    # A frame_id step above this is a restart of the camera's id sequence, not that many lost frames (a
+    # 30 Hz camera loses 1000 frames in 33 s, long after stale_after_ms has restarted it anyway).
+    max_frame_id_jump: int = 1000
+    # This many consecutive `backwards` messages on a fresh stream mean its clock was reset: the last one
+    # restarts the stream at once instead of after stale_after_ms of rejections.
+    backwards_restart_after: int = 3
 
     def __post_init__(self) -> None:
         _check(0.1 <= self.rate_hz <= 100, "timing.rate_hz", self.rate_hz, "0.1..100")
@@ -183,6 +194,19 @@ class TimingSection:
         _check(self.shutdown_timeout_s > 0, "timing.shutdown_timeout_s", self.shutdown_timeout_s, "> 0")
         _check(0 <= self.linger_ms <= 10_000, "timing.linger_ms", self.linger_ms, "0..10000")
         _check(100 <= self.heartbeat_ms <= 60_000, "timing.heartbeat_ms", self.heartbeat_ms, "100..60000")
+        _check(self.max_future_ms > 0, "timing.max_future_ms", self.max_future_ms, "> 0")
+        _check(
+            1 <= self.max_frame_id_jump <= 2**31,
+            "timing.max_frame_id_jump",
+            self.max_frame_id_jump,
+            "1..2^31",
+        )
+        _check(
+            2 <= self.backwards_restart_after <= 1000,
+            "timing.backwards_restart_after",
+            self.backwards_restart_after,
+            "2..1000",
+        )
 
 
 @dataclass(frozen=True)
@@ -192,15 +216,26 @@ class LimitsSection:
     max_width: int = 3840
     max_height: int = 2160
     ring_frames: int = 16  # frames kept per camera (0.4 s of a 30 Hz camera, enough for a 4-frame window)
+    # Memory of all frame rings (pixels and compressed JPEG bytes), MB, shared equally by the cameras; the
+    # oldest frames go first. Each camera's share must hold a window (4 frames of its largest size).
+    ring_mb: float = 1024.0
+    max_jpeg_ratio: float = 1024.0  # decoded bytes / wire bytes of a JPEG (bridges.jpeg: real frames <= 497)
+    decode_threads: int = 2  # JPEG decoding pool (Pillow releases the GIL while decoding)
+    # A JPEG whose decode takes longer is rejected (`jpeg_decode`): 1080p decodes in 15 ms, 4K in 60 ms here.
+    decode_budget_ms: float = 250.0
 
     def __post_init__(self) -> None:
         _check(1 <= self.max_width <= 16384, "limits.max_width", self.max_width, "1..16384")
         _check(1 <= self.max_height <= 16384, "limits.max_height", self.max_height, "1..16384")
         _check(4 <= self.ring_frames <= 256, "limits.ring_frames", self.ring_frames, "4..256")
+        _check(self.ring_mb > 0, "limits.ring_mb", self.ring_mb, "> 0")
+        _check(1 <= self.max_jpeg_ratio <= 1e6, "limits.max_jpeg_ratio", self.max_jpeg_ratio, "1..1e6")
+        _check(1 <= self.decode_threads <= 64, "limits.decode_threads", self.decode_threads, "1..64")
+        _check(self.decode_budget_ms > 0, "limits.decode_budget_ms", self.decode_budget_ms, "> 0")
 
     @property
     def protocol(self) -> Limits:
-        return Limits(self.max_width, self.max_height)
+        return Limits(self.max_width, self.max_height, self.max_jpeg_ratio)
 
 
 @dataclass(frozen=True)
@@ -240,6 +275,8 @@ class NodeConfig:
     output: OutputSection = field(default_factory=OutputSection)
     control: ControlSection = field(default_factory=ControlSection)
     cameras: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_CAMERAS))
+    # camera name -> declared {width, height, encoding, allow_resize}; cameras not named send any format
+    camera_formats: dict[str, CameraFormat] = field(default_factory=dict)
     timing: TimingSection = field(default_factory=TimingSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
     warmup: WarmupSection = field(default_factory=WarmupSection)
@@ -252,6 +289,44 @@ class NodeConfig:
         _check(
             len(set(self.cameras.values())) == len(self.cameras), "cameras", self.cameras, "distinct indices"
         )
+        limits = self.limits
+        share = limits.ring_mb * 1e6 / len(self.cameras)
+        for name in self.cameras:
+            fmt = self.camera_formats.get(name, CameraFormat())
+            need = (
+                FRAMES_PER_CAMERA
+                * (fmt.width or limits.max_width)
+                * (fmt.height or limits.max_height)
+                * CHANNELS
+            )
+            _check(
+                share >= need,
+                "limits.ring_mb",
+                limits.ring_mb,
+                f">= {len(self.cameras) * need / 1e6:g} ({len(self.cameras)} cameras, each holding a window of "
+                f"{FRAMES_PER_CAMERA} frames of up to {need / FRAMES_PER_CAMERA / 1e6:g} MB)",
+            )
+        for name, fmt in self.camera_formats.items():
+            key = f"camera_formats.{name}"
+            _check(name in self.cameras, key, name, f"a configured camera: {', '.join(self.cameras)}")
+            _check(
+                fmt.width is None or 1 <= fmt.width <= limits.max_width,
+                f"{key}.width",
+                fmt.width,
+                f"1..{limits.max_width} (limits.max_width)",
+            )
+            _check(
+                fmt.height is None or 1 <= fmt.height <= limits.max_height,
+                f"{key}.height",
+                fmt.height,
+                f"1..{limits.max_height} (limits.max_height)",
+            )
+            _check(
+                fmt.encoding is None or fmt.encoding in ENCODINGS,
+                f"{key}.encoding",
+                fmt.encoding,
+                ", ".join(ENCODINGS),
+            )
         if self.curve is not None:
             endpoints = [*self.input.endpoints, self.output.endpoint, self.control.endpoint]
             for ep in endpoints:

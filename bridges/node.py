@@ -14,11 +14,14 @@ each window is answered with a valid=false output ("no model loaded"); the node 
 for checking sensor wiring before a model is loaded (`alpamayo serve --no-model`) and for timing the node's
 own work (benchmarks/node_overhead.py).
 
-Threads: the intake thread owns the input SUB socket, its monitor and the control ROUTER socket, and drains
-the input continuously (decode, validate, update the frame rings), so the newest frames are kept while the
-model runs and `status` answers during a prediction. The predict thread warms the model up, then takes the
-newest complete window whenever t0 advances, predicts and publishes on the PUB socket. While inputs are stale
-it publishes a valid=false message once per period instead (logged sparingly, see `StaleLog`).
+Threads: the intake thread owns the input SUB socket and drains it continuously (validate, update the frame
+rings; JPEGs stay compressed), so the newest frames are kept while the model runs. The control thread owns
+the control ROUTER socket and the socket monitors, so `status` is answered within milliseconds whatever the
+input load (benchmarks/node_hardening.py). The predict thread warms the model up, then takes the newest
+complete window whenever t0 advances, has its JPEG frames decoded by the `DecodePool` (off the intake
+thread, within a time budget), predicts and publishes on the PUB socket. While no window can be formed (inputs
+stale, or fresh but not alignable) it publishes a valid=false message once per period instead, naming the
+reason (logged sparingly, see `StaleLog`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from zmq.utils.monitor import recv_monitor_message
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory, Prediction, Predictor
 from alpamayo.profiling import Tracer
 from bridges.config import NodeConfig
+from bridges.jpeg import DecodePool, JpegError
 from bridges.protocol import (
     CameraFrame,
     CameraTable,
@@ -48,12 +52,12 @@ from bridges.protocol import (
     encode_trajectory,
 )
 from bridges.sockets import CurveServer, attach, make_socket
-from bridges.window import InputState, Window
+from bridges.window import InputState, Selection, StoredFrame, Window
 
 log = logging.getLogger(__name__)
 
-POLL_MS = 50  # intake poll timeout: how quickly the intake thread notices stop()
-DRAIN_BATCH = 256  # messages drained before the control socket is looked at again
+POLL_MS = 50  # intake and control poll timeout: how quickly their threads notice stop()
+DRAIN_BATCH = 256  # messages drained before the intake thread checks for stop()
 MAX_CONTROL_BYTES = 4096
 CONTROL_COMMANDS = ("status", "reset", "shutdown")
 NO_MODEL = "no model loaded (intake-only node)"
@@ -64,6 +68,20 @@ STALE_LOG_EVERY_S = 10.0
 # Receiving sockets disconnect peers whose message exceeds the protocol limit by half again (bridge.md §3.2):
 # messages between 1x and 1.5x still reach the validator, so most oversize input is counted, not just dropped.
 MAXMSGSIZE_FACTOR = 1.5
+# Socket-monitor events of a failed handshake: a key not on the allow-list (AUTH), a mechanism mismatch such
+# as a plain client at a CURVE node or a wrong server key (PROTOCOL, measured with libzmq 4.3.5), or a peer
+# that is not ZMTP at all (NO_DETAIL). libzmq then reports the connection's DISCONNECTED right after it.
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+)
+MONITORED = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 
 @dataclass
@@ -81,8 +99,10 @@ class NodeCounters:
     prediction_errors: int = 0
     published: int = 0
     published_invalid: int = 0
-    input_disconnects: int = 0  # peers dropped by libzmq, including those over ZMQ_MAXMSGSIZE
-    auth_failures: int = 0  # CURVE handshakes refused (key not on the allow-list)
+    # Input peers gone after a completed handshake: an ordinary close, and also libzmq's own drops (a message
+    # over ZMQ_MAXMSGSIZE, a heartbeat timeout), which libzmq 4.3.5 reports with the same DISCONNECTED event.
+    peer_disconnects: int = 0
+    auth_failures: int = 0  # failed handshakes on any node socket (HANDSHAKE_FAILED), whatever the mechanism
     control_requests: int = 0
     internal_errors: int = 0  # unexpected exceptions in a node thread (bugs); logged with their traceback
 
@@ -98,12 +118,18 @@ class InferenceNode:
         self.predictor = predictor
         self.config = config
         self.tracer = tracer if tracer is not None else Tracer(enabled=False)
-        self.cameras = CameraTable(dict(config.cameras))
+        self.cameras = CameraTable(
+            dict(config.cameras), {config.cameras[n]: f for n, f in config.camera_formats.items()}
+        )
         self.limits = config.limits.protocol
-        self.state = InputState(self.cameras, config.timing, config.limits.ring_frames)
+        self.state = InputState(
+            self.cameras, config.timing, config.limits.ring_frames, round(config.limits.ring_mb * 1e6)
+        )
+        self.decoder: DecodePool | None = None
         self.counters = NodeCounters()
         self.endpoints: dict[str, Any] = {}
         self.warmed_up = False
+        self._warming = threading.Event()  # set while the warm-up predictions run
         self._lock = threading.Lock()  # counters, last error, last output
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
@@ -114,6 +140,8 @@ class InferenceNode:
         self._stopping = threading.Event()
         self._shutdown_requested = threading.Event()
         self._new_input = threading.Event()
+        self._answered_ns = 0  # perf_counter_ns when a window was last answered (or the node started)
+        self._failed_handshake: set[zmq.Socket] = set()  # monitors whose next DISCONNECTED ends a failed one
         self._pub_lock = threading.Lock()
         self._pub: zmq.Socket | None = None  # the output socket, None once stopped
         self._ctx: zmq.Context | None = None
@@ -158,12 +186,15 @@ class InferenceNode:
                 sock.close(0)
             self._close_context()
             raise
-        monitor = sub.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-        )
+        monitors = {sock.get_monitor_socket(MONITORED): sock for sock in sockets}
         self._pub = pub
+        self._answered_ns = time.perf_counter_ns()
+        if self.predictor is not None:
+            self._warming.set()  # before the predict thread starts, so a stop() at once sees the warm-up
+        self.decoder = DecodePool(cfg.limits.decode_threads, cfg.limits.decode_budget_ms)
         self._threads = [
-            threading.Thread(target=self._intake_loop, args=(sub, control, monitor), name="node-intake"),
+            threading.Thread(target=self._intake_loop, args=(sub,), name="node-intake"),
+            threading.Thread(target=self._control_loop, args=(control, monitors, sub), name="node-control"),
             threading.Thread(target=self._predict_loop, name="node-predict", daemon=True),
         ]
         for t in self._threads:
@@ -187,14 +218,17 @@ class InferenceNode:
         self._shutdown_requested.set()
         self._stopping.set()
         self._new_input.set()
-        intake, predict = self._threads
+        intake, control, predict = self._threads
         intake.join()
-        predict.join(self.config.timing.shutdown_timeout_s)
+        control.join()
+        # A warm-up prediction publishes nothing: it is abandoned at once, so a signal during warm-up ends
+        # the process in well under a second.
+        timeout_s = 0 if self._warming.is_set() else self.config.timing.shutdown_timeout_s
+        predict.join(timeout_s)
         finished = not predict.is_alive()
         if not finished:
-            log.warning(
-                "prediction still running after %.1f s: abandoned", self.config.timing.shutdown_timeout_s
-            )
+            log.warning("%s still running after %.1f s: abandoned", self.phase, timeout_s)
+        self.decoder.close()
         with self._pub_lock:
             self._pub.close()
             self._pub = None
@@ -202,6 +236,11 @@ class InferenceNode:
         self._threads = []
         log.info("node stopped")
         return finished
+
+    @property
+    def phase(self) -> str:
+        """What the predict thread is doing: "warm-up" until the model is warmed up, then "prediction"."""
+        return "warm-up" if self._warming.is_set() else "prediction"
 
     def _close_context(self) -> None:
         if self._curve is not None:
@@ -244,23 +283,13 @@ class InferenceNode:
         self._new_input.set()
         return None
 
-    def _intake_loop(self, sub: zmq.Socket, control: zmq.Socket, monitor: zmq.Socket) -> None:
-        poller = zmq.Poller()
-        for sock in (sub, control, monitor):
-            poller.register(sock, zmq.POLLIN)
+    def _intake_loop(self, sub: zmq.Socket) -> None:
         try:
             while not self._stopping.is_set():
-                events = dict(poller.poll(POLL_MS))
-                if sub in events:
+                if sub.poll(POLL_MS):
                     self._drain(sub)
-                if control in events:
-                    self._serve_control(control)
-                if monitor in events:
-                    self._count_monitor_event(monitor)
         finally:
-            sub.disable_monitor()
-            for sock in (monitor, sub, control):
-                sock.close()
+            sub.close()
 
     def _drain(self, sub: zmq.Socket) -> None:
         for _ in range(DRAIN_BATCH):
@@ -274,15 +303,38 @@ class InferenceNode:
             with self._guard("intake"):
                 self.ingest(frame.buffer, recv_ns)
 
-    def _count_monitor_event(self, monitor: zmq.Socket) -> None:
+    def _count_monitor_event(self, monitor: zmq.Socket, is_input: bool) -> None:
         event = recv_monitor_message(monitor)["event"]
         with self._lock:
-            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if event in HANDSHAKE_FAILED:
                 self.counters.auth_failures += 1
-            else:
-                self.counters.input_disconnects += 1
+                self._failed_handshake.add(monitor)
+            elif event == zmq.EVENT_DISCONNECTED:
+                if monitor in self._failed_handshake:
+                    self._failed_handshake.discard(monitor)  # the failed handshake's own disconnect
+                elif is_input:
+                    self.counters.peer_disconnects += 1
 
     # ------------------------------------------------------------------------------------------ control
+    def _control_loop(
+        self, control: zmq.Socket, monitors: dict[zmq.Socket, zmq.Socket], sub: zmq.Socket
+    ) -> None:
+        poller = zmq.Poller()
+        for sock in (control, *monitors):
+            poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                events = dict(poller.poll(POLL_MS))
+                if control in events:
+                    self._serve_control(control)
+                for monitor, watched in monitors.items():
+                    if monitor in events:
+                        self._count_monitor_event(monitor, watched is sub)
+        finally:
+            for monitor in monitors:  # each watched socket stops its monitor when it closes
+                monitor.close()
+            control.close()
+
     def _serve_control(self, control: zmq.Socket) -> None:
         while True:
             try:
@@ -338,6 +390,7 @@ class InferenceNode:
             "ticks_dropped": self.state.ticks_dropped,
             "frame_drop_perc": self.state.frame_drop_perc(),
             "streams": self.state.snapshot(now),
+            "memory": self.state.memory(),
             "waiting_for": self.state.waiting_for,
             "last_error": None
             if error is None
@@ -366,19 +419,56 @@ class InferenceNode:
                 last_invalid_ns = self._tick(last_invalid_ns)
 
     def _tick(self, last_invalid_ns: int) -> int:
-        """Predict on a new window, or report stale inputs once a period; returns when it last reported."""
+        """Predict on a new window, or, while none can be formed, publish valid=false once a period with the
+        reason (stale streams, or what `select` found missing); returns when it last did the latter."""
         start = time.perf_counter_ns()
-        window = self.state.take_window(start)
+        selection = self.state.select(start)
+        window = None if selection is None else self._decode_and_commit(selection, start)
         window_ns = time.perf_counter_ns() - start
-        if window is not None:
+        if isinstance(window, Window):
             self.tracer.record("window", start, window_ns, t0_ns=window.t0_ns)
             self._predict(window, window_ns / 1e6)
+            self._answered_ns = time.perf_counter_ns()
             return last_invalid_ns
         stale = self.state.stale_reasons(start)
-        if stale and start - last_invalid_ns >= self.state.period_ns:
-            self._publish(self._message(None, stale, start), None)
+        period = self.state.period_ns
+        # Fresh inputs between two windows are normal for up to a period (plus the cameras' sync jitter).
+        waited = start - self._answered_ns > period + self.state.sync_ns
+        if (stale or waited) and start - last_invalid_ns >= period:
+            reasons = stale or [window or self.state.waiting_for]
+            self._publish(self._message(None, reasons, start), None)
             return start
         return last_invalid_ns
+
+    def _decode_and_commit(self, selection: Selection, now_ns: int) -> Window | str | None:
+        """Decode the selection's JPEG frames (`DecodePool`) and commit it. A frame that fails is taken out of
+        its ring and its message counted as rejected (`jpeg_decode`); the reason is returned instead."""
+        pending = selection.undecoded()
+        failures = []
+        for stored, result in zip(pending, self.decoder.decode([s.frame.jpeg for s in pending]), strict=True):
+            if isinstance(result, JpegError):
+                failures.append(self._reject_decoded(stored, result))
+            else:
+                stored.frame.image, ms = result
+                stored.decode_ms += ms
+        if failures:
+            return "; ".join(failures)
+        return self.state.commit(selection, now_ns)
+
+    def _reject_decoded(self, stored: StoredFrame, error: JpegError) -> str:
+        """Move an accepted frame that does not decode to the rejected count (messages == accepted + rejected
+        holds throughout)."""
+        frame = stored.frame
+        message = f"camera {self.cameras.name(frame.camera)!r}: frame_id {frame.frame_id}: jpeg {error}"
+        if not self.state.discard(stored):
+            return message  # it left the ring while decoding: counted as dropped already
+        with self._lock:
+            self.counters.frames_accepted -= 1
+            self.counters.rejected_total += 1
+            self.counters.rejected["jpeg_decode"] = self.counters.rejected.get("jpeg_decode", 0) + 1
+            self._last_error = ("jpeg_decode", message, time.monotonic())
+        log.debug("rejected after decoding (jpeg_decode): %s", message)
+        return message
 
     @contextmanager
     def _guard(self, where: str) -> Iterator[None]:
@@ -415,6 +505,8 @@ class InferenceNode:
             self._record_error("warmup", f"warm-up prediction failed: {type(e).__name__}: {e}")
             log.error("warm-up failed: %s", e)
             return
+        finally:
+            self._warming.clear()
         self.warmed_up = True
         log.info("warmed up: %d prediction(s) in %.2f s", w.runs, time.perf_counter() - start)
 

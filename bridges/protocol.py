@@ -15,14 +15,14 @@ Output messages (trajectories) are a single msgpack map, see `TrajectoryMessage`
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import numpy as np
-from PIL import Image
+
+from bridges.jpeg import JpegError, JpegSizeError, inspect_jpeg
 
 PROTOCOL_VERSION = 1
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
@@ -58,10 +58,13 @@ REJECTION_REASONS = (
     "out_of_range",  # a value outside its documented range (including unknown `kind` / `encoding`)
     "non_finite",  # NaN or infinity in a pose
     "unknown_camera",
-    "payload_size",  # payload length or decoded JPEG size does not match width/height/stride
-    "jpeg_decode",
+    "unexpected_size",  # width/height differ from the camera's declared size (config camera_formats)
+    "unexpected_encoding",  # encoding differs from the camera's declared one
+    "payload_size",  # payload length or the JPEG's own size does not match width/height/stride
+    "jpeg_decode",  # truncated, damaged, a decompression bomb, or failed / over budget when decoded
     "duplicate",  # frame_id or time equal to the last accepted one of that stream
     "backwards",  # frame_id or time older than the last accepted one of that stream
+    "future",  # time further ahead of the other streams than timing.max_future_ms
 )
 
 
@@ -81,6 +84,7 @@ class Limits:
 
     max_width: int = 3840
     max_height: int = 2160
+    max_jpeg_ratio: float = 1024.0  # decoded RGB bytes / JPEG bytes (bridges.jpeg: measured at most 497)
 
     @property
     def max_payload_bytes(self) -> int:
@@ -93,10 +97,38 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class CameraFormat:
+    """What a camera is declared to send (config `camera_formats`); None: anything within the limits.
+    `allow_resize`: a frame of another size is a declared restart of the stream instead of a rejection."""
+
+    width: int | None = None
+    height: int | None = None
+    encoding: str | None = None
+    allow_resize: bool = False
+
+    def check(self, name: str, encoding: str, width: int, height: int) -> None:
+        """Raises ProtocolError (unexpected_encoding / unexpected_size) for a frame that breaks the declaration."""
+        if self.encoding is not None and encoding != self.encoding:
+            raise ProtocolError(
+                "unexpected_encoding", f"camera {name!r} sends {encoding}, declared {self.encoding}"
+            )
+        size = (self.width or width, self.height or height)
+        if not self.allow_resize and size != (width, height):
+            raise ProtocolError(
+                "unexpected_size", f"camera {name!r} frame is {width}x{height}, declared {size[0]}x{size[1]}"
+            )
+
+
+@dataclass(frozen=True)
 class CameraTable:
-    """The node's cameras: name -> model camera index (ALPAMAYO_CAMERAS: cross_left 0, front_wide 1, ...)."""
+    """The node's cameras: name -> model camera index (ALPAMAYO_CAMERAS: cross_left 0, front_wide 1, ...),
+    and per index the declared format, where the config declares one."""
 
     indices: Mapping[str, int]
+    formats: Mapping[int, CameraFormat] = field(default_factory=dict)
+
+    def name(self, index: int) -> str:
+        return next(n for n, i in self.indices.items() if i == index)
 
     def resolve(self, camera: object) -> int:
         """Model index of a header's `camera` field, given as a configured name or index."""
@@ -114,15 +146,29 @@ class CameraTable:
 
 @dataclass
 class CameraFrame:
-    """An accepted camera frame. image: [height, width, 3] uint8 RGB, C-contiguous (read-only when zero-copy)."""
+    """An accepted camera frame. image: [height, width, 3] uint8 RGB, C-contiguous (read-only when zero-copy);
+    a JPEG frame keeps its compressed bytes in `jpeg` and has image None until a window decodes it
+    (`bridges.jpeg.decode_jpeg`)."""
 
     camera: int
     frame_id: int
     t_sof_ns: int
     t_eof_ns: int
     encoding: str
-    image: np.ndarray
+    image: np.ndarray | None
     nbytes: int  # message length on the wire
+    jpeg: bytes | None = None
+    width: int = 0  # px; taken from `image` when it is given
+    height: int = 0
+
+    def __post_init__(self) -> None:
+        if self.image is not None:
+            self.height, self.width = self.image.shape[:2]
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory this frame holds: the pixels, plus the compressed bytes of a JPEG."""
+        return (0 if self.image is None else self.image.nbytes) + (0 if self.jpeg is None else len(self.jpeg))
 
 
 @dataclass
@@ -237,41 +283,30 @@ def _decode_frame(
         raise ProtocolError("out_of_range", f"encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
     width = _int(header, "width", 1, limits.max_width)
     height = _int(header, "height", 1, limits.max_height)
+    declared = cameras.formats.get(camera)
+    if declared is not None:
+        declared.check(cameras.name(camera), encoding, width, height)
     if encoding == "jpeg":
         _int(header, "stride", 0, 0)
-        image = _decode_jpeg(payload, width, height)
-    else:
-        row = width * CHANNELS
-        stride = _int(header, "stride", row, row + MAX_ROW_PADDING)
-        if payload.nbytes != stride * height:
-            raise ProtocolError(
-                "payload_size",
-                f"{encoding} payload is {payload.nbytes} bytes, expected stride*height = "
-                f"{stride}*{height} = {stride * height}",
-            )
-        rows = np.frombuffer(payload, np.uint8).reshape(height, stride)[:, :row].reshape(height, width, 3)
-        image = np.ascontiguousarray(rows if encoding == "rgb8" else rows[:, :, ::-1])
+        data = bytes(payload)
+        try:
+            inspect_jpeg(data, width, height, limits.max_jpeg_ratio)
+        except JpegSizeError as e:
+            raise ProtocolError("payload_size", str(e)) from None
+        except JpegError as e:
+            raise ProtocolError("jpeg_decode", f"jpeg {e}") from None
+        return CameraFrame(camera, frame_id, t_sof, t_eof, encoding, None, nbytes, data, width, height)
+    row = width * CHANNELS
+    stride = _int(header, "stride", row, row + MAX_ROW_PADDING)
+    if payload.nbytes != stride * height:
+        raise ProtocolError(
+            "payload_size",
+            f"{encoding} payload is {payload.nbytes} bytes, expected stride*height = "
+            f"{stride}*{height} = {stride * height}",
+        )
+    rows = np.frombuffer(payload, np.uint8).reshape(height, stride)[:, :row].reshape(height, width, 3)
+    image = np.ascontiguousarray(rows if encoding == "rgb8" else rows[:, :, ::-1])
     return CameraFrame(camera, frame_id, t_sof, t_eof, encoding, image, nbytes)
-
-
-def _decode_jpeg(payload: memoryview, width: int, height: int) -> np.ndarray:
-    if payload.nbytes < 2 or payload[:2] != b"\xff\xd8":
-        raise ProtocolError("jpeg_decode", "jpeg payload does not start with the JPEG SOI marker FF D8")
-    try:
-        with Image.open(io.BytesIO(payload), formats=["JPEG"]) as img:
-            # The size is read from the JPEG header before any pixel is decoded (no decompression bombs).
-            if img.size != (width, height):
-                raise ProtocolError(
-                    "payload_size", f"jpeg is {img.size[0]}x{img.size[1]}, header says {width}x{height}"
-                )
-            if img.mode != "RGB":
-                raise ProtocolError("jpeg_decode", f"jpeg mode is {img.mode!r}, expected 'RGB' (3 channels)")
-            img.load()
-            return np.asarray(img)
-    except ProtocolError:
-        raise
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ProtocolError("jpeg_decode", f"jpeg does not decode: {e}") from None
 
 
 def _decode_ego(header: dict[str, Any]) -> EgoPose:

@@ -10,6 +10,14 @@ Window at t0 (the newest time every camera has a frame for: the minimum over cam
 extrapolated by at most `max_ego_extrapolation_ms` past the newest pose. A new window is taken only when t0
 has advanced by a period (less `cadence_tolerance_ms`); windows in between are skipped and counted as dropped
 ticks (newest wins: nothing is queued).
+
+Selecting a window and committing it are two steps (`select`, `commit`; `take_window` does both), so the
+node can decode the selected JPEG frames in between without holding the lock that intake needs.
+
+Clock rules (docs/protocol.md): a message further ahead of the other streams than `max_future_ms` is
+rejected as `future` and leaves its stream's clock alone; a frame_id step above `max_frame_id_jump` counts as
+an id-sequence restart, not as lost frames; `backwards_restart_after` consecutive `backwards` messages on a
+fresh stream restart it (the last one is accepted as its first message).
 """
 
 from __future__ import annotations
@@ -39,32 +47,64 @@ class StreamCounters:
     lost: int = 0  # frame_id gaps: frames the node never received
     dropped: int = 0  # accepted frames evicted without being used in any window (newest wins)
     used: int = 0
-    restarts: int = 0  # the stream resumed after being stale, or changed resolution
+    restarts: int = 0  # the stream resumed after being stale, its clock went back, or it changed resolution
+    id_restarts: int = 0  # frame_id jumped by more than timing.max_frame_id_jump (cameras only)
+    decode_failures: int = 0  # JPEG frames found undecodable when a window needed them (moved to rejected)
 
 
 @dataclass
 class StoredFrame:
     frame: CameraFrame
     recv_ns: int
-    decode_ms: float
+    decode_ms: float  # node time spent decoding it: header and validation at intake, plus the JPEG decode
     used: bool = False
 
 
 @dataclass
-class CameraTrack:
+class Track:
+    """What every stream has: its clock (newest accepted time, arrival), the run of `backwards` messages and
+    the last `future` rejection (arrival, reason) that status and stale outputs report."""
+
     name: str
-    ring: deque[StoredFrame] = field(default_factory=deque)
-    last_frame_id: int | None = None
-    last_t_sof_ns: int | None = None
+    last_t_ns: int | None = None
     last_recv_ns: int | None = None
+    backwards_run: int = 0
+    future: tuple[int, str] | None = None
     counters: StreamCounters = field(default_factory=StreamCounters)
+
+    @property
+    def label(self) -> str:
+        """How messages name the stream: "camera 'front'" or "ego"."""
+        return self.name if isinstance(self, EgoTrack) else f"camera {self.name!r}"
 
 
 @dataclass
-class EgoTrack:
+class CameraTrack(Track):
+    ring: deque[StoredFrame] = field(default_factory=deque)
+    last_frame_id: int | None = None
+
+    @property
+    def ring_bytes(self) -> int:
+        return sum(s.frame.held_bytes for s in self.ring)
+
+
+@dataclass
+class EgoTrack(Track):
     poses: deque[EgoPose] = field(default_factory=lambda: deque(maxlen=EGO_MAX_POSES))
-    last_recv_ns: int | None = None
-    counters: StreamCounters = field(default_factory=StreamCounters)
+
+
+@dataclass
+class Selection:
+    """A window chosen by `InputState.select`, not yet committed: per camera index the 4 stored frames."""
+
+    t0_ns: int
+    slots: dict[int, list[StoredFrame]]
+    ego: EgoHistory
+    epoch: int
+
+    def undecoded(self) -> list[StoredFrame]:
+        """The JPEG frames of the window still to decode (each once, though windows share frames)."""
+        return [s for stored in self.slots.values() for s in stored if s.frame.image is None]
 
 
 @dataclass
@@ -86,9 +126,16 @@ class InputState:
     """All input state of the node, shared by the intake thread (`accept`) and the predict thread
     (`take_window`, `stale_reasons`); every public method holds one lock."""
 
-    def __init__(self, cameras: CameraTable, timing: TimingSection, ring_frames: int):
+    def __init__(
+        self, cameras: CameraTable, timing: TimingSection, ring_frames: int, ring_bytes: int | None = None
+    ):
+        """ring_bytes: memory of all rings together (None: unbounded), shared equally by the cameras."""
         self.cameras = cameras
         self.ring_frames = ring_frames
+        self.ring_bytes_per_camera = None if ring_bytes is None else ring_bytes // len(cameras.indices)
+        self.future_ns = round(timing.max_future_ms * 1e6)
+        self.max_id_jump = timing.max_frame_id_jump
+        self.backwards_restart_after = timing.backwards_restart_after
         self.period_ns = round(1e9 / timing.rate_hz)
         self.sync_ns = round(timing.sync_tolerance_ms * 1e6)
         self.cadence_ns = round(timing.cadence_tolerance_ms * 1e6)
@@ -96,7 +143,7 @@ class InputState:
         self.extrapolation_ns = round(timing.max_ego_extrapolation_ms * 1e6)
         self._lock = threading.Lock()
         self._tracks = {i: CameraTrack(n) for n, i in cameras.indices.items()}
-        self._ego = EgoTrack()
+        self._ego = EgoTrack("ego")
         self._last_t0: int | None = None
         self._drops: deque[tuple[int, int]] = deque()  # (taken at, ticks dropped before it), DROP_WINDOW_NS
         self.ticks_dropped = 0
@@ -114,39 +161,84 @@ class InputState:
 
     def _accept_frame(self, frame: CameraFrame, recv_ns: int, decode_ms: float) -> None:
         track = self._tracks[frame.camera]
+        self._check_future(track, frame.t_sof_ns, recv_ns)
         if track.last_frame_id is not None:
-            resized = track.ring and track.ring[-1].frame.image.shape != frame.image.shape
+            newest = track.ring[-1].frame if track.ring else None
+            resized = newest is not None and (newest.width, newest.height) != (frame.width, frame.height)
             if self._is_stale(track.last_recv_ns, recv_ns) or resized:
                 self._restart_camera(track)
+            elif self._in_order(
+                track,
+                (
+                    ("frame_id", frame.frame_id, track.last_frame_id),
+                    ("t_sof_ns", frame.t_sof_ns, track.last_t_ns),
+                ),
+            ):
+                gap = frame.frame_id - track.last_frame_id - 1
+                if gap > self.max_id_jump:
+                    track.counters.id_restarts += 1
+                else:
+                    track.counters.lost += gap
             else:
-                _check_order(
-                    f"camera {track.name!r}",
-                    (
-                        ("frame_id", frame.frame_id, track.last_frame_id),
-                        ("t_sof_ns", frame.t_sof_ns, track.last_t_sof_ns),
-                    ),
-                )
-                track.counters.lost += frame.frame_id - track.last_frame_id - 1
-        track.last_frame_id, track.last_t_sof_ns, track.last_recv_ns = frame.frame_id, frame.t_sof_ns, recv_ns
+                self._restart_camera(track)
+        track.last_frame_id, track.last_t_ns, track.last_recv_ns = frame.frame_id, frame.t_sof_ns, recv_ns
         track.counters.accepted += 1
         track.ring.append(StoredFrame(frame, recv_ns, decode_ms))
         self._evict(track)
 
     def _accept_pose(self, pose: EgoPose, recv_ns: int) -> None:
         ego = self._ego
-        if ego.poses:
-            if self._is_stale(ego.last_recv_ns, recv_ns):
-                ego.poses.clear()
-                ego.counters.restarts += 1
-                self._last_t0 = None
-                self.epoch += 1
-            else:
-                _check_order("ego", (("t_ns", pose.t_ns, ego.poses[-1].t_ns),))
+        self._check_future(ego, pose.t_ns, recv_ns)
+        restart = ego.last_t_ns is not None and (
+            self._is_stale(ego.last_recv_ns, recv_ns)
+            or not self._in_order(ego, (("t_ns", pose.t_ns, ego.last_t_ns),))
+        )
+        if restart:
+            ego.poses.clear()
+            ego.counters.restarts += 1
+            self._last_t0 = None
+            self.epoch += 1
         ego.poses.append(pose)
-        ego.last_recv_ns = recv_ns
+        ego.last_t_ns, ego.last_recv_ns = pose.t_ns, recv_ns
         ego.counters.accepted += 1
         while ego.poses[0].t_ns < pose.t_ns - EGO_KEEP_NS:
             ego.poses.popleft()
+
+    def _in_order(self, track: Track, fields: tuple[tuple[str, int, int | None], ...]) -> bool:
+        """True if the message follows the stream's last one; False if it is the `backwards_restart_after`-th
+        `backwards` in a row (the stream's clock was reset: restart it); raises duplicate / backwards."""
+        try:
+            _check_order(track.label, fields)
+        except ProtocolError as e:
+            if e.reason != "backwards":
+                raise
+            track.backwards_run += 1
+            if track.backwards_run < self.backwards_restart_after:
+                raise
+            track.backwards_run = 0
+            return False
+        track.backwards_run = 0
+        return True
+
+    def _check_future(self, track: Track, t_ns: int, recv_ns: int) -> None:
+        """Reject a time further ahead than `future_ns` of every other fresh stream's clock, each advanced by
+        the node time since its newest message (so a pause of the other streams is not mistaken for it)."""
+        others = [
+            (t.last_t_ns + (recv_ns - t.last_recv_ns), t.label)
+            for t in (*self._tracks.values(), self._ego)
+            if t is not track and t.last_t_ns is not None and not self._is_stale(t.last_recv_ns, recv_ns)
+        ]
+        if not others:
+            return
+        ref, name = max(others)
+        ahead = t_ns - ref
+        if ahead > self.future_ns:
+            message = (
+                f"{track.label}: newest message {ahead / 1e9:.1f} s ahead of {name} "
+                f"(limit {self.future_ns / 1e9:g} s); rejected as future"
+            )
+            track.future = (recv_ns, message)
+            raise ProtocolError("future", message)
 
     def _is_stale(self, last_recv_ns: int | None, now_ns: int) -> bool:
         return last_recv_ns is None or now_ns - last_recv_ns > self.stale_ns
@@ -168,8 +260,10 @@ class InputState:
             if self._last_t0 is None
             else self._last_t0 - (FRAMES_PER_CAMERA - 2) * self.period_ns - self.cadence_ns - self.sync_ns
         )
-        while len(track.ring) > self.ring_frames or (
-            oldest_useful is not None and track.ring and track.ring[0].frame.t_sof_ns < oldest_useful
+        while track.ring and (
+            len(track.ring) > self.ring_frames
+            or (self.ring_bytes_per_camera is not None and track.ring_bytes > self.ring_bytes_per_camera)
+            or (oldest_useful is not None and track.ring[0].frame.t_sof_ns < oldest_useful)
         ):
             self._drop(track, track.ring.popleft())
 
@@ -181,36 +275,87 @@ class InputState:
     # ------------------------------------------------------------------------------------------ windows
     def take_window(self, now_ns: int) -> Window | None:
         """The newest complete window if t0 advanced by a period since the last one, else None (and
-        `waiting_for` says what is missing)."""
-        with self._lock:
-            empty = [t.name for t in self._tracks.values() if not t.ring]
-            if empty:
-                self.waiting_for = f"no frames from camera(s) {', '.join(empty)}"
-                return None
-            t0 = min(t.ring[-1].frame.t_sof_ns for t in self._tracks.values())
-            if self._last_t0 is not None and t0 < self._last_t0 + self.period_ns - self.cadence_ns:
-                self.waiting_for = "no newer frame from every camera since the last window"
-                return None
-            slots = {}
-            for i, track in self._tracks.items():
-                slots[i] = self._slots(track, t0)
-                if slots[i] is None:
-                    self.waiting_for = (
-                        f"camera {track.name!r} has no frame within {self.sync_ns / 1e6:g} ms of each of "
-                        f"t0 - {FRAMES_PER_CAMERA - 1}..0 periods"
-                    )
-                    return None
-            ego = self._ego_history(t0)
-            if ego is None:
-                self.waiting_for = "ego poses do not cover the 1.6 s history ending at t0"
-                return None
-            self.waiting_for = ""
-            return self._commit(t0, slots, ego, now_ns)
+        `waiting_for` says what is missing). Frames must be decoded (rgb8/bgr8, or JPEGs decoded already)."""
+        selection = self.select(now_ns)
+        return None if selection is None else self.commit(selection, now_ns)
 
-    def _slots(self, track: CameraTrack, t0: int) -> list[StoredFrame] | None:
+    def select(self, now_ns: int) -> Selection | None:
+        """The newest complete window, not yet committed (its JPEG frames may still need decoding), or None
+        with `waiting_for` saying precisely what is missing."""
+        with self._lock:
+            found = self._select(now_ns)
+            self.waiting_for = found if isinstance(found, str) else ""
+            return None if isinstance(found, str) else found
+
+    def _select(self, now_ns: int) -> Selection | str:
+        tracks = self._tracks.values()
+        empty = [t.label for t in tracks if not t.ring]
+        if empty:
+            return f"{', '.join(empty)}: no frame buffered"
+        t0 = min(t.ring[-1].frame.t_sof_ns for t in tracks)
+        if self._last_t0 is not None and t0 < self._last_t0 + self.period_ns - self.cadence_ns:
+            behind = [t for t in tracks if t.ring[-1].frame.t_sof_ns == t0]
+            return "; ".join(
+                f"{t.label}: no frame for the next window (a period after the last t0) in "
+                f"{(now_ns - t.last_recv_ns) / 1e6:.0f} ms"
+                for t in behind
+            )
+        slots = {}
+        for i, track in self._tracks.items():
+            found = self._slots(track, t0)
+            if isinstance(found, str):
+                return found
+            slots[i] = found
+        ego = self._ego_history(t0)
+        if isinstance(ego, str):
+            return ego
+        return Selection(t0, slots, ego, self.epoch)
+
+    def _slots(self, track: CameraTrack, t0: int) -> list[StoredFrame] | str:
         times = np.array([s.frame.t_sof_ns for s in track.ring], dtype=np.int64)
         picked = window_slots(times, t0, self.period_ns, self.sync_ns)
-        return None if picked is None else [track.ring[j] for j in picked]
+        if picked is not None:
+            return [track.ring[j] for j in picked]
+        if times[0] > t0 + self.sync_ns:
+            first = next(t for t in self._tracks.values() if t.ring[-1].frame.t_sof_ns == t0)
+            return (
+                f"{track.label}: oldest buffered frame {(times[0] - t0) / 1e9:.1f} s ahead of "
+                f"{first.label}'s newest"
+            )
+        for k in range(FRAMES_PER_CAMERA - 1, -1, -1):
+            err = int(np.abs(times - (t0 - k * self.period_ns)).min())
+            if err > self.sync_ns:
+                return (
+                    f"{track.label}: no frame within {self.sync_ns / 1e6:g} ms of {_slot(k * self.period_ns)} "
+                    f"(nearest {err / 1e6:.0f} ms off)"
+                )
+        return f"{track.label}: two window slots would take the same frame"
+
+    def commit(self, selection: Selection, now_ns: int) -> Window | None:
+        """Take a selected window (its frames decoded): mark its frames used, count the skipped ticks. None
+        (and `waiting_for` says why) if a stream restarted or a frame left its ring since `select`."""
+        with self._lock:
+            if selection.epoch != self.epoch:
+                self.waiting_for = "streams restarted while the window was being decoded"
+                return None
+            for i, stored in selection.slots.items():
+                ring = self._tracks[i].ring
+                if any(all(s is not r for r in ring) for s in stored):
+                    self.waiting_for = f"{self._tracks[i].label}: frames left the ring while being decoded"
+                    return None
+            return self._commit(selection.t0_ns, selection.slots, selection.ego, now_ns)
+
+    def discard(self, stored: StoredFrame) -> bool:
+        """Take out a frame found undecodable: it leaves its ring and its stream's `accepted` count (the node
+        counts the message as rejected instead). False if it had left the ring already (counted dropped)."""
+        with self._lock:
+            track = self._tracks[stored.frame.camera]
+            if all(s is not stored for s in track.ring):
+                return False
+            track.ring = deque(s for s in track.ring if s is not stored)
+            track.counters.accepted -= 1
+            track.counters.decode_failures += 1
+            return True
 
     def _commit(self, t0: int, slots: dict[int, list[StoredFrame]], ego: EgoHistory, now_ns: int) -> Window:
         ticks = 0 if self._last_t0 is None else max(0, round((t0 - self._last_t0) / self.period_ns) - 1)
@@ -245,11 +390,17 @@ class InputState:
             epoch=self.epoch,
         )
 
-    def _ego_history(self, t0: int) -> EgoHistory | None:
+    def _ego_history(self, t0: int) -> EgoHistory | str:
+        """The 16 poses at t0 - 15..0 periods, or why they cannot be had."""
         poses = self._ego.poses
         if not poses:
-            return None
+            return "ego: no pose buffered"
         times = np.array([p.t_ns for p in poses], dtype=np.int64)
+        if t0 - times[-1] > self.extrapolation_ns:
+            return (
+                f"ego: no pose within {self.extrapolation_ns / 1e6:g} ms of t0 "
+                f"(newest {(t0 - times[-1]) / 1e9:.2f} s before it)"
+            )
         targets = t0 - self.period_ns * np.arange(HISTORY_STEPS - 1, -1, -1, dtype=np.int64)
         xyz, quat = np.empty((HISTORY_STEPS, 3)), np.empty((HISTORY_STEPS, 4))
         for n, t in enumerate(targets):
@@ -257,30 +408,43 @@ class InputState:
             if j < len(times) and times[j] == t:
                 xyz[n], quat[n] = poses[j].xyz, poses[j].quat_xyzw
             elif 0 < j < len(times):
-                if times[j] - times[j - 1] > self.stale_ns:
-                    return None  # a gap in the pose stream: interpolating across it would invent motion
+                gap = times[j] - times[j - 1]
+                if gap > self.stale_ns:  # interpolating across a gap in the pose stream would invent motion
+                    return f"ego: a gap of {gap / 1e6:.0f} ms between poses at {_slot(t0 - t)}"
                 xyz[n], quat[n] = _interpolate(poses[j - 1], poses[j], t)
-            elif j == len(times) and t - times[-1] <= self.extrapolation_ns:
+            elif j == len(times):
+                if t - times[-1] > self.extrapolation_ns:
+                    return (
+                        f"ego: no pose within {self.extrapolation_ns / 1e6:g} ms of {_slot(t0 - t)} "
+                        f"(newest {(t - times[-1]) / 1e9:.2f} s before it)"
+                    )
                 pose = _extrapolate(poses, t, self.stale_ns)
                 if pose is None:
-                    return None
+                    return "ego: one pose without velocity cannot be extrapolated to t0"
                 xyz[n], quat[n] = pose
             else:
-                return None
+                return (
+                    f"ego: poses start {(times[0] - t0) / 1e9:+.2f} s from t0, the history needs "
+                    f"{(t - t0) / 1e9:+.2f} s"
+                )
         return EgoHistory(xyz=xyz, quat_xyzw=quat, t_ns=targets)
 
     # ------------------------------------------------------------------------------------------ health
     def stale_reasons(self, now_ns: int) -> list[str]:
-        """Why the inputs are not fresh at `now_ns` (empty when every camera and the ego stream are fresh)."""
+        """Why the inputs are not fresh at `now_ns` (empty when every camera and the ego stream are fresh). A
+        stream whose messages are being rejected as `future` says so instead."""
         with self._lock:
-            streams = [(f"camera {t.name!r}", t.last_recv_ns) for t in self._tracks.values()]
-            streams.append(("ego", self._ego.last_recv_ns))
+            streams = [(t.label, t.last_recv_ns, t.future) for t in (*self._tracks.values(), self._ego)]
         limit = self.stale_ns / 1e6
         reasons = []
-        for name, last in streams:
-            if last is None:
+        for name, last, future in streams:
+            if last is not None and now_ns - last <= self.stale_ns:
+                continue
+            if future is not None and now_ns - future[0] <= self.stale_ns:
+                reasons.append(future[1])
+            elif last is None:
                 reasons.append(f"{name}: nothing received yet")
-            elif now_ns - last > self.stale_ns:
+            else:
                 reasons.append(
                     f"{name}: stale, last message {(now_ns - last) / 1e6:.0f} ms ago (limit {limit:.0f} ms)"
                 )
@@ -298,9 +462,12 @@ class InputState:
             for track in self._tracks.values():
                 while track.ring:
                     self._drop(track, track.ring.popleft())
-                track.last_frame_id = track.last_t_sof_ns = track.last_recv_ns = None
+            for track in (*self._tracks.values(), self._ego):
+                track.last_t_ns = track.last_recv_ns = track.future = None
+                track.backwards_run = 0
+            for track in self._tracks.values():
+                track.last_frame_id = None
             self._ego.poses.clear()
-            self._ego.last_recv_ns = None
             self._last_t0 = None
             self._drops.clear()
             self.epoch += 1
@@ -317,6 +484,7 @@ class InputState:
                     "age_ms": None if t.last_recv_ns is None else (now_ns - t.last_recv_ns) / 1e6,
                     "buffered": len(t.ring),
                     "pending": sum(not s.used for s in t.ring),  # accepted = used + dropped + pending
+                    "ring_bytes": t.ring_bytes,
                 }
             ego = self._ego
             out["ego"] = {
@@ -326,6 +494,18 @@ class InputState:
                 "buffered": len(ego.poses),
             }
             return out
+
+    def memory(self) -> dict[str, int | None]:
+        """Bytes held by all frame rings now, and their limit (None: unbounded)."""
+        with self._lock:
+            held = sum(t.ring_bytes for t in self._tracks.values())
+        per = self.ring_bytes_per_camera
+        return {"ring_bytes": held, "ring_limit_bytes": None if per is None else per * len(self._tracks)}
+
+
+def _slot(before_t0_ns: int) -> str:
+    """A window slot's time in reasons: "t0" or "t0 - 300 ms"."""
+    return "t0" if before_t0_ns == 0 else f"t0 - {before_t0_ns / 1e6:g} ms"
 
 
 def _check_order(stream: str, fields: tuple[tuple[str, int, int | None], ...]) -> None:

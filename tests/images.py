@@ -18,3 +18,29 @@ def synthetic_frame(height: int, width: int, seed: int = 0) -> np.ndarray:
 def noise_frame(height: int, width: int, seed: int = 0) -> np.ndarray:
     """uint8 [height, width, 3] uniform noise: the worst case for resize rounding differences."""
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def lying_jpeg(width: int, height: int, seed: int = 0) -> bytes:
+    """A JPEG of 1.8 KB (a 48x40 noise image at quality 75) whose SOF header claims `width` x `height`: a
+    decompression bomb. Pillow decodes it without complaint (libjpeg pads the missing blocks, warning only),
+    to width * height * 3 bytes (24.9 MB at 3840x2160)."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    buf = BytesIO()
+    Image.fromarray(noise_frame(40, 48, seed)).save(buf, format="JPEG", quality=75)
+    data = bytearray(buf.getvalue())
+    i = 2  # after SOI: walk the marker segments to the frame header (SOF0..SOF2)
+    while data[i + 1] not in (0xC0, 0xC1, 0xC2):
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    data[i + 5 : i + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def broken_table_jpeg(jpeg: bytes) -> bytes:
+    """`jpeg` with its first Huffman table's count of 1-bit codes set to 255 (at most 2 can exist): every
+    marker and length still checks out, and Pillow fails with "broken data stream" when decoding."""
+    data = bytearray(jpeg)
+    data[data.index(b"\xff\xc4") + 5] = 0xFF  # FF C4, length (2 bytes), class/id, then the 16 counts
+    return bytes(data)

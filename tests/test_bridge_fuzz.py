@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 from collections import Counter
 
 import msgpack
@@ -34,6 +35,7 @@ from bridges.protocol import (
     unpack_header,
 )
 from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
+from tests.images import broken_table_jpeg, lying_jpeg
 
 MS = 1_000_000
 LIMITS = node_config().limits.protocol
@@ -146,7 +148,11 @@ def vla(demo_checkpoint):
 
 
 def test_node_survives_fuzzing_and_accounts_for_every_message(vla, record_figure):
-    config = node_config(warmup={"runs": 0}, timing={"stale_after_ms": 600_000})
+    config = node_config(
+        warmup={"runs": 0},
+        timing={"stale_after_ms": 600_000},
+        camera_formats={"left": {"width": WIDTH, "height": HEIGHT, "encoding": "rgb8"}},
+    )
     with running_node(vla, config) as c:
         node = c.node
         reasons: Counter[str] = Counter()
@@ -246,3 +252,74 @@ def test_trajectory_decoder_rejects_arbitrary_bytes_with_protocol_errors_only(da
 def test_trajectory_decoder_rejects_arbitrary_maps(d):
     with contextlib.suppress(ProtocolError):
         decode_trajectory(msgpack.packb({"kind": "trajectory", **d}))
+
+
+def test_hostile_jpegs_and_clocks_over_sockets_are_accounted_and_control_stays_responsive(record_figure):
+    """Over the real sockets, one stream of: JPEGs whose header lies about their size, bit-flipped JPEGs,
+    JPEGs that fail only when decoded, frames from the future and a frame_id jump, beside good frames and
+    poses that form windows (so what passes intake gets decoded). `status` is timed throughout."""
+    ticks, lying, future = 1200, 150, 20
+    rng = np.random.default_rng(2)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (HEIGHT, WIDTH, 3), dtype=np.uint8)).save(buf, format="JPEG")
+    good = buf.getvalue()
+    black = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+    lying_at = set(rng.choice(ticks, lying, replace=False).tolist())
+    broken_at = set(rng.choice(sorted(set(range(ticks)) - lying_at), 20, replace=False).tolist())
+    future_at = set(range(ticks // (2 * future), ticks, ticks // future))
+    config = node_config(limits={"max_width": 3840, "max_height": 2160}, timing={"stale_after_ms": 600_000})
+    latencies: list[float] = []
+    with running_node(None, config) as c, FramePublisher(c.node.endpoints["input"][0], hwm=1000) as pub:
+        assert pub.wait_for_subscriber(5.0)
+        sent = 0
+        for k in range(ticks):
+            t = 10_000 * MS + k * 100 * MS
+            frame_id = k if k < ticks // 2 else k + 10**6  # one id jump half-way
+            messages = [encode_ego(t, [1.0 * k, 0, 0], [0, 0, 0, 1]), encode_frame("left", k, t, t, black)]
+            if k in lying_at:
+                w, h = int(rng.integers(640, 3841)), int(rng.integers(480, 2161))
+                messages.append(encode_frame("front", frame_id, t, t, lying_jpeg(w, h, k), "jpeg", w, h))
+            else:
+                data = broken_table_jpeg(good) if k in broken_at else bytearray(good)
+                if k not in broken_at:  # one bit flipped anywhere after SOI
+                    data[int(rng.integers(2, len(data)))] ^= 1 << int(rng.integers(8))
+                messages.append(encode_frame("front", frame_id, t, t, bytes(data), "jpeg", WIDTH, HEIGHT))
+            if k in future_at:
+                ahead = t + 3600 * 10**9
+                messages.append(encode_frame("left", 10**9 + k, ahead, ahead, black))
+            for m in messages:
+                pub.send(m)
+            sent += len(messages)
+            if k % 50 == 49:  # drain each batch (PUB drops beyond its high-water mark), timing control
+                deadline = time.monotonic() + 20.0
+                while c.counters()["messages"] < sent and time.monotonic() < deadline:
+                    start = time.perf_counter()
+                    c.control.status()
+                    latencies.append((time.perf_counter() - start) * 1e3)
+        status = wait_until(
+            lambda: (s := c.control.status())["counters"]["messages"] == sent and s, 20.0, "every message"
+        )
+        outputs = wait_until(lambda: c.subscriber.recv(1.0), 5.0, "an output")
+    counters, front = status["counters"], status["streams"]["front"]
+    assert counters["frames_accepted"] + counters["ego_accepted"] + counters["rejected_total"] == sent
+    assert counters["internal_errors"] == 0 and outputs is not None
+    rejected = counters["rejected"]
+    assert set(rejected) <= {"jpeg_decode", "payload_size", "future", "duplicate", "backwards"}
+    assert rejected["future"] == len(future_at)
+    assert front["id_restarts"] == 1
+    assert front["decode_failures"] >= len(broken_at)  # every broken-table JPEG that a window used
+    flipped = ticks - lying - len(broken_at)
+    at_intake = (
+        rejected.get("jpeg_decode", 0) + rejected.get("payload_size", 0) - lying - front["decode_failures"]
+    )
+    assert at_intake >= 0
+    record_figure(
+        f"{flipped} bit-flipped JPEGs",
+        f"{at_intake} rejected at intake, {front['decode_failures'] - len(broken_at)} at decode (at least), "
+        f"the rest decode (JPEG has no checksum)",
+    )
+    record_figure(
+        "control replies under the stream: n, p50 / max ms",
+        (f"{len(latencies)}, {np.percentile(latencies, 50):.1f} / {max(latencies):.1f}"),
+    )
+    assert max(latencies) < 1000  # loose for CI noise; the node answers control on its own thread

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bridges.jpeg import decode_jpeg
 from bridges.protocol import (
     MAX_HEADER_BYTES,
     MAX_OUTPUT_BYTES,
@@ -89,10 +90,12 @@ def test_padded_stride_rows_are_cropped():
     np.testing.assert_array_equal(frame.image, IMAGE)
 
 
-def test_jpeg_frame_decodes_to_the_pillow_image():
+def test_jpeg_frame_is_kept_compressed_and_decodes_to_the_pillow_image():
     data = jpeg(IMAGE)
     frame = decode_message(encode_frame("front", 1, 10, 20, data, "jpeg", 40, 24), LIMITS, CAMERAS)
-    np.testing.assert_array_equal(frame.image, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    assert frame.image is None and frame.jpeg == data and (frame.width, frame.height) == (40, 24)
+    assert frame.held_bytes == len(data)
+    np.testing.assert_array_equal(decode_jpeg(data), np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
 
 
 def test_ego_pose_round_trips_and_quaternion_is_renormalised():
@@ -182,9 +185,11 @@ def test_messages_over_the_limit_are_rejected_before_parsing():
 @pytest.mark.parametrize(
     ("mutate", "reason", "fragment"),
     [
-        (lambda d: d[:-20], "jpeg_decode", "jpeg does not decode"),
+        (lambda d: d[:-20], "jpeg_decode", "jpeg truncated: entropy-coded data runs to the end"),
         (lambda d: b"\x00\x00" + d[2:], "jpeg_decode", "does not start with the JPEG SOI marker"),
-        (lambda d: d[:2] + bytes(len(d) - 2), "jpeg_decode", "jpeg does not decode"),
+        (lambda d: d[:2] + bytes(len(d) - 2), "jpeg_decode", "jpeg damaged: byte 2 is 0x00 where a marker"),
+        (lambda d: d + b"\x00" * 7, "jpeg_decode", "jpeg damaged: 7 bytes after the end-of-image marker"),
+        (lambda d: d[:-2], "jpeg_decode", "jpeg truncated"),
     ],
 )
 def test_jpegs_that_fail_to_decode_are_rejected(mutate, reason, fragment):
@@ -196,7 +201,10 @@ def test_jpeg_size_mode_and_stride_must_match_the_header():
     error = rejection(encode_frame("front", 1, 10, 20, jpeg(IMAGE), "jpeg", 40, 20))
     assert (error.reason, str(error)) == ("payload_size", "jpeg is 40x24, header says 40x20")
     error = rejection(encode_frame("front", 1, 10, 20, jpeg(IMAGE, "L"), "jpeg", 40, 24))
-    assert (error.reason, str(error)) == ("jpeg_decode", "jpeg mode is 'L', expected 'RGB' (3 channels)")
+    assert (error.reason, str(error)) == (
+        "jpeg_decode",
+        "jpeg has 1 colour component(s), expected 3 (YCbCr, decoded to RGB)",
+    )
     error = rejection(raw(frame_header(encoding="jpeg", stride=120), jpeg(IMAGE)))
     assert (error.reason, str(error)) == ("out_of_range", "field 'stride' = 120 is outside [0, 0]")
 

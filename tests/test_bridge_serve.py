@@ -79,7 +79,13 @@ def test_serve_and_camera_sim_stream_trajectories_and_sigterm_exits_0_mid_predic
         assert time.monotonic() - start < SHUTDOWN_TIMEOUT_S + 5.0
         output = serve.stdout.read()
         assert "valid=True" in output and "Traceback" not in output
-        assert output.rstrip().splitlines()[-1] in ("stopped", "stopped (current prediction abandoned)")
+        assert output.rstrip().splitlines()[-2:] in (
+            ["stopped", "alpamayo serve: SIGTERM received: stopped"],
+            [
+                "stopped (prediction abandoned)",
+                "alpamayo serve: SIGTERM received: stopped, prediction abandoned",
+            ],
+        )
     finally:
         stop(serve, sim)
 
@@ -92,7 +98,58 @@ def test_serve_without_a_model_answers_status_and_exits_0_on_sigint():
         assert status["alive"] and status["not_ready_reasons"][0] == NO_MODEL
         serve.send_signal(signal.SIGINT)
         assert serve.wait(30) == 0
-        assert serve.stdout.read().rstrip().endswith("stopped")
+        assert serve.stdout.read().rstrip().endswith("stopped\nalpamayo serve: SIGINT received: stopped")
+    finally:
+        stop(serve)
+
+
+# `alpamayo serve` whose model load never ends (a stand-in for a checkpoint on a hung network mount): the
+# signal handling around it is the real one.
+HANGING_LOAD = (
+    "import sys, threading; import alpamayo.commands.serve as serve; "
+    "serve.load_model = lambda config: threading.Event().wait(); "
+    "from alpamayo.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM])  # SIGINT takes the same handler (see the no-model test)
+def test_a_signal_during_model_load_exits_0_within_a_second(tmp_path, sig, record_figure):
+    cmd = [sys.executable, "-c", HANGING_LOAD, "serve", "--checkpoint", str(tmp_path)]
+    cmd += ["--input", LOOPBACK, "--output", LOOPBACK, "--control", LOOPBACK]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("loading model from "):
+                break
+        time.sleep(0.2)  # inside the load
+        start = time.monotonic()
+        proc.send_signal(sig)
+        assert proc.wait(10) == 0
+        elapsed = time.monotonic() - start
+        record_figure(f"{sig.name} during model load: exit after (s)", elapsed)
+        assert elapsed < 1.0
+        err = proc.stderr.read()
+        assert f"alpamayo serve: {sig.name} received during model load: exiting, load abandoned" in err
+        assert "serving:" not in proc.stdout.read()
+    finally:
+        stop(proc)
+
+
+def test_sigterm_during_warm_up_exits_0_within_a_second(demo_checkpoint, record_figure):
+    # 100 warm-up predictions at 1080p: minutes of work on a CPU, abandoned at once
+    serve, endpoints = start_serve("--checkpoint", str(demo_checkpoint), "--set", "warmup.runs=100")
+    try:
+        with ControlClient(endpoints["control"]) as ctl:
+            assert "model not warmed up yet" in ctl.status()["not_ready_reasons"]
+        start = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(10) == 0
+        elapsed = time.monotonic() - start
+        record_figure("SIGTERM during warm-up: exit after (s)", elapsed)
+        assert elapsed < 1.0
+        output = serve.stdout.read()  # stdout and stderr
+        assert "stopped (warm-up abandoned)\n" in output
+        assert output.rstrip().endswith("alpamayo serve: SIGTERM received: stopped, warm-up abandoned")
     finally:
         stop(serve)
 

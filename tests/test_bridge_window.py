@@ -69,7 +69,10 @@ def test_window_has_four_frames_per_camera_at_10hz_and_the_ego_history_ending_at
     np.testing.assert_allclose(w.ego.xyz, [p.xyz for p in expected], atol=1e-12)
     np.testing.assert_allclose(w.ego.quat_xyzw, [p.quat_xyzw for p in expected], atol=1e-12)
     assert s.take_window(now_ns=T_BASE + 1600 * MS) is None
-    assert s.waiting_for == "no newer frame from every camera since the last window"
+    assert s.waiting_for == (
+        "camera 'left': no frame for the next window (a period after the last t0) in 100 ms; "
+        "camera 'front': no frame for the next window (a period after the last t0) in 100 ms"
+    )
 
 
 def test_ego_between_samples_is_interpolated_and_slightly_ahead_of_the_newest_extrapolated():
@@ -99,7 +102,7 @@ def test_ego_may_lag_t0_by_the_extrapolation_limit(lag_ms, velocity, complete):
     if complete:
         np.testing.assert_allclose(w.ego.xyz[-1], pose(t0).xyz, atol=0.02)
     else:
-        assert s.waiting_for == "ego poses do not cover the 1.6 s history ending at t0"
+        assert s.waiting_for == "ego: no pose within 50 ms of t0 (newest 0.06 s before it)"
 
 
 def test_30hz_cameras_contribute_every_third_frame_and_the_others_are_dropped():
@@ -125,7 +128,7 @@ def test_cameras_out_of_phase_within_the_sync_tolerance_form_a_window():
     s = state(sync_tolerance_ms=30)
     feed(s, 1.6, offsets=(0, 40 * MS))
     assert s.take_window(now_ns=0) is None
-    assert s.waiting_for.startswith("camera 'front' has no frame within 30 ms")
+    assert s.waiting_for == "camera 'front': no frame within 30 ms of t0 - 300 ms (nearest 40 ms off)"
 
 
 def test_slow_consumer_skips_to_the_newest_window_and_counts_dropped_ticks():
@@ -215,3 +218,64 @@ def test_slerp_follows_the_short_arc_and_extrapolates():
     np.testing.assert_allclose(slerp(yaw(0.2), yaw(0.6), 1.5), yaw(0.8), atol=1e-12)
     q = slerp(yaw(0.1), -yaw(0.3), 0.5)  # -q is the same rotation: interpolate through 0.2, not the long way
     assert abs(abs(np.dot(q, yaw(0.2))) - 1) < 1e-12
+
+
+def test_consecutive_backwards_messages_on_a_fresh_stream_restart_it_at_once():
+    s = state()  # backwards_restart_after = 3
+    for k in range(5):
+        t = T_BASE + k * 100 * MS
+        s.accept(frame(0, 100 + k, t), recv_ns=t)
+        s.accept(pose(t), recv_ns=t)
+    # the rig's clock and ids are reset while it keeps sending (never stale)
+    recv = T_BASE + 500 * MS
+    for k in range(3):
+        t = 1_000 * MS + k * 100 * MS
+        messages = [frame(0, k, t), pose(t)]
+        for message in messages:
+            if k < 2:
+                with pytest.raises(ProtocolError, match="is older than the last accepted") as info:
+                    s.accept(message, recv_ns=recv + k * 100 * MS)
+                assert info.value.reason == "backwards"
+            else:
+                s.accept(message, recv_ns=recv + k * 100 * MS)
+    snap = s.snapshot(0)
+    assert (snap["left"]["restarts"], snap["left"]["accepted"], snap["left"]["buffered"]) == (1, 6, 1)
+    assert (snap["ego"]["restarts"], snap["ego"]["buffered"]) == (1, 1)
+    s.accept(frame(0, 3, 1_300 * MS), recv_ns=recv + 300 * MS)  # the new stream carries on
+    assert s.snapshot(0)["left"]["lost"] == 0
+
+
+def test_a_time_ahead_of_the_other_streams_is_rejected_as_future_and_moves_no_clock():
+    s = state(max_future_ms=2000)
+    s.accept(pose(T_BASE), recv_ns=T_BASE)
+    s.accept(frame(0, 0, T_BASE), recv_ns=T_BASE)
+    with pytest.raises(ProtocolError) as info:  # 2.1 s ahead of the ego pose and the left camera
+        s.accept(frame(1, 0, T_BASE + 2100 * MS), recv_ns=T_BASE)
+    assert (info.value.reason, str(info.value)) == (
+        "future",
+        "camera 'front': newest message 2.1 s ahead of ego (limit 2 s); rejected as future",
+    )
+    # the others' clocks advance with the node's: 1.5 s later the same time is within the bound
+    s.accept(frame(1, 0, T_BASE + 2100 * MS), recv_ns=T_BASE + 1500 * MS)
+    with pytest.raises(ProtocolError, match="ahead of camera 'front'") as info:
+        s.accept(frame(0, 1, T_BASE + 3_600_000 * MS), recv_ns=T_BASE + 1500 * MS)
+    s.accept(frame(0, 1, T_BASE + 100 * MS), recv_ns=T_BASE + 1500 * MS)  # left's clock did not move
+    # a camera sending only future frames is named so in the stale reasons
+    late = T_BASE + 2000 * MS  # ego is stale by now, the front camera is not
+    with pytest.raises(ProtocolError, match="ahead of camera 'front'"):
+        s.accept(frame(0, 2, T_BASE + 9_000 * MS), recv_ns=late)
+    reasons = s.stale_reasons(late + 600 * MS)
+    assert reasons[0].startswith("camera 'left': newest message") and reasons[0].endswith(
+        "rejected as future"
+    )
+    # with every other stream stale there is no clock to compare with: accepted
+    s.accept(frame(0, 3, T_BASE + 9_000 * MS), recv_ns=late + 1001 * MS)
+
+
+def test_a_frame_id_jump_is_an_id_sequence_restart_not_lost_frames():
+    s = state(max_frame_id_jump=1000)
+    s.accept(frame(0, 5, T_BASE), recv_ns=T_BASE)
+    s.accept(frame(0, 1006, T_BASE + 100 * MS), recv_ns=T_BASE + 100 * MS)  # 1000 lost: within the bound
+    s.accept(frame(0, 2**32 - 1, T_BASE + 200 * MS), recv_ns=T_BASE + 200 * MS)
+    snap = s.snapshot(0)["left"]
+    assert (snap["lost"], snap["id_restarts"], snap["restarts"], snap["accepted"]) == (1000, 1, 0, 3)

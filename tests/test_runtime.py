@@ -215,19 +215,25 @@ def write_predict_inputs(directory: Path, tick: int) -> dict[int, list[int]]:
     return times
 
 
-def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
-    times = write_predict_inputs(tmp_path, 5)
-    args = [
+def predict_argv(checkpoint: Path, directory: Path) -> list[str]:
+    """`alpamayo predict` on the inputs `write_predict_inputs` wrote to `directory`, 4 reasoning tokens at most."""
+    frames, ego = str(directory / "frames"), str(directory / "ego.csv")
+    return [
         "predict",
         "--checkpoint",
-        str(demo_checkpoint),
+        str(checkpoint),
         "--frames",
-        str(tmp_path / "frames"),
+        frames,
         "--ego",
-        str(tmp_path / "ego.csv"),
+        ego,
         "--max-reasoning-tokens",
         "4",
     ]
+
+
+def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
+    times = write_predict_inputs(tmp_path, 5)
+    args = predict_argv(demo_checkpoint, tmp_path)
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (sample,) = out["samples"]

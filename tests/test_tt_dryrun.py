@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,24 @@ def test_script_runs_a_command_under_a_fresh_dry_run_and_removes_it(tmp_path, tt
     )
     assert f"export {RUNTIME_ROOT_ENV}={tmp_path / 'kept' / 'root'}" in shell.stdout
     assert (tmp_path / "kept" / "root" / SFPI_COMPILER).is_file()
+
+
+def test_script_passes_sigterm_on_and_removes_the_root_after_the_command(ttnn_dir):
+    """A timeout stopping `scripts/ttnn-dryrun` stops the command too, before its root is removed."""
+    code = (
+        f"import os, time; print(os.getpid(), os.environ[{RUNTIME_ROOT_ENV!r}], flush=True); time.sleep(60)"
+    )
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    script = subprocess.Popen(
+        [str(REPO / "scripts/ttnn-dryrun"), sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    pid, root = script.stdout.readline().split()
+    assert Path(root).is_dir()
+    script.terminate()
+    assert script.wait(timeout=30) == 128 + signal.SIGTERM  # the command's status: it got the signal
+    assert not Path(root).exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid), 0)

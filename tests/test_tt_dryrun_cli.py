@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from alpamayo.tt import dryrun
-from tests.test_runtime import write_predict_inputs
+from tests.test_runtime import predict_argv, write_predict_inputs
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 
 pytestmark = pytest.mark.dryrun
@@ -64,20 +64,7 @@ def test_generate_json_keeps_stdout_to_the_json_and_caches_the_packed_weights(ch
 
 def test_predict_backend_ttnn_on_the_demo_checkpoint(dryrun_device, demo_checkpoint, tmp_path):
     write_predict_inputs(tmp_path, 5)
-    proc = alpamayo(
-        "predict",
-        "--checkpoint",
-        str(demo_checkpoint),
-        "--frames",
-        str(tmp_path / "frames"),
-        "--ego",
-        str(tmp_path / "ego.csv"),
-        "--max-reasoning-tokens",
-        "4",
-        "--backend",
-        "ttnn",
-        "--json",
-    )
+    proc = alpamayo(*predict_argv(demo_checkpoint, tmp_path), "--backend", "ttnn", "--json")
     (sample,) = json.loads(proc.stdout)["samples"]
     assert len(sample["xyz"]) == 64 and len(sample["trajectory_token_ids"]) == 128
     assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 import yaml
 
@@ -76,31 +77,82 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
-    model = None if args.no_model else load_model(config)
+    # Signals are taken from here on, whatever is running: the model load happens on a worker thread so the
+    # main thread stays free to act on them (a load is one long call into torch or ttnn that Python signal
+    # handlers cannot interrupt).
+    signalled = threading.Event()
+    received: list[str] = []  # the signal's name, for the stderr line
+    node: InferenceNode | None = None
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
+        signalled.set()
+        if node is not None:
+            node.request_shutdown()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    model = None if args.no_model else _load_or_abandon(config, signalled, received)
     try:
         node = InferenceNode(model, config).start()
     except BaseException:
         _close(model)
         raise
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: node.request_shutdown())
+    if signalled.is_set():
+        node.request_shutdown()
     print(f"serving: {node.endpoints}", flush=True)
     while not node.wait(0.2):
         pass
+    phase = node.phase
     finished = node.stop()
-    print("stopped" + ("" if finished else " (current prediction abandoned)"), flush=True)
+    cause = f"{received[0]} received" if received else "shutdown requested"
     if finished:
+        print("stopped", flush=True)
+        print(f"alpamayo serve: {cause}: stopped", file=sys.stderr, flush=True)
         _close(model)
         return 0
-    # The abandoned prediction is still running in the node's daemon thread, inside torch (or on the ttnn
-    # device, which is therefore not closed). Finalising the interpreter under it aborts the process: on
-    # CPython 3.12 and 3.13 the thread, re-taking the GIL in the destructor of torch's
-    # `pybind11::gil_scoped_release`, is ended with pthread_exit, and the forced unwind through that noexcept
-    # destructor calls std::terminate (SIGABRT, exit 134; gdb backtrace on CPython 3.12.1, torch 2.14.1;
-    # CPython 3.14 hangs such threads instead, gh-87135). A running prediction cannot be stopped from outside
-    # (one vision or prefill call is a single long C++ call), so the bounded way out is to leave without
-    # finalising. Every socket is closed and stdout, which the log goes to, is flushed; no atexit handler of
-    # ours is skipped.
+    print(f"stopped ({phase} abandoned)", flush=True)
+    print(f"alpamayo serve: {cause}: stopped, {phase} abandoned", file=sys.stderr)
+    _exit_now()
+
+
+def _load_or_abandon(config: NodeConfig, signalled: threading.Event, received: list[str]) -> AlpamayoVLA:
+    """Load the model on a worker thread; on SIGINT/SIGTERM meanwhile, leave at once with exit 0."""
+    result: list = []
+
+    def load() -> None:
+        try:
+            result.append(load_model(config))
+        except BaseException as e:  # re-raised on the main thread: bad checkpoints are CLI errors
+            result.append(e)
+
+    print(f"loading model from {config.model.checkpoint}", flush=True)
+    loader = threading.Thread(target=load, name="serve-load", daemon=True)
+    loader.start()
+    while loader.is_alive() and not signalled.wait(0.05):
+        pass
+    if signalled.is_set():
+        print(
+            f"alpamayo serve: {received[0]} received during model load: exiting, load abandoned",
+            file=sys.stderr,
+        )
+        _exit_now()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
+def _exit_now() -> None:
+    """Exit 0 while a thread may still be inside torch (an abandoned load or prediction)."""
+    # The abandoned work is still running in a daemon thread, inside torch (or on the ttnn device, which is
+    # therefore not closed). Finalising the interpreter under it aborts the process: on CPython 3.12 and 3.13
+    # the thread, re-taking the GIL in the destructor of torch's `pybind11::gil_scoped_release`, is ended with
+    # pthread_exit, and the forced unwind through that noexcept destructor calls std::terminate (SIGABRT,
+    # exit 134; gdb backtrace on CPython 3.12.1, torch 2.14.1; CPython 3.14 hangs such threads instead,
+    # gh-87135). A running load or prediction cannot be stopped from outside (one vision or prefill call is a
+    # single long C++ call), so the bounded way out is to leave without finalising. Every socket is closed and
+    # stdout, which the log goes to, is flushed; no atexit handler of ours is skipped.
+    sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 

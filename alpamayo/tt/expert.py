@@ -83,6 +83,7 @@ class TTActionExpert(DeviceIO):
         tracer: Tracer | None = None,
     ):
         self.ttnn, self.text, self.cfg, self.device = text.ttnn, text, cfg, text.device
+        self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
         self.weights = weights
         self.layer_weights = [
             _layer_weights({k.removeprefix("expert."): w for k, w in weights.items()}, i)

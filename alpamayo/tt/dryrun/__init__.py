@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,7 +165,21 @@ def dry_run(directory: Path | None = None) -> Iterator[dict[str, str]]:
 
 
 def run(command: list[str]) -> int:
-    """Run `command` under a fresh dry run (a temporary root, removed afterwards); its exit status."""
+    """Run `command` under a fresh dry run (a temporary root, removed once it has exited); its exit status.
+
+    SIGTERM and SIGHUP are passed on to the command and Ctrl-C left to it (the terminal sends it to both), so
+    the root outlives the command even when a timeout or the user stops it (a `serve` was left running on a
+    deleted root before)."""
     with tempfile.TemporaryDirectory(prefix="alpamayo-dryrun-") as tmp:
-        env = {**os.environ, **prepare(Path(tmp))}
-        return subprocess.run(command, env=env, check=False).returncode
+        proc = subprocess.Popen(command, env={**os.environ, **prepare(Path(tmp))})
+
+        def forward(signum: int, _frame: object) -> None:
+            proc.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

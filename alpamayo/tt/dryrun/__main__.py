@@ -29,7 +29,8 @@ def main(argv: list[str]) -> int:
             for name, value in prepare(Path(argv[1])).items():
                 print(f"export {name}={shlex.quote(value)}")
             return 0
-        return run(argv)
+        status = run(argv)
+        return 128 - status if status < 0 else status  # killed by signal N: 128 + N, as a shell reports it
     except (BackendUnavailable, FileExistsError) as e:
         print(f"ttnn-dryrun: error: {e}", file=sys.stderr)
         return 2
