@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class TrajectorySample:
 
     reasoning: str  # chain-of-causation text between <|cot_start|> and <|cot_end|>
     reasoning_token_ids: list[int]
-    token_ids: list[int]  # the 128 future-trajectory token ids, checkpoint vocabulary
+    token_ids: list[int]  # the 128 future-trajectory token ids, checkpoint vocabulary (empty: action expert)
     actions: np.ndarray  # [64, 2] float64: acceleration m/s^2, curvature 1/m
     xyz: np.ndarray  # [64, 3] float64 metres, t0 ego frame
     heading: np.ndarray  # [64] float64 rad, yaw in the t0 ego frame
@@ -56,6 +56,9 @@ class Prediction:
         default_factory=lambda: DT_S * np.arange(1, FUTURE_STEPS + 1)
     )  # [64] seconds after t0
     timings_ms: dict[str, float] = field(default_factory=dict)  # stage name (alpamayo.profiling.STAGES) -> ms
+    # "expert" (flow-matching action expert: samples carry no trajectory tokens) or "tokens" (discrete decoder)
+    decoder: str = "tokens"
+    flow: dict[str, Any] | None = None  # the expert's settings: steps, temperature, guidance (None: tokens)
 
     @property
     def best(self) -> TrajectorySample:

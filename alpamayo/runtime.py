@@ -7,8 +7,13 @@
 One prediction: validate the inputs; ego history -> t0 frame -> 48 history tokens; vision features for every
 frame (cached per (camera, start-of-frame time), so at a 10 Hz tick only each camera's newest frame is
 encoded); the Alpamayo prompt with one `<|image_pad|>` per image, expanded per image grid; prefill; reasoning
-until `<|traj_future_start|>`, then 128 constrained trajectory tokens (K samples share the prefill); tokens ->
-(acceleration, curvature) -> unicycle rollout. Every stage is a span of the model's `Tracer`.
+until `<|traj_future_start|>` (K samples share the prefill); then the trajectory decoder:
+  * `expert` (the default when the checkpoint has expert weights, as NVIDIA's releases decode): generation stops
+    once `<|traj_future_start|>` is in the KV cache, and the flow-matching action expert turns noise into 64
+    normalised (acceleration, curvature) pairs in a few Euler steps, reading that cache (`alpamayo.expert`);
+  * `tokens`: 128 constrained trajectory tokens -> (acceleration, curvature);
+then the unicycle rollout. Every stage is a span of the model's `Tracer` (`expert`, with one `expert_step`
+span per Euler step).
 """
 
 from __future__ import annotations
@@ -17,16 +22,24 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from alpamayo.backends import TORCH_CPU, BackendOptions
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import load_config
+from alpamayo.expert.config import expert_config_of
+from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
+from alpamayo.expert.model import ActionExpert
+from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise
+from alpamayo.expert.weights import has_expert_weights, load_expert, validate_expert_tensors
 from alpamayo.families.loader import model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
-from alpamayo.trajectory_generation import generate_plans
+from alpamayo.trajectory_generation import FILLER, generate_plans
 from alpamayo.vlm import ImageFeatures, VisionLanguageModel
 from planner.pipeline import Planner
 from vision.preprocess import check_image_size, preprocess_images
@@ -106,8 +119,12 @@ class AlpamayoVLA:
         sampling: Sampling | None = None,
         max_reasoning_tokens: int = 256,
         precision: str = "float32",
+        expert: ActionExpert | None = None,
+        flow: FlowSettings = DEFAULT_FLOW,
     ):
+        """`expert`: the flow-matching trajectory decoder (None: the trajectory tokens); `flow` its settings."""
         self.vlm, self.planner = vlm, planner
+        self.expert = None if expert is None else ExpertDecoder(expert, flow)
         # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
         self.tracer = tracer or Tracer(max_spans=10_000)
         vlm.trace_into(self.tracer)
@@ -127,6 +144,8 @@ class AlpamayoVLA:
         sampling: Sampling | None = None,
         max_reasoning_tokens: int = 256,
         base_model: str | Path | None = None,
+        decoder: str | None = None,
+        flow: FlowSettings = DEFAULT_FLOW,
     ) -> AlpamayoVLA:
         """Load a checkpoint directory of any family (`alpamayo.families`): an Alpamayo release (R1, 1.5,
         2 Super), the project's layout, or a plain Qwen3-VL plus trajectory vocabulary. `base_model`: the
@@ -136,10 +155,33 @@ class AlpamayoVLA:
         The torch backend runs on `options.device` in `options.dtype`; ttnn runs the vision tower and the text
         backbone on one Blackhole p150 with the precision `options.recipe` (one sample per prediction). Either
         way only frames not seen before are encoded (`FeatureCache`).
+
+        `decoder`: "expert" or "tokens" (`alpamayo.expert.decoding.choose_decoder`; None: the expert whenever
+        the checkpoint has expert weights); `flow`: the expert's steps, noise temperature and navigation
+        guidance. The expert is checked against the VLM and its tensors against its config before any weight
+        is read.
         """
-        vlm = VisionLanguageModel.from_checkpoint(directory, options, base_model=base_model)
+        cfg = load_config(directory, base_model)
+        ckpt = Checkpoint(directory, cfg.weight_prefix)
+        expert_cfg = expert_config_of(cfg)
+        has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
+        decoder = choose_decoder(decoder, expert_cfg, has_weights, options.backend, cfg.source)
+        if decoder == "expert":
+            validate_expert_tensors(ckpt, expert_cfg, cfg.text)
+            ExpertDecoder.check_settings(expert_cfg, flow)
+        vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=ckpt, cfg=cfg)
         planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
-        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision)
+        expert = None
+        if decoder == "expert":
+            device = vlm.text.device
+            n = planner.settings.action_space.n_waypoints
+            expert = load_expert(ckpt, expert_cfg, cfg.text, options.torch_dtype, device, n)
+        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision, expert, flow)
+
+    @property
+    def decoder(self) -> str:
+        """The trajectory decoder: "expert" or "tokens"."""
+        return "tokens" if self.expert is None else "expert"
 
     @property
     def family(self) -> Family:
@@ -153,7 +195,15 @@ class AlpamayoVLA:
         decoding = (
             "greedy" if s.greedy else f"temperature {s.temperature:g}, top_p {s.top_p:g}, top_k {top_k}"
         )
-        return f"model family: {self.family.title} ({self.family.name}); decoding: {decoding}"
+        trajectory = "trajectory tokens"
+        if self.expert is not None:
+            f = self.expert.settings
+            guidance = "" if f.guidance is None else f", navigation guidance {f.guidance:g}"
+            trajectory = f"action expert ({self.expert.steps} flow steps, noise temperature {f.temperature:g}{guidance})"
+        return (
+            f"model family: {self.family.title} ({self.family.name}); decoding: {decoding}; "
+            f"trajectory decoder: {trajectory}"
+        )
 
     def close(self) -> None:
         """Release device resources (the ttnn backend's trace and device)."""
@@ -177,10 +227,15 @@ class AlpamayoVLA:
         seed: int | None = None,
         frame_times_ns: Mapping[int, Sequence[int]] | None = None,
         sampling: Sampling | None = None,
+        noise: np.ndarray | None = None,
     ) -> Prediction:
         """See `alpamayo.prediction.Predictor`. `sampling` defaults to the model's (`self.sampling`: the
         family's unless given at construction); K > 1 samples need a temperature > 0, and with a seed the
-        result is reproducible."""
+        result is reproducible.
+
+        With the action expert, `noise` [K, 64, 2] is its initial noise (for reproducible comparisons); without
+        it the noise is drawn per sample from `seed` (stream i depends only on (seed, i); greedy decoding with
+        no seed uses seed 0, so a greedy prediction stays deterministic)."""
         sampling = sampling or self.sampling
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
@@ -189,6 +244,17 @@ class AlpamayoVLA:
                 f"num_samples={num_samples} with greedy decoding would repeat one sample; "
                 "pass sampling=Sampling(temperature>0, top_p)"
             )
+        if noise is not None and self.expert is None:
+            raise ValueError(
+                "an initial noise is the action expert's input; this model decodes trajectory tokens"
+            )
+        if self.expert is not None:
+            if noise is not None:
+                noise = check_noise(noise, num_samples, self.expert.expert.n_tokens)
+            if self.expert.settings.guidance is not None and route is None:
+                raise ValueError(
+                    "navigation guidance needs a route: the unguided branch is the prompt without it"
+                )
         cameras = check_frames(frames, frame_times_ns)
         mark = self.tracer.mark()
         history = self.planner.history(ego_history)
@@ -207,10 +273,41 @@ class AlpamayoVLA:
             self.limits,
             self.vlm.config.eos_token_ids,
             self.tracer,
+            trajectory_tokens=self.expert is None,
         )
+        normalised = None
+        if self.expert is not None:
+            noise_seed = 0 if seed is None and sampling.greedy else seed
+            normalised = self._expert_actions(ids, features, plans, noise_seed, noise)
         with self.tracer.span("rollout", samples=num_samples):
-            samples = self.planner.samples(plans, history)
-        return Prediction(samples=samples, timings_ms=self.tracer.totals_ms(mark))
+            samples = self.planner.samples(plans, history, normalised)
+        return Prediction(
+            samples=samples,
+            timings_ms=self.tracer.totals_ms(mark),
+            decoder=self.decoder,
+            flow=None if self.expert is None else self.expert.record(),
+        )
+
+    def _expert_actions(
+        self,
+        ids: list[int],
+        features: Sequence[ImageFeatures],
+        plans: Sequence,
+        seed: int | None,
+        noise: Any,
+    ) -> np.ndarray:
+        """The action expert's [K, 64, 2] normalised actions after `generate_plans(trajectory_tokens=False)`."""
+        decoder, vocab = self.expert, self.planner.vocab
+        with self.tracer.span("expert", samples=len(plans), steps=decoder.steps):
+            ctx = decoder.context(self.vlm.text, len(ids), plans)
+            unguided = None
+            if decoder.settings.guidance is not None:
+                plain = unguided_prompt(ids, vocab.marker("route_start"), vocab.marker("route_end"))
+                unguided = decoder.unguided_context(
+                    self.vlm, plain, features, plans, vocab.marker("traj_future_start"), vocab.marker(FILLER)
+                )
+            actions = decoder.sample(ctx, seed, noise, unguided, self.tracer)
+        return actions.double().cpu().numpy()
 
     def ask(
         self,

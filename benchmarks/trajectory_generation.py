@@ -30,10 +30,10 @@ import torch
 from alpamayo.config import load_config
 from alpamayo.demo_checkpoint import make_demo_checkpoint
 from alpamayo.devices import resolve_device
+from alpamayo.families.loader import model_tokenizer
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.text import TextModel
-from alpamayo.tokenizer import load_tokenizer
 from alpamayo.trajectory_generation import generate_plans
 from planner.pipeline import Planner
 
@@ -83,7 +83,8 @@ def main() -> None:
 
 
 def run(path: Path, k: int, reasoning: int, rounds: int, device: torch.device) -> None:
-    cfg, tokenizer = load_config(path), load_tokenizer(path)
+    cfg = load_config(path)
+    tokenizer = model_tokenizer(cfg)
     planner = Planner.from_config(cfg, tokenizer)
     model = TextModel.from_checkpoint(path, cfg, device=device)
     ego = drive_history()

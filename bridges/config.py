@@ -62,6 +62,13 @@ class ModelSection:
     top_p: float | None = None
     top_k: int | None = None
     max_reasoning_tokens: int = 256  # after this many, <|traj_future_start|> is forced
+    # Trajectory decoder: "expert" (flow-matching action expert) or "tokens"; null: the expert whenever the
+    # checkpoint has expert weights. The expert's Euler steps (null: the config's), noise temperature and
+    # navigation guidance weight (null: no CFG; needs model.route).
+    decoder: str | None = None
+    flow_steps: int | None = None
+    flow_temperature: float = 1.0
+    nav_guidance: float | None = None
 
     def __post_init__(self) -> None:
         _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
@@ -82,6 +89,25 @@ class ModelSection:
         _check(self.top_p is None or 0 < self.top_p <= 1, "model.top_p", self.top_p, "(0, 1] or null")
         _check(
             self.top_k is None or self.top_k >= 1, "model.top_k", self.top_k, ">= 1, or null for all tokens"
+        )
+        _check(
+            self.decoder in (None, "expert", "tokens"),
+            "model.decoder",
+            self.decoder,
+            "expert, tokens or null",
+        )
+        _check(
+            self.flow_steps is None or (isinstance(self.flow_steps, int) and 1 <= self.flow_steps <= 1000),
+            "model.flow_steps",
+            self.flow_steps,
+            "1..1000, or null for the checkpoint's",
+        )
+        _check(0 < self.flow_temperature <= 10, "model.flow_temperature", self.flow_temperature, "(0, 10]")
+        _check(
+            self.nav_guidance is None or self.route is not None,
+            "model.nav_guidance",
+            self.nav_guidance,
+            "null without model.route (the unguided branch is the prompt without the route)",
         )
         _check(
             1 <= self.max_reasoning_tokens <= 4096,

@@ -113,6 +113,11 @@ JSON_SCHEMAS: dict[str, dict[str, Any]] = {
             "valid": {"type": "boolean"},
             "invalid_reasons": {"type": "array", "items": _STR},
             "t_s": _FLOATS,
+            "decoder": {"enum": ["expert", "tokens"]},
+            "flow": {
+                "type": ["object", "null"],
+                "properties": {"steps": _INT, "temperature": _NUM, "guidance": {"type": ["number", "null"]}},
+            },
             "samples": {
                 "type": "array",
                 "items": _obj(

@@ -558,6 +558,7 @@ class InferenceNode:
         msg.x, msg.y, msg.z = (xyz[:, k].tolist() for k in range(3))
         msg.heading = heading.tolist()
         msg.reasoning = best.reasoning
+        msg.decoder = prediction.decoder
         msg.model_execution_ms = model_ms
         msg.timings_ms = {"decode": window.decode_ms, "window": window_ms, **prediction.timings_ms}
         with self._lock:

@@ -24,7 +24,10 @@ import numpy as np
 
 from bridges.jpeg import JpegError, JpegSizeError, inspect_jpeg
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # input messages (frame, ego)
+# The output (trajectory) message. Version 2 added `decoder` (the action expert or the trajectory tokens);
+# the input messages did not change and stay at PROTOCOL_VERSION.
+TRAJECTORY_VERSION = 2
 ENCODINGS = ("rgb8", "bgr8", "jpeg")
 CHANNELS = 3  # rgb8 and bgr8 are 3 bytes per pixel; a JPEG must decode to RGB
 MAX_HEADER_BYTES = 1024  # a v1 frame header packs to about 130 bytes
@@ -452,6 +455,7 @@ class TrajectoryMessage:
     z: list[float] = field(default_factory=list)
     heading: list[float] = field(default_factory=list)
     reasoning: str = ""
+    decoder: str = ""  # "expert" or "tokens": what decoded the trajectory ("" when there is none)
     frame_age_ms: float | None = None
     frame_drop_perc: float = 0.0
     model_execution_ms: float | None = None
@@ -459,7 +463,7 @@ class TrajectoryMessage:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "v": PROTOCOL_VERSION,
+            "v": TRAJECTORY_VERSION,
             "kind": "trajectory",
             "seq": self.seq,
             "t0_ns": self.t0_ns,
@@ -472,6 +476,7 @@ class TrajectoryMessage:
             "token_ids": list(self.token_ids),
             "waypoints": {"t": self.t, "x": self.x, "y": self.y, "z": self.z, "heading": self.heading},
             "reasoning": self.reasoning,
+            "decoder": self.decoder,
             "frame_age_ms": self.frame_age_ms,
             "frame_drop_perc": self.frame_drop_perc,
             "model_execution_ms": self.model_execution_ms,
@@ -489,7 +494,7 @@ def encode_trajectory(message: TrajectoryMessage) -> bytes:
 
 
 def decode_trajectory(buf: bytes | memoryview) -> TrajectoryMessage:
-    """Parse an output message (for consumers); raises ProtocolError on anything that is not a v1 trajectory."""
+    """Parse an output message (for consumers); raises ProtocolError on anything that is not a v2 trajectory."""
     if len(buf) > MAX_OUTPUT_BYTES:
         raise ProtocolError("too_large", f"trajectory message is {len(buf)} bytes, limit {MAX_OUTPUT_BYTES}")
     try:
@@ -499,8 +504,11 @@ def decode_trajectory(buf: bytes | memoryview) -> TrajectoryMessage:
     if not isinstance(d, dict) or d.get("kind") != "trajectory":
         raise ProtocolError("malformed", "not a trajectory message (a map with kind 'trajectory')")
     _check_fields(d, dict.fromkeys(OUTPUT_FIELDS, True), "trajectory")
-    if d["v"] != PROTOCOL_VERSION:
-        raise ProtocolError("version", f"protocol version {d['v']} is not supported (supported: 1)")
+    if d["v"] != TRAJECTORY_VERSION:
+        raise ProtocolError(
+            "version",
+            f"trajectory message version {d['v']} is not supported (supported: {TRAJECTORY_VERSION})",
+        )
     waypoints = d["waypoints"]
     if not isinstance(waypoints, dict) or set(waypoints) != set(WAYPOINT_FIELDS):
         raise ProtocolError("wrong_type", f"waypoints must be a map with keys {', '.join(WAYPOINT_FIELDS)}")
@@ -516,6 +524,7 @@ def decode_trajectory(buf: bytes | memoryview) -> TrajectoryMessage:
             cameras=[CameraWindow(**c) for c in d["cameras"]],
             token_ids=list(d["token_ids"]),
             reasoning=d["reasoning"],
+            decoder=d["decoder"],
             frame_age_ms=d["frame_age_ms"],
             frame_drop_perc=d["frame_drop_perc"],
             model_execution_ms=d["model_execution_ms"],

@@ -361,3 +361,27 @@ class PlanConstraints:
                 out[row, self.traj] = float("-inf")
                 out[row, self.eos] = float("-inf")
         return out
+
+
+@torch.no_grad()
+def hf_plan_tokens(
+    hf: torch.nn.Module, ids: torch.Tensor, vision: dict, cfg: Any, vocab: Any, cap: int, max_new_tokens: int
+) -> list[int]:
+    """transformers' greedy `generate` of a driving plan: the expanded prompt `ids` [L] with its images
+    (`vision`: the image processor's pixel_values / image_grid_thw), under `PlanConstraints` with reasoning
+    cap `cap`; `cfg` is the model's ModelConfig. Returns the `max_new_tokens` generated ids."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    n = ids.numel()
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens)
+    gen.eos_token_id, gen.pad_token_id = None, cfg.eos_token_ids[-1]
+    hf.model.rope_deltas = None
+    return hf.generate(
+        input_ids=ids.view(1, -1),
+        attention_mask=torch.ones(1, n, dtype=torch.long),
+        pixel_values=vision["pixel_values"],
+        image_grid_thw=vision["image_grid_thw"],
+        mm_token_type_ids=(ids == cfg.image_token_id).to(torch.int32).view(1, -1),
+        generation_config=gen,
+        logits_processor=LogitsProcessorList([PlanConstraints(vocab, cfg.eos_token_ids, n, cap)]),
+    )[0, n:].tolist()

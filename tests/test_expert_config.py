@@ -3,6 +3,7 @@ against the VLM (layer count, K/V layout)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -14,49 +15,22 @@ from alpamayo.configs import CONFIG_DIR
 from alpamayo.errors import ConfigError
 from alpamayo.expert.config import (
     FLAT,
+    RELEASE_10B_EXPERT,
     SUPER,
     has_expert,
     parse_expert_config,
     validate_against_vlm,
 )
 from alpamayo.json_fields import Fields
+from tests.hf_checkpoints import text_config
 
 VLM_8B_TEXT = json.loads((CONFIG_DIR / "qwen3-vl-8b.json").read_text())["text_config"]
-# The 10B releases' expert blocks (alpamayo-code-audit.md B.2); `_target_` spelled as Hydra writes it.
-RELEASE_FLAT = {
-    "model_type": "alpamayo1_5",
-    "expert_cfg": {
-        "hidden_size": 2048,
-        "num_attention_heads": 16,
-        "head_dim": 128,
-        "intermediate_size": 8256,
-    },
-    "action_in_proj_cfg": {
-        "_target_": "alpamayo1_5.models.action_in_proj.PerWaypointActionInProjV2",
-        "num_enc_layers": 2,
-        "hidden_size": 512,
-        "num_fourier_feats": 20,
-        "max_freq": 100.0,
-    },
-    "action_out_proj_cfg": {"_target_": "torch.nn.Linear"},
-    "diffusion_cfg": {
-        "_target_": "alpamayo1_5.diffusion.flow_matching.FlowMatching",
-        "int_method": "euler",
-        "num_inference_steps": 10,
-    },
-    "expert_non_causal_attention": True,
-}
-TINY_TEXT = dict(
-    VLM_8B_TEXT,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=300,
-    rope_scaling={"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True},
-)
+# The 10B releases' expert blocks with `_target_` spelled as Hydra writes it.
+RELEASE_FLAT = copy.deepcopy(RELEASE_10B_EXPERT) | {"model_type": "alpamayo1_5"}
+RELEASE_FLAT["action_in_proj_cfg"]["_target_"] = "alpamayo1_5.models.action_in_proj.PerWaypointActionInProjV2"
+RELEASE_FLAT["action_out_proj_cfg"]["_target_"] = "torch.nn.Linear"
+RELEASE_FLAT["diffusion_cfg"]["_target_"] = "alpamayo1_5.diffusion.flow_matching.FlowMatching"
+TINY_TEXT = text_config(vocab_size=300)
 
 
 def vlm_text(raw: dict):
@@ -146,7 +120,7 @@ def test_layer_count_mismatch_names_both_values():
             "VLM's 32 (2 x 16)",
         ),
         (
-            {"head_dim": 32, "rope_scaling": dict(TINY_TEXT["rope_scaling"], mrope_section=[8, 4, 4])},
+            {"head_dim": 32, "rope_parameters": dict(TINY_TEXT["rope_parameters"], mrope_section=[8, 4, 4])},
             "KV width 64 (num_key_value_heads 2 x head_dim 32)",
             "VLM's 32 (2 x 16)",
         ),

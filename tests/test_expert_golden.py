@@ -123,8 +123,11 @@ class HFExpert:
         self.in_proj.load_state_dict(sub_state(weights, "action_in_proj."))
         self.out_proj = nn.Linear(cfg.text.hidden_size, 2)
         self.out_proj.load_state_dict(sub_state(weights, "action_out_proj."))
+        inv_freq = self.model.rotary_emb.inv_freq.clone()
         for m in (self.model, self.in_proj, self.out_proj):
             m.to(dtype).eval()
+        # as from_pretrained(dtype=...) keeps it: the rotary table stays float32 (`.to` would round it)
+        self.model.rotary_emb.inv_freq = inv_freq
         self.dtype = dtype
 
     @torch.no_grad()
@@ -459,3 +462,29 @@ def test_guidance_without_route_and_on_super_is_refused(golden, fp32):
     super_expert.cfg = dataclasses.replace(super_expert.cfg, supports_guidance=False)
     with pytest.raises(ValueError, match="not supported by this checkpoint's expert"):
         ExpertDecoder(super_expert, FlowSettings(guidance=1.5))
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_equals_the_eager_step(golden):
+    """The captured expert step replays to the eager step's velocities, step after step (new x and t each)."""
+    from alpamayo.expert.cuda_graph import GraphedVelocity
+    from alpamayo.text.kv_cache import KVCache
+
+    cfg = golden["cfg"]
+    expert = load_expert(golden["path"], cfg, cfg.text, torch.float32, "cuda")
+    t_cfg = cfg.text
+    cache = KVCache(
+        t_cfg.num_hidden_layers, K, t_cfg.num_key_value_heads, 96, t_cfg.head_dim, torch.float32, "cuda"
+    )
+    g = torch.Generator().manual_seed(9)
+    for buf in (*cache.k, *cache.v):
+        buf.copy_(torch.randn(buf.shape, generator=g))
+    ctx = expert.context(cache, [40, 71, 55], -7, 80)
+    graphed = GraphedVelocity(expert, ctx)
+    for step in range(3):
+        x, t = noise(seed=10 + step).cuda(), torch.full((K,), 0.1 * step, device="cuda")
+        eager = expert.velocity(x, t, ctx)
+        assert torch.equal(graphed(x, t), eager)
+    decoder = ExpertDecoder(expert, cuda_graph=True)
+    x0 = noise(seed=20)
+    assert max_abs_error(decoder.sample(ctx, noise=x0), ExpertDecoder(expert).sample(ctx, noise=x0)) <= 1e-6

@@ -24,8 +24,8 @@ from alpamayo.generation import Sampling
 from alpamayo.runtime import AlpamayoVLA
 from alpamayo.vlm import VisionLanguageModel
 from planner.tokenizers import TrajectoryVocab
-from tests.hf_checkpoints import PlanConstraints, hf_image_processor
-from tests.test_runtime import frames_at, straight_history
+from tests.hf_checkpoints import hf_image_processor, hf_plan_tokens
+from tests.test_runtime import frames_at, straight_history, write_prediction_inputs
 
 RELEASES = ("r1", "alpamayo1.5", "super")
 BASE_LEN = 538  # demo base vocabulary: 512 BPE tokens + the 26 Qwen added tokens (real: 151643 + 26)
@@ -51,7 +51,11 @@ def vla_of(releases):
 
     def get(layout: str) -> AlpamayoVLA:
         if layout not in loaded:
-            loaded[layout] = AlpamayoVLA.from_checkpoint(releases[layout], max_reasoning_tokens=4)
+            # The discrete decoder: these tests pin its tokens against transformers' generate (the layouts'
+            # default, the action expert, is pinned by tests/test_expert_*.py).
+            loaded[layout] = AlpamayoVLA.from_checkpoint(
+                releases[layout], max_reasoning_tokens=4, decoder="tokens"
+            )
         return loaded[layout]
 
     return get
@@ -269,8 +273,6 @@ def test_vqa_prompt_prefills_the_answer_without_history(releases):
 def test_greedy_tokens_equal_transformers_on_the_same_weights(releases, vla_of, layout, record_figure):
     """The whole family path (prompt, token order, constrained decoding) against transformers'
     Qwen3VLForConditionalGeneration holding the checkpoint's `vlm.*` tensors."""
-    from transformers import GenerationConfig, LogitsProcessorList
-
     path, vla = releases[layout], vla_of(layout)
     frames, times = one_camera()
     (sample,) = vla.predict(frames, straight_history(), frame_times_ns=times, sampling=Sampling()).samples
@@ -285,21 +287,9 @@ def test_greedy_tokens_equal_transformers_on_the_same_weights(releases, vla_of, 
     hf.load_state_dict(
         {k.removeprefix("vlm."): v for k, v in weights.items() if k.startswith("vlm.")}, strict=True
     )
-    n = ids.numel()
     # transformers decodes the reasoning and the first TRAJ trajectory tokens (its generate costs ~0.2 s a
     # token on this busy CPU); ours decodes all 128.
-    gen = GenerationConfig(do_sample=False, max_new_tokens=4 + 1 + TRAJ)
-    gen.eos_token_id, gen.pad_token_id = None, cfg.eos_token_ids[-1]
-    with torch.no_grad():
-        out = hf.generate(
-            input_ids=ids.view(1, -1),
-            attention_mask=torch.ones(1, n, dtype=torch.long),
-            pixel_values=vision["pixel_values"],
-            image_grid_thw=vision["image_grid_thw"],
-            mm_token_type_ids=(ids == cfg.image_token_id).to(torch.int32).view(1, -1),
-            generation_config=gen,
-            logits_processor=LogitsProcessorList([PlanConstraints(planner.vocab, cfg.eos_token_ids, n, 4)]),
-        )[0, n:].tolist()
+    out = hf_plan_tokens(hf, ids, vision, cfg, planner.vocab, 4, 4 + 1 + TRAJ)
     start = out.index(planner.vocab.marker("traj_future_start"))
     assert sample.reasoning_token_ids == out[:start]
     assert sample.token_ids[:TRAJ] == out[start + 1 : start + 1 + TRAJ]
@@ -353,27 +343,12 @@ def test_ask_answers_up_to_answer_end_and_r1_refuses(releases, vla_of):
         r1.ask(frames, "Is the road clear?")
 
 
-def write_frames(directory, frames, times):
-    from PIL import Image
-
-    for cam, seq in frames.items():
-        (directory / str(cam)).mkdir(parents=True)
-        for img, t in zip(seq, times[cam], strict=True):
-            Image.fromarray(img).save(directory / str(cam) / f"{t:012d}.png")
-
-
 def test_predict_and_ask_commands_with_base_model_print_the_family(releases, tmp_path, capsys):
     from alpamayo.cli import main
 
     moved = tmp_path / "ckpt"
     shutil.copytree(releases["alpamayo1.5"], moved)  # its ../alpamayo1.5-base no longer exists
-    frames, times = one_camera()
-    write_frames(tmp_path / "frames", frames, times)
-    ego = straight_history()
-    rows = ["t_ns,x,y,z,qx,qy,qz,qw"] + [
-        ",".join(map(str, [int(t), *p, *q])) for t, p, q in zip(ego.t_ns, ego.xyz, ego.quat_xyzw, strict=True)
-    ]
-    (tmp_path / "ego.csv").write_text("\n".join(rows) + "\n")
+    write_prediction_inputs(tmp_path, *one_camera(), straight_history())
     args = [
         "predict",
         "--checkpoint",
@@ -496,8 +471,15 @@ def test_a_vocabulary_that_does_not_match_the_embeddings_names_both(releases, tm
     tokenizer = write_base_model(base)
     tokenizer.add_tokens(["<|extra|>"], special_tokens=True)  # a different base model: one token more
     tokenizer.save_pretrained(base)
-    ckpt = with_base_name(releases["alpamayo1.5"], tmp_path / "ckpt", str(base))
     n = BASE_LEN + 4028
+    saved = with_base_name(releases["alpamayo1.5"], tmp_path / "saved", str(base))
+    with pytest.raises(
+        ConfigError,
+        match=rf"field 'vocab_size' = {n}, but the tokenizer of base model {base}, extended, gives {n + 1}",
+    ):
+        load_config(saved)
+    derived = ("vocab_size", "traj_token_start_idx")  # what NVIDIA's config saves beside its own fields
+    ckpt = with_base_name(releases["alpamayo1.5"], tmp_path / "ckpt", str(base), derived)
     with pytest.raises(
         CheckpointError,
         match=rf"model-00001-of-00003.safetensors: tensor 'vlm.model.language_model.embed_tokens.weight' has {n} "
@@ -547,3 +529,15 @@ def test_a_missing_shard_and_a_truncated_one_name_file_and_tensor(releases, tmp_
         "which does not exist",
     ):
         VisionLanguageModel.from_checkpoint(ckpt)
+
+
+def test_plan_prints_the_family_and_the_node_yaml_takes_a_base_model(releases, capsys):
+    from alpamayo.cli import main
+    from bridges.config import load_node_config
+
+    assert main(["plan", "--checkpoint", str(releases["r1"])]) == 0
+    assert "model family: Alpamayo 1 (R1) (r1)" in capsys.readouterr().out
+    config = load_node_config(None, [("model.base_model", "/b"), ("model.top_k", 5)])
+    assert (config.model.base_model, config.model.temperature, config.model.top_k) == ("/b", None, 5)
+    assert main(["serve", "--base-model", "/b", "--print-config"]) == 0
+    assert "base_model: /b" in capsys.readouterr().out

@@ -17,7 +17,7 @@ from alpamayo.generation import Sampling
 from alpamayo.inputs import read_frames
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
-from tests.hf_checkpoints import PlanConstraints, hf_image_processor, load_alpamayo_hf
+from tests.hf_checkpoints import hf_image_processor, hf_plan_tokens, load_alpamayo_hf
 from vision.preprocess import PreprocessConfig, preprocess_images
 
 CAMERAS = (0, 1, 2, 6)
@@ -54,8 +54,6 @@ def vla(demo_checkpoint):
 
 def test_greedy_prediction_matches_transformers_end_to_end(vla, demo_checkpoint, record_figure):
     """Same prompt, pixels, positions and constrained greedy decoding as transformers' generate with images."""
-    from transformers import GenerationConfig, LogitsProcessorList
-
     frames, times = frames_at(3)
     pred = vla.predict(frames, straight_history(), frame_times_ns=times)
     (sample,) = pred.samples
@@ -69,21 +67,8 @@ def test_greedy_prediction_matches_transformers_end_to_end(vla, demo_checkpoint,
     ids = torch.tensor(ids)
     n = ids.numel()
     hf = load_alpamayo_hf(demo_checkpoint)
-    cfg = vla.vlm.config
-    gen = GenerationConfig(do_sample=False, max_new_tokens=vla.limits.max_reasoning_tokens + 129)
-    gen.eos_token_id, gen.pad_token_id = None, cfg.eos_token_ids[-1]
-    constraints = PlanConstraints(planner.vocab, cfg.eos_token_ids, n, vla.limits.max_reasoning_tokens)
-    with torch.no_grad():
-        hf.model.rope_deltas = None
-        out = hf.generate(
-            input_ids=ids.view(1, -1),
-            attention_mask=torch.ones(1, n, dtype=torch.long),
-            pixel_values=vision["pixel_values"],
-            image_grid_thw=vision["image_grid_thw"],
-            mm_token_type_ids=(ids == cfg.image_token_id).to(torch.int32).view(1, -1),
-            generation_config=gen,
-            logits_processor=LogitsProcessorList([constraints]),
-        )[0, n:].tolist()
+    cap = vla.limits.max_reasoning_tokens
+    out = hf_plan_tokens(hf, ids, vision, vla.vlm.config, planner.vocab, cap, cap + 129)
     start = out.index(planner.vocab.marker("traj_future_start"))
     assert sample.reasoning_token_ids == out[:start]
     assert sample.token_ids == out[start + 1 : start + 129]
@@ -199,19 +184,23 @@ def test_greedy_cannot_draw_several_samples(vla):
         vla.predict(frames, straight_history(), num_samples=2, frame_times_ns=times)
 
 
-def write_predict_inputs(directory: Path, tick: int) -> dict[int, list[int]]:
-    """`alpamayo predict`'s inputs for `frames_at(tick)` in `directory`: frames/<camera>/<t_ns>.png and ego.csv
-    (`straight_history`); returns the frame times per camera."""
-    frames, times = frames_at(tick)
-    for cam in CAMERAS:
+def write_prediction_inputs(directory, frames, times, ego: EgoHistory) -> None:
+    """`alpamayo predict`'s input files in `directory`: frames/<camera>/<time ns>.png and ego.csv."""
+    for cam, seq in frames.items():
         (directory / "frames" / str(cam)).mkdir(parents=True)
-        for img, t in zip(frames[cam], times[cam], strict=True):
+        for img, t in zip(seq, times[cam], strict=True):
             Image.fromarray(img).save(directory / "frames" / str(cam) / f"{t:012d}.png")
-    ego = straight_history()
     rows = ["t_ns,x,y,z,qx,qy,qz,qw"] + [
         ",".join(map(str, [int(t), *p, *q])) for t, p, q in zip(ego.t_ns, ego.xyz, ego.quat_xyzw, strict=True)
     ]
     (directory / "ego.csv").write_text("\n".join(rows) + "\n")
+
+
+def write_predict_inputs(directory: Path, tick: int) -> dict[int, list[int]]:
+    """`write_prediction_inputs` of `frames_at(tick)` and `straight_history`; returns the frame times per
+    camera."""
+    frames, times = frames_at(tick)
+    write_prediction_inputs(directory, frames, times, straight_history())
     return times
 
 

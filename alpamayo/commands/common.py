@@ -11,6 +11,8 @@ from alpamayo.backends import BACKENDS, BackendOptions, close_model, load_text_m
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.devices import DTYPES
+from alpamayo.expert.decoding import DECODERS
+from alpamayo.expert.sampler import FlowSettings
 from alpamayo.families.loader import check_checkpoint
 from bridges.sockets import CurveClientKeys
 
@@ -93,6 +95,37 @@ def add_sampling_args(parser: argparse.ArgumentParser, samples: bool = True) -> 
     parser.add_argument("--seed", type=int, help="sampling seed (reproducible samples)")
     if samples:
         parser.add_argument("--max-reasoning-tokens", type=int, default=256)
+        add_decoder_args(parser)
+
+
+def add_decoder_args(parser: argparse.ArgumentParser) -> None:
+    """The trajectory decoder (`--decoder`) and the action expert's `--flow-steps`, `--flow-temperature`,
+    `--nav-guidance` (alpamayo.expert)."""
+    parser.add_argument(
+        "--decoder",
+        choices=DECODERS,
+        default=None,
+        help="trajectory decoder: the flow-matching action expert (default when the checkpoint has expert "
+        "weights, as NVIDIA's releases decode) or the 128 discrete trajectory tokens",
+    )
+    parser.add_argument(
+        "--flow-steps", type=int, default=None, help="expert: Euler steps (default: the config's, 10)"
+    )
+    parser.add_argument(
+        "--flow-temperature", type=float, default=1.0, help="expert: initial-noise scale (default 1)"
+    )
+    parser.add_argument(
+        "--nav-guidance",
+        type=float,
+        default=None,
+        help="expert, Alpamayo 1.5: navigation classifier-free guidance weight W (v = (1-W) v_unguided + "
+        "W v_guided; 1 = pure guided, two expert forwards per step); needs --route",
+    )
+
+
+def flow_settings(args: argparse.Namespace) -> FlowSettings:
+    """The action expert's settings from `add_decoder_args`' flags (ValueError naming a bad one)."""
+    return FlowSettings(args.flow_steps, args.flow_temperature, args.nav_guidance)
 
 
 def add_curve_client_args(parser: argparse.ArgumentParser) -> None:

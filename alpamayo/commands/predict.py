@@ -6,7 +6,7 @@ import argparse
 import json
 
 from alpamayo.backends import check_num_samples
-from alpamayo.commands.common import add_model_args, add_sampling_args, backend_options
+from alpamayo.commands.common import add_model_args, add_sampling_args, backend_options, flow_settings
 from alpamayo.inputs import read_ego_csv, read_frames
 from alpamayo.runtime import AlpamayoVLA
 
@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
         backend_options(args),
         max_reasoning_tokens=args.max_reasoning_tokens,
         base_model=args.base_model,
+        decoder=args.decoder,
+        flow=flow_settings(args),
     )
     vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
     try:
@@ -44,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "family": vla.family.name,
+                    "decoder": pred.decoder,
+                    "flow": pred.flow,
                     "t_s": pred.t_s.round(3).tolist(),
                     "samples": [
                         {

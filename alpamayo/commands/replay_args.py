@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args, add_sampling_args
+from alpamayo.commands.common import add_model_args, add_sampling_args, flow_settings
 from alpamayo.replay.settings import ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
@@ -72,6 +72,8 @@ def settings_from_args(
         seed=args.seed,
         max_reasoning_tokens=args.max_reasoning_tokens,
         base_model=None if args.base_model is None else Path(args.base_model),
+        decoder=args.decoder,
+        flow=flow_settings(args),
         backend=args.backend,
         recipe=args.recipe,
         tt_cache=args.tt_cache,

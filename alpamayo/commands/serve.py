@@ -14,6 +14,8 @@ import yaml
 from alpamayo.backends import BACKENDS, BackendOptions
 from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
 from alpamayo.devices import DTYPES
+from alpamayo.expert.decoding import DECODERS
+from alpamayo.expert.sampler import FlowSettings
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config
 from bridges.node import InferenceNode
@@ -39,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="override any config key, e.g. --set timing.stale_after_ms=500 (repeatable)",
     )
     p.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    p.add_argument("--decoder", choices=DECODERS, help="overrides model.decoder (expert or tokens)")
+    p.add_argument("--flow-steps", type=int, help="overrides model.flow_steps (the expert's Euler steps)")
+    p.add_argument("--flow-temperature", type=float, help="overrides model.flow_temperature")
+    p.add_argument("--nav-guidance", type=float, help="overrides model.nav_guidance (needs model.route)")
     p.add_argument(
         "--no-model",
         action="store_true",
@@ -60,6 +66,10 @@ def effective_config(args: argparse.Namespace) -> NodeConfig:
         "model.recipe": args.recipe,
         "model.device": args.device,
         "model.dtype": args.dtype,
+        "model.decoder": args.decoder,
+        "model.flow_steps": args.flow_steps,
+        "model.flow_temperature": args.flow_temperature,
+        "model.nav_guidance": args.nav_guidance,
     }
     return load_node_config(args.config, [*args.set, *((k, v) for k, v in flags.items() if v is not None)])
 
@@ -170,6 +180,8 @@ def load_model(config: NodeConfig) -> AlpamayoVLA:
         BackendOptions(m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config),
         max_reasoning_tokens=m.max_reasoning_tokens,
         base_model=m.base_model,
+        decoder=m.decoder,
+        flow=FlowSettings(m.flow_steps, m.flow_temperature, m.nav_guidance),
     )
     vla.sampling = vla.sampling.override(m.temperature, m.top_p, m.top_k)
     print(vla.model_line(), flush=True)

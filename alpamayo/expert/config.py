@@ -32,6 +32,25 @@ IN_PROJ_TARGET = "PerWaypointActionInProjV2"
 DIFFUSION_TARGET = "FlowMatching"
 OUT_PROJ_TARGET = "Linear"
 MOE_MODEL_TYPES = ("qwen3_vl_moe_text", "qwen3_vl_moe", "qwen3_moe")
+# The expert settings of the 10B releases' config.json (R1 and 1.5; alpamayo-code-audit.md B.2): the real
+# shapes for plans, benchmarks and tests (with the 8B VLM: 36 layers, 8 KV heads x 128, 2.28B parameters).
+RELEASE_10B_EXPERT: dict[str, Any] = {
+    "expert_cfg": {
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "head_dim": 128,
+        "intermediate_size": 8256,
+    },
+    "action_in_proj_cfg": {
+        "num_enc_layers": 2,
+        "hidden_size": 512,
+        "num_fourier_feats": 20,
+        "max_freq": 100.0,
+    },
+    "action_out_proj_cfg": {},
+    "diffusion_cfg": {"int_method": "euler", "num_inference_steps": 10},
+    "expert_non_causal_attention": True,
+}
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ Its action positions follow from its own, shorter prompt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from alpamayo.expert.config import ExpertConfig
 from alpamayo.expert.model import ActionExpert, ExpertContext
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, euler_sample, noise_for
 from alpamayo.profiling.tracer import Tracer
@@ -58,18 +59,33 @@ def unguided_prompt(ids: Sequence[int], route_start: int, route_end: int) -> lis
 class ExpertDecoder:
     """Samples K normalised action sequences with `expert`, reading a VLM text model's cache in place."""
 
-    def __init__(self, expert: ActionExpert, settings: FlowSettings = DEFAULT_FLOW):
-        if settings.guidance is not None and not expert.cfg.supports_guidance:
+    def __init__(self, expert: ActionExpert, settings: FlowSettings = DEFAULT_FLOW, cuda_graph: bool = False):
+        """`cuda_graph`: on a CUDA expert, capture each sampling's step once and replay it per Euler step
+        (`alpamayo.expert.cuda_graph`); eager otherwise."""
+        self.check_settings(expert.cfg, settings)
+        self.expert, self.settings, self.cuda_graph = expert, settings, cuda_graph
+        self._unguided_cache: KVCache | None = None
+
+    @staticmethod
+    def check_settings(cfg: ExpertConfig, settings: FlowSettings) -> None:
+        """ValueError for settings this checkpoint's expert cannot run (before any weight is loaded)."""
+        if settings.guidance is not None and not cfg.supports_guidance:
             raise ValueError(
                 "navigation guidance is not supported by this checkpoint's expert (Alpamayo 2 Super's model "
                 "refuses classifier-free guidance); drop --nav-guidance"
             )
-        self.expert, self.settings = expert, settings
-        self._unguided_cache: KVCache | None = None
 
     @property
     def steps(self) -> int:
         return self.settings.steps or self.expert.cfg.num_inference_steps
+
+    def record(self) -> dict[str, float | int | None]:
+        """The settings a prediction records beside its trajectories (`Prediction.flow`)."""
+        return {
+            "steps": self.steps,
+            "temperature": self.settings.temperature,
+            "guidance": self.settings.guidance,
+        }
 
     def context(self, text: Any, prompt_len: int, plans: Sequence[GeneratedPlan]) -> ExpertContext:
         """The guided context: `text`'s cache rows 0..K-1 after `generate_plans(trajectory_tokens=False)`."""
@@ -123,12 +139,46 @@ class ExpertDecoder:
         if (unguided is None) != (self.settings.guidance is None):
             raise ValueError("navigation guidance needs both the guidance weight and the unguided context")
         x0 = noise_for(ctx.rows, self.expert.n_tokens, self.settings, seed, noise)
-        expert = self.expert
         return euler_sample(
             x0,
             self.steps,
-            lambda x, t: expert.velocity(x, t, ctx),
-            None if unguided is None else (lambda x, t: expert.velocity(x, t, unguided)),
+            self.step(ctx),
+            None if unguided is None else self.step(unguided),
             1.0 if self.settings.guidance is None else self.settings.guidance,
             tracer,
         )
+
+    def step(self, ctx: ExpertContext) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The velocity of one context: a captured CUDA graph with `cuda_graph` on a CUDA expert, else eager."""
+        expert = self.expert
+        if self.cuda_graph and expert.device.type == "cuda":
+            from alpamayo.expert.cuda_graph import GraphedVelocity
+
+            return GraphedVelocity(expert, ctx)
+        return lambda x, t: expert.velocity(x, t, ctx)
+
+
+DECODERS = ("expert", "tokens")
+
+
+def choose_decoder(
+    requested: str | None, expert_cfg: Any, has_weights: bool, backend: str, source: str
+) -> str:
+    """The trajectory decoder of a run: `requested` ("expert" or "tokens"), or None for the default, the expert
+    whenever the checkpoint has expert weights (and the torch backend runs the VLM, whose cache it reads).
+    ValueError naming what is missing when the expert is asked for and cannot run."""
+    if requested is not None and requested not in DECODERS:
+        raise ValueError(f"decoder must be one of {list(DECODERS)}, got {requested!r}")
+    available = expert_cfg is not None and has_weights and backend == "torch"
+    if requested is None:
+        return "expert" if available else "tokens"
+    if requested == "expert" and not available:
+        why = (
+            "its config.json describes no action expert (no expert_cfg / action_in_proj_cfg / expert_config)"
+            if expert_cfg is None
+            else "it holds no expert tensors"
+            if not has_weights
+            else f"the {backend} backend decodes trajectory tokens only; the expert runs with --backend torch"
+        )
+        raise ValueError(f"--decoder expert: {source}: {why}; use --decoder tokens")
+    return requested

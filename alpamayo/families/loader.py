@@ -78,6 +78,7 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
     base = resolve_base_model(name, directory, base_model, source)
     traj_vocab_size, add_special = _extension(raw, source)
     tokenizer = _extended_tokenizer(str(base.directory), traj_vocab_size, family.markers, add_special)
+    _check_saved_ids(raw, source, tokenizer, base.directory)
     vlm = copy.deepcopy(base.config)
     vlm.setdefault("text_config", {})
     if not isinstance(vlm["text_config"], dict):
@@ -97,6 +98,19 @@ def _check_expert(cfg: ModelConfig, raw: dict[str, Any], vlm_text: dict[str, Any
         if expert is not None:
             validate_against_vlm(expert, cfg.text)
     return cfg
+
+
+def _check_saved_ids(raw: dict[str, Any], source: str, tokenizer: Any, base_dir: Path) -> None:
+    """NVIDIA's config saves the ids it derived from its tokenizer (`vocab_size`, `traj_token_start_idx`):
+    where present they must be the extended base tokenizer's, or the base model is not the one trained on."""
+    found = {"vocab_size": len(tokenizer), "traj_token_start_idx": tokenizer.convert_tokens_to_ids("<i0>")}
+    for key, value in found.items():
+        saved = raw.get(key)
+        if isinstance(saved, int) and saved != value:
+            raise ConfigError(
+                f"{source}: field '{key}' = {saved}, but the tokenizer of base model {base_dir}, extended, "
+                f"gives {value}; the checkpoint was trained on another base model"
+            )
 
 
 def model_tokenizer(cfg: ModelConfig) -> Any:

@@ -27,6 +27,7 @@ STAGES = (
     "prefill",
     "reasoning_decode",
     "trajectory_decode",
+    "expert",  # the action expert's flow-matching sampling (its Euler steps are `expert_step` spans)
     "rollout",
     "serialise",
     "publish",

@@ -5,7 +5,8 @@ Per tick, all logged at t0 on the recording clock (so outputs line up with the c
   /alpamayo/trajectory      foxglove.PosesInFrame    predicted waypoints, base_link (t0 ego frame), best sample
   /alpamayo/recorded_future foxglove.PosesInFrame    the recorded 6.4 s after t0, base_link (when recorded)
   /alpamayo/reasoning       foxglove.Log             the best sample's reasoning text
-  /alpamayo/prediction      alpamayo.Prediction      every sample: tokens, waypoints, actions, errors, validity
+  /alpamayo/prediction      alpamayo.Prediction      every sample: tokens, waypoints, actions, errors, validity,
+                                                     and the trajectory decoder (expert + flow settings, or tokens)
   /alpamayo/timings         alpamayo.Timings         per-stage milliseconds (the only non-deterministic topic)
 `docs/recordings.md` documents the fields. Serialising and publishing are separate calls so that profiling
 times them as the `serialise` and `publish` stages.
@@ -90,6 +91,8 @@ def prediction_record(out: TickOutput) -> dict[str, Any]:
         "valid": not out.invalid_reasons,
         "invalid_reasons": list(out.invalid_reasons),
         "t_s": _floats(out.prediction.t_s),
+        "decoder": out.prediction.decoder,  # the action expert ("expert": token_ids empty) or "tokens"
+        "flow": out.prediction.flow,
         "samples": [
             {
                 "reasoning": s.reasoning,

@@ -61,7 +61,8 @@ def tick_figures(run: ReplayRun) -> dict[str, Any]:
 
 def decode_stats(run: ReplayRun) -> DecodeStats | None:
     """TTFT = preprocess + vision + prefill; first trajectory token = TTFT + reasoning decode + one
-    trajectory-token step (trajectory decode / its token count); t/s/u = decode tokens / decode time."""
+    trajectory-token step (trajectory decode / its token count), or with the action expert (no trajectory
+    tokens) + its whole sampling, which yields every waypoint at once; t/s/u = decode tokens / decode time."""
     ticks = [t for t in run.measured if "prefill" in t.stages_ms and t.decode_tokens > 0]
     if not ticks:
         return None
@@ -69,7 +70,11 @@ def decode_stats(run: ReplayRun) -> DecodeStats | None:
     first = [
         f
         + t.stages_ms.get("reasoning_decode", 0.0)
-        + t.stages_ms.get("trajectory_decode", 0.0) / t.trajectory_tokens
+        + (
+            t.stages_ms.get("trajectory_decode", 0.0) / t.trajectory_tokens
+            if t.trajectory_tokens
+            else t.stages_ms.get("expert", 0.0)
+        )
         for f, t in zip(ttft, ticks, strict=True)
     ]
     decode_s = sum(

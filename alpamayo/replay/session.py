@@ -36,6 +36,8 @@ def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
         tracer=tracer,
         max_reasoning_tokens=settings.max_reasoning_tokens,
         base_model=settings.base_model,
+        decoder=settings.decoder,
+        flow=settings.flow,
     )
     vla.sampling = vla.sampling.override(settings.temperature, settings.top_p, settings.top_k)
     return vla
@@ -60,6 +62,8 @@ def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> 
             "model": "?",  # known once a frame has been resized: set after the replay
         },
         "family": predictor.family.name,
+        "decoder": predictor.decoder,
+        "flow": None if predictor.expert is None else predictor.expert.record(),
         "samples": settings.num_samples,
         "sampling": {
             "temperature": predictor.sampling.temperature,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alpamayo.backends import BackendOptions, check_num_samples
+from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
 from bridges.recording import Drive, Warn
@@ -39,6 +40,8 @@ class ReplaySettings:
     seed: int | None = None
     max_reasoning_tokens: int = 256
     base_model: Path | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
+    decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
+    flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"

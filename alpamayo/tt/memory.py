@@ -14,7 +14,8 @@ QKV, the q/k/v heads and their normed and rotated copies (`H + 3 (q_dim + 2 kv_d
 and, for images, one DeepStack level. The vision tower runs before the prefill and frees its activations, so
 the peak is the larger of the two; a vision forward encodes at most 4 patches per prompt position.
 
-With the flow-matching action expert (`expert`), its weights join the budget (the recipe's `expert` group for
+With the flow-matching action expert (`expert`, by default the config's own: `expert_config_of`), its
+weights join the budget (the recipe's `expert` group for
 its linears), the KV cache grows by the expert's K/V region (`alpamayo.tt.program_config.ExpertPlan`), its
 step's trace region is added, and its step's activations compete for the peak: the residual and the layer's
 widest intermediate per action row as in a text layer, plus what lives through a prediction: the mask
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
-from alpamayo.expert.config import ExpertConfig
+from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.expert_weights import expert_weight_specs
 from alpamayo.tt.precision import PRESETS, TILE_BYTES, Precision
@@ -139,7 +140,8 @@ def plan_memory(
     samples: int = 1,
 ) -> MemoryPlan:
     """DRAM bytes of `cfg` in `precision` with a KV cache of `max_seq_len` positions, and with the action
-    `expert` running `samples` samples per step when given (no check of the total)."""
+    expert (`expert`, default the config's own) running `samples` samples per step (no check of the total)."""
+    expert = expert if expert is not None else expert_config_of(cfg)
     if max_seq_len < 1:
         raise ConfigError(f"max_seq_len must be >= 1, got {max_seq_len}")
     t = cfg.text

@@ -37,7 +37,6 @@ import torch
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.demo_checkpoint import CORPUS
-from alpamayo.expert.config import expert_config_of
 from alpamayo.families.loader import model_tokenizer
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
@@ -172,7 +171,7 @@ def _vla(
 
     vlm = VisionLanguageModel.from_checkpoint(directory, weights=weights, cfg=cfg)
     vlm.text.kv_store = store
-    planner = Planner.from_config(vlm.config, model_tokenizer(cfg))
+    planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
 
 
@@ -376,8 +375,7 @@ def precision_report(
     precisions = [load_precision(r) for r in recipes]
     cfg = load_config(directory)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
-    expert = expert_config_of(cfg)
-    plans = [plan_memory(cfg, p, settings.max_seq_len, expert=expert) for p in precisions]
+    plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
     ticks = drive_ticks(drive, settings.ticks, warn) if drive is not None else []
     ref = reference(directory, settings, ticks)
     reports = [
