@@ -110,16 +110,13 @@ def test_guidance_and_tokens_decoder_on_the_same_checkpoint(release):
 
 def test_decoder_choice_rules():
     cfg = object()
-    assert choose_decoder(None, cfg, True, "torch", "c") == "expert"
-    assert choose_decoder(None, cfg, True, "ttnn", "c") == "tokens"
-    assert choose_decoder(None, None, False, "torch", "c") == "tokens"
-    assert choose_decoder("tokens", cfg, True, "torch", "c") == "tokens"
+    assert choose_decoder(None, cfg, True, "c") == "expert"  # either backend (ttnn: alpamayo.tt.expert)
+    assert choose_decoder(None, None, False, "c") == "tokens"
+    assert choose_decoder("tokens", cfg, True, "c") == "tokens"
     with pytest.raises(ValueError, match=r"--decoder expert: c: its config\.json describes no action expert"):
-        choose_decoder("expert", None, False, "torch", "c")
+        choose_decoder("expert", None, False, "c")
     with pytest.raises(ValueError, match="--decoder expert: c: it holds no expert tensors"):
-        choose_decoder("expert", cfg, False, "torch", "c")
-    with pytest.raises(ValueError, match="the ttnn backend decodes trajectory tokens only"):
-        choose_decoder("expert", cfg, True, "ttnn", "c")
+        choose_decoder("expert", cfg, False, "c")
 
 
 def test_decoder_expert_on_a_checkpoint_without_expert_is_refused(demo_checkpoint):

@@ -40,9 +40,10 @@ def tiny_expert() -> ExpertConfig:
 
 
 def release_cut(layers: int) -> tuple[ModelConfig, ExpertConfig]:
-    """Alpamayo 1.5 10B with the VLM and the expert cut to `layers` layers (and no vision tower)."""
+    """Alpamayo 1.5 10B with the VLM and the expert cut to `layers` layers (and no vision tower); the VLM's
+    config keeps no expert fields of its own (they describe the uncut expert)."""
     cfg, expert = builtin_expert("alpamayo-1.5-10b")
-    cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=layers), vision=None)
+    cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=layers), vision=None, extra={})
     return cfg, replace(expert, text=replace(expert.text, num_hidden_layers=layers))
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.expert.config import ExpertConfig
-from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
+from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
 from alpamayo.tt.expert_weights import expert_weight_specs
 from alpamayo.tt.memory import spec_bytes
 from alpamayo.tt.precision import TILE_BYTES, Precision
@@ -193,6 +193,6 @@ def expert_estimate(
     over the whole cache in place (the region included), the in- and out-projections."""
     plan = plan_expert(cfg, expert, precision, max_seq_len, samples)
     cores = plan.grid.cores
-    ops = matmul_ops(expert_weight_specs(expert, P150.dram_banks), plan.rows, precision, cores)
+    ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, cores)
     ops += attention_ops(expert.text, plan.rows, plan.cache_rows, precision, cores, False, "expert.sdpa")
     return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)

@@ -52,7 +52,7 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.expert.config import ACTION_DIMS, ExpertConfig, InProjConfig
-from alpamayo.expert.decoding import offsets_after_reasoning
+from alpamayo.expert.decoding import ExpertDecoder, offsets_after_reasoning
 from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise, noise_for
 from alpamayo.expert.weights import validate_expert_tensors
@@ -62,7 +62,7 @@ from alpamayo.trajectory_generation import GeneratedPlan
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.expert_weights import EXPERT_GROUPS, expert_weight_specs
+from alpamayo.tt.expert_weights import EXPERT_BANKS, EXPERT_GROUPS, expert_weight_specs
 from alpamayo.tt.program_config import ExpertPlan, plan_expert
 from alpamayo.tt.text import TTTextModel, _layer_weights
 from alpamayo.tt.weight_cache import upload_weights
@@ -91,7 +91,7 @@ class TTActionExpert(DeviceIO):
         ]
         self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
         self.tracer = tracer or text.tracer
-        self.residual_eps = residual_norm_eps(cfg.text, text.plan.device.dram_banks)
+        self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)
         self.scale = cfg.text.head_dim**-0.5
         self._statics = self._upload_statics()
         self._state: dict[str, Any] | None = None  # per (samples, steps): persistent inputs and trace
@@ -117,7 +117,7 @@ class TTActionExpert(DeviceIO):
         text.reserved_rows = plan.rows
         banks = text.plan.device.dram_banks
         weights = upload_weights(
-            expert_weight_specs(cfg, banks), text.precision, text.device, ckpt.get, cache_dir, banks
+            expert_weight_specs(cfg), text.precision, text.device, ckpt.get, cache_dir, banks
         )
         freqs = [
             ckpt.get(name, torch.float32) if name in ckpt else default_freqs(cfg.in_proj)
@@ -488,9 +488,9 @@ class TTExpertContext:
     rows: int
 
 
-class TTExpertDecoder:
-    """`alpamayo.expert.decoding.ExpertDecoder` on the device: the same `context` / `sample` contract over a
-    `TTTextModel` (one decoded sequence, so every row shares its cache and offset)."""
+class TTExpertDecoder(ExpertDecoder):
+    """`alpamayo.expert.decoding.ExpertDecoder` on the device: the same `context` / `sample` / `record`
+    contract over a `TTTextModel` (one decoded sequence, so every row shares its cache and offset)."""
 
     def __init__(self, expert: TTActionExpert, settings: FlowSettings = DEFAULT_FLOW):
         if settings.guidance is not None:
@@ -498,11 +498,7 @@ class TTExpertDecoder:
                 "navigation guidance (--nav-guidance) is not implemented on --backend ttnn: it needs a second "
                 "prompt's cache on the device; use --backend torch for guided sampling"
             )
-        self.expert, self.settings = expert, settings
-
-    @property
-    def steps(self) -> int:
-        return self.settings.steps or self.expert.cfg.num_inference_steps
+        super().__init__(expert, settings)
 
     def close(self) -> None:
         self.expert.close()

@@ -2,8 +2,11 @@
 
 Every linear weight is in the recipe's `expert` group; norms and biases stay bf16. Names:
 
-  * `expert.layers.{i}.…`: the decoder layers, exactly the text backbone's layer specs
-    (`alpamayo.tt.weights.decoder_layer_specs`) read from `{prefixes.expert}layers.{i}.`;
+  * `expert.layers.{i}.…`: the decoder layers, the text backbone's layer specs
+    (`alpamayo.tt.weights.decoder_layer_specs`) read from `{prefixes.expert}layers.{i}.`, padded to whole tiles
+    only (one "bank") and interleaved in DRAM: the expert runs prefill-style matmuls alone, which need no
+    DRAM-sharded weights (the seed measured minimal_matmul equal on both), so its fused QKV width need not be
+    a multiple of 32 x 8 banks as the VLM's decode head split requires (the demo's tiny expert: 192);
   * `expert.norm.tile`: the final RMSNorm on the residual stream (`hidden_p` wide, scaled gamma);
   * `expert.in_proj.{j}` (+ `.bias`), `expert.in_proj.norm{j}.tile`, `expert.in_proj.ln.{weight,bias}`: the
     in-projection MLP `PerWaypointActionInProjV2.encoder.trunk` and its closing LayerNorm. The first linear
@@ -14,6 +17,8 @@ Every linear weight is in the recipe's `expert` group; norms and biases stay bf1
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
 from alpamayo.tt.device_spec import TILE, round_up
@@ -26,6 +31,7 @@ from alpamayo.tt.weights import (
 )
 
 EXPERT_GROUPS = LayerGroups(qkv="expert", o="expert", gate_up="expert", down="expert")
+EXPERT_BANKS = 1  # the expert's padding granule: whole tiles (its weights are interleaved, not bank-sharded)
 
 
 def _linear(
@@ -79,15 +85,16 @@ def in_proj_specs(expert: ExpertConfig) -> list[WeightSpec]:
     return specs
 
 
-def expert_weight_specs(expert: ExpertConfig, dram_banks: int) -> list[WeightSpec]:
-    """Every device tensor of the action expert, in load order."""
+def expert_weight_specs(expert: ExpertConfig) -> list[WeightSpec]:
+    """Every device tensor of the action expert, in load order (all interleaved in DRAM)."""
     t, p = expert.text, expert.prefixes
-    hp = padded_hidden(t, dram_banks)
+    hp = padded_hidden(t, EXPERT_BANKS)
     specs: list[WeightSpec] = []
     for i in range(t.num_hidden_layers):
-        specs += decoder_layer_specs(
-            t, f"{p.expert}layers.{i}.", f"expert.layers.{i}.", dram_banks, EXPERT_GROUPS, i
+        layer = decoder_layer_specs(
+            t, f"{p.expert}layers.{i}.", f"expert.layers.{i}.", EXPERT_BANKS, EXPERT_GROUPS, i
         )
+        specs += [replace(s, placement="dram") for s in layer]
     specs += norm_specs("expert.norm", f"{p.expert}norm.weight", t.hidden_size, ("tile",), hp)
     specs += in_proj_specs(expert)
     specs += _linear(

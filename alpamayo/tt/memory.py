@@ -148,7 +148,7 @@ def plan_memory(
     weights: dict[str, int] = {}
     specs = text_weight_specs(cfg, device.dram_banks)
     specs += vision_weight_specs(cfg.vision) if cfg.vision is not None else []
-    specs += expert_weight_specs(expert, device.dram_banks) if expert is not None else []
+    specs += expert_weight_specs(expert) if expert is not None else []
     for spec in specs:
         weights[spec.group] = weights.get(spec.group, 0) + spec_bytes(spec, weight_dtype(spec, precision))
     plan = plan_text(cfg, precision, device)

@@ -40,6 +40,7 @@ from alpamayo.expert.config import ExpertConfig, validate_against_vlm
 from alpamayo.moe.config import MoEBlockConfig, block_config_for
 from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
+from alpamayo.tt.expert_weights import EXPERT_BANKS
 from alpamayo.tt.precision import TILE_BYTES, Precision
 from alpamayo.tt.weights import padded_hidden, rotary_head_dim
 
@@ -319,8 +320,9 @@ def _kv_fill_grid(n_kv: int, padded_length: int) -> CoreGrid:
     )
 
 
-def _check_dims(t: TextConfig, device: DeviceSpec, source: str) -> None:
-    bank_multiple = TILE * device.dram_banks
+def _check_dims(t: TextConfig, dram_banks: int, source: str) -> None:
+    """What the device layers need of `t`, whose weights are padded to 32 x `dram_banks` columns."""
+    bank_multiple = TILE * dram_banks
     if t.attention_bias:
         raise PlanError(
             f"{source}: attention_bias = true is not supported by the ttnn backend (Qwen3-VL attention has no "
@@ -347,7 +349,7 @@ def plan_text(
     A model with sparse MoE layers is planned with its block config `moe` (default: `block_config_for`)."""
     t = cfg.text
     source = model_name(cfg)
-    _check_dims(t, device, source)
+    _check_dims(t, device.dram_banks, source)
     hp = padded_hidden(t, device.dram_banks)
     h_tiles = hp // TILE
     residual = _grid_dividing((h_tiles,), _device_grid(device, DECODE_MAX_GRID))
@@ -591,7 +593,7 @@ def plan_expert(
     t = expert.text
     if t.moe is not None:
         raise PlanError(f"{source}: the action expert has MoE layers; the ttnn expert runs dense layers only")
-    _check_dims(t, device, f"{source} (action expert)")
+    _check_dims(t, EXPERT_BANKS, f"{source} (action expert)")
     if t.hidden_size % TILE or expert.in_proj.hidden_size % TILE:
         raise PlanError(
             f"{source}: the action expert's hidden_size {t.hidden_size} and in-projection hidden_size "
@@ -608,7 +610,7 @@ def plan_expert(
     return ExpertPlan(
         samples=samples,
         rows=rows,
-        hidden_padded=padded_hidden(t, device.dram_banks),
+        hidden_padded=padded_hidden(t, EXPERT_BANKS),
         cache_rows=cache_rows,
         region_start=cache_rows - rows,
         grid=grid,

@@ -51,16 +51,14 @@ def rounded(spec: WeightSpec, get: Getter, precision: Precision) -> dict[str, to
     return restore(spec, round_to(prepare(spec, get), weight_dtype(spec, precision)))
 
 
-def rounded_expert(
-    get: Getter, expert: ExpertConfig, precision: str | Precision, dram_banks: int = P150.dram_banks
-) -> dict[str, torch.Tensor]:
+def rounded_expert(get: Getter, expert: ExpertConfig, precision: str | Precision) -> dict[str, torch.Tensor]:
     """Every tensor of the action `expert` read through `get`, as the device holds it under `precision`,
     in its checkpoint name, shape and layout (the torch expert built from these computes with the device's
     weights)."""
     precision = load_precision(precision)
     shapes = expert.weight_shapes()
     out = {}
-    for spec in expert_weight_specs(expert, dram_banks):
+    for spec in expert_weight_specs(expert):
         out.update({name: t.reshape(shapes[name]) for name, t in rounded(spec, get, precision).items()})
     return out
 
@@ -86,7 +84,7 @@ class QuantizedCheckpoint(Checkpoint):
         specs += vision_weight_specs(cfg.vision) if cfg.vision is not None else []
         expert = expert_config_of(cfg)
         if expert is not None and has_expert_weights(self, expert):
-            specs += expert_weight_specs(expert, dram_banks)
+            specs += expert_weight_specs(expert)
         self._specs: dict[str, list[WeightSpec]] = {}  # checkpoint name -> the specs that produce it
         for spec in specs:
             if spec.group == "experts":  # the three views of a layer's two fused tensors
