@@ -24,7 +24,7 @@ Per prediction (`sample`), host transfers are the initial noise in and the final
 
 Fourier features and the in-projection run on the device: x never leaves it between steps. On the host the
 in-projection alone took 30.5 ms per step at K = 1 and 97.8 ms at K = 6 (float32 torch, this project's 2-core
-CPU, mean of 50), against ~5.5 ms estimated for the whole device step (`alpamayo plan`), plus a download of x
+CPU, mean of 50), against ~5.4 ms estimated for the whole device step (`alpamayo plan`), plus a download of x
 and an upload of the [64K, hidden] embeddings per step (256 KB per sample at hidden 2048) that would split the
 ten replays with host work. sin/cos of 2 pi f u for |f u| up to a few hundred need float32 arguments
 reduced exactly: u = x * f in float32 (a matmul would round x to the FPU's 10-bit mantissa, 0.1-0.3 rad
