@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,10 @@ LAYOUT_METADATA = "alpamayo.layout"
 # 100 m radius is a 3 cm sagitta; 1 s would be 50 cm, more than a history token's 8 mm bin).
 MAX_POSE_GAP_NS = 250_000_000
 RAW_ENCODINGS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
+# Bayer mosaics (ROS `sensor_msgs/Image` encodings): the colour of each pixel of a 2x2 cell, row by row.
+BAYER_PATTERNS = {"bayer_rggb8": "RGGB", "bayer_bggr8": "BGGR", "bayer_gbrg8": "GBRG", "bayer_grbg8": "GRBG"}
 # Everything the MCAP parser and its decompressors raise on a damaged file.
-_READ_ERRORS = (McapError, struct.error, EOFError, ValueError, RuntimeError, zstandard.ZstdError)
+READ_ERRORS = (McapError, struct.error, EOFError, ValueError, RuntimeError, zstandard.ZstdError)
 
 Warn = Callable[[str], None]
 
@@ -197,9 +200,10 @@ def _raw_to_rgb(image: dict[str, Any], where: str) -> np.ndarray:
     mistyped = {k: v for k, v in (("width", width), ("height", height), ("step", step)) if type(v) is not int}
     if mistyped:
         raise FrameError(f"{where}: raw image field(s) {mistyped} must be integers")
-    if not isinstance(encoding, str) or encoding not in RAW_ENCODINGS:
-        raise FrameError(f"{where}: raw encoding {encoding!r} unsupported; allowed: {sorted(RAW_ENCODINGS)}")
-    channels = RAW_ENCODINGS[encoding]
+    allowed = {**RAW_ENCODINGS, **dict.fromkeys(BAYER_PATTERNS, 1)}
+    if not isinstance(encoding, str) or encoding not in allowed:
+        raise FrameError(f"{where}: raw encoding {encoding!r} unsupported; allowed: {sorted(allowed)}")
+    channels = allowed[encoding]
     if not (0 < width <= 8192 and 0 < height <= 8192):
         raise FrameError(f"{where}: raw size {width}x{height} outside 1..8192")
     if step < width * channels or len(data) < step * height:
@@ -209,10 +213,26 @@ def _raw_to_rgb(image: dict[str, Any], where: str) -> np.ndarray:
         )
     rows = np.frombuffer(data, np.uint8, count=step * height).reshape(height, step)
     pixels = rows[:, : width * channels].reshape(height, width, channels)
+    if encoding in BAYER_PATTERNS:
+        return _demosaic(pixels[:, :, 0], BAYER_PATTERNS[encoding], where)
     if channels == 1:
         return np.ascontiguousarray(np.repeat(pixels, 3, axis=2))
     order = [2, 1, 0] if encoding.startswith("bgr") else [0, 1, 2]
     return np.ascontiguousarray(pixels[:, :, order])
+
+
+def _demosaic(mosaic: np.ndarray, pattern: str, where: str) -> np.ndarray:
+    """HxW Bayer mosaic -> HxWx3 RGB: each 2x2 cell's red, mean green and blue fill the cell (half the
+    resolution in colour, which the model's resize to at most 576 px wide loses anyway at 1080p)."""
+    height, width = mosaic.shape
+    if height % 2 or width % 2:
+        raise FrameError(f"{where}: a Bayer image needs an even width and height, got {width}x{height}")
+    cells = {pattern[2 * r + c]: mosaic[r::2, c::2].astype(np.uint16) for r in (0, 1) for c in (0, 1)}
+    greens = [
+        mosaic[r::2, c::2].astype(np.uint16) for r in (0, 1) for c in (0, 1) if pattern[2 * r + c] == "G"
+    ]
+    rgb = np.stack([cells["R"], (greens[0] + greens[1] + 1) // 2, cells["B"]], axis=2).astype(np.uint8)
+    return np.ascontiguousarray(rgb.repeat(2, axis=0).repeat(2, axis=1))
 
 
 @dataclass(frozen=True)
@@ -255,13 +275,32 @@ class DriveInfo:
 
 
 class Drive:
-    """A recorded drive opened for replay. Poses are loaded at open; camera frames stream in time order."""
+    """A recorded drive (Foxglove MCAP) opened for replay. Poses are loaded at open; camera frames stream in time
+    order. A `bridges.drives.DriveSource`: ticks follow the reference camera (`tick_times_ns` None); `skipped`
+    counts the messages skipped while reading, by reason (each message once, however often it is read)."""
+
+    kind = "foxglove"
+    tick_times_ns = None
 
     def __init__(self, path: Path, info: DriveInfo, warn: Warn):
         self.path = path
+        self.spec = str(path)
         self.info = info
         self._warn = warn
+        self._skipped: dict[str, set[tuple[str, int]]] = {}
         self.poses = self._load_poses()
+
+    @property
+    def skipped(self) -> Counter:
+        return Counter({reason: len(keys) for reason, keys in self._skipped.items()})
+
+    def _skip_message(self, reason: str, detail: str, topic: str, log_time: int) -> None:
+        """Warn of a skipped message and count it once under `reason` (a message is read again when several
+        passes read the file)."""
+        seen = self._skipped.setdefault(reason, set())
+        if (topic, log_time) not in seen:
+            seen.add((topic, log_time))
+            self._warn(detail)
 
     @property
     def layout(self) -> RecordingLayout:
@@ -275,29 +314,29 @@ class Drive:
         path = Path(path)
         if not path.is_file():
             raise RecordingError(f"recording {path} does not exist")
-        scan = _scan(path, warn)
+        found = scan(path, warn)
         source = "--layout"
-        if layout is None and LAYOUT_METADATA in scan.metadata:
-            text = scan.metadata[LAYOUT_METADATA].get("json", "null")
+        if layout is None and LAYOUT_METADATA in found.metadata:
+            text = found.metadata[LAYOUT_METADATA].get("json", "null")
             layout = RecordingLayout.from_dict(json.loads(text), f"{path} metadata {LAYOUT_METADATA}")
             source = f"{LAYOUT_METADATA} metadata"
         elif layout is None:
             layout = default_layout()
             source = "default layout"
-        missing = [t for t in layout.topics if t not in scan.schemas]
+        missing = [t for t in layout.topics if t not in found.schemas]
         if missing:
             raise RecordingError(
                 f"recording {path} lacks topic(s) {missing} required by the {source}; "
-                f"topics present: {sorted(scan.schemas)}"
+                f"topics present: {sorted(found.schemas)}"
             )
         for topic in layout.topics:
             allowed = (POSE_SCHEMA,) if topic == layout.ego_pose_topic else IMAGE_SCHEMAS
-            if scan.schemas[topic] not in allowed:
+            if found.schemas[topic] not in allowed:
                 raise RecordingError(
-                    f"recording {path}: topic {topic} has schema {scan.schemas[topic]!r}; allowed: {list(allowed)}"
+                    f"recording {path}: topic {topic} has schema {found.schemas[topic]!r}; allowed: {list(allowed)}"
                 )
-        counts = {t: scan.counts.get(t, 0) for t in layout.topics}
-        return cls(path, DriveInfo(layout, source, counts, scan.indexed, scan.metadata), warn)
+        counts = {t: found.counts.get(t, 0) for t in layout.topics}
+        return cls(path, DriveInfo(layout, source, counts, found.indexed, found.metadata), warn)
 
     def _messages(
         self, topics: list[str], start_ns: int | None = None, end_ns: int | None = None
@@ -305,31 +344,56 @@ class Drive:
         """(topic, time ns, decoded message, schema name) with start_ns <= time < end_ns; log-time ordered when
         indexed, file order otherwise. Undecodable messages and times that do not increase on their topic are
         skipped with a warning."""
-        decoder = MessageDecoder()
+        decoder = self._new_decoder()
         last: dict[str, int] = {}
-        for schema, channel, message in _iter_messages(self.path, self.info.indexed, topics, self._warn):
+        for schema, channel, message in iter_messages(self.path, self.info.indexed, topics, self._warn):
+            topic, log_time = channel.topic, message.log_time
             try:
-                decoded = decoder.decode(schema, channel.message_encoding, message.data)
+                decoded = self._decode(decoder, schema, channel, message)
             except MessageError as e:
-                self._warn(f"{channel.topic}: skipped the message at log time {message.log_time} ns: {e}")
+                self._skip_message(
+                    f"a {topic} message does not decode",
+                    f"{topic}: skipped the message at log time {log_time} ns: {e}",
+                    topic,
+                    log_time,
+                )
                 continue
             try:  # JSON messages are not checked against their schema when read
-                t_ns = timestamp_ns(decoded.get("timestamp") or {}) or message.log_time
+                t_ns = timestamp_ns(decoded.get("timestamp") or {}) or log_time
             except (AttributeError, TypeError, ValueError) as e:
-                self._warn(
-                    f"{channel.topic}: skipped the message at log time {message.log_time} ns: its timestamp "
-                    f"{decoded.get('timestamp')!r} is not {{sec, nsec}} integers ({e})"
+                self._skip_message(
+                    f"a {topic} message has a bad timestamp",
+                    f"{topic}: skipped the message at log time {log_time} ns: its timestamp "
+                    f"{decoded.get('timestamp')!r} is not {{sec, nsec}} integers ({e})",
+                    topic,
+                    log_time,
                 )
                 continue
-            if t_ns <= last.get(channel.topic, -1):
-                self._warn(
-                    f"{channel.topic}: skipped the message at {t_ns} ns, not after the previous one at "
-                    f"{last[channel.topic]} ns (times must increase)"
+            if t_ns <= last.get(topic, -1):
+                self._skip_message(
+                    f"a {topic} message is not after the previous one",
+                    f"{topic}: skipped the message at {t_ns} ns, not after the previous one at "
+                    f"{last[topic]} ns (times must increase)",
+                    topic,
+                    log_time,
                 )
                 continue
-            last[channel.topic] = t_ns
+            last[topic] = t_ns
             if (start_ns is None or t_ns >= start_ns) and (end_ns is None or t_ns < end_ns):
-                yield channel.topic, t_ns, decoded, schema.name
+                yield topic, t_ns, decoded, self._schema_name(schema)
+
+    def _new_decoder(self) -> Any:
+        return MessageDecoder()
+
+    def _decode(
+        self, decoder: Any, schema: Schema | None, channel: Channel, message: Message
+    ) -> dict[str, Any]:
+        """One message as a Foxglove-layout dict (subclasses read other encodings); MessageError when not."""
+        return decoder.decode(schema, channel.message_encoding, message.data)
+
+    def _schema_name(self, schema: Schema) -> str:
+        """The Foxglove schema a decoded message is laid out as."""
+        return schema.name
 
     def _load_poses(self) -> PoseTrack:
         t, xyz, quat = [], [], []
@@ -360,7 +424,7 @@ class Drive:
 
     def raw_messages(self, start_ns: int, end_ns: int) -> Iterator[tuple[Schema, Channel, Message]]:
         """The layout topics' messages logged in [start_ns, end_ns), undecoded (for copying into outputs)."""
-        for schema, channel, message in _iter_messages(
+        for schema, channel, message in iter_messages(
             self.path, self.info.indexed, self.layout.topics, self._warn
         ):
             if start_ns <= message.log_time < end_ns:
@@ -382,16 +446,62 @@ class Drive:
                 continue
         return None
 
+    def window_frames(self, t0_ns: int) -> dict[int, list[CameraFrame]]:
+        raise NotImplementedError("an MCAP drive's ticks follow its reference camera (tick_times_ns is None)")
+
+    def ego_source(self) -> str:
+        """How `describe` names the ego pose stream."""
+        return f"{self.layout.ego_pose_topic} ({POSE_SCHEMA})"
+
+    def describe(self) -> Any:
+        """What the drive holds (`bridges.drives.DriveDescription`); reads the camera topics once, no image is
+        decoded."""
+        from bridges.drives.description import (
+            DriveDescription,
+            camera_descriptions,
+            rate_hz,
+        )
+
+        spans: dict[int, list[int]] = {c.camera: [] for c in self.layout.cameras}
+        details: dict[int, str] = {}
+        for frame in self.frames():
+            spans[frame.camera].append(frame.t_ns)
+            details.setdefault(frame.camera, frame.schema_name)
+        cameras = camera_descriptions(
+            [(c.camera, c.name, c.topic, details.get(c.camera, "")) for c in self.layout.cameras], spans
+        )
+        return DriveDescription(
+            kind=self.kind,
+            spec=self.spec,
+            cameras=cameras,
+            ego_source=self.ego_source(),
+            ego_poses=len(self.poses.t_ns),
+            ego_first_ns=int(self.poses.t_ns[0]),
+            ego_last_ns=int(self.poses.t_ns[-1]),
+            ego_rate_hz=rate_hz(self.poses.t_ns),
+            extra={
+                "layout": self.info.layout_source,
+                "indexed": self.info.indexed,
+                "skipped": dict(self.skipped),
+            },
+        )
+
+    def close(self) -> None:
+        """Nothing is held open between reads."""
+
 
 @dataclass
-class _Scan:
+class Scan:
+    """An MCAP file's channels: schema name and encoding per topic, message counts, metadata records."""
+
     schemas: dict[str, str | None]  # topic -> schema name
     counts: dict[str, int]  # topic -> messages
     metadata: dict[str, dict[str, str]]
     indexed: bool
+    encodings: dict[str, str] = field(default_factory=dict)  # topic -> schema encoding ("ros2msg", ...)
 
 
-def _scan(path: Path, warn: Warn) -> _Scan:
+def scan(path: Path, warn: Warn) -> Scan:
     """Topics, message counts and metadata: from the summary when the file has one with a chunk index,
     otherwise from a linear read up to the end or the damage."""
     with open(path, "rb") as f:
@@ -399,46 +509,51 @@ def _scan(path: Path, warn: Warn) -> _Scan:
             reader = SeekingReader(f)
         except InvalidMagic as e:
             raise RecordingError(f"recording {path} is not an MCAP file ({e})") from e
-        except _READ_ERRORS as e:
+        except READ_ERRORS as e:
             raise RecordingError(f"recording {path} is not a readable MCAP file: {e}") from e
         try:
             summary = reader.get_summary()
             metadata = {m.name: dict(m.metadata) for m in reader.iter_metadata()}
-        except _READ_ERRORS as e:
+        except READ_ERRORS as e:
             warn(
                 f"recording {path} has no readable footer or summary ({type(e).__name__}: {e}); it is probably "
                 "truncated: reading it linearly up to the damage"
             )
             summary = None
     if summary is not None and summary.chunk_indexes:
-        names = {sid: s.name for sid, s in summary.schemas.items()}
-        schemas = {c.topic: names.get(c.schema_id) for c in summary.channels.values()}
+        found = dict(summary.schemas)
+        channels = summary.channels.values()
+        schemas = {c.topic: getattr(found.get(c.schema_id), "name", None) for c in channels}
+        encodings = {c.topic: getattr(found.get(c.schema_id), "encoding", "") for c in channels}
         counts = dict.fromkeys(schemas, 0)
         if summary.statistics is not None:
             for cid, n in summary.statistics.channel_message_counts.items():
                 counts[summary.channels[cid].topic] = n
-        return _Scan(schemas, counts, metadata, True)
-    scan = _Scan({}, {}, {}, False)
-    names, topics = {}, {}
+        return Scan(schemas, counts, metadata, True, encodings)
+    result = Scan({}, {}, {}, False)
+    records: dict[int, Schema] = {}
+    topics = {}
     with open(path, "rb") as f:
         try:
             for record in StreamReader(f).records:
                 if isinstance(record, Schema):
-                    names[record.id] = record.name
+                    records[record.id] = record
                 elif isinstance(record, Channel):
                     topics[record.id] = record.topic
-                    scan.schemas[record.topic] = names.get(record.schema_id)
+                    schema = records.get(record.schema_id)
+                    result.schemas[record.topic] = None if schema is None else schema.name
+                    result.encodings[record.topic] = "" if schema is None else schema.encoding
                 elif isinstance(record, Message) and record.channel_id in topics:
                     topic = topics[record.channel_id]
-                    scan.counts[topic] = scan.counts.get(topic, 0) + 1
+                    result.counts[topic] = result.counts.get(topic, 0) + 1
                 elif isinstance(record, Metadata):
-                    scan.metadata[record.name] = dict(record.metadata)
-        except _READ_ERRORS:
-            pass  # the damage point: `_iter_messages` warns when replay reaches it
-    return scan
+                    result.metadata[record.name] = dict(record.metadata)
+        except READ_ERRORS:
+            pass  # the damage point: `iter_messages` warns when replay reaches it
+    return result
 
 
-def _iter_messages(
+def iter_messages(
     path: Path, indexed: bool, topics: list[str], warn: Warn
 ) -> Iterator[tuple[Schema, Channel, Message]]:
     with open(path, "rb") as f:
@@ -448,7 +563,7 @@ def _iter_messages(
             for item in reader.iter_messages(topics=topics, log_time_order=indexed):
                 read += 1
                 yield item
-        except _READ_ERRORS as e:
+        except READ_ERRORS as e:
             warn(
                 f"recording {path} is damaged after {read} message(s) on {topics}: {type(e).__name__}: {e}; "
                 "using the messages before the damage"

@@ -69,6 +69,16 @@ def min_ade(preds: np.ndarray, gt: np.ndarray) -> tuple[float, int]:
     return float(per_sample[best]), best
 
 
+def min_ade_at_horizons(
+    preds: np.ndarray, gt: np.ndarray, horizons_s: tuple[float, ...] = HORIZONS_S
+) -> dict[float, float]:
+    """minADE_K over the first h seconds, NVIDIA's way (NVlabs/alpamayo `compute_minade`): the sample is the
+    one with the smallest ADE over the whole trajectory (`min_ade`), and each horizon reports that sample's
+    ADE, not a per-horizon best. preds [K, T, 2|3], gt [T, 2|3] -> {horizon_s: metres}."""
+    _, best = min_ade(preds, gt)
+    return {h: float(ade(preds[best], gt, h)) for h in horizons_s}
+
+
 def horizon_errors(
     pred: np.ndarray, gt: np.ndarray, horizons_s: tuple[float, ...] = HORIZONS_S
 ) -> dict[float, np.ndarray]:

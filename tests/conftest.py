@@ -104,7 +104,9 @@ def dryrun_device():
     except BackendUnavailable as e:
         pytest.skip(f"ttnn is not importable here: {e}")
     if not dryrun.active():
-        pytest.skip("no ttnn dry run in this session (a Blackhole card or ttsim is present, or mark the test dryrun)")
+        pytest.skip(
+            "no ttnn dry run in this session (a Blackhole card or ttsim is present, or mark the test dryrun)"
+        )
     device = open_device(DRYRUN_TRACE_REGION)
     yield device
     close_device(device)

@@ -7,7 +7,16 @@ import pytest
 
 from planner.action_space import UnicycleActionSpace
 from planner.baselines import constant_velocity
-from planner.metrics import ade, comfort, displacement, fde, horizon_errors, horizon_steps, min_ade
+from planner.metrics import (
+    ade,
+    comfort,
+    displacement,
+    fde,
+    horizon_errors,
+    horizon_steps,
+    min_ade,
+    min_ade_at_horizons,
+)
 
 T = 0.1 * np.arange(1, 65)
 
@@ -40,6 +49,18 @@ def test_min_ade_picks_the_closest_sample():
     value, best = min_ade(preds, gt)
     assert best == 1 and value == pytest.approx(0.3)
     np.testing.assert_allclose(ade(preds, gt), [2 * T.mean(), 0.3, T.mean()])
+
+
+def test_min_ade_per_horizon_keeps_the_sample_best_over_the_whole_trajectory():
+    """NVIDIA's compute_minade picks the sample by its 6.4 s ADE and truncates that sample: sample 0 starts on
+    the recorded path and drifts away (best at 1 s), sample 1 is 0.3 m off throughout (best over 6.4 s)."""
+    gt = straight(10.0)
+    drifting = straight(10.0) + np.stack([np.zeros(64), 0.2 * T**2, np.zeros(64)], -1)
+    preds = np.stack([drifting, straight(10.0, lateral_offset=0.3)])
+    assert ade(preds[0], gt, 1.0) < 0.3 < ade(preds[0], gt)
+    at = min_ade_at_horizons(preds, gt)
+    assert at == pytest.approx({1.0: 0.3, 2.0: 0.3, 3.0: 0.3, 6.4: 0.3})
+    assert at[6.4] == pytest.approx(min_ade(preds, gt)[0])
 
 
 def test_bad_shapes_and_horizons_are_rejected():

@@ -196,16 +196,9 @@ def write_prediction_inputs(directory, frames, times, ego: EgoHistory) -> None:
     (directory / "ego.csv").write_text("\n".join(rows) + "\n")
 
 
-def write_predict_inputs(directory: Path, tick: int) -> dict[int, list[int]]:
-    """`write_prediction_inputs` of `frames_at(tick)` and `straight_history`; returns the frame times per
-    camera."""
-    frames, times = frames_at(tick)
-    write_prediction_inputs(directory, frames, times, straight_history())
-    return times
-
-
 def predict_argv(checkpoint: Path, directory: Path) -> list[str]:
-    """`alpamayo predict` on the inputs `write_predict_inputs` wrote to `directory`, 4 reasoning tokens at most."""
+    """`alpamayo predict` on the inputs `write_prediction_inputs` wrote to `directory`, 4 reasoning tokens at
+    most."""
     frames, ego = str(directory / "frames"), str(directory / "ego.csv")
     return [
         "predict",
@@ -221,7 +214,8 @@ def predict_argv(checkpoint: Path, directory: Path) -> list[str]:
 
 
 def test_predict_command_prints_64_waypoints(demo_checkpoint, tmp_path, capsys):
-    times = write_predict_inputs(tmp_path, 5)
+    frames, times = frames_at(5)
+    write_prediction_inputs(tmp_path, frames, times, straight_history())
     args = predict_argv(demo_checkpoint, tmp_path)
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

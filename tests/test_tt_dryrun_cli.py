@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from alpamayo.tt import dryrun
-from tests.test_runtime import predict_argv, write_predict_inputs
+from tests.test_runtime import frames_at, predict_argv, straight_history, write_prediction_inputs
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 
 pytestmark = pytest.mark.dryrun
@@ -63,7 +63,7 @@ def test_generate_json_keeps_stdout_to_the_json_and_caches_the_packed_weights(ch
 
 
 def test_predict_backend_ttnn_on_the_demo_checkpoint(dryrun_device, demo_checkpoint, tmp_path):
-    write_predict_inputs(tmp_path, 5)
+    write_prediction_inputs(tmp_path, *frames_at(5), straight_history())
     proc = alpamayo(*predict_argv(demo_checkpoint, tmp_path), "--backend", "ttnn", "--json")
     (sample,) = json.loads(proc.stdout)["samples"]
     assert len(sample["xyz"]) == 64 and len(sample["trajectory_token_ids"]) == 128
@@ -76,7 +76,7 @@ def test_predict_backend_ttnn_decodes_with_the_device_expert(dryrun_device, tmp_
     from alpamayo.demo_checkpoint import make_demo_checkpoint
 
     checkpoint = make_demo_checkpoint(tmp_path / "r15", 0, layout="alpamayo1.5")
-    write_predict_inputs(tmp_path, 5)
+    write_prediction_inputs(tmp_path, *frames_at(5), straight_history())
     proc = alpamayo(*predict_argv(checkpoint, tmp_path), "--backend", "ttnn", "--json", "--flow-steps", "2")
     out = json.loads(proc.stdout)
     (sample,) = out["samples"]

@@ -1,7 +1,7 @@
 """`alpamayo precision`: what each precision recipe costs, on the CPU (no card, no ttnn needed).
 
     alpamayo precision --checkpoint DIR [--recipe accuracy --recipe performance --recipe FILE.yaml]
-                       [--drive DRIVE.mcap] [--json REPORT.json]
+                       [--drive DRIVE.mcap | --drive pai:CLIP[@T0_US] --pai-dir DIR] [--json REPORT.json]
 
 Prints a table (per recipe: worst per-layer PCC, final-logit PCC, teacher-forced top-1 agreement, vision
 tower PCC, with a drive the trajectory token agreement and ADE drift, and the DRAM plan) and the per-layer
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from alpamayo.commands.common import RECIPE_HELP
+from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args
 from alpamayo.tt.precision_planner import Settings, precision_report
 
 DEFAULT_RECIPES = ("accuracy", "performance")
@@ -32,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         help=f"{RECIPE_HELP}; repeat to compare several (default: {', '.join(DEFAULT_RECIPES)})",
     )
-    p.add_argument("--drive", help="recorded MCAP drive: also compare trajectories on its first ticks")
+    p.add_argument("--drive", help=f"{DRIVE_HELP}: also compare trajectories on its first ticks")
+    add_drive_source_args(p)
     d = Settings()
     p.add_argument("--ticks", type=int, default=d.ticks, help="drive ticks to predict per model")
     p.add_argument(
@@ -82,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         settings,
         args.drive,
         warn=lambda message: print(f"alpamayo precision: warning: {message}", file=sys.stderr),
+        pai_dir=args.pai_dir,
+        cameras=args.pai_cameras,
     )
     print(report.table())
     if json_path is not None:

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from alpamayo.commands.make_demo_drive import parse_size
-from alpamayo.commands.replay_args import add_replay_args, settings_from_args
+from alpamayo.commands.replay_args import DRIVE_HELP, add_replay_args, settings_from_args
 from alpamayo.demo_drive import CAMERA_PERIOD_NS, make_demo_drive
 from alpamayo.replay.report import latency_table
 from alpamayo.replay.session import run_replay
@@ -17,14 +17,14 @@ from alpamayo.replay.ticks import HISTORY_OFFSETS_NS
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="per-stage latency table, Chrome trace, JSON report and plots")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("drive", type=Path, nargs="?", help="recorded drive (.mcap)")
+    source.add_argument("drive", nargs="?", help=DRIVE_HELP)
     source.add_argument("--synthetic", action="store_true", help="profile on a fresh synthetic drive")
     p.add_argument("--warmup", type=int, default=2, help="ticks run first and excluded (default 2)")
     p.add_argument("--iters", type=int, default=20, help="measured ticks (default 20)")
     p.add_argument("--cameras", type=int, default=4, help="synthetic drive cameras (default 4)")
     p.add_argument("--size", type=parse_size, default=(1080, 1920), help="synthetic frame HEIGHTxWIDTH")
     p.add_argument("--out", type=Path, default=None, help="also write the predictions (.mcap)")
-    add_replay_args(p)
+    add_replay_args(p, cameras_flag="--pai-cameras")
     p.set_defaults(handler=run)
 
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.replay_args import add_output_args, add_replay_args, settings_from_args
+from alpamayo.commands.replay_args import DRIVE_HELP, add_output_args, add_replay_args, settings_from_args
 from alpamayo.replay.session import run_replay, summary
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "replay", help="replay a recorded drive (MCAP) through the model; write predictions as MCAP"
-    )
-    p.add_argument("drive", type=Path, help="recorded drive (.mcap)")
+    p = sub.add_parser("replay", help="replay a recorded drive through the model; write predictions as MCAP")
+    p.add_argument("drive", help=DRIVE_HELP)
     p.add_argument("--out", type=Path, required=True, help="predictions (.mcap)")
     p.add_argument("--max-ticks", type=int, default=None, help="stop after this many ticks")
     p.add_argument("--warmup", type=int, default=0, help="ticks excluded from the statistics (default 0)")
@@ -30,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
         max_ticks=args.max_ticks,
         warmup=args.warmup,
         encoding=args.encoding,
+        output_format=args.output_format,
         copy_inputs=not args.no_copy_inputs,
     )
     replayed = run_replay(settings)

@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from alpamayo.commands.common import add_model_args, add_sampling_args, flow_settings
-from alpamayo.replay.settings import ReplaySettings
+from alpamayo.replay.settings import OUTPUT_FORMATS, ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
 
-def add_replay_args(p: argparse.ArgumentParser) -> None:
+def add_replay_args(p: argparse.ArgumentParser, cameras_flag: str = "--cameras") -> None:
     add_model_args(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
@@ -40,6 +40,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layout", type=Path, default=None, help="YAML topic-to-camera layout (default: the drive's)"
     )
+    add_drive_source_args(p, cameras_flag)
     add_sampling_args(p)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON here")
     p.add_argument(
@@ -49,8 +50,34 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+DRIVE_HELP = "recorded drive: Foxglove or rosbag2 MCAP file, or pai:CLIP_ID[@T0_US] with --pai-dir"
+
+
+def parse_cameras(text: str) -> tuple[int, ...]:
+    """`--cameras 0,1,2,6` -> (0, 1, 2, 6)."""
+    try:
+        return tuple(int(c) for c in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--cameras {text!r}: expected camera indices like 0,1,2,6") from e
+
+
+def add_drive_source_args(p: argparse.ArgumentParser, cameras_flag: str = "--cameras") -> None:
+    """--pai-dir and --cameras (`cameras_flag` where --cameras means something else), which open a PhysicalAI-AV
+    clip (`bridges.drives.open_drive`)."""
+    p.add_argument(
+        "--pai-dir", type=Path, default=None, help="PhysicalAI-AV dataset directory, for pai:CLIP drives"
+    )
+    p.add_argument(
+        cameras_flag,
+        dest="pai_cameras",
+        type=parse_cameras,
+        default=None,
+        help="PhysicalAI-AV camera indices, comma-separated (default 0,1,2,6)",
+    )
+
+
 def settings_from_args(
-    args: argparse.Namespace, drive: Path, out: Path | None, **overrides
+    args: argparse.Namespace, drive: Path | str, out: Path | None, **overrides
 ) -> ReplaySettings:
     if args.speed is not None and args.mode != "realtime":
         raise ValueError(
@@ -81,6 +108,8 @@ def settings_from_args(
         device=args.device,
         dtype=args.dtype,
         layout=args.layout,
+        pai_dir=args.pai_dir,
+        cameras=args.pai_cameras,
         trace=args.trace,
         json=args.json,
         plots=args.plots,
@@ -90,6 +119,13 @@ def settings_from_args(
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format",
+        dest="output_format",
+        choices=OUTPUT_FORMATS,
+        default="foxglove",
+        help="foxglove (default) or ros2: a rosbag2 MCAP with Autoware Trajectory, nav_msgs Path, String",
+    )
     p.add_argument("--encoding", choices=ENCODINGS, default="protobuf", help="Foxglove message encoding")
     p.add_argument(
         "--no-copy-inputs",

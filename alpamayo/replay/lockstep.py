@@ -56,6 +56,7 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
     if offered == 0:
         raise assembler.no_ticks_error()
     skipped.update(assembler.skipped)
+    skipped.update(drive.skipped)
     return ReplayRun(
         "lockstep", results, tracer, offered, time.perf_counter() - wall_start, job.info, skipped=skipped
     )

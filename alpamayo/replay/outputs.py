@@ -112,6 +112,16 @@ def prediction_record(out: TickOutput) -> dict[str, Any]:
     }
 
 
+def timings_record(seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> dict[str, Any]:
+    """The alpamayo.Timings message of a tick."""
+    return {
+        "seq": seq,
+        "t0_ns": t0_ns,
+        "stages_ms": {k: float(v) for k, v in sorted(stages_ms.items())},
+        "e2e_age_ms": float(e2e_age_ms),
+    }
+
+
 class PredictionRecorder:
     """Writes tick outputs to an MCAP file; Foxglove schemas in `encoding` (protobuf or json)."""
 
@@ -178,10 +188,5 @@ class PredictionRecorder:
 
     def timings(self, seq: int, t0_ns: int, stages_ms: dict[str, float], e2e_age_ms: float) -> None:
         """Per-stage ms of a tick, and its end-to-end age (`TickResult.e2e_ms`)."""
-        message = {
-            "seq": seq,
-            "t0_ns": t0_ns,
-            "stages_ms": {k: float(v) for k, v in sorted(stages_ms.items())},
-            "e2e_age_ms": float(e2e_age_ms),
-        }
+        message = timings_record(seq, t0_ns, stages_ms, e2e_age_ms)
         self.writer.write(TIMINGS_TOPIC, "alpamayo.Timings", message, t0_ns, "json")

@@ -44,9 +44,10 @@ from bridges.config import (
     OutputSection,
     WarmupSection,
 )
+from bridges.drives import DriveSource
 from bridges.node import InferenceNode
 from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
-from bridges.recording import CameraFrame, Drive, FrameError, Warn
+from bridges.recording import CameraFrame, FrameError, Warn
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
@@ -56,7 +57,7 @@ SUBSCRIBE_TIMEOUT_S = 10.0
 DRAIN_MAX_S = 120.0
 
 
-def node_config(drive: Drive, settings: ReplaySettings, frame_size: tuple[int, int]) -> NodeConfig:
+def node_config(drive: DriveSource, settings: ReplaySettings, frame_size: tuple[int, int]) -> NodeConfig:
     """The node set up for this drive: its cameras, loopback endpoints on free ports, the replay's model and
     sampling settings (the node calls the predictor it is given with them), and warm-up on frames of the drive's
     size."""
@@ -164,6 +165,8 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
         "send_late_ms": {"mean": float(np.mean(late_ms)), "max": float(np.max(late_ms))} if late_ms else None,
     }
     dropped = len(set(offered) - answered)
+    # `skipped` counts the node's outputs without a trajectory; what the drive's reader skipped is kept apart.
+    info["input_skips"] = dict(assembler.skipped + drive.skipped)
     return ReplayRun("realtime", ticks, tracer, len(offered), wall_s, info, Counter(stale), dropped)
 
 
@@ -179,7 +182,7 @@ def _wait_warm(node: InferenceNode) -> None:
 
 
 def _publish_drive(
-    drive: Drive,
+    drive: DriveSource,
     publisher: FramePublisher,
     begin: int,
     end: int,
@@ -228,7 +231,7 @@ def _drain(collector: _Collector, last_t0_ns: int) -> None:
 
 
 def _results(
-    drive: Drive,
+    drive: DriveSource,
     outputs: list[tuple[int, TrajectoryMessage]],
     offered: set[int],
     recorder: PredictionRecorder | None,
@@ -247,7 +250,7 @@ def _results(
             msg.reasoning, [], list(msg.token_ids), np.zeros((0, 2)), xyz, np.asarray(msg.heading)
         )
         prediction = Prediction([sample], np.asarray(msg.t))
-        history = recorded_history(drive.poses, msg.t0_ns)
+        history = recorded_history(drive.poses, msg.t0_ns)  # offered ticks have one
         future = recorded_future(drive.poses, msg.t0_ns)
         # decode_tokens 0: the node's message carries the trajectory tokens only, so no decode speed
         result = score_tick(msg.seq, msg.t0_ns, history, prediction, future, list(msg.invalid_reasons), 0)

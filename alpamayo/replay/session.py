@@ -19,11 +19,13 @@ from alpamayo.replay.outputs import PredictionRecorder
 from alpamayo.replay.realtime import replay_realtime
 from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
 from alpamayo.replay.results import ReplayRun
+from alpamayo.replay.ros2_outputs import Ros2Recorder
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
 from alpamayo.runtime import AlpamayoVLA
+from bridges.drives import DriveSource, open_drive
 from bridges.mcap_writer import RecordingWriter
-from bridges.recording import Drive, RecordingLayout, Warn
+from bridges.recording import RecordingLayout, Warn
 
 RUN_METADATA = "alpamayo.run"
 
@@ -43,7 +45,7 @@ def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
     return vla
 
 
-def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> dict[str, Any]:
+def run_info(settings: ReplaySettings, drive: DriveSource, predictor: AlpamayoVLA) -> dict[str, Any]:
     """Settings and environment recorded in every output (JSON report, trace metadata, MCAP metadata)."""
     size = drive.frame_size()
     input_size = "?" if size is None else "{}x{}".format(*size)
@@ -51,6 +53,7 @@ def run_info(settings: ReplaySettings, drive: Drive, predictor: AlpamayoVLA) -> 
         "mode": settings.mode,
         "speed": settings.speed if settings.mode == "realtime" else None,
         "drive": str(settings.drive),
+        "drive_kind": drive.kind,
         "checkpoint": str(settings.checkpoint),
         "backend": settings.backend,
         "device": settings.device,
@@ -92,17 +95,24 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
     output and the trace, JSON and plot files asked for; `warn` is told of skipped data."""
     settings.validate()
     layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
-    drive = Drive.open(settings.drive, layout, warn)
+    drive = open_drive(settings.drive, layout, settings.pai_dir, settings.cameras, warn)
     tracer = Tracer()
-    predictor = load_predictor(settings, tracer)
+    try:
+        predictor = load_predictor(settings, tracer)
+    except BaseException:
+        drive.close()
+        raise
     print(predictor.model_line(), file=sys.stderr)
     writer = None
     try:
         info = run_info(settings, drive, predictor)
-        writer = None if settings.out is None else RecordingWriter(settings.out)
-        recorder = None if writer is None else PredictionRecorder(writer, settings.encoding)
-        reference = drive.info.message_counts[drive.layout.cameras[0].topic]
-        total = settings.max_ticks or max(reference - len(HISTORY_OFFSETS_NS), 1)
+        recorder = None
+        if settings.out is not None and settings.output_format == "ros2":
+            writer = recorder = Ros2Recorder(settings.out)
+        elif settings.out is not None:
+            writer = RecordingWriter(settings.out)
+            recorder = PredictionRecorder(writer, settings.encoding)
+        total = settings.max_ticks or expected_ticks(drive)
         with tqdm(
             total=total,
             unit="tick",
@@ -115,12 +125,13 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
             run = replay(job)
         if predictor.model_resolution is not None:
             info["resolution"]["model"] = "{}x{}".format(*predictor.model_resolution)
-        if writer is not None:
+        if isinstance(writer, RecordingWriter):
             writer.metadata(RUN_METADATA, {"json": json.dumps(info, sort_keys=True)})
-            if settings.copy_inputs:
-                copy_inputs(drive, run, writer)
+        if writer is not None and settings.copy_inputs:
+            copy_inputs(drive, run, writer)
     finally:
         predictor.close()
+        drive.close()
         if writer is not None:
             writer.close()
     for path, write in ((settings.trace, write_trace), (settings.json, write_json)):
@@ -131,9 +142,19 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
     return run
 
 
-def copy_inputs(drive: Drive, run: ReplayRun, writer: RecordingWriter) -> None:
+def expected_ticks(drive: DriveSource) -> int:
+    """Ticks the progress bar expects: the fixed tick times, or the reference camera's frames less the first
+    1.5 s (MCAP drives)."""
+    if drive.tick_times_ns is not None:
+        return max(len(drive.tick_times_ns), 1)
+    reference = drive.info.message_counts[drive.layout.cameras[0].topic]
+    return max(reference - len(HISTORY_OFFSETS_NS), 1)
+
+
+def copy_inputs(drive: DriveSource, run: ReplayRun, writer: RecordingWriter | Ros2Recorder) -> None:
     """Copy the camera and pose messages the replayed ticks used (with their history and recorded future) into
-    the output, so it opens in Foxglove on its own."""
+    the output, so it opens in Foxglove on its own. A ROS 2 output takes only a bag's own CDR messages; a
+    PhysicalAI-AV clip has no messages to copy."""
     if not run.ticks:
         return
     begin = run.ticks[0].t0_ns + min(HISTORY_OFFSETS_NS[0], FRAME_OFFSETS_NS[0] - FRAME_TOLERANCE_NS)
@@ -145,6 +166,7 @@ def copy_inputs(drive: Drive, run: ReplayRun, writer: RecordingWriter) -> None:
 def summary(run: ReplayRun) -> str:
     """The accuracy and latency tables, and what was skipped."""
     lines = [summarize_accuracy(run.measured).table(), "", latency_table(run)]
-    if run.skipped and run.mode == "lockstep":
-        lines.append("skipped ticks: " + ", ".join(f"{n} x {reason}" for reason, n in run.skipped.items()))
+    skipped = run.skipped if run.mode == "lockstep" else run.info.get("input_skips", {})
+    if skipped:
+        lines.append("skipped: " + ", ".join(f"{n} x {reason}" for reason, n in skipped.items()))
     return "\n".join(lines)

@@ -12,19 +12,22 @@ from alpamayo.backends import BackendOptions, check_num_samples
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
-from bridges.recording import Drive, Warn
+from bridges.drives import DriveSource
+from bridges.recording import Warn
 
 if TYPE_CHECKING:  # outputs imports the MCAP writer stack; settings stay importable without it
     from alpamayo.replay.outputs import PredictionRecorder
 
 MODES = ("lockstep", "realtime")
+OUTPUT_FORMATS = ("foxglove", "ros2")
 
 
 @dataclass
 class ReplaySettings:
-    """Everything a replay needs; times in seconds of the drive (start from its first reference frame)."""
+    """Everything a replay needs; times in seconds of the drive (start from its first reference frame).
+    drive: an MCAP path or `pai:CLIP_ID[@T0_US]` (with pai_dir; cameras picks the clip's cameras)."""
 
-    drive: Path
+    drive: Path | str
     checkpoint: Path
     out: Path | None = None
     mode: str = "lockstep"
@@ -49,6 +52,9 @@ class ReplaySettings:
     tt_cache: Path | None = None
     moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
     layout: Path | None = None
+    pai_dir: Path | None = None
+    cameras: tuple[int, ...] | None = None
+    output_format: str = "foxglove"
     encoding: str = "protobuf"
     copy_inputs: bool = True
     trace: Path | None = None
@@ -65,6 +71,8 @@ class ReplaySettings:
         """ValueError naming the option, its value and the allowed range for the first one out of range."""
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r} unknown; allowed: {list(MODES)}")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ValueError(f"--format {self.output_format!r} unknown; allowed: {list(OUTPUT_FORMATS)}")
         if not 0.05 <= self.speed <= 20.0:
             raise ValueError(f"--speed must be in [0.05, 20], got {self.speed}")
         if self.num_samples < 1:
@@ -88,7 +96,7 @@ class ReplayJob:
     `tracer`; `recorder` (optional) receives the outputs; `info` (run settings and environment) goes into every
     report; `progress(n)` is told of answered ticks; `warn` of skipped data."""
 
-    drive: Drive
+    drive: DriveSource
     predictor: Predictor
     tracer: Tracer
     settings: ReplaySettings

@@ -1,10 +1,13 @@
-"""Model inputs from a recorded drive, one tick per 10 Hz reference-camera frame.
+"""Model inputs from a recorded drive (any `bridges.drives.DriveSource`), one tick per 10 Hz reference-camera
+frame, or at the source's own tick times (PhysicalAI-AV clips: `tick_times_ns`).
 
 At tick t0 (a frame of the layout's first camera, at least one period after the previous tick) each camera
 contributes its frames nearest t0 - 0.3, -0.2, -0.1, 0 s, each within FRAME_TOLERANCE_NS; the ego history is
 the 16 recorded poses interpolated at t0 - 1.5 .. 0 s; the recorded future is the poses at t0 + 0.1 .. 6.4 s
 in the t0 ego frame (None when the recording ends sooner). Ticks before the recording has 4 frames per camera
 and 1.5 s of poses are not ticks; later ticks that lack a frame or a pose are skipped with a warning.
+A source with fixed tick times picks each tick's frames itself (`window_frames`), and the ego history and
+future come from its own pose track the same way.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, EgoHistory
-from bridges.recording import CameraFrame, Drive, PoseTrack, RecordingError, Warn
+from bridges.recording import MAX_POSE_GAP_NS, CameraFrame, FrameError, PoseTrack, RecordingError, Warn
 from bridges.window import window_slots
 from planner.ego_frame import quat_to_matrix
 
@@ -67,12 +71,13 @@ def recorded_future(poses: PoseTrack, t0_ns: int) -> tuple[np.ndarray, np.ndarra
 
 @dataclass
 class TickAssembler:
-    """Iterates the ticks of `drive` with t0 in [first reference frame + start_s, ... + duration_s).
+    """Iterates the ticks of `drive` (a `bridges.drives.DriveSource`) with t0 in [first reference frame (or first
+    fixed tick) + start_s, ... + duration_s).
 
     `skipped` counts ticks skipped mid-drive by reason; `not_ready` the ticks before inputs were complete.
     """
 
-    drive: Drive
+    drive: Any
     start_s: float = 0.0
     duration_s: float | None = None
     warn: Warn = print
@@ -86,6 +91,9 @@ class TickAssembler:
             raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
 
     def __iter__(self) -> Iterator[Tick]:
+        if self.drive.tick_times_ns is not None:
+            yield from self._fixed_ticks(np.asarray(self.drive.tick_times_ns, dtype=np.int64))
+            return
         cameras = [c.camera for c in self.drive.layout.cameras]
         reference = cameras[0]
         buffers: dict[int, deque[CameraFrame]] = {c: deque() for c in cameras}
@@ -131,6 +139,37 @@ class TickAssembler:
                 index += 1
                 yield tick
 
+    def _fixed_ticks(self, times: np.ndarray) -> Iterator[Tick]:
+        """The source's own tick times in the window; each tick's frames from `window_frames`."""
+        if len(times) == 0:
+            return
+        begin = int(times[0]) + round(self.start_s * 1e9)
+        end = None if self.duration_s is None else begin + round(self.duration_s * 1e9)
+        index = 0
+        for t0 in (int(t) for t in times):
+            if t0 < begin or (end is not None and t0 >= end):
+                continue
+            try:
+                frames = self.drive.window_frames(t0)
+            except FrameError as e:
+                self._skip(t0, "a camera frame is missing or does not decode", str(e))
+                continue
+            tick = self._with_ego(index, t0, frames)
+            if tick is not None:
+                index += 1
+                yield tick
+
+    def _with_ego(self, index: int, t0: int, frames: dict[int, list[CameraFrame]]) -> Tick | None:
+        ego = recorded_history(self.drive.poses, t0)
+        if ego is None:
+            if t0 + HISTORY_OFFSETS_NS[0] < self.drive.poses.t_ns[0]:
+                self.not_ready += 1
+                return None
+            return self._skip(
+                t0, f"the ego poses have a gap over {MAX_POSE_GAP_NS / 1e9:g} s in the 1.5 s history"
+            )
+        return Tick(index, t0, frames, ego, recorded_future(self.drive.poses, t0))
+
     def _assemble(
         self, index: int, t0: int, buffers: dict[int, deque[CameraFrame]], first_seen: dict[int, int]
     ) -> Tick | None:
@@ -148,24 +187,19 @@ class TickAssembler:
                     f"t0 {FRAME_OFFSETS_NS[0] / 1e9:+.1f} .. 0 s",
                 )
             frames[camera] = [buffer[j] for j in picked]
-        ego = recorded_history(self.drive.poses, t0)
-        if ego is None:
-            if t0 + HISTORY_OFFSETS_NS[0] < self.drive.poses.t_ns[0]:
-                self.not_ready += 1
-                return None
-            return self._skip(t0, "the ego poses have a gap over 0.25 s in the 1.5 s history")
-        return Tick(index, t0, frames, ego, recorded_future(self.drive.poses, t0))
+        return self._with_ego(index, t0, frames)
 
     def no_ticks_error(self) -> RecordingError:
         """The error for a window that held no tick, naming the window and what a tick needs."""
         end = "the end" if self.duration_s is None else f"{self.start_s + self.duration_s:g} s"
         return RecordingError(
-            f"recording {self.drive.path} has no tick between {self.start_s:g} s and {end} after its first "
+            f"drive {self.drive.spec} has no tick between {self.start_s:g} s and {end} after its first "
             f"frame (the first tick needs {-HISTORY_OFFSETS_NS[0] / 1e9:g} s of ego poses and "
             f"{FRAMES_PER_CAMERA} frames per camera; {sum(self.skipped.values())} tick(s) were skipped)"
         )
 
-    def _skip(self, t0: int, reason: str) -> None:
+    def _skip(self, t0: int, reason: str, detail: str | None = None) -> None:
+        """Count a skipped tick under `reason` and warn with `detail` (default: the reason)."""
         self.skipped[reason] += 1
-        self.warn(f"skipped the tick at t0 = {t0} ns: {reason}")
+        self.warn(f"skipped the tick at t0 = {t0} ns: {detail or reason}")
         return None

@@ -175,12 +175,20 @@ def _vla(
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
 
 
-def drive_ticks(path: str | Path, count: int, warn: Callable[[str], None]) -> list[Any]:
-    """The first `count` ticks of a recorded drive (`alpamayo.replay.ticks`)."""
+def drive_ticks(
+    path: str | Path,
+    count: int,
+    warn: Callable[[str], None],
+    pai_dir: str | Path | None = None,
+    cameras: Sequence[int] | None = None,
+) -> list[Any]:
+    """The first `count` ticks of a recorded drive of any kind (`bridges.drives.open_drive`; the source stays
+    open while its frames are decoded, and closes when collected)."""
     from alpamayo.replay.ticks import TickAssembler
-    from bridges.recording import Drive
+    from bridges.drives import open_drive
 
-    ticks = list(islice(TickAssembler(Drive.open(path, warn=warn), warn=warn), count))
+    source = open_drive(path, pai_dir=pai_dir, cameras=cameras, warn=warn)
+    ticks = list(islice(TickAssembler(source, warn=warn), count))
     if not ticks:
         raise ValueError(f"{path}: no tick has 4 frames per camera and 1.5 s of ego history")
     return ticks
@@ -368,15 +376,18 @@ def precision_report(
     settings: Settings = Settings(),
     drive: str | Path | None = None,
     warn: Callable[[str], None] = print,
+    pai_dir: str | Path | None = None,
+    cameras: Sequence[int] | None = None,
 ) -> PrecisionReport:
-    """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded MCAP drive)."""
+    """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path or
+    `pai:CLIP[@T0_US]` with `pai_dir`)."""
     settings.validate()
     directory = Path(directory)
     precisions = [load_precision(r) for r in recipes]
     cfg = load_config(directory)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
-    ticks = drive_ticks(drive, settings.ticks, warn) if drive is not None else []
+    ticks = drive_ticks(drive, settings.ticks, warn, pai_dir, cameras) if drive is not None else []
     ref = reference(directory, settings, ticks)
     reports = [
         evaluate_recipe(directory, p, plan, ref, settings, ticks)

@@ -1,0 +1,132 @@
+"""What an evaluation asks for (`alpamayo eval`): the model, the sampling protocol and where it runs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from alpamayo.backends import check_num_samples
+from alpamayo.replay.settings import ReplaySettings
+
+# The trajectory decoders `--decoder` names. This build's runtime decodes the 128 trajectory tokens only; the
+# flow-matching action expert (`expert`) is refused with that reason until the runtime offers it.
+DECODERS = ("expert", "tokens")
+RUNTIME_DECODERS = ("tokens",)
+LOCAL_RAY = "local"  # `--ray` without an address: an embedded Ray on this machine
+# What `--ray ADDRESS` accepts: `auto`, Ray Client's ray://HOST:PORT, or a GCS HOST:PORT.
+RAY_ADDRESS = re.compile(r"auto|ray://[^\s/]+:\d+|[A-Za-z0-9.\-\[\]:]+:\d+")
+# Settings a resumed run must share with the results already in RUN_DIR (anything that changes a prediction).
+RESULT_KEYS = (
+    "checkpoint",
+    "num_samples",
+    "decoder",
+    "temperature",
+    "top_p",
+    "seed",
+    "max_reasoning_tokens",
+    "backend",
+    "dtype",
+    "recipe",
+    "cameras",
+)
+
+
+@dataclass
+class EvalSettings:
+    """One evaluation. ray: None (in-process), LOCAL_RAY (embedded) or an address (`auto`, `ray://host:10001`);
+    workers: Ray actors (None: as many as the cluster's accelerators, or 1 on CPUs); cpus_per_worker: CPUs
+    each CPU-backend actor requests (None: the cluster's CPUs / workers); max_retries: re-runs of a clip whose
+    worker process died (Ray's max_task_retries)."""
+
+    checkpoint: Path
+    out: Path
+    num_samples: int = 6
+    decoder: str = "tokens"
+    temperature: float = 0.6
+    top_p: float = 0.98
+    seed: int = 0
+    max_reasoning_tokens: int = 256
+    backend: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    recipe: str = "performance"
+    tt_cache: Path | None = None
+    moe_config: Path | None = None
+    layout: Path | None = None
+    pai_dir: Path | None = None
+    cameras: tuple[int, ...] | None = None  # PhysicalAI-AV cameras (None: Alpamayo's 0, 1, 2, 6)
+    ray: str | None = None
+    workers: int | None = None
+    cpus_per_worker: int | None = None
+    max_retries: int = 2
+    worst: int = 6
+    progress: bool = True
+
+    def replay_settings(self) -> ReplaySettings:
+        """The lock-step replay of one tick that evaluates a clip, with this model and sampling; a clip sets its
+        drive, window and seed (`dataclasses.replace`)."""
+        return ReplaySettings(
+            drive="",
+            checkpoint=self.checkpoint,
+            max_ticks=1,
+            num_samples=self.num_samples,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            max_reasoning_tokens=self.max_reasoning_tokens,
+            backend=self.backend,
+            device=self.device,
+            dtype=self.dtype,
+            recipe=self.recipe,
+            tt_cache=self.tt_cache,
+            moe_config=self.moe_config,
+            layout=self.layout,
+            pai_dir=self.pai_dir,
+            cameras=self.cameras,
+            progress=False,
+        )
+
+    def validate(self) -> None:
+        """ValueError naming the option, its value and the allowed range for the first one out of range."""
+        if self.decoder not in DECODERS:
+            raise ValueError(f"--decoder {self.decoder!r} unknown; allowed: {list(DECODERS)}")
+        if self.decoder not in RUNTIME_DECODERS:
+            raise ValueError(
+                f"--decoder {self.decoder}: this build's runtime decodes trajectory tokens only; "
+                f"allowed: {list(RUNTIME_DECODERS)}"
+            )
+        if self.num_samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
+        check_num_samples(self.backend, self.num_samples, self.temperature)
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.ray not in (None, LOCAL_RAY) and not RAY_ADDRESS.fullmatch(self.ray):
+            raise ValueError(
+                f"--ray {self.ray!r} is not a Ray address (auto, ray://HOST:10001 or HOST:PORT); a drive right "
+                "after a bare --ray is taken as its address: put --ray after the drives"
+            )
+        for option, value in (("--workers", self.workers), ("--cpus-per-worker", self.cpus_per_worker)):
+            if value is not None and self.ray is None:
+                raise ValueError(f"{option} {value} needs --ray; without it clips run in this process")
+        if self.cpus_per_worker is not None and self.cpus_per_worker < 1:
+            raise ValueError(f"--cpus-per-worker must be >= 1, got {self.cpus_per_worker}")
+        if not 0 <= self.max_retries <= 100:
+            raise ValueError(f"--max-retries must be in [0, 100], got {self.max_retries}")
+        if self.worst < 0:
+            raise ValueError(f"--worst must be >= 0, got {self.worst}")
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"--out {self.out} is a file; expected a run directory")
+
+    def as_dict(self) -> dict[str, Any]:
+        values = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        values["cameras"] = None if self.cameras is None else list(self.cameras)  # as JSON reads it back
+        return values
+
+    def result_settings(self) -> dict[str, Any]:
+        """The settings every result in RUN_DIR must share (see RESULT_KEYS)."""
+        values = self.as_dict()
+        return {k: values[k] for k in RESULT_KEYS}
