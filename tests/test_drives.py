@@ -416,3 +416,11 @@ def test_ros_raw_image_encodings_convert_to_rgb(known, tmp_path, encoding):
         writer.finish()
     (frame,) = list(open_drive(bag).frames())
     assert np.array_equal(frame.rgb(), expected)
+
+
+def test_precision_reads_its_drive_ticks_through_every_source(layouts):
+    from alpamayo.tt.precision_planner import drive_ticks
+
+    for name in ("pai", "rosbag2", "foxglove"):
+        ticks = drive_ticks(layouts[name], 2, print, pai_dir=layouts["pai_dir"])
+        assert [t.t0_ns for t in ticks] == [1_600_000_000, 1_700_000_000], name

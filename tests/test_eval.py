@@ -302,10 +302,8 @@ def test_per_clip_seeds_depend_on_the_clip_and_the_run_seed_only():
 
 
 def test_settings_refuse_what_this_build_cannot_run(tmp_path):
-    settings = EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", decoder="expert")
-    with pytest.raises(
-        ValueError, match=r"--decoder expert: this build's runtime decodes trajectory tokens only"
-    ):
+    settings = EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", decoder="diffusion")
+    with pytest.raises(ValueError, match=r"--decoder 'diffusion' unknown; allowed: \['expert', 'tokens'\]"):
         settings.validate()
     with pytest.raises(ValueError, match=r"--workers 2 needs --ray"):
         EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", workers=2).validate()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args, add_sampling_args
+from alpamayo.commands.common import add_model_args, add_sampling_args, flow_settings
 from alpamayo.commands.replay_args import add_drive_source_args
 from alpamayo.eval.clips import collect_clips
 from alpamayo.eval.report import report_table
 from alpamayo.eval.session import run_eval
-from alpamayo.eval.settings import DECODERS, LOCAL_RAY, EvalSettings
+from alpamayo.eval.settings import LOCAL_RAY, EvalSettings
 
 # NVIDIA's evaluation samples 6 trajectories at temperature 0.6, top-p 0.98 (alpamayo1.5 test_inference.py).
 PROTOCOL_DEFAULTS = {"samples": 6, "temperature": 0.6, "top_p": 0.98, "seed": 0}
@@ -37,12 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_drive_source_args(p)
     p.add_argument("--out", type=Path, required=True, help="run directory: per-clip results and the report")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N clips only")
-    p.add_argument(
-        "--decoder",
-        choices=DECODERS,
-        default="tokens",
-        help="trajectory decoder: action expert or trajectory tokens (this build: tokens)",
-    )
     p.add_argument(
         "--ray",
         nargs="?",
@@ -74,10 +68,13 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         num_samples=args.samples,
         decoder=args.decoder,
+        flow=flow_settings(args),
         temperature=args.temperature,
         top_p=args.top_p,
+        top_k=args.top_k,
         seed=args.seed,
         max_reasoning_tokens=args.max_reasoning_tokens,
+        base_model=None if args.base_model is None else Path(args.base_model).resolve(),
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,

@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.backends import check_num_samples
+from alpamayo.expert.decoding import DECODERS
+from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.replay.settings import ReplaySettings
 
-# The trajectory decoders `--decoder` names. This build's runtime decodes the 128 trajectory tokens only; the
-# flow-matching action expert (`expert`) is refused with that reason until the runtime offers it.
-DECODERS = ("expert", "tokens")
-RUNTIME_DECODERS = ("tokens",)
 LOCAL_RAY = "local"  # `--ray` without an address: an embedded Ray on this machine
 # What `--ray ADDRESS` accepts: `auto`, Ray Client's ray://HOST:PORT, or a GCS HOST:PORT.
 RAY_ADDRESS = re.compile(r"auto|ray://[^\s/]+:\d+|[A-Za-z0-9.\-\[\]:]+:\d+")
@@ -22,8 +20,10 @@ RESULT_KEYS = (
     "checkpoint",
     "num_samples",
     "decoder",
+    "flow",
     "temperature",
     "top_p",
+    "top_k",
     "seed",
     "max_reasoning_tokens",
     "backend",
@@ -43,11 +43,14 @@ class EvalSettings:
     checkpoint: Path
     out: Path
     num_samples: int = 6
-    decoder: str = "tokens"
+    decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
+    flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
     temperature: float = 0.6
     top_p: float = 0.98
+    top_k: int | None = None
     seed: int = 0
     max_reasoning_tokens: int = 256
+    base_model: Path | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"
@@ -74,8 +77,12 @@ class EvalSettings:
             num_samples=self.num_samples,
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,
             seed=self.seed,
             max_reasoning_tokens=self.max_reasoning_tokens,
+            base_model=self.base_model,
+            decoder=self.decoder,
+            flow=self.flow,
             backend=self.backend,
             device=self.device,
             dtype=self.dtype,
@@ -90,13 +97,8 @@ class EvalSettings:
 
     def validate(self) -> None:
         """ValueError naming the option, its value and the allowed range for the first one out of range."""
-        if self.decoder not in DECODERS:
+        if self.decoder is not None and self.decoder not in DECODERS:
             raise ValueError(f"--decoder {self.decoder!r} unknown; allowed: {list(DECODERS)}")
-        if self.decoder not in RUNTIME_DECODERS:
-            raise ValueError(
-                f"--decoder {self.decoder}: this build's runtime decodes trajectory tokens only; "
-                f"allowed: {list(RUNTIME_DECODERS)}"
-            )
         if self.num_samples < 1:
             raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
         check_num_samples(self.backend, self.num_samples, self.temperature)
