@@ -20,6 +20,7 @@ from alpamayo.devices import parse_dtype, resolve_device
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
+from alpamayo.families.loader import effective_temperature
 
 BACKENDS = ("torch", "ttnn")
 
@@ -54,20 +55,26 @@ class BackendOptions:
 TORCH_CPU = BackendOptions()  # the default everywhere: the torch reference, float32, on the CPU
 
 
-def check_num_samples(backend: str, num_samples: int, temperature: float) -> None:
-    """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: with greedy
-    decoding (temperature 0) they would all be one sample, and ttnn decodes one sequence per prediction.
-    Callers check before loading: otherwise the refusal comes after the weights are loaded (and, on ttnn,
-    uploaded)."""
-    if num_samples > 1 and temperature == 0:
-        raise ValueError(
-            f"--samples {num_samples} with greedy decoding (--temperature 0) would repeat one sample; "
-            "pass --temperature > 0 (Alpamayo samples at 0.6)"
-        )
-    if backend == "ttnn" and num_samples > 1:
+def check_num_samples(
+    backend: str, num_samples: int, temperature: float | None, checkpoint: str | Path | None = None
+) -> None:
+    """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: ttnn decodes
+    one sequence per prediction, and with greedy decoding (temperature 0; None: the default of `checkpoint`'s
+    model family, read from its config.json) they would all be one sample. Callers check before loading:
+    otherwise the refusal comes after the weights are loaded (and, on ttnn, uploaded)."""
+    if num_samples <= 1:
+        return
+    if backend == "ttnn":
         raise ValueError(
             f"--samples {num_samples} with --backend ttnn: the ttnn backend decodes one sequence per "
             "prediction; allowed: 1"
+        )
+    if temperature is None and checkpoint is not None:
+        temperature = effective_temperature(checkpoint, None)
+    if temperature == 0:
+        raise ValueError(
+            f"--samples {num_samples} with greedy decoding (--temperature 0) would repeat one sample; "
+            "pass --temperature > 0 (Alpamayo samples at 0.6)"
         )
 
 
