@@ -44,7 +44,8 @@ def test_presets_on_the_demo_checkpoint_and_drive(demo_checkpoint, drive, tmp_pa
     assert main([*args, *FAST, "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "recipe" in table and "traj tokens" in table and "ADE drift m" in table
-    assert table.count("\n  0 ") == 1  # the per-layer table starts with layer 0
+    # the per-layer table starts with layer 0; the demo checkpoint's action expert adds its per-step table
+    assert table.count("\n  0 ") == 2 and "expert v PCC min" in table
     report = json.loads(out.read_text())
     recipes = {r["recipe"]["name"]: r for r in report["recipes"]}
     assert list(recipes) == ["accuracy", "performance"]
@@ -57,6 +58,10 @@ def test_presets_on_the_demo_checkpoint_and_drive(demo_checkpoint, drive, tmp_pa
             and 0 <= r["drive"]["token_agreement"] <= 1
             and r["drive"]["ade_drift_m"] >= 0
         )
+        expert = r["expert"]
+        assert len(expert["velocity_pcc"]) == 10 and expert["velocity_pcc_min"] == min(expert["velocity_pcc"])
+        assert 0.9 < expert["velocity_pcc_min"] <= 1 and expert["ade_drift_m"] >= 0
+        record_figure(f"{name} expert velocity PCC min", expert["velocity_pcc_min"])
         plan = plan_memory(load_config(demo_checkpoint), PRESETS[name], 2048)
         assert r["dram"]["total_gb"] == plan.total / 1e9 and r["dram"]["fits"]
         for key in ("logits_pcc", "top1_agreement", "vision_pcc"):
