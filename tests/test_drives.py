@@ -17,6 +17,7 @@ from mcap_ros2.decoder import DecoderFactory
 
 from alpamayo.cli import main
 from alpamayo.replay.ticks import TickAssembler
+from alpamayo.rotations import yaw_to_quat
 from bridges.drives import open_drive
 from bridges.drives.pai import REPO_FOLDER, VIEW_DIR, VIEW_REVISION
 from bridges.recording import RecordingError, RecordingLayout
@@ -223,6 +224,19 @@ def test_lockstep_predictions_are_byte_identical_across_sources_and_ros2_output_
         ]
         first = np.hypot(sample["x"][0], sample["y"][0]) / 0.1
         assert trajectory.points[0].longitudinal_velocity_mps == pytest.approx(first, rel=1e-6)
+        orientation = [[getattr(p.pose.orientation, k) for k in "xyzw"] for p in trajectory.points]
+        assert np.allclose(orientation, yaw_to_quat(np.array(sample["heading"])), atol=1e-7)
+    # The recorded future as the lock-step tick holds it (t0 ego frame), each pose stamped t0 + k * 0.1 s.
+    _, _, (tick, *_) = ticks_of(layouts["rosbag2"])
+    ((_, future),) = decoded["/alpamayo/recorded_future"]
+    assert future.header.frame_id == "base_link" and len(future.poses) == 64
+    assert [p.header.stamp.sec * 10**9 + p.header.stamp.nanosec for p in future.poses] == [
+        tick.t0_ns + k * 100_000_000 for k in range(1, 65)
+    ]
+    xyz = [[getattr(p.pose.position, k) for k in "xyz"] for p in future.poses]
+    orientation = [[getattr(p.pose.orientation, k) for k in "xyzw"] for p in future.poses]
+    assert np.allclose(xyz, tick.future[0], atol=1e-9)
+    assert np.allclose(orientation, yaw_to_quat(tick.future[1]), atol=1e-9)
     reasoning = decoded["/alpamayo/reasoning"][0][1].data
     assert reasoning == json.loads(reference[0])["samples"][0]["reasoning"]
 
