@@ -17,6 +17,10 @@ import torch
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.devices import parse_dtype, resolve_device
+from alpamayo.expert.config import expert_config_of
+from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
+from alpamayo.expert.weights import has_expert_weights
+from alpamayo.families.loader import effective_temperature
 
 BACKENDS = ("torch", "ttnn")
 
@@ -51,30 +55,48 @@ class BackendOptions:
 TORCH_CPU = BackendOptions()  # the default everywhere: the torch reference, float32, on the CPU
 
 
-def check_num_samples(backend: str, num_samples: int, temperature: float) -> None:
-    """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: with greedy
-    decoding (temperature 0) they would all be one sample, and ttnn decodes one sequence per prediction.
-    Callers check before loading: otherwise the refusal comes after the weights are loaded (and, on ttnn,
-    uploaded)."""
-    if num_samples > 1 and temperature == 0:
-        raise ValueError(
-            f"--samples {num_samples} with greedy decoding (--temperature 0) would repeat one sample; "
-            "pass --temperature > 0 (Alpamayo samples at 0.6)"
-        )
-    if backend == "ttnn" and num_samples > 1:
+def check_num_samples(
+    backend: str, num_samples: int, temperature: float | None, checkpoint: str | Path | None = None
+) -> None:
+    """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: ttnn decodes
+    one sequence per prediction, and with greedy decoding (temperature 0; None: the default of `checkpoint`'s
+    model family, read from its config.json) they would all be one sample. Callers check before loading:
+    otherwise the refusal comes after the weights are loaded (and, on ttnn, uploaded)."""
+    if num_samples <= 1:
+        return
+    if backend == "ttnn":
         raise ValueError(
             f"--samples {num_samples} with --backend ttnn: the ttnn backend decodes one sequence per "
             "prediction; allowed: 1"
         )
+    if temperature is None and checkpoint is not None:
+        temperature = effective_temperature(checkpoint, None)
+    if temperature == 0:
+        raise ValueError(
+            f"--samples {num_samples} with greedy decoding (--temperature 0) would repeat one sample; "
+            "pass --temperature > 0 (Alpamayo samples at 0.6)"
+        )
 
 
 def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOptions) -> Any:
-    """The text backbone of `options.backend`, weights from `source` (validated against `cfg`)."""
+    """The text backbone of `options.backend`, weights from `source` (validated against `cfg`). On ttnn the
+    device it opens also gets the trace region of the checkpoint's action expert, if it has one."""
     if options.backend == "ttnn":
+        from alpamayo.tt.precision import load_precision
+        from alpamayo.tt.program_config import plan_expert
         from alpamayo.tt.text import TTTextModel
 
+        expert = expert_config_of(cfg)
+        extra = 0
+        if expert is not None and has_expert_weights(source, expert):
+            extra = plan_expert(cfg, expert, load_precision(options.recipe), 1).trace_region_bytes
         return TTTextModel.from_checkpoint(
-            source, cfg, precision=options.recipe, cache_dir=options.tt_cache, moe=options.moe_config
+            source,
+            cfg,
+            precision=options.recipe,
+            cache_dir=options.tt_cache,
+            moe=options.moe_config,
+            extra_trace_bytes=extra,
         )
     from alpamayo.text import TextModel
 
@@ -92,6 +114,35 @@ def load_vision_encoder(source: Checkpoint, cfg: ModelConfig, options: BackendOp
     from vision.encoder import VisionEncoder
 
     return VisionEncoder.from_checkpoint(source, cfg, options.torch_dtype, resolve_device(options.device))
+
+
+def load_expert_decoder(
+    source: Checkpoint,
+    cfg: ModelConfig,
+    options: BackendOptions,
+    text: Any,
+    settings: FlowSettings = DEFAULT_FLOW,
+) -> Any:
+    """The flow-matching trajectory decoder of `options.backend` over the loaded `text` backbone: the torch
+    `ExpertDecoder`, or on ttnn a `TTExpertDecoder` whose expert shares the text model's device and cache
+    (same `context(text, prompt_len, plans)` / `sample(ctx, seed, noise, unguided, tracer)` contract).
+    ValueError when the checkpoint has no expert."""
+    expert = expert_config_of(cfg)
+    if expert is None or not has_expert_weights(source, expert):
+        raise ValueError(f"{source.directory}: the checkpoint has no action expert; use the tokens decoder")
+    if options.backend == "ttnn":
+        from alpamayo.tt.expert import TTActionExpert, TTExpertDecoder
+
+        return TTExpertDecoder(
+            TTActionExpert.from_checkpoint(source, text, expert, options.tt_cache), settings
+        )
+    from alpamayo.expert.decoding import ExpertDecoder
+    from alpamayo.expert.model import ActionExpert
+
+    model = ActionExpert.from_checkpoint(
+        source, expert, cfg.text, options.torch_dtype, resolve_device(options.device)
+    )
+    return ExpertDecoder(model, settings)
 
 
 def close_model(model: Any) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.backends import TORCH_CPU, BackendOptions
+from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import load_config
 from alpamayo.expert.config import expert_config_of
@@ -119,12 +119,13 @@ class AlpamayoVLA:
         sampling: Sampling | None = None,
         max_reasoning_tokens: int = 256,
         precision: str = "float32",
-        expert: ActionExpert | None = None,
+        expert: ActionExpert | ExpertDecoder | None = None,
         flow: FlowSettings = DEFAULT_FLOW,
     ):
-        """`expert`: the flow-matching trajectory decoder (None: the trajectory tokens); `flow` its settings."""
+        """`expert`: the flow-matching trajectory decoder, or its torch model (None: the trajectory tokens);
+        `flow` its settings when a model is given."""
         self.vlm, self.planner = vlm, planner
-        self.expert = None if expert is None else ExpertDecoder(expert, flow)
+        self.expert = ExpertDecoder(expert, flow) if isinstance(expert, ActionExpert) else expert
         # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
         self.tracer = tracer or Tracer(max_spans=10_000)
         vlm.trace_into(self.tracer)
@@ -165,14 +166,16 @@ class AlpamayoVLA:
         ckpt = Checkpoint(directory, cfg.weight_prefix)
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
-        decoder = choose_decoder(decoder, expert_cfg, has_weights, options.backend, cfg.source)
+        decoder = choose_decoder(decoder, expert_cfg, has_weights, cfg.source)
         if decoder == "expert":
             validate_expert_tensors(ckpt, expert_cfg, cfg.text)
             ExpertDecoder.check_settings(expert_cfg, flow)
         vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=ckpt, cfg=cfg)
         planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
         expert = None
-        if decoder == "expert":
+        if decoder == "expert" and options.backend == "ttnn":
+            expert = load_expert_decoder(ckpt, cfg, options, vlm.text, flow)  # on the VLM's device
+        elif decoder == "expert":
             device = vlm.text.device
             n = planner.settings.action_space.n_waypoints
             expert = load_expert(ckpt, expert_cfg, cfg.text, options.torch_dtype, device, n)
@@ -206,7 +209,8 @@ class AlpamayoVLA:
         )
 
     def close(self) -> None:
-        """Release device resources (the ttnn backend's trace and device)."""
+        """Release device resources (the ttnn backend's traces, the device expert's tensors, the device)."""
+        close_model(self.expert)
         self.vlm.close()
 
     @property

@@ -149,3 +149,27 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_any_model_runs(
     err = capsys.readouterr().err
     expected = "cannot create its directory" if where == "under-a-file" else "is a directory"
     assert f"alpamayo precision: error: --json '{target}'" in err and expected in err
+
+
+def test_the_expert_group_reaches_the_action_experts_velocity_and_waypoints(
+    tmp_path, bf16_recipe, record_figure
+):
+    """On an Alpamayo checkpoint with an action expert: per-step velocity PCC against the float32 expert and
+    the waypoint drift, ordered by the `expert` group's dtype (bf16 above bfp4)."""
+    from alpamayo.tt.precision_planner import Settings, precision_report
+    from tests.tt_expert_cases import save_alpamayo_checkpoint
+
+    checkpoint = save_alpamayo_checkpoint(tmp_path / "alpamayo", seed=3)
+    bfp4 = tmp_path / "bfp4-expert.yaml"
+    bfp4.write_text("name: bfp4-expert\nbase: performance\ndtypes: {expert: bfp4}\n")
+    settings = Settings(prompt_tokens=16, tokens=4, max_seq_len=512)
+    report = precision_report(checkpoint, [str(bf16_recipe), str(bfp4)], settings)
+    figures = {r.recipe["name"]: r.expert for r in report.recipes}
+    for name, f in figures.items():
+        assert len(f["velocity_pcc"]) == 10 and f["velocity_pcc_min"] == min(f["velocity_pcc"])
+        record_figure(f"{name}: expert velocity PCC min", f["velocity_pcc_min"])
+        record_figure(f"{name}: expert waypoint ADE drift m", f["ade_drift_m"])
+    assert figures["bf16"]["velocity_pcc_min"] > 0.9999 > 0.99 > figures["bfp4-expert"]["velocity_pcc_min"]
+    assert figures["bf16"]["ade_drift_m"] < figures["bfp4-expert"]["ade_drift_m"]
+    table = report.table()
+    assert "expert v PCC min" in table and "action expert velocity PCC per Euler step" in table

@@ -68,3 +68,18 @@ def test_predict_backend_ttnn_on_the_demo_checkpoint(dryrun_device, demo_checkpo
     (sample,) = json.loads(proc.stdout)["samples"]
     assert len(sample["xyz"]) == 64 and len(sample["trajectory_token_ids"]) == 128
     assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1
+
+
+def test_predict_backend_ttnn_decodes_with_the_device_expert(dryrun_device, tmp_path):
+    """On an Alpamayo 1.5 checkpoint (the demo's 1.5 layout, with its tiny expert) `--backend ttnn` predicts
+    with the action expert on the device (`alpamayo.tt.expert`): 64 waypoints and no trajectory tokens."""
+    from alpamayo.demo_checkpoint import make_demo_checkpoint
+
+    checkpoint = make_demo_checkpoint(tmp_path / "r15", 0, layout="alpamayo1.5")
+    write_prediction_inputs(tmp_path, *frames_at(5), straight_history())
+    proc = alpamayo(*predict_argv(checkpoint, tmp_path), "--backend", "ttnn", "--json", "--flow-steps", "2")
+    out = json.loads(proc.stdout)
+    (sample,) = out["samples"]
+    assert out["decoder"] == "expert" and out["flow"]["steps"] == 2
+    assert len(sample["xyz"]) == 64 and sample["trajectory_token_ids"] == []
+    assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1

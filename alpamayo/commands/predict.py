@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_num_samples(args.backend, args.samples, args.temperature)
+    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint)
     frames, times = read_frames(args.frames)
     ego = read_ego_csv(args.ego)
     vla = AlpamayoVLA.from_checkpoint(

@@ -11,7 +11,7 @@ import threading
 
 import yaml
 
-from alpamayo.backends import BACKENDS, BackendOptions
+from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples
 from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if config.model.checkpoint is None and not args.no_model:
         raise ValueError("no checkpoint: pass --checkpoint DIR or set model.checkpoint in the config")
+    if not args.no_model:  # model.temperature null is the family's default, which config.json tells
+        m = config.model
+        check_num_samples(m.backend, m.num_samples, m.temperature, m.checkpoint)
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

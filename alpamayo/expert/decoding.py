@@ -161,15 +161,13 @@ class ExpertDecoder:
 DECODERS = ("expert", "tokens")
 
 
-def choose_decoder(
-    requested: str | None, expert_cfg: Any, has_weights: bool, backend: str, source: str
-) -> str:
+def choose_decoder(requested: str | None, expert_cfg: Any, has_weights: bool, source: str) -> str:
     """The trajectory decoder of a run: `requested` ("expert" or "tokens"), or None for the default, the expert
-    whenever the checkpoint has expert weights (and the torch backend runs the VLM, whose cache it reads).
-    ValueError naming what is missing when the expert is asked for and cannot run."""
+    whenever the checkpoint has expert weights (on either backend: ttnn runs it on the device beside the VLM,
+    `alpamayo.tt.expert`). ValueError naming what is missing when the expert is asked for and cannot run."""
     if requested is not None and requested not in DECODERS:
         raise ValueError(f"decoder must be one of {list(DECODERS)}, got {requested!r}")
-    available = expert_cfg is not None and has_weights and backend == "torch"
+    available = expert_cfg is not None and has_weights
     if requested is None:
         return "expert" if available else "tokens"
     if requested == "expert" and not available:
@@ -177,8 +175,6 @@ def choose_decoder(
             "its config.json describes no action expert (no expert_cfg / action_in_proj_cfg / expert_config)"
             if expert_cfg is None
             else "it holds no expert tensors"
-            if not has_weights
-            else f"the {backend} backend decodes trajectory tokens only; the expert runs with --backend torch"
         )
         raise ValueError(f"--decoder expert: {source}: {why}; use --decoder tokens")
     return requested

@@ -22,7 +22,7 @@ from alpamayo.config import ALPAMAYO_VLM_KEY, ModelConfig, generation_eos, parse
 from alpamayo.errors import ConfigError
 from alpamayo.expert.config import parse_expert_config, validate_against_vlm
 from alpamayo.families.base_model import resolve_base_model
-from alpamayo.families.registry import RELEASE_IDS, detect_family
+from alpamayo.families.registry import RELEASE_IDS, Family, detect_family
 from alpamayo.families.vocabulary import check_embedding_rows, extend_tokenizer
 from alpamayo.json_fields import Fields, read_json
 from alpamayo.tokenizer import load_tokenizer
@@ -55,14 +55,31 @@ def _extended_tokenizer(
     return extend_tokenizer(load_tokenizer(directory), traj_vocab_size, markers, add_special_tokens)
 
 
+def _read_config(cfg_path: Path) -> dict[str, Any]:
+    raw = read_json(cfg_path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{cfg_path}: config.json must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def checkpoint_family(path: str | Path) -> Family:
+    """The family of a checkpoint directory (or config file) from its config.json alone: no base model, no
+    tokenizer, no weights. ConfigError naming the file when it is missing or not a JSON object."""
+    return detect_family(_read_config(_config_path(path)[1]))
+
+
+def effective_temperature(path: str | Path, temperature: float | None) -> float:
+    """The sampling temperature a run on the checkpoint at `path` uses: `temperature` when given, else the
+    family's default (`Family.sampling`); read from config.json only, so K-sample checks come before loading."""
+    return checkpoint_family(path).sampling.temperature if temperature is None else temperature
+
+
 def load_model_config(path: str | Path, base_model: str | Path | None = None) -> ModelConfig:
     """`ModelConfig` of a checkpoint directory (or config file) of any family; `base_model` is the explicit
     base-model directory for R1 / 1.5 (ignored, and refused, for the families that need none)."""
     directory, cfg_path = _config_path(path)
     source = str(cfg_path)
-    raw = read_json(cfg_path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: config.json must hold a JSON object, got {type(raw).__name__}")
+    raw = _read_config(cfg_path)
     family = detect_family(raw)
     eos = generation_eos(directory)
     if not family.uses_base_model:

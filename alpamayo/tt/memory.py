@@ -14,25 +14,27 @@ QKV, the q/k/v heads and their normed and rotated copies (`H + 3 (q_dim + 2 kv_d
 and, for images, one DeepStack level. The vision tower runs before the prefill and frees its activations, so
 the peak is the larger of the two; a vision forward encodes at most 4 patches per prompt position.
 
-A checkpoint with a flow-matching action expert (`alpamayo.expert`) adds its weights (the expert's decoder
-layers laid out and typed like the VLM's by the same recipe, its final norm, and the bf16 in/out projections)
-under `expert`, and its activations: one step's 64 action tokens per layer like a prefill of 64 rows, plus
-the attention scores over the cache. They run after the prefill has freed its own, so the activation peak is
-the larger of the two.
+With the flow-matching action expert (`expert`, by default the config's own: `expert_config_of`), its
+weights join the budget (the recipe's `expert` group for
+its linears), the KV cache grows by the expert's K/V region (`alpamayo.tt.program_config.ExpertPlan`), its
+step's trace region is added, and its step's activations compete for the peak: the residual and the layer's
+widest intermediate per action row as in a text layer, plus what lives through a prediction: the mask
+(bf16, one row per action row over the cache), its float32 column indices, cos/sin, x (float32) and the
+in-projection's widest rows.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
 from alpamayo.expert.config import ExpertConfig, expert_config_of
-from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
+from alpamayo.tt.expert_weights import expert_weight_specs
 from alpamayo.tt.precision import PRESETS, TILE_BYTES, Precision
-from alpamayo.tt.program_config import TextPlan, VisionPlan, model_name, plan_text
+from alpamayo.tt.program_config import ExpertPlan, TextPlan, VisionPlan, model_name, plan_expert, plan_text
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import (
     WeightSpec,
@@ -69,6 +71,7 @@ class MemoryPlan:
     activations: int
     trace_region: int
     capacity: int
+    samples: int = 0  # action-expert samples per step; 0 without the expert
 
     @property
     def weight_bytes(self) -> int:
@@ -84,13 +87,14 @@ class MemoryPlan:
 
     def describe(self) -> list[str]:
         gb = 1e9
-        lines = [f"DRAM plan: {self.model}, recipe '{self.recipe}', max_seq_len {self.max_seq_len}"]
+        expert = f", action expert with {self.samples} sample(s)" if self.samples else ""
+        lines = [f"DRAM plan: {self.model}{expert}, recipe '{self.recipe}', max_seq_len {self.max_seq_len}"]
         lines += [f"  weights {group:<12} {size / gb:8.3f} GB" for group, size in self.weights.items()]
         lines += [
             f"  weights total        {self.weight_bytes / gb:8.3f} GB",
             f"  KV cache             {self.kv_cache / gb:8.3f} GB",
             f"  prefill activations  {self.activations / gb:8.3f} GB",
-            f"  decode trace region  {self.trace_region / gb:8.3f} GB",
+            f"  trace regions        {self.trace_region / gb:8.3f} GB",
             f"  total                {self.total / gb:8.3f} GB of {self.capacity / gb:.3f} GB "
             f"({'fits' if self.fits else 'does NOT fit'})",
         ]
@@ -118,49 +122,46 @@ def _activation_bytes(cfg: ModelConfig, plan: TextPlan, max_seq_len: int) -> int
     return max(text, vision)
 
 
-def _expert_weight_bytes(cfg: ModelConfig, expert: ExpertConfig, precision: Precision, banks: int) -> int:
-    """The expert's DRAM bytes: its layers as the recipe stores the VLM's (no head), the rest bf16 tiles."""
-    as_text = replace(cfg, text=expert.text, vision=None, tie_word_embeddings=True)
-    layers = [s for s in text_weight_specs(as_text, banks) if s.group != "lm_head"]
-    total = sum(spec_bytes(s, weight_dtype(s, precision)) for s in layers)
-    p = expert.prefixes
-    for name, shape in expert.weight_shapes().items():
-        if name.startswith((p.in_proj, p.out_proj)):
-            rows, cols = (1, *shape)[-2:]
-            total += round_up(rows, TILE) * round_up(cols, TILE) * BF16
-    return total
-
-
-def _expert_activation_bytes(expert: ExpertConfig, max_seq_len: int) -> int:
-    """One Euler step of one sample: 64 rows through a layer (as `_activation_bytes` counts a prefill row)
-    plus the fp32 attention scores of every head over the cache and the 64 tokens."""
-    t, rows = expert.text, round_up(FUTURE_STEPS, TILE)
-    per_row = t.hidden_size + 3 * max(t.q_dim + 2 * t.kv_dim, t.intermediate_size) + 2 * t.head_dim
-    scores = t.num_attention_heads * rows * round_up(max_seq_len + FUTURE_STEPS, TILE) * 4
-    return rows * per_row * BF16 + scores
+def _expert_activation_bytes(expert: ExpertConfig, plan: ExpertPlan) -> int:
+    t = expert.text
+    widest = max(3 * (t.q_dim + 2 * t.kv_dim), 3 * round_up(t.intermediate_size, TILE))
+    step = plan.rows * (plan.hidden_padded + widest + 3 * round_up(expert.in_proj.hidden_size, TILE)) * BF16
+    mask = plan.rows * plan.cache_rows * (BF16 + 4)  # bf16 mask + float32 column indices
+    persistent = plan.rows * (2 * t.head_dim * BF16 + 2 * TILE * 4)  # cos, sin; x and v in float32
+    return step + mask + persistent
 
 
 def plan_memory(
-    cfg: ModelConfig, precision: Precision, max_seq_len: int, device: DeviceSpec = P150
+    cfg: ModelConfig,
+    precision: Precision,
+    max_seq_len: int,
+    device: DeviceSpec = P150,
+    expert: ExpertConfig | None = None,
+    samples: int = 1,
 ) -> MemoryPlan:
-    """DRAM bytes of `cfg` in `precision` with a KV cache of `max_seq_len` positions (no check of the total)."""
+    """DRAM bytes of `cfg` in `precision` with a KV cache of `max_seq_len` positions, and with the action
+    expert (`expert`, default the config's own) running `samples` samples per step (no check of the total)."""
+    expert = expert if expert is not None else expert_config_of(cfg)
     if max_seq_len < 1:
         raise ConfigError(f"max_seq_len must be >= 1, got {max_seq_len}")
     t = cfg.text
     weights: dict[str, int] = {}
     specs = text_weight_specs(cfg, device.dram_banks)
     specs += vision_weight_specs(cfg.vision) if cfg.vision is not None else []
+    specs += expert_weight_specs(expert) if expert is not None else []
     for spec in specs:
         weights[spec.group] = weights.get(spec.group, 0) + spec_bytes(spec, weight_dtype(spec, precision))
-    cache_rows = TextPlan.cache_length(max_seq_len)
-    kv_tiles = t.num_key_value_heads * round_up(cache_rows, TILE) // TILE * (t.head_dim // TILE)
-    kv = 2 * t.num_hidden_layers * kv_tiles * TILE_BYTES[precision.dtype("kv_cache")]
     plan = plan_text(cfg, precision, device)
     activations = _activation_bytes(cfg, plan, max_seq_len)
-    expert = expert_config_of(cfg)
+    trace = plan.trace_region_bytes
+    cache_rows = TextPlan.cache_length(max_seq_len)
     if expert is not None:
-        weights["expert"] = _expert_weight_bytes(cfg, expert, precision, device.dram_banks)
-        activations = max(activations, _expert_activation_bytes(expert, max_seq_len))
+        step = plan_expert(cfg, expert, precision, max_seq_len, samples, device)
+        cache_rows = step.cache_rows
+        activations = max(activations, _expert_activation_bytes(expert, step))
+        trace += step.trace_region_bytes
+    kv_tiles = t.num_key_value_heads * round_up(cache_rows, TILE) // TILE * (t.head_dim // TILE)
+    kv = 2 * t.num_hidden_layers * kv_tiles * TILE_BYTES[precision.dtype("kv_cache")]
     return MemoryPlan(
         model=model_name(cfg),
         recipe=precision.name,
@@ -168,18 +169,21 @@ def plan_memory(
         weights=weights,
         kv_cache=kv,
         activations=activations,
-        trace_region=plan.trace_region_bytes,
+        trace_region=trace,
         capacity=device.dram_bytes,
+        samples=samples if expert is not None else 0,
     )
 
 
-def _largest_fitting_length(cfg: ModelConfig, precision: Precision, device: DeviceSpec) -> int:
+def _largest_fitting_length(
+    cfg: ModelConfig, precision: Precision, device: DeviceSpec, expert: ExpertConfig | None, samples: int
+) -> int:
     """Longest max_seq_len (a multiple of the cache granule) that fits in `precision`; 0 if none does."""
     granule = TextPlan.cache_length(1)
     lo, hi = 0, cfg.text.max_position_embeddings // granule
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if plan_memory(cfg, precision, mid * granule, device).fits:
+        if plan_memory(cfg, precision, mid * granule, device, expert, samples).fits:
             lo = mid
         else:
             hi = mid - 1
@@ -187,10 +191,15 @@ def _largest_fitting_length(cfg: ModelConfig, precision: Precision, device: Devi
 
 
 def check_fits(
-    cfg: ModelConfig, precision: Precision, max_seq_len: int, device: DeviceSpec = P150
+    cfg: ModelConfig,
+    precision: Precision,
+    max_seq_len: int,
+    device: DeviceSpec = P150,
+    expert: ExpertConfig | None = None,
+    samples: int = 1,
 ) -> MemoryPlan:
     """The memory plan, or `DoesNotFit` naming the shortfall and a preset (or a shorter context) that fits."""
-    plan = plan_memory(cfg, precision, max_seq_len, device)
+    plan = plan_memory(cfg, precision, max_seq_len, device, expert, samples)
     if plan.fits:
         return plan
     need = f"{plan.total / 1e9:.2f} GB (weights {plan.weight_bytes / 1e9:.2f} GB, KV cache {plan.kv_cache / 1e9:.2f} GB)"
@@ -199,10 +208,13 @@ def check_fits(
         f"{device.name} has {device.dram_bytes / 1e9:.2f} GB of DRAM"
     )
     for name, preset in PRESETS.items():
-        other = plan_memory(cfg, preset, max_seq_len, device)
+        other = plan_memory(cfg, preset, max_seq_len, device, expert, samples)
         if other.fits:
             raise DoesNotFit(f"{head}; recipe '{name}' fits ({other.total / 1e9:.2f} GB)")
-    lengths = {name: _largest_fitting_length(cfg, preset, device) for name, preset in PRESETS.items()}
+    lengths = {
+        name: _largest_fitting_length(cfg, preset, device, expert, samples)
+        for name, preset in PRESETS.items()
+    }
     best = max(lengths, key=lengths.__getitem__)
     if lengths[best]:
         raise DoesNotFit(

@@ -5,15 +5,18 @@ A recipe is data (tt-metal `DecodersPrecision` style), validated on construction
     name: my-recipe
     base: performance          # optional: start from a preset, then override
     dtypes:   {qkv: bfp8, o: bfp8, mlp_gate_up: bfp4, mlp_down: bfp4, experts: bfp4, lm_head: bfp8,
-               vision: bfp8, kv_cache: bfp8}
+               vision: bfp8, expert: bfp8, kv_cache: bfp8}
     fidelity: {qkv: hifi2, o: hifi2, mlp_gate_up: lofi, mlp_down: lofi, experts: hifi2, router: hifi4,
-               lm_head: hifi2, vision: hifi2, sdpa: hifi4, norm: hifi4}
+               lm_head: hifi2, vision: hifi2, expert: hifi2, sdpa: hifi4, norm: hifi4}
 
 Tensor groups: the text attention (`qkv`, `o`), the dense MLP (`mlp_gate_up`, `mlp_down`), the routed MoE
 experts (`experts`: gate, up and down of every expert), the `lm_head`, every linear weight of the vision tower
-(`vision`: patch embedding, block and merger projections) and the `kv_cache`. Norm weights, biases and the MoE
+(`vision`: patch embedding, block and merger projections), every linear weight of the flow-matching action
+expert (`expert`: its decoder layers' projections, the in-projection MLP and `action_out_proj`; not to be
+confused with the MoE `experts`) and the `kv_cache`. Norm weights, biases and the MoE
 router stay bf16 in every recipe (`alpamayo.tt.weights.BF16_GROUPS`). Op groups add the MoE `router` (fp32
-logits: a bf16 logit rounding can flip a near-tie expert choice) and the prefill-style `vision` matmuls.
+logits: a bf16 logit rounding can flip a near-tie expert choice), the prefill-style `vision` matmuls and the
+action expert's matmuls (`expert`).
 
 Presets:
   * `accuracy`: bfp8 weights everywhere, bf16 KV cache, HiFi4 math throughout.
@@ -22,6 +25,10 @@ Presets:
     bits, which one LoFi pass covers; bfp8 keeps 7, which HiFi2 covers). The experts get HiFi2 although they
     are bfp4: tt-metal's single-chip MoE measured LoFi sparse matmuls capping an MoE layer near PCC 0.98
     (HiFi4 recovered >= 0.99); decode reads only k experts' weights, so the extra pass is not the bottleneck.
+    The action expert stays bfp8 with HiFi2: its output is a regression (velocities integrated over 10 Euler
+    steps into waypoints), with no argmax to absorb the error, and a bfp4 weight alone already costs PCC
+    0.9932 per matmul (tests/test_tt_weights.py) against the 0.99 per-step velocity bound, over 7 matmuls
+    x 36 layers. Recipes may still choose bfp4 (`alpamayo precision` measures what it costs).
     Qwen3-VL-32B in this recipe is ~21 GB of text weights, the configuration tt-metal runs Qwen3-VL-32B in
     (../shared/reference/ttmetal.md §3); Qwen3-VL-30B-A3B is 18.4 GB with its vision tower, 16.3 GB of it experts.
 
@@ -41,7 +48,17 @@ from alpamayo.tt.block_float import FORMATS
 
 DTYPES = ("bf16", "bfp8", "bfp4")
 KV_CACHE_DTYPES = ("bf16", "bfp8")  # paged_update_cache repacks into these; bfp4 K/V is not supported
-TENSOR_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "experts", "lm_head", "vision", "kv_cache")
+TENSOR_GROUPS = (
+    "qkv",
+    "o",
+    "mlp_gate_up",
+    "mlp_down",
+    "experts",
+    "lm_head",
+    "vision",
+    "expert",
+    "kv_cache",
+)
 FIDELITIES = ("lofi", "hifi2", "hifi3", "hifi4")
 OP_GROUPS = (
     "qkv",
@@ -52,6 +69,7 @@ OP_GROUPS = (
     "router",
     "lm_head",
     "vision",
+    "expert",
     "sdpa",
     "norm",
 )
@@ -152,6 +170,7 @@ PRESETS: dict[str, Precision] = {
             "experts": "bfp4",
             "lm_head": "bfp8",
             "vision": "bfp8",
+            "expert": "bfp8",
             "kv_cache": "bfp8",
         },
         fidelity={
@@ -163,6 +182,7 @@ PRESETS: dict[str, Precision] = {
             "router": "hifi4",
             "lm_head": "hifi2",
             "vision": "hifi2",
+            "expert": "hifi2",
             "sdpa": "hifi4",
             "norm": "hifi4",
         },

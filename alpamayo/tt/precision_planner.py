@@ -14,6 +14,8 @@ with them in float32 beside the unrounded model:
   * with a recorded drive: the first ticks predicted in lock step by both models (greedy, 4 frames per
     camera): trajectory token agreement, the ADE between the two 6.4 s trajectories (the drift the recipe
     adds) and each model's ADE to the recorded future;
+  * with an action expert in the checkpoint, its per-step velocity PCC and waypoint drift
+    (`alpamayo.tt.expert_precision`);
   * the DRAM footprint of the recipe on one p150 (`alpamayo.tt.memory.plan_memory`).
 
 No ttnn and no card are needed. Activations stay float32, so the figures isolate the weights' rounding, which
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.demo_checkpoint import CORPUS
 from alpamayo.families.loader import model_tokenizer
@@ -39,6 +42,7 @@ from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
+from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_run
 from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import model_name
@@ -86,6 +90,7 @@ class Reference:
     logits: torch.Tensor  # [n, V] at the positions predicting the continuation
     vision: list[torch.Tensor] | None  # image embeds, then each DeepStack level
     drive: DriveRun | None
+    expert: ExpertRun | None = None
 
 
 @dataclass
@@ -97,6 +102,7 @@ class RecipeReport:
     vision_pcc: float | None  # worst of the embeds and DeepStack levels
     drive: dict[str, float] | None  # token_agreement, ade_drift_m, ade_reference_m, ade_recipe_m, ticks
     dram: dict[str, Any]  # weights_gb, kv_cache_gb, total_gb, capacity_gb, fits, by group
+    expert: dict[str, Any] | None = None  # velocity_pcc per step, velocity_pcc_min, ade_drift_m, v0_mps
 
 
 @torch.inference_mode()
@@ -206,10 +212,11 @@ def reference(directory: Path, cfg: ModelConfig, settings: Settings, ticks: Sequ
     model.setup_cache(ids.numel())
     io = layer_io(model, model.embed(ids), text_position_ids(ids.numel()))
     logits = _continuation_logits(model, ids, settings.tokens)
+    expert = expert_run(Checkpoint(directory, cfg.weight_prefix), cfg, model, ids.numel())
     del model
     vision = _vision(VisionEncoder.from_checkpoint(directory, cfg)) if cfg.vision is not None else None
     drive = _drive_run(_vla(directory, None, cfg, settings), ticks) if ticks else None
-    return Reference(ids, continuation, io, logits, vision, drive)
+    return Reference(ids, continuation, io, logits, vision, drive, None if expert is None else expert[0])
 
 
 def _drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
@@ -252,6 +259,10 @@ def evaluate_recipe(
             layer_pcc.append(pcc(y, layer(x[None], cos, sin, model.cache, 0)[0]))
     logits = _continuation_logits(model, ref.ids, settings.tokens)
     top1 = float((logits.argmax(-1) == torch.tensor(ref.continuation)).float().mean())
+    expert = None
+    if ref.expert is not None:
+        run, pccs = expert_run(weights, cfg, model, ref.ids.numel(), ref.expert)
+        expert = expert_figures(ref.expert, run, pccs)
     del model
     vision = None
     if ref.vision is not None:
@@ -269,7 +280,9 @@ def evaluate_recipe(
         "fits": memory.fits,
         "weights_by_group_gb": {g: b / 1e9 for g, b in memory.weights.items()},
     }
-    return RecipeReport(precision.to_dict(), layer_pcc, pcc(ref.logits, logits), top1, vision, drive, dram)
+    return RecipeReport(
+        precision.to_dict(), layer_pcc, pcc(ref.logits, logits), top1, vision, drive, dram, expert
+    )
 
 
 @dataclass
@@ -299,6 +312,8 @@ class PrecisionReport:
             head += f", drive {Path(self.drive).name} ({self.recipes[0].drive['ticks']} ticks)"
         cols = ["recipe", "layer PCC min", "logits PCC", "top-1", "vision PCC"]
         cols += ["traj tokens", "ADE drift m", "ADE m"] if self.drive is not None else []
+        expert = self.recipes[0].expert is not None
+        cols += ["expert v PCC min", "expert ADE drift m"] if expert else []
         cols += ["DRAM GB", "fits"]
         rows = []
         for r in self.recipes:
@@ -315,6 +330,8 @@ class PrecisionReport:
                 row += [
                     f"{d['ade_recipe_m']:.3f} ({d['ade_reference_m']:.3f})" if "ade_recipe_m" in d else "-"
                 ]
+            if r.expert is not None:
+                row += [f"{r.expert['velocity_pcc_min']:.6f}", f"{r.expert['ade_drift_m']:.3f}"]
             row += [f"{r.dram['total_gb']:.3f}", "yes" if r.dram["fits"] else "NO"]
             rows.append(row)
         lines = [head, *_columns([cols, *rows])]
@@ -325,6 +342,17 @@ class PrecisionReport:
             for i in range(len(self.recipes[0].layer_pcc))
         ]
         lines += ["  " + line for line in _columns(layers)]
+        if expert:
+            lines.append(
+                f"action expert velocity PCC per Euler step (at the float32 expert's x_k; waypoint drift "
+                f"rolled out at {self.recipes[0].expert['v0_mps']:.0f} m/s):"
+            )
+            steps = [["step", *(r.recipe["name"] for r in self.recipes)]]
+            steps += [
+                [str(k), *(f"{r.expert['velocity_pcc'][k]:.6f}" for r in self.recipes)]
+                for k in range(len(self.recipes[0].expert["velocity_pcc"]))
+            ]
+            lines += ["  " + line for line in _columns(steps)]
         dtypes = [["group", *(r.recipe["name"] for r in self.recipes)]]
         dtypes += [
             [g, *(r.recipe["dtypes"][g] for r in self.recipes)] for g in self.recipes[0].recipe["dtypes"]

@@ -19,7 +19,8 @@ device call. Choices and the measurements behind them (seed design for Qwen3-VL-
   * The residual stream is `padded_hidden` wide (hidden rounded up to 32 x DRAM banks; see
     `alpamayo.tt.weights`), so every hidden size plans; the fused QKV row must still split over the banks.
 
-`plan_moe` plans the MoE block of sparse layers (`alpamayo.tt.moe`): router, gate/up and down as
+`plan_expert` plans the flow-matching action expert's Euler step beside the VLM's KV cache (see
+`ExpertPlan`). `plan_moe` plans the MoE block of sparse layers (`alpamayo.tt.moe`): router, gate/up and down as
 `ttnn.sparse_matmul` 1D multicasts with N split over at most 8x8 cores (tt-metal's single-chip MoE1D layout),
 and refuses block configs the one-chip block does not implement. `plan_vision` plans the vision tower
 (`alpamayo.tt.vision`): padded head width, patch-count padding and the prefill-style matmuls.
@@ -35,8 +36,11 @@ from pathlib import Path
 
 from alpamayo.config import ModelConfig, TextConfig, VisionConfig
 from alpamayo.errors import ConfigError
+from alpamayo.expert.config import ExpertConfig, validate_against_vlm
 from alpamayo.moe.config import MoEBlockConfig, block_config_for
+from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
+from alpamayo.tt.expert_weights import EXPERT_BANKS
 from alpamayo.tt.precision import TILE_BYTES, Precision
 from alpamayo.tt.weights import padded_hidden, rotary_head_dim
 
@@ -50,6 +54,9 @@ VISION_GELU = {"gelu_pytorch_tanh": "Tanh", "gelu": "Accurate"}
 SDPA_DECODE_GRID = (8, 8)
 SDPA_DECODE_K_CHUNK = 128
 PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
+# Alpamayo samples up to 16 trajectories per prediction (1.5 README: K = 16 in ~40 GB on an H100); one p150
+# holds the 16 x 64 rows' activations and K/V region easily (alpamayo.tt.memory).
+MAX_EXPERT_SAMPLES = 16
 # largest in0_block_w / minimal_matmul block in tiles (tt_transformers' find_largest_divisor cap)
 MAX_BLOCK = 8
 DEST_TILES = 4  # dest-register tiles with fp32 accumulation: bounds a matmul output subblock (h * w)
@@ -313,8 +320,9 @@ def _kv_fill_grid(n_kv: int, padded_length: int) -> CoreGrid:
     )
 
 
-def _check_dims(t: TextConfig, device: DeviceSpec, source: str) -> None:
-    bank_multiple = TILE * device.dram_banks
+def _check_dims(t: TextConfig, dram_banks: int, source: str) -> None:
+    """What the device layers need of `t`, whose weights are padded to 32 x `dram_banks` columns."""
+    bank_multiple = TILE * dram_banks
     if t.attention_bias:
         raise PlanError(
             f"{source}: attention_bias = true is not supported by the ttnn backend (Qwen3-VL attention has no "
@@ -341,7 +349,7 @@ def plan_text(
     A model with sparse MoE layers is planned with its block config `moe` (default: `block_config_for`)."""
     t = cfg.text
     source = model_name(cfg)
-    _check_dims(t, device, source)
+    _check_dims(t, device.dram_banks, source)
     hp = padded_hidden(t, device.dram_banks)
     h_tiles = hp // TILE
     residual = _grid_dividing((h_tiles,), _device_grid(device, DECODE_MAX_GRID))
@@ -525,4 +533,88 @@ def plan_vision(vision: VisionConfig, device: DeviceSpec = P150, source: str = "
         head_dim=vision.head_dim,
         padded_head_dim=rotary_head_dim(vision.head_dim),
         grid=CoreGrid(*_device_grid(device, PREFILL_MAX_GRID)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- action expert
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """The action expert's Euler step on the device (prefill-style: all 64 x K action rows at once).
+
+    The K samples' action rows form one [1, 1, rows, H_p] stream. Each layer writes its own K/V into the VLM
+    cache at the fixed tile-aligned rows [region_start, region_start + rows) behind every prompt position
+    (`TextPlan.cache_length(max_seq_len + rows)` rows in all), so the captured step never depends on the
+    prompt length; SDPA then reads the cache in place with an explicit mask built once per prediction:
+    columns [0, offset) for every row, plus the row's own sample block of the region (non-causal). NVIDIA's
+    expert appends its K/V to the cache and crops them away again, which is the same computation."""
+
+    samples: int
+    rows: int  # action rows per step: FUTURE_STEPS x samples, whole tiles
+    hidden_padded: int
+    cache_rows: int  # rows of each layer's K / V, expert region included
+    region_start: int
+    grid: CoreGrid
+    q_chunk: int
+    k_chunk: int
+    trace_region_bytes: int
+
+    def matmul(self, m: int, k: int, n: int) -> PrefillMatmul:
+        return _prefill_matmul(self.grid, m, k, n)
+
+    def describe(self) -> list[str]:
+        return [
+            f"expert step: {self.samples} sample(s) x {FUTURE_STEPS} action rows = {self.rows} rows, residual "
+            f"{self.hidden_padded} wide, minimal_matmul on {self.grid}",
+            f"expert attention: non-causal SDPA with mask over the VLM cache in place ({self.cache_rows} rows per "
+            f"layer; own K/V at rows {self.region_start}..{self.region_start + self.rows - 1}), q_chunk "
+            f"{self.q_chunk} k_chunk {self.k_chunk}; step trace region {self.trace_region_bytes / 2**20:.0f} MiB",
+        ]
+
+
+def expert_rows(samples: int) -> int:
+    """Action rows of one Euler step for `samples` samples (one 64-row block each)."""
+    return round_up(FUTURE_STEPS * samples, TILE)
+
+
+def plan_expert(
+    cfg: ModelConfig,
+    expert: ExpertConfig,
+    precision: Precision,
+    max_seq_len: int,
+    samples: int = 1,
+    device: DeviceSpec = P150,
+) -> ExpertPlan:
+    """Plan the action expert of `cfg` beside its VLM's KV cache of `max_seq_len` positions; PlanError when
+    the device layout cannot hold it (ConfigError when the expert does not fit the VLM at all)."""
+    source = model_name(cfg)
+    validate_against_vlm(expert, cfg.text)
+    t = expert.text
+    if t.moe is not None:
+        raise PlanError(f"{source}: the action expert has MoE layers; the ttnn expert runs dense layers only")
+    _check_dims(t, EXPERT_BANKS, f"{source} (action expert)")
+    if t.hidden_size % TILE or expert.in_proj.hidden_size % TILE:
+        raise PlanError(
+            f"{source}: the action expert's hidden_size {t.hidden_size} and in-projection hidden_size "
+            f"{expert.in_proj.hidden_size} must be multiples of {TILE}: its LayerNorm and RMSNorms average "
+            "over whole tiles"
+        )
+    if not 1 <= samples <= MAX_EXPERT_SAMPLES:
+        raise PlanError(
+            f"samples = {samples}: the device expert runs 1..{MAX_EXPERT_SAMPLES} samples per batch"
+        )
+    rows = expert_rows(samples)
+    cache_rows = TextPlan.cache_length(max_seq_len + rows)
+    grid = CoreGrid(*_device_grid(device, PREFILL_MAX_GRID))
+    return ExpertPlan(
+        samples=samples,
+        rows=rows,
+        hidden_padded=padded_hidden(t, EXPERT_BANKS),
+        cache_rows=cache_rows,
+        region_start=cache_rows - rows,
+        grid=grid,
+        q_chunk=FUTURE_STEPS,  # one sample's block: divides every row count
+        k_chunk=TextPlan.prefill_sdpa_chunk(cache_rows),
+        trace_region_bytes=TRACE_BYTES_PER_LAYER * t.num_hidden_layers + TRACE_BYTES_FIXED,
     )

@@ -1,7 +1,8 @@
 """A checkpoint whose weights read back exactly as the ttnn backend holds them under a precision recipe.
 
 `QuantizedCheckpoint(directory, recipe)` serves every tensor the device stores (text decoder with MoE routers
-and experts, vision tower) prepared in its device layout (`alpamayo.tt.weights.prepare`), rounded there to its
+and experts, vision tower, the flow-matching action expert of an Alpamayo checkpoint) prepared in its device
+layout (`alpamayo.tt.weights.prepare`), rounded there to its
 dtype (bfp8 / bfp4 by `alpamayo.tt.block_float`, bit-exact with ttnn's packer; bf16 round-to-nearest-even,
 as ttnn converts), and restored to the checkpoint's layout (`alpamayo.tt.weights.restore`). Block-float blocks
 run along the device layout's rows (for a linear `[K, N]`, 16 consecutive outputs of one input), so this
@@ -22,8 +23,10 @@ from pathlib import Path
 
 import torch
 
-from alpamayo.checkpoint import Checkpoint
+from alpamayo.checkpoint import Checkpoint, Getter
 from alpamayo.config import load_config
+from alpamayo.expert.config import ExpertConfig, expert_config_of
+from alpamayo.expert.weights import has_expert_weights
 from alpamayo.moe.weights import (
     DOWN,
     EXPERT_DOWN,
@@ -37,9 +40,27 @@ from alpamayo.moe.weights import (
 from alpamayo.text.weights import EMBED, LM_HEAD
 from alpamayo.tt.block_float import quantize
 from alpamayo.tt.device_spec import P150
+from alpamayo.tt.expert_weights import expert_weight_specs
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import WeightSpec, prepare, restore, text_weight_specs, weight_dtype
+
+
+def rounded(spec: WeightSpec, get: Getter, precision: Precision) -> dict[str, torch.Tensor]:
+    """The sources of `spec` (as `restore` names them) with the device's rounding applied in its layout."""
+    return restore(spec, round_to(prepare(spec, get), weight_dtype(spec, precision)))
+
+
+def rounded_expert(get: Getter, expert: ExpertConfig, precision: str | Precision) -> dict[str, torch.Tensor]:
+    """Every tensor of the action `expert` read through `get`, as the device holds it under `precision`,
+    in its checkpoint name, shape and layout (the torch expert built from these computes with the device's
+    weights)."""
+    precision = load_precision(precision)
+    shapes = expert.weight_shapes()
+    out = {}
+    for spec in expert_weight_specs(expert):
+        out.update({name: t.reshape(shapes[name]) for name, t in rounded(spec, get, precision).items()})
+    return out
 
 
 def round_to(t: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -67,6 +88,9 @@ class QuantizedCheckpoint(Checkpoint):
         self._view = ExpertView(cfg.text, super().get)
         specs = text_weight_specs(cfg, dram_banks)
         specs += vision_weight_specs(cfg.vision) if cfg.vision is not None else []
+        expert = expert_config_of(cfg)
+        if expert is not None and has_expert_weights(self, expert):
+            specs += expert_weight_specs(expert)
         self._specs: dict[str, list[WeightSpec]] = {}  # checkpoint name -> the specs that produce it
         for spec in specs:
             if spec.group == "experts":  # the three views of a layer's two fused tensors
@@ -83,9 +107,7 @@ class QuantizedCheckpoint(Checkpoint):
         self._ready: dict[str, torch.Tensor] = {}
 
     def _rounded(self, spec: WeightSpec) -> dict[str, torch.Tensor]:
-        """The sources of `spec` (as `restore` names them) with the device's rounding applied."""
-        device = round_to(prepare(spec, self._view), weight_dtype(spec, self.precision))
-        return restore(spec, device)
+        return rounded(spec, self._view, self.precision)
 
     def _experts(self, name: str) -> None:
         """Round a sparse layer's three expert specs and queue both fused tensors in the on-disk layout."""

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.errors import BackendUnavailable
 from alpamayo.moe.config import MoEBlockConfig, model_block_config
 from alpamayo.moe.weights import ExpertView
@@ -70,7 +70,7 @@ from alpamayo.tt.program_config import (
 )
 from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
 from alpamayo.tt.weight_cache import upload_weights
-from alpamayo.tt.weights import residual_norm_eps, text_weight_specs
+from alpamayo.tt.weights import TEXT_GROUPS, LayerGroups, residual_norm_eps, text_weight_specs
 
 # Trace capture crashes the dry run's mock device (alpamayo.tt.dryrun): there the decode runs untraced.
 DRY_RUN_NOTICE = "ttnn dry run: trace capture is card-only (it crashes the mock p150); decoding untraced"
@@ -84,7 +84,7 @@ DecodeLayer = Callable[[int, Any, Any, Any, Any], Any]
 @dataclass
 class DeviceKVCache:
     """The device KV cache of one sequence: per layer (K, V), each [1, n_kv, rows, head_dim] in the recipe's
-    kv_cache dtype (rows: `TextPlan.cache_length(max_seq_len)`)."""
+    kv_cache dtype (rows: `TextPlan.cache_length(max_seq_len + reserve_rows)`, see `setup_cache`)."""
 
     layers: list[tuple[Any, Any]]
     max_seq_len: int
@@ -116,6 +116,8 @@ class TTTextModel(DeviceIO):
         self.cache: DeviceKVCache | None = None
         self.cache_len, self.rope_delta = 0, 0
         self.decode_layers: dict[int, DecodeLayer] = {}
+        # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
+        self.reserved_rows = 0
         self._trace: dict[str, Any] | None = None
         self._inputs: dict[str, Any] | None = None
         self.dry_run, self._dry_run_noticed = dryrun.active(), False
@@ -123,7 +125,7 @@ class TTTextModel(DeviceIO):
         self.scale = t.head_dim**-0.5
         self.hidden_padded = plan.hidden_padded
         self.residual_eps = residual_norm_eps(t, plan.device.dram_banks)
-        matmuls = ("qkv", "o", "mlp_gate_up", "mlp_down", "experts", "router", "lm_head")
+        matmuls = ("qkv", "o", "mlp_gate_up", "mlp_down", "experts", "router", "lm_head", "expert")
         ck = {op: cfgs.compute_config(ttnn, precision.math_fidelity(op)) for op in matmuls}
         ck["norm"] = cfgs.compute_config(ttnn, precision.math_fidelity("norm"), l1_acc=False)
         # fp32 accumulation in prefill SDPA overflows L1 at ~4.6K rows (seed design, measured); decode keeps it.
@@ -160,11 +162,14 @@ class TTTextModel(DeviceIO):
         cache_dir: str | Path | None = None,
         tracer: Tracer | None = None,
         moe: str | Path | MoEBlockConfig | None = None,
+        extra_trace_bytes: int = 0,
     ) -> TTTextModel:
         """Plan, check the DRAM budget, open the device (unless given) and upload every weight.
 
         `cache_dir` keeps the packed weights as `.tensorbin` files (see `alpamayo.tt.weight_cache`). `moe`: the
         MoE block config (or its YAML file) of a model with sparse layers; see `model_block_config`.
+        `extra_trace_bytes`: trace region for other models' traces on the device this opens (the action
+        expert's step, `ExpertPlan.trace_region_bytes`).
         Everything that can be refused (no ttnn or no device, unsupported config, recipe, MoE block, plan,
         DRAM) is refused before the device is opened.
         """
@@ -177,7 +182,7 @@ class TTTextModel(DeviceIO):
         plan = plan_text(cfg, precision, moe=block)
         check_fits(cfg, precision, PREFILL_PAD)
         owns = device is None
-        device = open_device(plan.trace_region_bytes) if owns else device
+        device = open_device(plan.trace_region_bytes + extra_trace_bytes) if owns else device
         try:
             plan = plan_text(cfg, precision, DeviceSpec.from_device(device), moe=block)
             weights = _upload_weights(cfg, precision, plan, device, ckpt, cache_dir)
@@ -188,8 +193,11 @@ class TTTextModel(DeviceIO):
                 close_device(device)
             raise
 
-    def setup_cache(self, max_seq_len: int, max_batch: int = 1) -> None:
-        """Allocate the KV cache for `max_seq_len` positions (prompt + generated); refused if it cannot fit."""
+    def setup_cache(self, max_seq_len: int, max_batch: int = 1, reserve_rows: int | None = None) -> None:
+        """Allocate the KV cache for `max_seq_len` positions (prompt + generated); refused if it cannot fit.
+        `reserve_rows` (default `reserved_rows`, which a `TTActionExpert` sets) more rows are kept behind them
+        for the action expert's K/V (`ExpertPlan`)."""
+        reserve_rows = self.reserved_rows if reserve_rows is None else reserve_rows
         if max_batch != 1:
             raise ValueError(f"the ttnn backend decodes one sequence: max_batch must be 1, got {max_batch}")
         if max_seq_len < 1:
@@ -198,7 +206,7 @@ class TTTextModel(DeviceIO):
         self._release_trace()
         self._free_cache()
         ttnn, t = self.ttnn, self.text_cfg
-        shape = (1, t.num_key_value_heads, self.plan.cache_length(max_seq_len), t.head_dim)
+        shape = (1, t.num_key_value_heads, self.plan.cache_length(max_seq_len + reserve_rows), t.head_dim)
         layers = [
             tuple(
                 ttnn.zeros(
@@ -295,24 +303,63 @@ class TTTextModel(DeviceIO):
             memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
         )
 
-    def _fill_cache(self, cache: Any, x: Any, padded_len: int) -> None:
-        """cache[0, :, :Lp] = x ([1, n_kv, Lp, head_dim]) through a height-sharded copy of x."""
+    def _fill_cache(self, cache: Any, x: Any, padded_len: int, start: int = 0) -> None:
+        """cache[0, :, start:start+Lp] = x ([1, n_kv, Lp, head_dim]) through a height-sharded copy of x;
+        `start` is tile-aligned."""
         ttnn, t = self.ttnn, self.text_cfg
         cast = x.dtype != cache.dtype
         src = ttnn.typecast(x, cache.dtype) if cast else x  # fill_cache copies raw tiles: dtypes must match
         grid = self.plan.kv_fill_grid(padded_len)
         rows = t.num_key_value_heads * padded_len // grid.cores
         xs = ttnn.interleaved_to_sharded(src, cfgs.height_sharded(ttnn, rows, t.head_dim, grid))
-        ttnn.fill_cache(cache, xs, 0)
+        ttnn.fill_cache(cache, xs, 0, update_idx=start)
         self._free(xs, *([src] if cast else []))
 
     def _layer_prefill(self, i: int, h: Any, cos: Any, sin: Any, length: int) -> Any:
         """One decoder layer on h [1, 1, Lp, H_p] (freed; `length` prompt rows, the rest padding); fills K/V
-        rows [0, Lp) of layer i."""
-        ttnn, t, w = self.ttnn, self.text_cfg, self.layer_weights[i]
+        rows [0, Lp) of layer i and attends causally."""
+        ttnn = self.ttnn
         padded_len = h.shape[-2]
-        n1 = self._rms(h, w["attn_norm.tile"], self.residual_eps)
-        qkv = self._mm(n1, w["wqkv"], "qkv")
+
+        def attend(q: Any, k: Any, v: Any) -> Any:
+            cache_k, cache_v = self.kv_cache[i]
+            self._fill_cache(cache_k, k, padded_len)
+            self._fill_cache(cache_v, v, padded_len)
+            chunk = self.plan.prefill_sdpa_chunk(padded_len)
+            return ttnn.transformer.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=True,
+                scale=self.scale,
+                program_config=cfgs.sdpa(ttnn, self.plan.prefill_grid, chunk, chunk),
+                compute_kernel_config=self.ck["sdpa_prefill"],
+            )
+
+        mlp = (lambda n2: self.moe[i].prefill(n2, length)) if i in self.moe else None
+        return self.block_prefill(self.text_cfg, self.layer_weights[i], h, cos, sin, attend, mlp)
+
+    def block_prefill(
+        self,
+        t: TextConfig,
+        w: dict[str, Any],
+        h: Any,
+        cos: Any,
+        sin: Any,
+        attend: Callable[[Any, Any, Any], Any],
+        mlp: Callable[[Any], Any] | None = None,
+        ops: LayerGroups = TEXT_GROUPS,
+        residual_eps: float | None = None,
+    ) -> Any:
+        """One pre-norm decoder block of dimensions `t` with weights `w` (`decoder_layer_specs` names) on all
+        rows of h [1, 1, Lp, H_p] (freed) at rotary cos/sin [1, 1, Lp, head_dim]; the text layers and the
+        action expert's share it. attend(q, k, v): the attention of the normed, rotated heads q
+        [1, nh, Lp, hd], k and v [1, nkv, Lp, hd] -> [1, nh, Lp, hd]; mlp(n2): the block's MLP of the normed
+        residual (default: the dense SwiGLU); `ops` names the matmuls' op groups (math fidelity)."""
+        ttnn = self.ttnn
+        eps = self.residual_eps if residual_eps is None else residual_eps
+        n1 = self._rms(h, w["attn_norm.tile"], eps)
+        qkv = self._mm(n1, w["wqkv"], ops.qkv)
         self._free(n1)
         q, k, v = ttnn.experimental.nlp_create_qkv_heads(
             qkv,
@@ -322,48 +369,35 @@ class TTTextModel(DeviceIO):
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
         self._free(qkv)
-        eps = t.rms_norm_eps
-        qn, kn = self._rms(q, w["q_norm.rm"], eps), self._rms(k, w["k_norm.rm"], eps)
+        qn, kn = self._rms(q, w["q_norm.rm"], t.rms_norm_eps), self._rms(k, w["k_norm.rm"], t.rms_norm_eps)
         self._free(q, k)
         q = ttnn.experimental.rotary_embedding_hf(qn, cos, sin, is_decode_mode=False)
         k = ttnn.experimental.rotary_embedding_hf(kn, cos, sin, is_decode_mode=False)
         self._free(qn, kn)
-        cache_k, cache_v = self.kv_cache[i]
-        self._fill_cache(cache_k, k, padded_len)
-        self._fill_cache(cache_v, v, padded_len)
-        chunk = self.plan.prefill_sdpa_chunk(padded_len)
-        a = ttnn.transformer.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=True,
-            scale=self.scale,
-            program_config=cfgs.sdpa(ttnn, self.plan.prefill_grid, chunk, chunk),
-            compute_kernel_config=self.ck["sdpa_prefill"],
-        )
+        a = attend(q, k, v)
         self._free(q, k, v)
         ac = ttnn.experimental.nlp_concat_heads(a, memory_config=ttnn.DRAM_MEMORY_CONFIG)
         self._free(a)
-        o = self._mm(ac, w["wo"], "o")
+        o = self._mm(ac, w["wo"], ops.o)
         self._free(ac)
         h2 = ttnn.add(h, o, memory_config=ttnn.DRAM_MEMORY_CONFIG)
         self._free(h, o)
-        n2 = self._rms(h2, w["mlp_norm.tile"], self.residual_eps)
-        d = self.moe[i].prefill(n2, length) if i in self.moe else self._mlp_prefill(w, n2)
+        n2 = self._rms(h2, w["mlp_norm.tile"], eps)
+        d = mlp(n2) if mlp is not None else self._mlp_prefill(w, n2, ops)
         self._free(n2)
         out = ttnn.add(h2, d, memory_config=ttnn.DRAM_MEMORY_CONFIG)
         self._free(h2, d)
         return out
 
-    def _mlp_prefill(self, w: dict[str, Any], n2: Any) -> Any:
+    def _mlp_prefill(self, w: dict[str, Any], n2: Any, ops: LayerGroups = TEXT_GROUPS) -> Any:
         """Dense SwiGLU of n2 [1, 1, Lp, H_p] -> [1, 1, Lp, H_p] DRAM (n2 kept)."""
         ttnn = self.ttnn
-        g, u = self._mm(n2, w["w_gate"], "mlp_gate_up"), self._mm(n2, w["w_up"], "mlp_gate_up")
+        g, u = self._mm(n2, w["w_gate"], ops.gate_up), self._mm(n2, w["w_up"], ops.gate_up)
         m = ttnn.mul(
             g, u, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=ttnn.DRAM_MEMORY_CONFIG
         )
         self._free(g, u)
-        d = self._mm(m, w["w_down"], "mlp_down")
+        d = self._mm(m, w["w_down"], ops.down)
         self._free(m)
         return d
 
@@ -685,6 +719,16 @@ class TTTextModel(DeviceIO):
     def _logits(self, row: Any) -> torch.Tensor:
         return self._download(row).reshape(-1)[: self.text_cfg.vocab_size].float()
 
+    def traced_here(self, traced: bool) -> bool:
+        """`traced`, except under a dry run, where trace capture crashes the mock device: False then (the text
+        model's decode and the action expert's steps run untraced), said once on stderr."""
+        if traced and self.dry_run:
+            if not self._dry_run_noticed:
+                print(DRY_RUN_NOTICE, file=sys.stderr)
+                self._dry_run_noticed = True
+            return False
+        return traced
+
     def decode(self, tokens: int | torch.Tensor, traced: bool = True) -> torch.Tensor:
         """Append one token at position cache_len; float32 logits [V] for an int, [1, V] for ids [1] (the
         torch backend's contract with one active row). The first traced call compiles the step, captures it
@@ -696,11 +740,7 @@ class TTTextModel(DeviceIO):
         token = tokens
         self._check_decode(token)
         ttnn = self.ttnn
-        if traced and self.dry_run:
-            if not self._dry_run_noticed:
-                print(DRY_RUN_NOTICE, file=sys.stderr)
-                self._dry_run_noticed = True
-            traced = False
+        traced = self.traced_here(traced)
         inputs = self._write_inputs(self._decode_host_inputs(token, self.cache_len))
         if not traced:
             with self.tracer.span("tt.decode_untraced"):

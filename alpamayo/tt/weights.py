@@ -249,7 +249,7 @@ def restore(spec: WeightSpec, device: torch.Tensor) -> dict[str, torch.Tensor]:
     return dict(zip(spec.sources, parts, strict=True))
 
 
-def _norm_specs(
+def norm_specs(
     name: str, source: str, dim: int, forms: tuple[str, ...], padded: int | None = None
 ) -> list[WeightSpec]:
     """Gamma specs of a norm over `dim` values; `padded` > dim for the residual stream (scaled, see above)."""
@@ -307,54 +307,94 @@ def expert_specs(cfg: TextConfig, i: int, dram_banks: int) -> list[WeightSpec]:
     ]
 
 
+@dataclass(frozen=True)
+class LayerGroups:
+    """Precision groups of a decoder layer's projections (the action expert puts all four in `expert`)."""
+
+    qkv: str = "qkv"
+    o: str = "o"
+    gate_up: str = "mlp_gate_up"
+    down: str = "mlp_down"
+
+
+TEXT_GROUPS = LayerGroups()
+
+
+def _sharded_spec(
+    name: str,
+    sources: tuple[str, ...],
+    group: str,
+    transform: str,
+    k: int,
+    n: int,
+    k_p: int,
+    dram_banks: int,
+    **kw,
+) -> WeightSpec:
+    """A decode-matmul weight `[K, N]`, DRAM width-sharded: N padded to 32 x banks, K to `k_p`."""
+    padded = (k_p, round_up(n, TILE * dram_banks))
+    return WeightSpec(name, sources, group, transform, (k, n), padded, "dram_sharded", **kw)
+
+
+def decoder_layer_specs(
+    t: TextConfig, source: str, name: str, dram_banks: int, groups: LayerGroups = TEXT_GROUPS, i: int = 0
+) -> list[WeightSpec]:
+    """Device tensors of one dense-or-MoE decoder layer whose checkpoint tensors start with `source`
+    (`…layers.{i}.`), named `name` + wqkv, wo, w_gate, w_up, w_down, attn_norm.*, mlp_norm.*, q_norm.rm,
+    k_norm.rm; `i` is the layer index for the MoE test."""
+    h, hd, hp = t.hidden_size, t.head_dim, padded_hidden(t, dram_banks)
+    inter_p = round_up(t.intermediate_size, TILE * dram_banks)
+    a, m = source + "self_attn.", source + "mlp."
+    qkv_sources = (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+    splits = (t.q_dim, t.kv_dim, t.kv_dim)
+    qkv_n = t.q_dim + 2 * t.kv_dim
+    specs = [
+        _sharded_spec(
+            name + "wqkv", qkv_sources, groups.qkv, "fused_qkv", h, qkv_n, hp, dram_banks, splits=splits
+        ),
+        _sharded_spec(
+            name + "wo", (a + "o_proj.weight",), groups.o, "linear", t.q_dim, h, t.q_dim, dram_banks
+        ),
+    ]
+    if t.is_sparse(i):
+        specs += expert_specs(t, i, dram_banks)
+    else:
+        inter = t.intermediate_size
+        for key, proj in (("w_gate", "gate_proj"), ("w_up", "up_proj")):
+            specs.append(
+                _sharded_spec(
+                    name + key, (m + proj + ".weight",), groups.gate_up, "linear", h, inter, hp, dram_banks
+                )
+            )
+        specs.append(
+            _sharded_spec(
+                name + "w_down",
+                (m + "down_proj.weight",),
+                groups.down,
+                "linear",
+                inter,
+                h,
+                inter_p,
+                dram_banks,
+            )
+        )
+    specs += norm_specs(name + "attn_norm", source + "input_layernorm.weight", h, ("row_major", "tile"), hp)
+    specs += norm_specs(
+        name + "mlp_norm", source + "post_attention_layernorm.weight", h, ("row_major", "tile"), hp
+    )
+    specs += norm_specs(name + "q_norm", a + "q_norm.weight", hd, ("row_major",))
+    specs += norm_specs(name + "k_norm", a + "k_norm.weight", hd, ("row_major",))
+    return specs
+
+
 def text_weight_specs(cfg: ModelConfig, dram_banks: int) -> list[WeightSpec]:
     """Every device tensor of the text decoder, dense or MoE (embeddings stay on the host), in load order."""
     t = cfg.text
-    h, hd, hp = t.hidden_size, t.head_dim, padded_hidden(t, dram_banks)
-    bank_multiple = TILE * dram_banks
-    inter_p = round_up(t.intermediate_size, bank_multiple)
-    qkv_n = t.q_dim + 2 * t.kv_dim
+    h, hp = t.hidden_size, padded_hidden(t, dram_banks)
     specs: list[WeightSpec] = []
-
-    def sharded(
-        name: str, sources: tuple[str, ...], group: str, transform: str, k: int, n: int, k_p: int, **kw
-    ):
-        specs.append(
-            WeightSpec(
-                name,
-                sources,
-                group,
-                transform,
-                (k, n),
-                (k_p, round_up(n, bank_multiple)),
-                "dram_sharded",
-                **kw,
-            )
-        )
-
     for i in range(t.num_hidden_layers):
-        p, a, m, d = layer_prefix(i), layer_prefix(i) + "self_attn.", layer_prefix(i) + "mlp.", f"layers.{i}."
-        qkv_sources = (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
-        splits = (t.q_dim, t.kv_dim, t.kv_dim)
-        sharded(d + "wqkv", qkv_sources, "qkv", "fused_qkv", h, qkv_n, hp, splits=splits)
-        sharded(d + "wo", (a + "o_proj.weight",), "o", "linear", t.q_dim, h, t.q_dim)
-        if t.is_sparse(i):
-            specs += expert_specs(t, i, dram_banks)
-        else:
-            sharded(
-                d + "w_gate", (m + "gate_proj.weight",), "mlp_gate_up", "linear", h, t.intermediate_size, hp
-            )
-            sharded(d + "w_up", (m + "up_proj.weight",), "mlp_gate_up", "linear", h, t.intermediate_size, hp)
-            sharded(
-                d + "w_down", (m + "down_proj.weight",), "mlp_down", "linear", t.intermediate_size, h, inter_p
-            )
-        specs += _norm_specs(d + "attn_norm", p + "input_layernorm.weight", h, ("row_major", "tile"), hp)
-        specs += _norm_specs(
-            d + "mlp_norm", p + "post_attention_layernorm.weight", h, ("row_major", "tile"), hp
-        )
-        specs += _norm_specs(d + "q_norm", a + "q_norm.weight", hd, ("row_major",))
-        specs += _norm_specs(d + "k_norm", a + "k_norm.weight", hd, ("row_major",))
-    specs += _norm_specs("norm", FINAL_NORM, h, ("row_major", "tile"), hp)
+        specs += decoder_layer_specs(t, layer_prefix(i), f"layers.{i}.", dram_banks, i=i)
+    specs += norm_specs("norm", FINAL_NORM, h, ("row_major", "tile"), hp)
     head = EMBED if cfg.tie_word_embeddings else LM_HEAD
     specs.append(
         WeightSpec(

@@ -1,0 +1,198 @@
+"""Time estimates of the ttnn stages on one chip, from the device's compute and bandwidth figures (no device).
+
+An ESTIMATE, a roofline lower bound: every matmul costs the larger of its FLOPs at the grid's peak rate for its
+math fidelity (`DeviceSpec.matmul_flops_per_cycle` per core per cycle, divided by the fidelity's passes) and
+its weight bytes at the DRAM bandwidth; every attention the larger of its FLOPs and its K/V reads. Norms,
+eltwise ops, activation traffic, dispatch and the kernels' real efficiency are not modelled, so a card runs
+slower than this; what the figures are for is comparing recipes and seeing which resource bounds a stage.
+
+The ops are read off the `WeightSpec`s the device holds (`alpamayo.tt.weights`), so the estimate uses exactly
+the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
+
+  * a linear weight `[K, N]` applied to M rows: 2 M K N FLOPs, its tile bytes read once;
+  * routed MoE experts `[1, E, K, N]`: each row runs through k of the E experts (k/E of the FLOPs); decode
+    reads the k experts' weights, prefill every expert's;
+  * attention of Sq query rows to Sk keys over all heads: 4 Sq Sk n_heads head_dim FLOPs (halved when causal),
+    K and V read once per layer at the KV cache dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.expert.config import ExpertConfig
+from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
+from alpamayo.tt.expert_weights import expert_weight_specs
+from alpamayo.tt.memory import spec_bytes
+from alpamayo.tt.precision import TILE_BYTES, Precision
+from alpamayo.tt.program_config import plan_expert, plan_text, plan_vision
+from alpamayo.tt.vision_weights import vision_weight_specs
+from alpamayo.tt.weights import BF16_GROUPS, WeightSpec, rotary_head_dim, text_weight_specs, weight_dtype
+
+FIDELITY_PASSES = {"lofi": 1, "hifi2": 2, "hifi3": 3, "hifi4": 4}
+MATMUL_GROUPS_BF16 = ("router",)  # bf16 tensors that are matmul weights (norms and biases are not)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One device op: FLOPs at `fidelity` on `cores` cores and the DRAM bytes it must read."""
+
+    name: str
+    flops: float
+    dram_bytes: float
+    fidelity: str
+    cores: int
+
+    def seconds(self, device: DeviceSpec) -> float:
+        rate = self.cores * device.clock_hz * device.matmul_flops_per_cycle / FIDELITY_PASSES[self.fidelity]
+        return max(self.flops / rate, self.dram_bytes / device.dram_bandwidth)
+
+    def bound(self, device: DeviceSpec) -> str:
+        rate = self.cores * device.clock_hz * device.matmul_flops_per_cycle / FIDELITY_PASSES[self.fidelity]
+        return "compute" if self.flops / rate >= self.dram_bytes / device.dram_bandwidth else "DRAM"
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """The ops of one pass of a stage (a prefill, one decode step, one expert Euler step), `repeat` passes per
+    prediction."""
+
+    name: str
+    ops: tuple[OpCost, ...]
+    repeat: int = 1
+
+    def ms(self, device: DeviceSpec) -> float:
+        """Estimated ms of one pass."""
+        return 1e3 * sum(op.seconds(device) for op in self.ops)
+
+    def flops(self) -> float:
+        return sum(op.flops for op in self.ops)
+
+    def dram_bytes(self) -> float:
+        return sum(op.dram_bytes for op in self.ops)
+
+    def compute_share(self, device: DeviceSpec) -> float:
+        """Fraction of the estimated time in compute-bound ops."""
+        total = sum(op.seconds(device) for op in self.ops)
+        return sum(op.seconds(device) for op in self.ops if op.bound(device) == "compute") / total
+
+    def describe(self, device: DeviceSpec) -> str:
+        per = self.ms(device)
+        times = f" x {self.repeat} = {per * self.repeat:.2f} ms" if self.repeat > 1 else ""
+        return (
+            f"{self.name:<22} {per:8.3f} ms{times} ({self.flops() / 1e9:.1f} GFLOP, "
+            f"{self.dram_bytes() / 1e9:.3f} GB read, {100 * self.compute_share(device):.0f}% of it compute-bound)"
+        )
+
+
+def _is_matmul(spec: WeightSpec) -> bool:
+    return (
+        spec.layout == "tile"
+        and (spec.group not in BF16_GROUPS or spec.group in MATMUL_GROUPS_BF16)
+        and (len(spec.padded) in (2, 4) and spec.padded[0] > 1)
+    )
+
+
+def matmul_ops(
+    specs: Iterable[WeightSpec],
+    rows: int,
+    precision: Precision,
+    cores: int,
+    experts_per_token: int = 0,
+    all_experts_read: bool = True,
+) -> list[OpCost]:
+    """OpCosts of every matmul weight in `specs` applied to `rows` activation rows (padded to whole tiles).
+
+    Routed experts (`[1, E, K, N]`) run each row through `experts_per_token` of them; their weights are all
+    read when `all_experts_read` (prefill), else only those experts' (decode)."""
+    m = round_up(rows, TILE)
+    ops = []
+    for spec in specs:
+        if not _is_matmul(spec):
+            continue
+        dtype = weight_dtype(spec, precision)
+        k, n = spec.padded[-2], spec.padded[-1]
+        weight = spec_bytes(spec, dtype)
+        flops = 2.0 * m * k * n
+        if len(spec.padded) == 4:  # routed experts
+            experts = spec.padded[1]
+            flops *= experts_per_token
+            weight = weight if all_experts_read else weight * experts_per_token / experts
+        ops.append(OpCost(spec.name, flops, weight, precision.math_fidelity(spec.group), cores))
+    return ops
+
+
+def kv_bytes(cfg: TextConfig, keys: int, dtype: str) -> float:
+    """Bytes of one layer's K and V for `keys` positions in the cache dtype (whole tiles)."""
+    tiles = cfg.num_key_value_heads * round_up(keys, TILE) // TILE * (cfg.head_dim // TILE)
+    return 2.0 * tiles * TILE_BYTES[dtype]
+
+
+def attention_ops(
+    cfg: TextConfig, q_rows: int, keys: int, precision: Precision, cores: int, causal: bool, name: str
+) -> list[OpCost]:
+    """One attention OpCost per layer of `cfg`: `q_rows` queries over `keys` cached positions."""
+    flops = 4.0 * round_up(q_rows, TILE) * keys * cfg.num_attention_heads * cfg.head_dim
+    flops *= 0.5 if causal else 1.0
+    kv = kv_bytes(cfg, keys, precision.dtype("kv_cache"))
+    fidelity = precision.math_fidelity("sdpa")
+    return [OpCost(f"{name}.{i}", flops, kv, fidelity, cores) for i in range(cfg.num_hidden_layers)]
+
+
+def vision_estimate(
+    cfg: ModelConfig, precision: Precision, frames: int, frame_hw: tuple[int, int]
+) -> StageEstimate:
+    """The vision tower over `frames` images of `frame_hw` pixels (one attention window per frame)."""
+    v = cfg.vision
+    per_frame = (frame_hw[0] // v.patch_size) * (frame_hw[1] // v.patch_size)
+    patches = frames * per_frame
+    cores = plan_vision(v).grid.cores
+    specs = vision_weight_specs(v)
+    ops = matmul_ops([s for s in specs if "merger" not in s.name], patches, precision, cores)
+    merged = patches // v.spatial_merge_size**2
+    ops += matmul_ops([s for s in specs if "merger" in s.name], merged, precision, cores)
+    lanes = v.num_heads * rotary_head_dim(v.head_dim)
+    flops = 4.0 * patches * round_up(per_frame, TILE) * lanes
+    ops += [
+        OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("vision"), cores)
+        for j in range(v.depth)
+    ]
+    return StageEstimate(f"vision ({frames} frames)", tuple(ops))
+
+
+def prefill_estimate(cfg: ModelConfig, precision: Precision, prompt: int) -> StageEstimate:
+    """The text prefill of `prompt` rows (padded as the device pads them); the lm_head on the last tile only."""
+    plan = plan_text(cfg, precision)
+    rows = plan.padded_length(prompt)
+    cores = plan.prefill_grid.cores
+    specs = text_weight_specs(cfg, plan.device.dram_banks)
+    k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
+    ops = matmul_ops([s for s in specs if s.name != "lm_head"], rows, precision, cores, k)
+    ops += matmul_ops([s for s in specs if s.name == "lm_head"], TILE, precision, cores)
+    ops += attention_ops(cfg.text, rows, rows, precision, cores, causal=True, name="prefill.sdpa")
+    return StageEstimate(f"prefill ({prompt} rows)", tuple(ops))
+
+
+def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens: int) -> StageEstimate:
+    """One decode step at `context` cached positions, `tokens` steps per prediction."""
+    plan = plan_text(cfg, precision)
+    cores = plan.qkv.grid.cores
+    k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
+    specs = text_weight_specs(cfg, plan.device.dram_banks)
+    ops = matmul_ops(specs, TILE, precision, cores, k, all_experts_read=False)
+    ops += attention_ops(cfg.text, 1, context, precision, plan.sdpa_decode_grid.cores, False, "decode.sdpa")
+    return StageEstimate("decode step", tuple(ops), tokens)
+
+
+def expert_estimate(
+    cfg: ModelConfig, expert: ExpertConfig, precision: Precision, max_seq_len: int, samples: int
+) -> StageEstimate:
+    """One Euler step of the action expert (`plan_expert`): every layer on the 64 x K action rows, attention
+    over the whole cache in place (the region included), the in- and out-projections."""
+    plan = plan_expert(cfg, expert, precision, max_seq_len, samples)
+    cores = plan.grid.cores
+    ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, cores)
+    ops += attention_ops(expert.text, plan.rows, plan.cache_rows, precision, cores, False, "expert.sdpa")
+    return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)

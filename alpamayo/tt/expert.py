@@ -1,0 +1,528 @@
+"""The flow-matching action expert on one Blackhole p150: the Euler step as one captured device trace.
+
+Same weights (every family's names, `ExpertConfig.prefixes`) and tensor contract as the torch reference
+`alpamayo.expert.ActionExpert`; it runs on the device of a `TTTextModel` and reads that model's KV cache:
+
+    expert = TTActionExpert.from_checkpoint(ckpt, text, expert_cfg)   # text: a TTTextModel
+    text.setup_cache(max_seq_len, reserve_rows=expert.plan_for(max_seq_len, K).rows)
+    ... prefill + reasoning decode up to and including <|traj_future_start|> at cache index offset - 1 ...
+    actions = expert.sample(noise, offset, text.rope_delta)          # noise [K, 64, 2] -> [K, 64, 2] float32
+
+Per prediction (`sample`), host transfers are the initial noise in and the final actions out, nothing else:
+
+  * on the device, once per prediction: the attention mask (`ExpertPlan`: cache columns [0, offset) for every
+    row plus the row's own sample block of the expert region; built with `where(cols < offset, 0, own)` from
+    column indices and the own-block mask uploaded with the weights) and cos/sin of positions
+    arange(64) + rope_delta + offset on all three M-RoPE rows (a slice of rope tables uploaded with the weights,
+    repeated for the K samples);
+  * the Euler step, captured once per sample count as a trace whose persistent inputs are x (float32
+    [1, 1, 64K, 32], columns 0-1 the normalised (accel, curvature)), the step's t features, cos, sin and the
+    mask: Fourier features of x, the in-projection MLP, every expert layer (the text backbone's
+    `block_prefill` with the expert's weights and attention), the final norm, `action_out_proj` and
+    x <- x + v / N written into x itself; between replays the next step's t features are copied into their
+    buffer on the device.
+
+Fourier features and the in-projection run on the device: x never leaves it between steps. On the host the
+in-projection alone took 30.5 ms per step at K = 1 and 97.8 ms at K = 6 (float32 torch, this project's 2-core
+CPU, mean of 50), against ~5.4 ms estimated for the whole device step (`alpamayo plan`), plus a download of x
+and an upload of the [64K, hidden] embeddings per step (256 KB per sample at hidden 2048) that would split the
+ten replays with host work. sin/cos of 2 pi f u for |f u| up to a few hundred need float32 arguments
+reduced exactly: u = x * f in float32 (a matmul would round x to the FPU's 10-bit mantissa, 0.1-0.3 rad
+at |f x| ~ 300), then frac, a quarter-period phase for the cosines, and sin of at most 2.5 pi. The t features
+are one row per step, computed on the host with the reference's own `fourier_features` once per step count.
+
+Attention (`ExpertPlan`): each layer writes its 64K K/V at the fixed cache rows [region_start, cache_rows) and
+runs SDPA over the whole layer cache in place with the mask: the VLM's cache is never copied, and no step
+depends on the prompt length. The K samples share the one decoded sequence's cache (the ttnn text backbone
+decodes one sequence), each with its own noise.
+
+The traced step is card-only (trace capture segfaults on the mock p150); `sample(traced=False)` runs the same
+step graph eagerly, which the dry run exercises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.expert.config import ACTION_DIMS, ExpertConfig, InProjConfig
+from alpamayo.expert.decoding import ExpertDecoder, offsets_after_reasoning
+from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
+from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise, noise_for
+from alpamayo.expert.weights import validate_expert_tensors
+from alpamayo.prediction import FUTURE_STEPS
+from alpamayo.profiling import Tracer
+from alpamayo.trajectory_generation import GeneratedPlan
+from alpamayo.tt import ttnn_configs as cfgs
+from alpamayo.tt.device_io import DeviceIO
+from alpamayo.tt.device_spec import TILE, round_up
+from alpamayo.tt.expert_weights import EXPERT_BANKS, EXPERT_GROUPS, expert_weight_specs
+from alpamayo.tt.program_config import ExpertPlan, plan_expert
+from alpamayo.tt.text import TTTextModel, _layer_weights
+from alpamayo.tt.weight_cache import upload_weights
+from alpamayo.tt.weights import residual_norm_eps
+
+X_WIDTH = TILE  # x, v: [rows, 32] float32 tiles, columns 0..1 real (accel, curvature), the rest exactly 0
+
+
+class TTActionExpert(DeviceIO):
+    """Device weights, step inputs and traces of the action expert beside one `TTTextModel`."""
+
+    def __init__(
+        self,
+        text: TTTextModel,
+        cfg: ExpertConfig,
+        weights: dict[str, Any],
+        freqs: list[torch.Tensor],
+        tracer: Tracer | None = None,
+    ):
+        self.ttnn, self.text, self.cfg, self.device = text.ttnn, text, cfg, text.device
+        self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
+        self.weights = weights
+        self.layer_weights = [
+            _layer_weights({k.removeprefix("expert."): w for k, w in weights.items()}, i)
+            for i in range(cfg.text.num_hidden_layers)
+        ]
+        self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
+        self.tracer = tracer or text.tracer
+        self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)
+        self.scale = cfg.text.head_dim**-0.5
+        self._statics = self._upload_statics()
+        self._state: dict[str, Any] | None = None  # per (samples, steps): persistent inputs and trace
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_checkpoint(
+        cls,
+        source: str | Path | Checkpoint,
+        text: TTTextModel,
+        cfg: ExpertConfig,
+        cache_dir: str | Path | None = None,
+        tracer: Tracer | None = None,
+        samples: int = 1,
+    ) -> TTActionExpert:
+        """Validate the expert's tensors against its config and the text model's VLM (layer count, K/V layout),
+        plan it, and upload its weights in the text model's recipe to the text model's device. The text model's
+        later caches reserve the K/V region of `samples` samples (`TTTextModel.reserved_rows`)."""
+        ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
+        validate_expert_tensors(ckpt, cfg, text.text_cfg)
+        # refuses what the device cannot run, before any upload
+        plan = plan_expert(text.cfg, cfg, text.precision, 1, samples, text.plan.device)
+        text.reserved_rows = plan.rows
+        banks = text.plan.device.dram_banks
+        weights = upload_weights(
+            expert_weight_specs(cfg), text.precision, text.device, ckpt.get, cache_dir, banks
+        )
+        freqs = [
+            ckpt.get(name, torch.float32) if name in ckpt else default_freqs(cfg.in_proj)
+            for name in cfg.freqs_keys()
+        ]
+        return cls(text, cfg, weights, freqs, tracer)
+
+    def plan_for(self, max_seq_len: int, samples: int) -> ExpertPlan:
+        return plan_expert(
+            self.text.cfg, self.cfg, self.text.precision, max_seq_len, samples, self.text.plan.device
+        )
+
+    def close(self) -> None:
+        """Release the step trace and free the expert's device tensors (the device belongs to the text model)."""
+        self._drop_state()
+        self._free(*self._statics.values(), *self.weights.values())
+        self._statics, self.weights, self.layer_weights = {}, {}, []
+
+    def _drop_state(self) -> None:
+        if self._state is None:
+            return
+        if self._state.get("trace") is not None:
+            self.ttnn.release_trace(self.device, self._state["trace"])
+        self._free(*self._state["buffers"].values(), *self._state["t_rows"])
+        self._state = None
+
+    # ------------------------------------------------------------------ static device tensors
+    def _upload_statics(self) -> dict[str, Any]:
+        """The feature rows, fixed for the model's life."""
+        return {
+            name: self._upload(row, self.ttnn.float32)
+            for name, row in feature_rows(self.cfg.in_proj, self.freqs).items()
+        }
+
+    def _rope_tables(self) -> dict[str, Any]:
+        """Row-major bf16 cos/sin [1, 1, P, hd] over every position an action token can take with the text
+        model's cache (P = max_seq_len + 64: M-RoPE deltas are <= 0, images compress positions)."""
+        rows = self.text.max_seq_len + FUTURE_STEPS
+        cos, sin = self.text.rope.cos_sin_1d(torch.arange(rows), torch.bfloat16)
+        layout = self.ttnn.ROW_MAJOR_LAYOUT
+        return {
+            "cos_table": self._upload(cos.view(1, 1, rows, -1), layout=layout),
+            "sin_table": self._upload(sin.view(1, 1, rows, -1), layout=layout),
+        }
+
+    def _setup(self, samples: int, steps: int) -> dict[str, Any]:
+        """Persistent step inputs for `samples` samples and `steps` Euler steps over the text model's current
+        cache (allocated once and reused; a new cache, set up since, means new inputs and a new trace, which
+        binds the cache's buffers)."""
+        text = self.text
+        state = self._state
+        if (
+            state is not None
+            and (state["samples"], state["steps"]) == (samples, steps)
+            and state["cache"] is text.cache
+        ):
+            return state
+        self._drop_state()
+        ttnn = self.ttnn
+        plan = self.plan_for(text.max_seq_len, samples)
+        if text.kv_cache[0][0].shape[-2] != plan.cache_rows:
+            raise RuntimeError(
+                f"the text model's KV cache has {text.kv_cache[0][0].shape[-2]} rows, the expert needs "
+                f"{plan.cache_rows} for {samples} sample(s): call text.setup_cache({text.max_seq_len}, "
+                f"reserve_rows={plan.rows})"
+            )
+        rows, cols = plan.rows, plan.cache_rows
+        own = torch.full((1, 1, rows, cols), float("-inf"))
+        for s in range(samples):
+            block = slice(s * FUTURE_STEPS, (s + 1) * FUTURE_STEPS)
+            own[
+                0, 0, block, plan.region_start + s * FUTURE_STEPS : plan.region_start + (s + 1) * FUTURE_STEPS
+            ] = 0
+        index = torch.arange(cols, dtype=torch.float32).expand(1, 1, rows, cols).contiguous()
+        hd = self.cfg.text.head_dim
+        width = round_up(self.cfg.in_proj.num_features, TILE)
+        buffers = {
+            "x": self._upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            "x_saved": self._upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            "t": self._upload(torch.zeros(1, 1, 1, width), ttnn.float32),
+            "cos": self._upload(torch.zeros(1, 1, rows, hd)),
+            "sin": self._upload(torch.zeros(1, 1, rows, hd)),
+            "mask": self._upload(torch.zeros(1, 1, rows, cols)),
+            "own": self._upload(own, ttnn.float32),
+            "columns": self._upload(index, ttnn.float32),
+            **self._rope_tables(),
+        }
+        t_rows = [self._upload(r, ttnn.float32) for r in t_feature_rows(self.cfg.in_proj, self.freqs, steps)]
+        self._state = {
+            "samples": samples,
+            "steps": steps,
+            "cache": text.cache,
+            "plan": plan,
+            "buffers": buffers,
+            "t_rows": t_rows,
+            "trace": None,
+        }
+        return self._state
+
+    # ------------------------------------------------------------------ per prediction (device only)
+    def _prepare(self, state: dict[str, Any], offset: int, rope_delta: int) -> None:
+        """Mask and cos/sin of one prediction, built on the device into the persistent inputs."""
+        ttnn, b = self.ttnn, state["buffers"]
+        base, filled, last = rope_delta + offset, self.text.cache_len, self.text.max_seq_len
+        if not 1 <= offset <= filled or not 0 <= base <= last:
+            raise ValueError(
+                f"offset {offset} must be in [1, cache_len={filled}] (after <|traj_future_start|>) and "
+                f"rope_delta + offset = {base} in [0, {last}]"
+            )
+        visible = ttnn.lt(b["columns"], float(offset))
+        mask = ttnn.where(visible, 0.0, b["own"])
+        self._into(ttnn.typecast(mask, ttnn.bfloat16), b["mask"])
+        self._free(visible, mask)
+        for name in ("cos", "sin"):
+            end = [1, 1, base + FUTURE_STEPS, self.cfg.text.head_dim]
+            rows = ttnn.slice(b[f"{name}_table"], [0, 0, base, 0], end)
+            rep = ttnn.repeat(rows, (1, 1, state["samples"], 1)) if state["samples"] > 1 else rows
+            tiled = ttnn.to_layout(rep, ttnn.TILE_LAYOUT)
+            self._into(tiled, b[name])
+            self._free(rows, *([rep] if rep is not rows else []))
+
+    def _into(self, src: Any, dst: Any) -> None:
+        """dst <- src on the device (src freed)."""
+        self.ttnn.copy(src, dst)
+        self._free(src)
+
+    # ------------------------------------------------------------------ the step graph
+    def _features(self, b: dict[str, Any]) -> Any:
+        """The in-projection's input [1, 1, rows, F_p] bf16: FE(accel), FE(curvature), FE(t), zero padding."""
+        ttnn, s = self.ttnn, self._statics
+        x = b["x"]
+        rows = x.shape[-2]
+        a = ttnn.slice(x, [0, 0, 0, 0], [1, 1, rows, 1])
+        k = ttnn.slice(x, [0, 0, 0, 1], [1, 1, rows, 2])
+        ua, uk = ttnn.multiply(a, s["freq_a"]), ttnn.multiply(k, s["freq_k"])  # float32, exact products
+        self._free(a, k)
+        u = ttnn.add(ua, uk)  # one of the two is 0 in every column
+        self._free(ua, uk)
+        turns = ttnn.frac(u)
+        self._free(u)
+        phased = ttnn.add(turns, s["phase"])
+        self._free(turns)
+        angle = ttnn.multiply(phased, 2 * math.pi)
+        self._free(phased)
+        sines = ttnn.sin(angle)
+        self._free(angle)
+        scaled = ttnn.multiply(sines, math.sqrt(2))
+        self._free(sines)
+        feats = ttnn.add(scaled, b["t"])  # the t row already carries sqrt(2)
+        self._free(scaled)
+        out = ttnn.typecast(feats, ttnn.bfloat16)
+        self._free(feats)
+        return out
+
+    def _linear(self, x: Any, name: str, silu: bool = False) -> Any:
+        """x [1, 1, rows, K_p] @ expert weight `name` + its bias (SiLU fused when asked), bf16 DRAM."""
+        ttnn = self.ttnn
+        return ttnn.linear(
+            x,
+            self.weights[name],
+            bias=self.weights.get(name + ".bias"),
+            activation="silu" if silu else None,
+            compute_kernel_config=self.text.ck["expert"],
+            dtype=ttnn.bfloat16,
+            memory_config=ttnn.DRAM_MEMORY_CONFIG,
+        )
+
+    def _in_proj(self, feats: Any, plan: ExpertPlan) -> Any:
+        """Trunk (Linear, SiLU, (RMSNorm, Linear, SiLU)..., RMSNorm, Linear) and LayerNorm -> [1, 1, rows,
+        H_p] bf16, the residual stream (zero-padded past hidden)."""
+        ttnn, c = self.ttnn, self.cfg.in_proj
+        h = self._linear(feats, "expert.in_proj.0", silu=True)
+        self._free(feats)
+        for layer in range(c.num_enc_layers):
+            norm = 2 + 3 * layer
+            n = self.text._rms(h, self.weights[f"expert.in_proj.norm{norm}.tile"], TRUNK_NORM_EPS)
+            self._free(h)
+            h = self._linear(n, f"expert.in_proj.{norm + 1}", silu=layer < c.num_enc_layers - 1)
+            self._free(n)
+        out = ttnn.layer_norm(
+            h,
+            epsilon=OUT_NORM_EPS,
+            weight=self.weights["expert.in_proj.ln.weight"],
+            bias=self.weights["expert.in_proj.ln.bias"],
+            compute_kernel_config=self.text.ck["norm"],
+            memory_config=ttnn.DRAM_MEMORY_CONFIG,
+        )
+        self._free(h)
+        pad = plan.hidden_padded - self.cfg.text.hidden_size
+        if pad:
+            padded = ttnn.pad(out, [(0, 0), (0, 0), (0, 0), (0, pad)], 0.0)
+            self._free(out)
+            out = padded
+        return out
+
+    def _attend(self, i: int, plan: ExpertPlan, mask: Any):
+        """Layer i's attention: own K/V into the cache region, SDPA over the cache in place with the mask."""
+        ttnn, text = self.ttnn, self.text
+
+        def attend(q: Any, k: Any, v: Any) -> Any:
+            cache_k, cache_v = text.kv_cache[i]
+            text._fill_cache(cache_k, k, plan.rows, plan.region_start)
+            text._fill_cache(cache_v, v, plan.rows, plan.region_start)
+            return ttnn.transformer.scaled_dot_product_attention(
+                q,
+                cache_k,
+                cache_v,
+                attn_mask=mask,
+                is_causal=False,
+                scale=self.scale,
+                program_config=cfgs.sdpa(ttnn, plan.grid, plan.q_chunk, plan.k_chunk),
+                compute_kernel_config=text.ck["sdpa_prefill"],
+            )
+
+        return attend
+
+    def _velocity(self, state: dict[str, Any]) -> Any:
+        """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, mask."""
+        ttnn, b, plan, text = self.ttnn, state["buffers"], state["plan"], self.text
+        h = self._in_proj(self._features(b), plan)
+        for i in range(self.cfg.text.num_hidden_layers):
+            attend = self._attend(i, plan, b["mask"])
+            h = text.block_prefill(
+                self.cfg.text,
+                self.layer_weights[i],
+                h,
+                b["cos"],
+                b["sin"],
+                attend,
+                ops=EXPERT_GROUPS,
+                residual_eps=self.residual_eps,
+            )
+        hn = text._rms(h, self.weights["expert.norm.tile"], self.residual_eps)
+        self._free(h)
+        v = self._linear(hn, "expert.out_proj")
+        self._free(hn)
+        v32 = ttnn.typecast(v, ttnn.float32)
+        self._free(v)
+        return v32
+
+    def _euler_step(self, state: dict[str, Any]) -> None:
+        """x <- x + v(x, t) / N, written into the persistent x (the traced body: allocates, computes, frees)."""
+        ttnn, x = self.ttnn, state["buffers"]["x"]
+        v = self._velocity(state)
+        dv = ttnn.multiply(v, 1.0 / state["steps"])
+        self._free(v)
+        ttnn.add(x, dv, output_tensor=x)
+        self._free(dv)
+
+    # ------------------------------------------------------------------ public
+    def _write_noise(self, state: dict[str, Any], noise: torch.Tensor) -> None:
+        x = torch.zeros(1, 1, state["plan"].rows, X_WIDTH)
+        x[0, 0, : noise.shape[0] * FUTURE_STEPS, :ACTION_DIMS] = noise.reshape(-1, ACTION_DIMS)
+        ttnn = self.ttnn
+        with self.tracer.span("tt.host_to_device"):
+            host = ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT)
+            ttnn.copy_host_to_device_tensor(host, state["buffers"]["x"])
+
+    def _actions(self, state: dict[str, Any], samples: int) -> torch.Tensor:
+        x = self._download(state["buffers"]["x"])[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
+        return x.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
+
+    def _check(self, noise: torch.Tensor) -> torch.Tensor:
+        if not self.text.kv_cache:
+            raise RuntimeError("the text model has no KV cache: setup_cache, prefill and decode first")
+        return check_noise(noise, noise.shape[0] if noise.dim() else 0, FUTURE_STEPS)
+
+    def sample(
+        self,
+        noise: torch.Tensor,
+        offset: int,
+        rope_delta: int,
+        steps: int | None = None,
+        traced: bool = True,
+    ) -> torch.Tensor:
+        """Integrate `noise` [K, 64, 2] (float32, normalised) over `steps` Euler steps (the config's by
+        default) against the text model's cache -> [K, 64, 2] float32 normalised (accel, curvature).
+
+        `offset`: cache index of `<|traj_future_start|>` plus 1; `rope_delta`: the text model's M-RoPE delta.
+        Traced (default; card only, a dry run falls back to untraced): step 0 compiles the step eagerly, the
+        step is captured once per sample count and replayed for the rest; untraced: every step runs eagerly."""
+        noise = self._check(torch.as_tensor(noise))
+        steps = steps or self.cfg.num_inference_steps
+        samples = noise.shape[0]
+        traced = self.text.traced_here(traced)
+        ttnn = self.ttnn
+        state = self._setup(samples, steps)
+        b = state["buffers"]
+        with self.tracer.span("tt.expert_prepare"):
+            self._write_noise(state, noise)
+            self._prepare(state, offset, rope_delta)
+        for k in range(steps):
+            ttnn.copy(state["t_rows"][k], b["t"])
+            with self.tracer.span("expert_step", step=k, traced=traced):
+                if traced and state["trace"] is not None:
+                    ttnn.execute_trace(self.device, state["trace"], cq_id=0, blocking=False)
+                else:
+                    self._euler_step(state)
+                    if traced:
+                        self._capture(state)
+        with self.tracer.span("tt.expert_actions"):
+            return self._actions(state, samples)
+
+    def _capture(self, state: dict[str, Any]) -> None:
+        """Capture the step for the next replays; x is saved around the capture (on the device), so a capture
+        that also executes its commands cannot advance the state."""
+        ttnn, b = self.ttnn, state["buffers"]
+        ttnn.copy(b["x"], b["x_saved"])
+        trace = ttnn.begin_trace_capture(self.device, cq_id=0)
+        self._euler_step(state)
+        ttnn.end_trace_capture(self.device, trace, cq_id=0)
+        ttnn.copy(b["x_saved"], b["x"])
+        ttnn.synchronize_device(self.device)
+        state["trace"] = trace
+
+    def velocity(self, x: torch.Tensor, t: float, offset: int, rope_delta: int, steps: int) -> torch.Tensor:
+        """One untraced velocity v(x, t) [K, 64, 2] float32 (tests: per-step PCC against the torch expert);
+        t must be one of the `steps`-step schedule's times."""
+        x = self._check(torch.as_tensor(x))
+        times = torch.linspace(0.0, 1.0, steps + 1)[:steps]
+        k = int(torch.argmin((times - t).abs()))
+        if abs(float(times[k]) - t) > 1e-6:
+            raise ValueError(f"t = {t} is not a time of the {steps}-step schedule {times.tolist()}")
+        state = self._setup(x.shape[0], steps)
+        self._write_noise(state, x)
+        self._prepare(state, offset, rope_delta)
+        self.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
+        v = self._velocity(state)
+        out = self._download(v)[0, 0, : x.shape[0] * FUTURE_STEPS, :ACTION_DIMS]
+        self._free(v)
+        return out.float().reshape(x.shape[0], FUTURE_STEPS, ACTION_DIMS)
+
+
+def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """[1, 1, 1, F_p] float32 rows of the device Fourier features (F_p: the in-projection's K padded to a tile):
+    the accel frequencies and the curvature frequencies, each at their sine and cosine columns, and the phase
+    (a quarter turn makes the cosine columns' sines cosines). With x = (a, k) per row the device computes
+    sqrt(2) sin(2 pi (frac(a freq_a + k freq_k) + phase)), and the step's t row fills the t columns."""
+    width = round_up(cfg.num_features, TILE)
+    rows = {name: torch.zeros(1, 1, 1, width) for name in ("freq_a", "freq_k", "phase")}
+    n, f = cfg.num_freqs, cfg.num_fourier_feats
+    for dim, name in enumerate(("freq_a", "freq_k")):
+        rows[name][..., dim * f : dim * f + n] = freqs[dim]
+        rows[name][..., dim * f + n : (dim + 1) * f] = freqs[dim]
+        rows["phase"][..., dim * f + n : (dim + 1) * f] = 0.25
+    return rows
+
+
+def t_feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor], steps: int) -> list[torch.Tensor]:
+    """Per Euler step k, the [1, 1, 1, F_p] float32 row holding FE(t_k) at the t-feature columns, t_k =
+    linspace(0, 1, steps + 1)[k] (the reference sampler's times), computed with its `fourier_features`."""
+    start = ACTION_DIMS * cfg.num_fourier_feats
+    rows = []
+    for t in torch.linspace(0.0, 1.0, steps + 1)[:steps]:
+        row = torch.zeros(1, 1, 1, round_up(cfg.num_features, TILE))
+        row[..., start : start + cfg.num_fourier_feats] = fourier_features(t.view(1), freqs[-1])
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class TTExpertContext:
+    """Where one sampling reads the device cache: `offset` (cache index of `<|traj_future_start|>` plus 1),
+    the text model's `rope_delta` and the number of sample rows."""
+
+    offset: int
+    rope_delta: int
+    rows: int
+
+
+class TTExpertDecoder(ExpertDecoder):
+    """`alpamayo.expert.decoding.ExpertDecoder` on the device: the same `context` / `sample` / `record`
+    contract over a `TTTextModel` (one decoded sequence, so every row shares its cache and offset)."""
+
+    def __init__(self, expert: TTActionExpert, settings: FlowSettings = DEFAULT_FLOW):
+        if settings.guidance is not None:
+            raise ValueError(
+                "navigation guidance (--nav-guidance) is not implemented on --backend ttnn: it needs a second "
+                "prompt's cache on the device; use --backend torch for guided sampling"
+            )
+        super().__init__(expert, settings)
+
+    def close(self) -> None:
+        self.expert.close()
+
+    def context(self, text: TTTextModel, prompt_len: int, plans: Sequence[GeneratedPlan]) -> TTExpertContext:
+        offsets = set(offsets_after_reasoning(prompt_len, plans))
+        if len(offsets) != 1:
+            raise ValueError(
+                f"the ttnn backend decodes one sequence: its rows share one offset, got {sorted(offsets)}"
+            )
+        return TTExpertContext(offsets.pop(), text.rope_delta, len(plans))
+
+    def sample(
+        self,
+        ctx: TTExpertContext,
+        seed: int | None = None,
+        noise: torch.Tensor | None = None,
+        unguided: TTExpertContext | None = None,
+        tracer: Tracer | None = None,
+    ) -> torch.Tensor:
+        """[K, 64, 2] float32 normalised actions, K = ctx.rows (traced Euler steps on the device)."""
+        if unguided is not None:
+            raise ValueError("navigation guidance is not implemented on --backend ttnn")
+        x0 = noise_for(ctx.rows, FUTURE_STEPS, self.settings, seed, noise)
+        if tracer is not None:
+            self.expert.tracer = tracer
+        return self.expert.sample(x0, ctx.offset, ctx.rope_delta, self.steps)

@@ -1,0 +1,156 @@
+"""The ttnn action expert on a Blackhole p150 against the torch expert (marked `blackhole`).
+
+A tiny VLM (`TT_TINY["gqa2"]`) prefills a 100-token prompt on the device and in the torch reference; the tiny
+expert (`tests.tt_expert_cases`) then samples K = 1 and K = 3 trajectories from a fixed noise on each, in both
+presets. The torch expert runs in float32 on the recipe-rounded weights (`alpamayo.tt.quantized`, bit-exact with
+ttnn's packer) over the torch text model's recipe-rounded cache, so the thresholds measure the device
+implementation; the drift from the unrounded float32 expert is recorded beside them.
+
+  * velocity PCC >= 0.99 at every Euler step, the device and the reference evaluated at the reference's own x_k;
+  * waypoint ADE of the device's trajectory to the reference's (unicycle rollout at 10 m/s, 6.4 s) at most
+    ADE_FACTOR (4) times the drift the recipe's weight rounding alone causes (the reference against the
+    float32 expert on unrounded weights), and at least 0.5 m of slack: the rollout amplifies small velocity
+    errors (measured on this tiny random expert: bfp8 rounding alone, per-step velocity PCC 0.9997, drifts
+    0.46-0.81 m over the three samples), so a fixed bound in metres would measure the random weights;
+  * the traced sampling equals the untraced one bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from alpamayo.expert.sampler import euler_sample
+from alpamayo.expert.weights import load_expert
+from alpamayo.numerics import pcc
+from alpamayo.text import TextModel
+from alpamayo.tt.precision import load_precision
+from alpamayo.tt.precision_planner import kv_store
+from alpamayo.tt.quantized import QuantizedCheckpoint, rounded_expert
+from planner.action_space import UnicycleActionSpace
+from planner.metrics import ade
+from tests.tt_checkpoints import save_tt_checkpoint
+from tests.tt_expert_cases import TINY_VLM, save_expert_weights, tiny_expert
+
+pytestmark = pytest.mark.blackhole
+
+VELOCITY_PCC, ADE_FACTOR, ADE_FLOOR_M = 0.99, 4.0, 0.5
+PROMPT_LEN, MAX_SEQ_LEN, V0 = 100, 256, 10.0
+CASES = [f"{recipe}-K{k}" for recipe in ("accuracy", "performance") for k in (1, 3)]
+
+
+@pytest.fixture(scope="module")
+def device():
+    from alpamayo.tt.runtime import close_device, open_device
+
+    dev = open_device(64 << 20)  # tiny text decode + expert step traces need ~12 MiB
+    yield dev
+    close_device(dev)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    vlm = tmp_path_factory.mktemp("vlm")
+    save_tt_checkpoint(vlm, TINY_VLM, seed=23)
+    expert = tiny_expert()
+    return vlm, save_expert_weights(tmp_path_factory.mktemp("expert"), expert, seed=5), expert
+
+
+class Case:
+    """The device pair (text model, expert) and the torch pair on the recipe-rounded weights, K samples."""
+
+    def __init__(self, recipe, samples, device, checkpoints, tmp_path):
+        from alpamayo.checkpoint import Checkpoint
+        from alpamayo.tt.expert import TTActionExpert
+        from alpamayo.tt.text import TTTextModel
+
+        vlm, expert_dir, self.cfg = checkpoints
+        self.samples, self.precision = samples, load_precision(recipe)
+        self.tt_text = TTTextModel.from_checkpoint(vlm, precision=self.precision, device=device)
+        self.tt = TTActionExpert.from_checkpoint(expert_dir, self.tt_text, self.cfg)
+        rows = self.tt.plan_for(MAX_SEQ_LEN, samples).rows
+        self.tt_text.setup_cache(MAX_SEQ_LEN, reserve_rows=rows)
+        rounded = QuantizedCheckpoint(vlm, self.precision)
+        self.ref_text = TextModel.from_checkpoint(rounded, rounded.config)
+        self.ref_text.kv_store = kv_store(self.precision)
+        self.ref_text.setup_cache(MAX_SEQ_LEN, max_batch=samples)
+        tensors = rounded_expert(Checkpoint(expert_dir).get, self.cfg, self.precision)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp_path / "model.safetensors")
+        vlm_text = self.ref_text.text_cfg
+        self.ref = load_expert(tmp_path, self.cfg, vlm_text)
+        self.fp32 = load_expert(expert_dir, self.cfg, vlm_text)
+        prompt = torch.randint(0, 256, (PROMPT_LEN,), generator=torch.Generator().manual_seed(3))
+        self.tt_text.prefill(prompt)
+        self.ref_text.prefill(prompt)
+        self.ref_text.fork(samples)
+        self.offset, self.rope_delta = PROMPT_LEN, self.tt_text.rope_delta
+        self.ctx = self.ref.context(self.ref_text.cache, [self.offset] * samples, self.rope_delta, PROMPT_LEN)
+        self.ctx_fp32 = self.fp32.context(
+            self.ref_text.cache, [self.offset] * samples, self.rope_delta, PROMPT_LEN
+        )
+        self.noise = torch.randn(samples, 64, 2, generator=torch.Generator().manual_seed(11))
+
+    def close(self):
+        self.tt.close()
+        self.tt_text.close()
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request, device, checkpoints, tmp_path_factory):
+    recipe, k = request.param.split("-K")
+    c = Case(recipe, int(k), device, checkpoints, tmp_path_factory.mktemp(request.param))
+    yield c
+    c.close()
+
+
+def reference_run(expert, ctx, noise, steps):
+    """The torch sampling's final x and its (x_k, t_k, v_k) at every step."""
+    seen = []
+
+    def velocity(x, t):
+        v = expert.velocity(x, t, ctx)
+        seen.append((x.clone(), float(t[0]), v.float().clone()))
+        return v
+
+    return euler_sample(noise, steps, velocity), seen
+
+
+def waypoints(actions: torch.Tensor):
+    space = UnicycleActionSpace()
+    return [space.rollout(space.denormalise(a.double().numpy()), V0)[0] for a in actions]
+
+
+def test_velocity_matches_the_torch_expert_at_every_step(case, record_figure):
+    steps = case.cfg.num_inference_steps
+    _, seen = reference_run(case.ref, case.ctx, case.noise, steps)
+    worst = 1.0
+    for k, (x, t, v) in enumerate(seen):
+        got = case.tt.velocity(x, t, case.offset, case.rope_delta, steps)
+        value = pcc(v, got)
+        worst = min(worst, value)
+        assert value >= VELOCITY_PCC, f"step {k} (t = {t}): velocity PCC {value:.5f} < {VELOCITY_PCC}"
+    record_figure("velocity PCC, worst step", worst)
+
+
+def test_sampled_waypoints_match_the_torch_expert(case, record_figure):
+    steps = case.cfg.num_inference_steps
+    ref, _ = reference_run(case.ref, case.ctx, case.noise, steps)
+    fp32, _ = reference_run(case.fp32, case.ctx_fp32, case.noise, steps)
+    got = case.tt.sample(case.noise, case.offset, case.rope_delta)
+    drift = max(ade(a, b) for a, b in zip(waypoints(got), waypoints(ref), strict=True))
+    rounding = max(ade(a, b) for a, b in zip(waypoints(ref), waypoints(fp32), strict=True))
+    record_figure("waypoint ADE to the rounded torch expert m", drift)
+    record_figure("waypoint ADE of the rounding alone m", rounding)
+    record_figure(
+        "waypoint ADE to the float32 torch expert m",
+        max(ade(a, b) for a, b in zip(waypoints(got), waypoints(fp32), strict=True)),
+    )
+    assert drift <= max(ADE_FLOOR_M, ADE_FACTOR * rounding)
+
+
+def test_traced_sampling_is_identical_to_untraced(case):
+    traced = case.tt.sample(case.noise, case.offset, case.rope_delta, traced=True)
+    again = case.tt.sample(case.noise, case.offset, case.rope_delta, traced=True)  # replays every step
+    untraced = case.tt.sample(case.noise, case.offset, case.rope_delta, traced=False)
+    assert torch.equal(traced, untraced) and torch.equal(again, untraced)

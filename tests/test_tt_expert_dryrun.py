@@ -1,0 +1,152 @@
+"""The ttnn action expert under the dry run (mock p150, `alpamayo.tt.dryrun`): every device path of
+`TTActionExpert` through ttnn's host-side checks at the tiny and the real Alpamayo 1.5 dimensions (layers cut),
+and, from `ttnn.graph`, no host transfer inside the Euler step and none per prediction but the noise in and
+the actions out. Reads return zeros on the mock, so nothing here checks numbers (tests/test_tt_expert_device.py
+does, on a card)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from alpamayo.trajectory_generation import GeneratedPlan
+from alpamayo.tt.dryrun.graph import Capture
+from alpamayo.tt.precision import load_precision
+from alpamayo.tt.program_config import plan_text
+from tests.tt_checkpoints import TT_TINY, tiny_config
+from tests.tt_expert_cases import TINY_VLM, release_cut, save_expert_weights, tiny_expert
+
+pytestmark = pytest.mark.dryrun
+MAX_SEQ_LEN = 512
+STEPS = 2  # the loop and the step's programs are what the dry run checks; ten steps only repeat them
+
+
+def filled(text: Any, **reserve: int) -> Any:
+    """`text` with a fresh cache whose MAX_SEQ_LEN positions count as prefilled (on the mock whatever a prefill
+    wrote reads back as zeros)."""
+    text.setup_cache(MAX_SEQ_LEN, **reserve)
+    text.cache_len = MAX_SEQ_LEN
+    return text
+
+
+def weightless_text(device: Any, cfg: Any, recipe: str) -> Any:
+    """A `TTTextModel` without layer weights: the expert uses only its KV cache, plan, kernel configs and rope
+    (on the mock whatever fills the cache reads back as zeros, so a prefill would add nothing here)."""
+    from alpamayo.tt.text import TTTextModel
+
+    precision = load_precision(recipe)
+    embed = torch.zeros(1, cfg.text.hidden_size, dtype=torch.bfloat16)
+    return TTTextModel(cfg, precision, plan_text(cfg, precision), device, {}, embed)
+
+
+CASES = {
+    "tiny-performance": (lambda: (tiny_config(TT_TINY[TINY_VLM], TINY_VLM), tiny_expert()), "performance"),
+    "tiny-accuracy": (lambda: (tiny_config(TT_TINY[TINY_VLM], TINY_VLM), tiny_expert()), "accuracy"),
+    "alpamayo-1.5-10b-1-layer": (lambda: release_cut(1), "performance"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, dryrun_device, tmp_path_factory):
+    from alpamayo.tt.expert import TTActionExpert
+
+    build, recipe = CASES[request.param]
+    cfg, expert_cfg = build()
+    weights = save_expert_weights(tmp_path_factory.mktemp("expert"), expert_cfg)
+    text = weightless_text(dryrun_device, cfg, recipe)
+    expert = TTActionExpert.from_checkpoint(weights, text, expert_cfg)
+    yield text, expert
+    expert.close()
+    text.close()
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
+    text, expert = case
+    plan = expert.plan_for(MAX_SEQ_LEN, samples)
+    filled(text, reserve_rows=plan.rows)
+    assert text.kv_cache[0][0].shape[-2] == plan.cache_rows
+    noise = torch.randn(samples, 64, 2, generator=torch.Generator().manual_seed(samples))
+    actions = expert.sample(noise, offset=300, rope_delta=-40, steps=STEPS, traced=False)
+    assert actions.shape == (samples, 64, 2) and actions.dtype == torch.float32
+    b = expert._state["buffers"]
+    assert list(b["mask"].shape) == [1, 1, plan.rows, plan.cache_rows]
+    assert list(b["cos"].shape) == [1, 1, plan.rows, expert.cfg.text.head_dim]
+    assert list(b["x"].shape) == [1, 1, plan.rows, 32]
+
+
+def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in_place(case, record_figure):
+    text, expert = case
+    plan = expert.plan_for(MAX_SEQ_LEN, 1)
+    filled(text, reserve_rows=plan.rows)
+    expert.sample(torch.zeros(1, 64, 2), offset=200, rope_delta=0, steps=STEPS, traced=False)
+    state = expert._state
+    address = state["buffers"]["x"].buffer_address()
+    with Capture(expert.ttnn) as step:
+        expert._euler_step(state)
+    assert step.host_transfers() == []
+    assert state["buffers"]["x"].buffer_address() == address
+    record_figure(
+        f"device programs per Euler step ({expert.cfg.text.num_hidden_layers} layers)", step.programs()
+    )
+
+
+def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
+    text, expert = case
+    plan = expert.plan_for(MAX_SEQ_LEN, 3)
+    filled(text, reserve_rows=plan.rows)
+    noise = torch.zeros(3, 64, 2)
+    expert.sample(
+        noise, offset=250, rope_delta=-10, steps=STEPS, traced=False
+    )  # allocates the persistent state
+    with Capture(expert.ttnn) as prediction:
+        expert.sample(noise, offset=260, rope_delta=-12, steps=STEPS, traced=False)
+    with Capture(expert.ttnn) as noise_in:
+        expert._write_noise(expert._state, noise)
+    with Capture(expert.ttnn) as actions_out:
+        expert._actions(expert._state, 3)
+    assert noise_in.host_transfers() and actions_out.host_transfers()
+    assert prediction.host_transfers() == noise_in.host_transfers() + actions_out.host_transfers()
+
+
+def test_bad_predictions_are_refused_with_the_allowed_range(case):
+    text, expert = case
+    filled(text, reserve_rows=0)  # no rows for the expert's K/V
+    with pytest.raises(RuntimeError, match=r"call text.setup_cache\(512, reserve_rows=64\)"):
+        expert.sample(torch.zeros(1, 64, 2), offset=100, rope_delta=0, steps=STEPS, traced=False)
+    filled(text, reserve_rows=64)
+    with pytest.raises(ValueError, match=r"offset 600 must be in \[1, cache_len=512\]"):
+        expert.sample(torch.zeros(1, 64, 2), offset=600, rope_delta=0, steps=STEPS, traced=False)
+    with pytest.raises(ValueError, match="initial noise must be finite"):
+        expert.sample(torch.full((1, 64, 2), float("nan")), offset=100, rope_delta=0, traced=False)
+    with pytest.raises(ValueError, match=r"initial noise must have shape \[1, 64, 2\]"):
+        expert.sample(torch.zeros(1, 32, 2), offset=100, rope_delta=0, traced=False)
+
+
+def test_the_ttnn_backend_loads_the_device_expert_decoder_over_its_text_model(dryrun_device, tmp_path):
+    """`alpamayo.backends.load_expert_decoder` on ttnn: a TTExpertDecoder sharing the text model's device, whose
+    K/V region the text model's caches then reserve; one prediction's context and sampling through it."""
+    from alpamayo.backends import BackendOptions, load_expert_decoder
+    from alpamayo.checkpoint import open_checkpoint
+    from alpamayo.tt.expert import TTExpertDecoder
+    from alpamayo.tt.text import TTTextModel
+    from tests.tt_expert_cases import save_alpamayo_checkpoint
+
+    ckpt, cfg = open_checkpoint(save_alpamayo_checkpoint(tmp_path / "alpamayo", seed=1))
+    text = TTTextModel.from_checkpoint(ckpt, cfg, precision="performance", device=dryrun_device)
+    decoder = load_expert_decoder(ckpt, cfg, BackendOptions("ttnn", recipe="performance"), text)
+    try:
+        assert isinstance(decoder, TTExpertDecoder) and decoder.expert.device is dryrun_device
+        assert text.reserved_rows == 64
+        text.setup_cache(MAX_SEQ_LEN)
+        text.prefill(torch.arange(44) % 200)  # prompt (40), reasoning (3), <|traj_future_start|>
+        plan = GeneratedPlan([7, 8, 9], False, np.zeros(0, np.int64), [])
+        ctx = decoder.context(text, 40, [plan])
+        assert (ctx.offset, ctx.rows) == (44, 1)
+        assert decoder.sample(ctx, seed=0).shape == (1, 64, 2)
+    finally:
+        decoder.close()
+        text.close()

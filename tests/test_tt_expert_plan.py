@@ -1,0 +1,165 @@
+"""The action expert on one p150, planned on the CPU: its device tensors against the checkpoint's weight names,
+the `expert` precision group, the DRAM budget with its KV region, the step plan, the stage estimates and
+`alpamayo plan` for Alpamayo 1.5."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from alpamayo.cli import main
+from alpamayo.configs import builtin_expert
+from alpamayo.errors import ConfigError
+from alpamayo.tt.estimate import expert_estimate
+from alpamayo.tt.expert_weights import expert_weight_specs
+from alpamayo.tt.memory import plan_memory, spec_bytes
+from alpamayo.tt.precision import PRESETS, TENSOR_GROUPS, Precision
+from alpamayo.tt.program_config import PlanError, TextPlan, plan_expert
+from alpamayo.tt.weights import prepare, restore, weight_dtype
+
+RELEASE = "alpamayo-1.5-10b"
+
+
+@pytest.fixture(scope="module")
+def release():
+    return builtin_expert(RELEASE)
+
+
+def test_expert_specs_read_every_checkpoint_tensor_once_in_its_shape(release):
+    """The device tensors consume exactly the expert's tensors on disk (ExpertConfig.weight_shapes), each in
+    its shape, and restore them exactly (so QuantizedCheckpoint can round them as the device holds them)."""
+    _, expert = release
+    shapes = expert.weight_shapes()
+    specs = expert_weight_specs(expert)
+    read = {name for spec in specs for name in spec.sources}
+    assert read == set(shapes)
+    small = replace(expert, text=replace(expert.text, num_hidden_layers=1))
+    gen = torch.Generator().manual_seed(0)
+    tensors = {name: torch.randn(shape, generator=gen) for name, shape in small.weight_shapes().items()}
+    for spec in expert_weight_specs(small):
+        back = restore(spec, prepare(spec, tensors.__getitem__))
+        for name, t in back.items():
+            assert torch.equal(t.reshape(tensors[name].shape), tensors[name]), spec.name
+
+
+def test_expert_linears_are_in_the_expert_group_and_count_the_released_parameters(release, record_figure):
+    _, expert = release
+    linears = [s for s in expert_weight_specs(expert) if s.group == "expert"]
+    params = sum(math.prod(s.shape) for s in linears)
+    record_figure("expert linear parameters", params)
+    # 2.2806 B parameters in all (audit B.3), of which norms 36 x 2 x (2048 + 128) + 2048 + 1024 + 4096 + 2 ...
+    assert params == sum(
+        math.prod(shape) for name, shape in expert.weight_shapes().items() if len(shape) == 2
+    )
+    assert 2.28e9 < params < 2.281e9
+
+
+def test_presets_put_the_expert_in_bfp8_and_a_recipe_can_choose_bfp4():
+    assert "expert" in TENSOR_GROUPS
+    assert PRESETS["performance"].dtype("expert") == "bfp8"
+    assert PRESETS["performance"].math_fidelity("expert") == "hifi2"
+    assert PRESETS["accuracy"].math_fidelity("expert") == "hifi4"
+    mine = Precision.from_dict({"base": "performance", "dtypes": {"expert": "bfp4"}}, "mine")
+    assert mine.dtype("expert") == "bfp4" and mine.dtype("qkv") == "bfp8"
+
+
+@pytest.mark.parametrize("recipe", ["accuracy", "performance"])
+def test_the_expert_adds_its_weights_kv_region_and_trace_to_the_dram_budget(release, recipe):
+    cfg, expert = release
+    precision = PRESETS[recipe]
+    alone = plan_memory(replace(cfg, extra={}), precision, 4096)  # no expert fields: the VLM alone
+    both = plan_memory(cfg, precision, 4096, samples=3)  # the config's own expert
+    specs = expert_weight_specs(expert)
+    assert both.weights["expert"] == sum(
+        spec_bytes(s, weight_dtype(s, precision)) for s in specs if s.group == "expert"
+    )
+    assert both.weight_bytes - alone.weight_bytes == sum(
+        spec_bytes(s, weight_dtype(s, precision)) for s in specs
+    )
+    step = plan_expert(cfg, expert, precision, 4096, samples=3)
+    assert step.rows == 192 and step.cache_rows == TextPlan.cache_length(4096 + 192)
+    assert both.kv_cache / alone.kv_cache == step.cache_rows / TextPlan.cache_length(4096)
+    assert both.trace_region == alone.trace_region + step.trace_region_bytes
+    assert both.fits
+
+
+def test_the_step_plan_puts_the_expert_region_at_the_cache_tail_on_whole_tiles(release):
+    cfg, expert = release
+    for samples in (1, 3, 16):
+        plan = plan_expert(cfg, expert, PRESETS["performance"], 3000, samples)
+        assert plan.region_start + plan.rows == plan.cache_rows
+        assert plan.region_start >= 3000 and plan.region_start % 32 == 0
+        assert plan.rows % plan.q_chunk == 0 and plan.cache_rows % plan.k_chunk == 0
+
+
+def test_an_expert_that_cannot_read_the_vlm_cache_is_refused_naming_both(release):
+    cfg, expert = release
+    other = replace(expert, text=replace(expert.text, num_hidden_layers=12))
+    with pytest.raises(ConfigError, match="the action expert has 12 layers but the VLM has 36"):
+        plan_expert(cfg, other, PRESETS["performance"], 4096)
+    with pytest.raises(PlanError, match=r"samples = 0: the device expert runs 1..16"):
+        plan_expert(cfg, expert, PRESETS["performance"], 4096, samples=0)
+
+
+def test_expert_step_estimate_counts_every_matmul_and_the_attention_over_the_cache(release, record_figure):
+    """FLOPs and bytes from the config's dimensions (audit B.11: ~351 GFLOP per step at a 3.1k prompt)."""
+    cfg, expert = release
+    t = expert.text
+    step = expert_estimate(cfg, expert, PRESETS["performance"], 4096, 1)
+    plan = plan_expert(cfg, expert, PRESETS["performance"], 4096, 1)
+    inter = 8256  # a whole number of tiles: the expert's weights are interleaved, not padded to the banks
+    per_layer = t.hidden_size * (t.q_dim + 2 * t.kv_dim) + t.q_dim * t.hidden_size + 3 * t.hidden_size * inter
+    in_proj = 64 * 512 + 512 * 512 + 512 * 2048
+    linear = 2 * 64 * (t.num_hidden_layers * per_layer + in_proj + 2048 * 32)
+    attention = 4 * 64 * plan.cache_rows * t.num_attention_heads * t.head_dim * t.num_hidden_layers
+    assert step.flops() == pytest.approx(linear + attention)
+    record_figure("expert step GFLOP (K=1)", step.flops() / 1e9)
+    from alpamayo.tt.device_spec import P150
+
+    record_figure("expert step estimated ms (performance, K=1)", step.ms(P150))
+    assert step.repeat == expert.num_inference_steps == 10
+    # K = 1 reads ~2.4 GB of bfp8 weights per step: bound by DRAM, not by the 64 rows' compute
+    assert step.compute_share(P150) < 0.1
+    big = expert_estimate(cfg, expert, PRESETS["performance"], 4096, 16)
+    assert big.compute_share(P150) > 0.9
+
+
+def test_plan_cli_prints_the_alpamayo_1_5_budget_fit_and_estimates(capsys):
+    assert main(["plan", "--checkpoint", RELEASE, "--max-seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "action expert with 1 sample(s), recipe 'performance', max_seq_len 4096" in out
+    assert "weights expert" in out
+    assert "presets that fit on one Blackhole p150: accuracy (" in out and "performance (" in out
+    assert "ESTIMATED ms per stage" in out and "16 images 320x576, prompt 3072 tokens" in out
+    assert "expert step (K=1)" in out and "x 10 =" in out
+    assert "expert attention: non-causal SDPA with mask over the VLM cache in place" in out
+
+
+def test_plan_cli_names_a_bad_image_size(capsys):
+    assert main(["plan", "--checkpoint", RELEASE, "--image-size", "320by576"]) == 2
+    assert "--image-size '320by576': expected HEIGHTxWIDTH" in capsys.readouterr().err
+
+
+def test_device_fourier_tables_give_the_in_projections_features(release):
+    """The device's feature recipe (x * freq rows in float32, frac, phase, sin, sqrt(2), plus the step's t row)
+    on the tables `feature_rows` / `t_feature_rows` build equals the torch in-projection's own features for
+    |f x| up to ~500, where a bf16 or 10-bit-mantissa product of x and f would already be off by a radian."""
+    from alpamayo.expert.in_proj import ActionInProj, default_freqs
+    from alpamayo.tt.expert import feature_rows, t_feature_rows
+
+    _, expert = release
+    c = expert.in_proj
+    freqs = [default_freqs(c)] * 3
+    in_proj = ActionInProj(freqs, [(torch.zeros(1, c.num_features), torch.zeros(1))], [], (None, None))
+    x = torch.randn(3, 64, 2, generator=torch.Generator().manual_seed(0)) * 2.5
+    tables = feature_rows(c, freqs)
+    for k, t_row in enumerate(t_feature_rows(c, freqs, 10)):
+        u = x[..., :1] * tables["freq_a"][0, 0] + x[..., 1:] * tables["freq_k"][0, 0]
+        device = math.sqrt(2) * torch.sin(2 * math.pi * (torch.frac(u) + tables["phase"][0, 0])) + t_row[0, 0]
+        reference = in_proj.features(x, torch.full((3,), k / 10))
+        assert device.shape[-1] == 64 and torch.equal(device[..., 60:], torch.zeros(3, 64, 4))
+        # both round the float32 argument: one ulp of 2 pi f x at |2 pi f x| ~ 3000 rad is 2.4e-4
+        assert (device[..., :60] - reference).abs().max() < 1e-3, k
