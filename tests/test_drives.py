@@ -275,16 +275,16 @@ def test_realtime_replay_answers_ticks_from_the_new_sources(
 @pytest.mark.parametrize("name", ["rosbag2", "pai"])
 def test_profile_prints_the_latency_table_for_the_new_sources(demo_checkpoint, one_camera, name, capsys):
     args = ["profile", str(one_camera[name]), "--checkpoint", str(demo_checkpoint), "--warmup", "0"]
-    args += ["--iters", "2", "--max-reasoning-tokens", "2", "--no-progress"]
+    args += ["--iters", "1", "--max-reasoning-tokens", "2", "--no-progress"]
     assert main([*args, *source_args(one_camera, name, "--pai-cameras")]) == 0
     printed = capsys.readouterr().out
-    assert "Latency per stage (ms) over 2 measured ticks" in printed and "1 camera(s) [1]" in printed
+    assert "Latency per stage (ms) over 1 measured ticks" in printed and "1 camera(s) [1]" in printed
     stages = {
         line.split()[0]: int(line.split()[1])
         for line in printed.splitlines()
         if line.startswith(("decode ", "prefill "))
     }
-    assert stages["decode"] >= 2 and stages["prefill"] == 2
+    assert stages["decode"] >= 1 and stages["prefill"] == 1
 
 
 # --- bad input: precise errors, counted skips ---
