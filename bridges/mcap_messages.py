@@ -291,7 +291,8 @@ def timestamp_ns(stamp: dict[str, int]) -> int:
 
 
 def pose(xyz: Sequence[float], quat_xyzw: Sequence[float]) -> dict[str, dict[str, float]]:
-    """Foxglove Pose dict: position xyz [3] metres, orientation quat_xyzw [4] (x, y, z, w)."""
+    """Foxglove Pose dict: position xyz [3] metres, orientation quat_xyzw [4] (x, y, z, w); ROS 2's
+    geometry_msgs/Pose has the same fields (`alpamayo.replay.ros2_outputs` writes it as CDR)."""
     x, y, z = (float(v) for v in xyz)
     qx, qy, qz, qw = (float(v) for v in quat_xyzw)
     return {"position": {"x": x, "y": y, "z": z}, "orientation": {"x": qx, "y": qy, "z": qz, "w": qw}}

@@ -21,6 +21,12 @@ SHUTDOWN_TIMEOUT_S = 0.5
 
 def start_serve(*args: str) -> tuple[subprocess.Popen, dict]:
     """`alpamayo serve` on free loopback ports; returns the process and its endpoints (from its output)."""
+    proc, endpoints, _ = start_serve_logged(*args)
+    return proc, endpoints
+
+
+def start_serve_logged(*args: str) -> tuple[subprocess.Popen, dict, str]:
+    """As `start_serve`, also returning what serve printed up to its "serving:" line (stdout and stderr)."""
     cameras = "{" + ", ".join(f"{n}: {i}" for n, i in CAMERAS.items()) + "}"
     cmd = [sys.executable, "-m", "alpamayo.cli", "serve", "--input", LOOPBACK, "--output", LOOPBACK]
     cmd += ["--control", LOOPBACK, "--set", f"cameras={cameras}", *args]
@@ -29,7 +35,7 @@ def start_serve(*args: str) -> tuple[subprocess.Popen, dict]:
     for line in proc.stdout:
         lines.append(line)
         if line.startswith("serving: "):
-            return proc, ast.literal_eval(line.removeprefix("serving: "))
+            return proc, ast.literal_eval(line.removeprefix("serving: ")), "".join(lines)
     proc.wait()
     raise AssertionError("serve exited before serving:\n" + "".join(lines))
 

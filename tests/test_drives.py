@@ -17,6 +17,7 @@ from mcap_ros2.decoder import DecoderFactory
 
 from alpamayo.cli import main
 from alpamayo.replay.ticks import TickAssembler
+from alpamayo.rotations import yaw_to_quat
 from bridges.drives import open_drive
 from bridges.drives.pai import REPO_FOLDER, VIEW_DIR, VIEW_REVISION
 from bridges.recording import RecordingError, RecordingLayout
@@ -153,21 +154,33 @@ def predictions(path: Path) -> list[bytes]:
         return [m.data for _, c, m in make_reader(f).iter_messages(topics=["/alpamayo/prediction"])]
 
 
-def test_lockstep_predictions_are_byte_identical_across_sources_and_ros2_output_reads_back(
-    demo_checkpoint, tmp_path, capsys
-):
-    # One camera keeps the model's work to 4 frames a tick (the demo model takes ~10 s a tick on 2 busy cores).
+@pytest.fixture(scope="module")
+def one_camera(tmp_path_factory) -> dict[str, str | Path]:
+    """The known drive on camera 1 only, in each layout: one camera keeps the model's work to 4 frames a tick
+    (the demo model takes ~10 s a tick on 2 busy cores with all four)."""
+    root = tmp_path_factory.mktemp("one-camera")
     known = KnownDrive(cameras=(1,))
-    layouts = {
-        "foxglove": write_foxglove(tmp_path / "foxglove.mcap", known),
-        "rosbag2": write_rosbag2(tmp_path / "rosbag2.mcap", known),
+    return {
+        "foxglove": write_foxglove(root / "foxglove.mcap", known),
+        "rosbag2": write_rosbag2(root / "rosbag2.mcap", known),
         "pai": f"pai:{CLIP}",
+        "pai_dir": write_pai(root / "pai", known),
     }
-    pai = ["--pai-dir", str(write_pai(tmp_path / "pai", known)), "--cameras", "1"]
+
+
+def source_args(layouts: dict[str, str | Path], name: str, cameras_flag: str = "--cameras") -> list[str]:
+    """The drive-source flags of layout `name`: PAI's directory and camera 1."""
+    return ["--pai-dir", str(layouts["pai_dir"]), cameras_flag, "1"] if name == "pai" else []
+
+
+def test_lockstep_predictions_are_byte_identical_across_sources_and_ros2_output_reads_back(
+    demo_checkpoint, one_camera, tmp_path, capsys
+):
+    layouts = one_camera
     outs = {}
     for name in ("foxglove", "rosbag2", "pai"):
         outs[name] = tmp_path / f"{name}.out.mcap"
-        assert replay(layouts[name], demo_checkpoint, outs[name], *(pai if name == "pai" else [])) == 0
+        assert replay(layouts[name], demo_checkpoint, outs[name], *source_args(layouts, name)) == 0
     reference = predictions(outs["foxglove"])
     assert len(reference) == 1
     assert predictions(outs["rosbag2"]) == reference
@@ -211,8 +224,67 @@ def test_lockstep_predictions_are_byte_identical_across_sources_and_ros2_output_
         ]
         first = np.hypot(sample["x"][0], sample["y"][0]) / 0.1
         assert trajectory.points[0].longitudinal_velocity_mps == pytest.approx(first, rel=1e-6)
+        orientation = [[getattr(p.pose.orientation, k) for k in "xyzw"] for p in trajectory.points]
+        assert np.allclose(orientation, yaw_to_quat(np.array(sample["heading"])), atol=1e-7)
+    # The recorded future as the lock-step tick holds it (t0 ego frame), each pose stamped t0 + k * 0.1 s.
+    _, _, (tick, *_) = ticks_of(layouts["rosbag2"])
+    ((_, future),) = decoded["/alpamayo/recorded_future"]
+    assert future.header.frame_id == "base_link" and len(future.poses) == 64
+    assert [p.header.stamp.sec * 10**9 + p.header.stamp.nanosec for p in future.poses] == [
+        tick.t0_ns + k * 100_000_000 for k in range(1, 65)
+    ]
+    xyz = [[getattr(p.pose.position, k) for k in "xyz"] for p in future.poses]
+    orientation = [[getattr(p.pose.orientation, k) for k in "xyzw"] for p in future.poses]
+    assert np.allclose(xyz, tick.future[0], atol=1e-9)
+    assert np.allclose(orientation, yaw_to_quat(tick.future[1]), atol=1e-9)
     reasoning = decoded["/alpamayo/reasoning"][0][1].data
     assert reasoning == json.loads(reference[0])["samples"][0]["reasoning"]
+
+
+@pytest.mark.parametrize("name", ["rosbag2", "pai"])
+def test_realtime_replay_answers_ticks_from_the_new_sources(
+    demo_checkpoint, one_camera, name, tmp_path, capsys
+):
+    """Issue 19: `replay --realtime` reads a rosbag2 bag and a PhysicalAI-AV clip as it reads Foxglove MCAP.
+    At the recorded pace (1x) the node, ~0.4 s a prediction here, answers 2 of the 5 ticks (t0 = 1.6 .. 2.0 s;
+    newest wins, so at least the first it sees) and drops the rest; the accounting must add up."""
+    out, report = tmp_path / "rt.mcap", tmp_path / "rt.json"
+    args = ["replay", str(one_camera[name]), "--checkpoint", str(demo_checkpoint), "--out", str(out)]
+    args += [
+        "--realtime",
+        "--speed",
+        "1",
+        "--json",
+        str(report),
+        "--max-reasoning-tokens",
+        "2",
+        "--no-progress",
+    ]
+    assert main([*args, *source_args(one_camera, name)]) == 0
+    assert "real-time at 1.0x" in capsys.readouterr().out
+    ticks = json.loads(report.read_text())["ticks"]
+    assert ticks["offered"] == 5 and ticks["answered"] >= 1  # t0 = 1.6 .. 2.0 s, as in lock step
+    assert ticks["answered"] + ticks["dropped"] == ticks["offered"]
+    answered = [json.loads(data) for data in predictions(out)]
+    assert len(answered) == ticks["answered"]
+    for prediction in answered:
+        assert prediction["t0_ns"] in range(1_600_000_000, 2_000_000_001, 100_000_000)
+        assert len(prediction["samples"][0]["x"]) == 64
+
+
+@pytest.mark.parametrize("name", ["rosbag2", "pai"])
+def test_profile_prints_the_latency_table_for_the_new_sources(demo_checkpoint, one_camera, name, capsys):
+    args = ["profile", str(one_camera[name]), "--checkpoint", str(demo_checkpoint), "--warmup", "0"]
+    args += ["--iters", "1", "--max-reasoning-tokens", "2", "--no-progress"]
+    assert main([*args, *source_args(one_camera, name, "--pai-cameras")]) == 0
+    printed = capsys.readouterr().out
+    assert "Latency per stage (ms) over 1 measured ticks" in printed and "1 camera(s) [1]" in printed
+    stages = {
+        line.split()[0]: int(line.split()[1])
+        for line in printed.splitlines()
+        if line.startswith(("decode ", "prefill "))
+    }
+    assert stages["decode"] >= 1 and stages["prefill"] == 1
 
 
 # --- bad input: precise errors, counted skips ---

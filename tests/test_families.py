@@ -343,11 +343,18 @@ def test_ask_answers_up_to_answer_end_and_r1_refuses(releases, vla_of):
         r1.ask(frames, "Is the road clear?")
 
 
+def moved_away(release, to) -> str:
+    """Copy the release checkpoint `release` to `to`, away from the base model beside it that its
+    `vlm_name_or_path` names; returns that base model's directory, for `--base-model`."""
+    shutil.copytree(release, to)
+    return str(release.parent / f"{release.name}-base")
+
+
 def test_predict_and_ask_commands_with_base_model_print_the_family(releases, tmp_path, capsys):
     from alpamayo.cli import main
 
     moved = tmp_path / "ckpt"
-    shutil.copytree(releases["alpamayo1.5"], moved)  # its ../alpamayo1.5-base no longer exists
+    base = moved_away(releases["alpamayo1.5"], moved)  # its ../alpamayo1.5-base is not beside it there
     write_prediction_inputs(tmp_path, *one_camera(), straight_history())
     args = [
         "predict",
@@ -361,7 +368,6 @@ def test_predict_and_ask_commands_with_base_model_print_the_family(releases, tmp
     args += ["--max-reasoning-tokens", "3", "--seed", "0"]
     assert main(args) == 2
     assert "base model 'vlm_name_or_path' = '../alpamayo1.5-base' not found" in capsys.readouterr().err
-    base = str(releases["alpamayo1.5"].parent / "alpamayo1.5-base")
     assert main([*args, "--base-model", base]) == 0
     text = capsys.readouterr().out
     assert (
@@ -375,6 +381,56 @@ def test_predict_and_ask_commands_with_base_model_print_the_family(releases, tmp
     )
     out = json.loads(capsys.readouterr().out)
     assert out["family"] == "alpamayo1.5" and len(out["token_ids"]) == 2
+
+
+def test_replay_prints_the_family_first(releases, tmp_path, capsys):
+    from alpamayo.cli import main
+    from alpamayo.demo_drive import make_demo_drive
+
+    base = moved_away(releases["alpamayo1.5"], tmp_path / "ckpt")
+    drive = make_demo_drive(tmp_path / "drive.mcap", 1.7, 1, 5, (72, 128)).path
+    args = ["replay", str(drive), "--checkpoint", str(tmp_path / "ckpt"), "--base-model", base]
+    args += ["--out", str(tmp_path / "out.mcap"), "--max-ticks", "1", "--max-reasoning-tokens", "2"]
+    args += ["--no-progress", "--decoder", "tokens"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith(
+        "model family: Alpamayo 1.5 (alpamayo1.5); decoding: temperature 0.6, top_p 0.98, top_k all; "
+        "trajectory decoder: trajectory tokens\n"
+    )
+    assert "Latency per stage (ms) over 1 measured ticks" in captured.out
+
+
+def test_serve_prints_the_family_at_start_up(releases, tmp_path):
+    import signal
+
+    from tests.test_bridge_serve import start_serve_logged, stop
+
+    base = moved_away(releases["r1"], tmp_path / "ckpt")
+    serve, _, startup = start_serve_logged(
+        "--checkpoint", str(tmp_path / "ckpt"), "--base-model", base, "--set", "warmup.runs=0"
+    )
+    try:
+        assert (
+            "model family: Alpamayo 1 (R1) (r1); decoding: temperature 0.6, top_p 0.98, top_k all" in startup
+        )
+        assert startup.index("loading model from") < startup.index("model family:")
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(10) == 0
+    finally:
+        stop(serve)
+
+
+MODEL_COMMANDS = ("generate", "predict", "ask", "replay", "profile", "serve", "plan", "eval", "precision")
+
+
+def test_every_command_that_loads_a_model_takes_base_model():
+    """`demo` is not among them: it loads only the checkpoint it writes, with its base model beside it."""
+    from alpamayo.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    missing = [c for c in MODEL_COMMANDS if "--base-model" not in commands[c]._option_string_actions]
+    assert missing == []
 
 
 # ------------------------------------------------------------------ base-model resolution

@@ -101,6 +101,26 @@ def test_a_yaml_recipe_with_bf16_weights_barely_moves_the_model(
     assert bf16 > acc and bf16 > 0.9999
 
 
+def test_an_alpamayo_1_5_checkpoint_takes_its_base_model_from_base_model(bf16_recipe, tmp_path, capsys):
+    """Issue 13: `--base-model DIR` on every command that loads a model; here the checkpoint was moved away
+    from the base model its `vlm_name_or_path` names, so only `--base-model` finds it (reference model, the
+    rounded recipe's checkpoint and the tokenizer all read it)."""
+    import shutil
+
+    from alpamayo.demo_checkpoint import make_demo_checkpoint
+
+    release = make_demo_checkpoint(tmp_path / "release", seed=0, layout="alpamayo1.5")
+    moved = tmp_path / "elsewhere" / "release"
+    shutil.copytree(release, moved)  # its ../release-base is not beside it there
+    args = ["precision", "--checkpoint", str(moved), "--recipe", str(bf16_recipe), *FAST]
+    assert main(args) == 2
+    assert "base model 'vlm_name_or_path' = '../release-base' not found" in capsys.readouterr().err
+    assert main([*args, "--base-model", str(tmp_path / "release-base")]) == 0
+    table = capsys.readouterr().out
+    row = next(line.split() for line in table.splitlines() if line.startswith("bf16 "))
+    assert float(row[2]) > 0.9999  # logits PCC of the all-bf16 recipe, as on the demo layout
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

@@ -1,6 +1,7 @@
 """`alpamayo precision`: what each precision recipe costs, on the CPU (no card, no ttnn needed).
 
-    alpamayo precision --checkpoint DIR [--recipe accuracy --recipe performance --recipe FILE.yaml]
+    alpamayo precision --checkpoint DIR [--base-model DIR]
+                       [--recipe accuracy --recipe performance --recipe FILE.yaml]
                        [--drive DRIVE.mcap | --drive pai:CLIP[@T0_US] --pai-dir DIR] [--json REPORT.json]
 
 Prints a table (per recipe: worst per-layer PCC, final-logit PCC, teacher-forced top-1 agreement, vision
@@ -15,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from alpamayo.commands.common import RECIPE_HELP
+from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
 from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args
 from alpamayo.tt.precision_planner import Settings, precision_report
 
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="compare ttnn precision recipes on the CPU: layer/logit PCC, top-1, drive drift, DRAM",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (HF or Alpamayo layout)")
+    p.add_argument("--base-model", default=None, help=BASE_MODEL_HELP)
     p.add_argument(
         "--recipe",
         action="append",
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         warn=lambda message: print(f"alpamayo precision: warning: {message}", file=sys.stderr),
         pai_dir=args.pai_dir,
         cameras=args.pai_cameras,
+        base_model=args.base_model,
     )
     print(report.table())
     if json_path is not None:

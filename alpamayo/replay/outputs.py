@@ -74,7 +74,9 @@ class TickOutput:
 Encoded = list[tuple[str, str, str, bytes]]  # (topic, schema, encoding, payload)
 
 
-def _poses(xyz: np.ndarray, heading: np.ndarray) -> list[dict[str, Any]]:
+def yaw_poses(xyz: np.ndarray, heading: np.ndarray) -> list[dict[str, Any]]:
+    """Pose dicts (`bridges.mcap_messages.pose`; Foxglove's Pose and ROS 2's geometry_msgs/Pose alike) of
+    positions xyz [N, 3] m with headings [N] rad (yaw about +z)."""
     return [pose(p, q) for p, q in zip(xyz, yaw_to_quat(heading), strict=True)]
 
 
@@ -154,7 +156,7 @@ class PredictionRecorder:
             self._encode(
                 "/alpamayo/trajectory",
                 "foxglove.PosesInFrame",
-                {"timestamp": stamp, "frame_id": EGO_FRAME, "poses": _poses(best.xyz, best.heading)},
+                {"timestamp": stamp, "frame_id": EGO_FRAME, "poses": yaw_poses(best.xyz, best.heading)},
             ),
             self._encode(
                 "/alpamayo/reasoning",
@@ -171,7 +173,7 @@ class PredictionRecorder:
             self._encode("/alpamayo/prediction", "alpamayo.Prediction", prediction_record(out)),
         ]
         if out.future_xyz is not None and out.future_heading is not None:
-            poses = _poses(out.future_xyz, out.future_heading)
+            poses = yaw_poses(out.future_xyz, out.future_heading)
             encoded.append(
                 self._encode(
                     "/alpamayo/recorded_future",

@@ -25,8 +25,7 @@ from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer
 
 from alpamayo.prediction import DT_S, FUTURE_STEPS
-from alpamayo.replay.outputs import EGO_FRAME, TIMINGS_TOPIC, TickOutput, timings_record
-from alpamayo.rotations import yaw_to_quat
+from alpamayo.replay.outputs import EGO_FRAME, TIMINGS_TOPIC, TickOutput, timings_record, yaw_poses
 from bridges.ros2_messages import definition, stamp
 
 WORLD_FRAME = "map"  # ROS's fixed world frame name (REP 105)
@@ -41,12 +40,6 @@ TYPES = {
 Encoded = list[tuple[str, dict[str, Any]]]  # (topic, message fields)
 
 
-def _pose(xyz: np.ndarray, quat_xyzw: np.ndarray) -> dict[str, dict[str, float]]:
-    x, y, z = (float(v) for v in xyz)
-    qx, qy, qz, qw = (float(v) for v in quat_xyzw)
-    return {"position": {"x": x, "y": y, "z": z}, "orientation": {"x": qx, "y": qy, "z": qz, "w": qw}}
-
-
 def trajectory_points(
     t_s: np.ndarray, xyz: np.ndarray, heading: np.ndarray, actions: np.ndarray
 ) -> list[dict[str, Any]]:
@@ -56,11 +49,10 @@ def trajectory_points(
     speed = np.linalg.norm(steps, axis=1) / DT_S
     heading_rate = np.diff(np.concatenate([[0.0], heading])) / DT_S
     accel = actions[:, 0] if actions.shape == (FUTURE_STEPS, 2) else np.zeros(len(xyz))
-    quats = yaw_to_quat(heading)
     return [
         {
             "time_from_start": stamp(round(float(t) * 1e9)),
-            "pose": _pose(p, q),
+            "pose": p,
             "longitudinal_velocity_mps": float(v),
             "lateral_velocity_mps": 0.0,
             "acceleration_mps2": float(a),
@@ -68,7 +60,7 @@ def trajectory_points(
             "front_wheel_angle_rad": 0.0,
             "rear_wheel_angle_rad": 0.0,
         }
-        for t, p, q, v, a, r in zip(t_s, xyz, quats, speed, accel, heading_rate, strict=True)
+        for t, p, v, a, r in zip(t_s, yaw_poses(xyz, heading), speed, accel, heading_rate, strict=True)
     ]
 
 
@@ -131,12 +123,7 @@ class Ros2Recorder:
                     "pose": p,
                 }
                 for t, p in zip(
-                    out.prediction.t_s,
-                    (
-                        _pose(x, q)
-                        for x, q in zip(out.future_xyz, yaw_to_quat(out.future_heading), strict=True)
-                    ),
-                    strict=True,
+                    out.prediction.t_s, yaw_poses(out.future_xyz, out.future_heading), strict=True
                 )
             ]
             encoded.append(("/alpamayo/recorded_future", {"header": header, "poses": poses}))

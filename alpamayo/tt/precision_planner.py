@@ -194,19 +194,18 @@ def drive_ticks(
     return ticks
 
 
-def evaluation_ids(directory: Path, prompt_tokens: int) -> torch.Tensor:
-    """The first `prompt_tokens` tokens of the built-in driving corpus in the checkpoint's tokenizer."""
-    ids = model_tokenizer(load_config(directory))(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
+def evaluation_ids(cfg: ModelConfig, prompt_tokens: int) -> torch.Tensor:
+    """The first `prompt_tokens` tokens of the built-in driving corpus in the tokenizer of the model `cfg`."""
+    ids = model_tokenizer(cfg)(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
     if len(ids) < prompt_tokens:
         raise ValueError(f"prompt-tokens {prompt_tokens}: the corpus has only {len(ids)} tokens")
     return torch.tensor(ids[:prompt_tokens])
 
 
-def reference(directory: Path, settings: Settings, ticks: Sequence[Any]) -> Reference:
-    """Everything the unrounded float32 model contributes to the comparison."""
-    cfg = load_config(directory)
+def reference(directory: Path, cfg: ModelConfig, settings: Settings, ticks: Sequence[Any]) -> Reference:
+    """Everything the unrounded float32 model (`cfg`, as `load_config` read it) contributes to the comparison."""
     model = TextModel.from_checkpoint(directory, cfg)
-    prompt = evaluation_ids(directory, settings.prompt_tokens)
+    prompt = evaluation_ids(cfg, settings.prompt_tokens)
     model.setup_cache(prompt.numel() + settings.tokens)
     continuation = greedy_continue(model, model.prefill(prompt), settings.tokens)
     ids = torch.cat([prompt, torch.tensor(continuation[:-1], dtype=torch.long)])
@@ -244,9 +243,11 @@ def evaluate_recipe(
     ref: Reference,
     settings: Settings,
     ticks: Sequence[Any],
+    base_model: str | None = None,
 ) -> RecipeReport:
-    """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan."""
-    weights = QuantizedCheckpoint(directory, precision)
+    """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan; `base_model`
+    as `load_config` takes it (R1 / 1.5)."""
+    weights = QuantizedCheckpoint(directory, precision, base_model=base_model)
     cfg = weights.config
     model = TextModel.from_checkpoint(weights, cfg)
     model.kv_store = kv_store(precision)
@@ -378,19 +379,21 @@ def precision_report(
     warn: Callable[[str], None] = print,
     pai_dir: str | Path | None = None,
     cameras: Sequence[int] | None = None,
+    base_model: str | Path | None = None,
 ) -> PrecisionReport:
     """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path or
-    `pai:CLIP[@T0_US]` with `pai_dir`)."""
+    `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
+    `alpamayo.config.load_config`)."""
     settings.validate()
     directory = Path(directory)
     precisions = [load_precision(r) for r in recipes]
-    cfg = load_config(directory)
+    cfg = load_config(directory, base_model)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
     ticks = drive_ticks(drive, settings.ticks, warn, pai_dir, cameras) if drive is not None else []
-    ref = reference(directory, settings, ticks)
+    ref = reference(directory, cfg, settings, ticks)
     reports = [
-        evaluate_recipe(directory, p, plan, ref, settings, ticks)
+        evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model)
         for p, plan in zip(precisions, plans, strict=True)
     ]
     return PrecisionReport(

@@ -74,8 +74,14 @@ def round_to(t: torch.Tensor, dtype: str) -> torch.Tensor:
 class QuantizedCheckpoint(Checkpoint):
     """See module docstring. `config` is the model config to build from it (tied heads untied)."""
 
-    def __init__(self, directory: str | Path, recipe: str | Precision, dram_banks: int = P150.dram_banks):
-        cfg = load_config(directory)
+    def __init__(
+        self,
+        directory: str | Path,
+        recipe: str | Precision,
+        dram_banks: int = P150.dram_banks,
+        base_model: str | Path | None = None,
+    ):
+        cfg = load_config(directory, base_model)
         super().__init__(directory, cfg.weight_prefix)
         self.precision = load_precision(recipe)
         self.config = replace(cfg, tie_word_embeddings=False)
