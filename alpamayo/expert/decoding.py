@@ -121,9 +121,7 @@ class ExpertDecoder:
             vlm.prefill_hidden(ids, features)
             text.fork(rows)
             text.extend(replay)
-            return self.expert.context(
-                cache, offsets_after_reasoning(len(ids), plans), text.rope_delta, text.cache_len
-            )
+            return self.context(text, len(ids), plans)
         finally:
             text.restore_state(saved)
 
