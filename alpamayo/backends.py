@@ -21,6 +21,7 @@ from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
 from alpamayo.families.loader import effective_temperature
+from alpamayo.prediction import FUTURE_STEPS
 
 BACKENDS = ("torch", "ttnn")
 
@@ -122,10 +123,12 @@ def load_expert_decoder(
     options: BackendOptions,
     text: Any,
     settings: FlowSettings = DEFAULT_FLOW,
+    n_tokens: int = FUTURE_STEPS,
 ) -> Any:
     """The flow-matching trajectory decoder of `options.backend` over the loaded `text` backbone: the torch
     `ExpertDecoder`, or on ttnn a `TTExpertDecoder` whose expert shares the text model's device and cache
     (same `context(text, prompt_len, plans)` / `sample(ctx, seed, noise, unguided, tracer)` contract).
+    `n_tokens`: the torch expert's action tokens per sample (the action space's waypoints; ttnn decodes 64).
     ValueError when the checkpoint has no expert."""
     expert = expert_config_of(cfg)
     if expert is None or not has_expert_weights(source, expert):
@@ -140,7 +143,7 @@ def load_expert_decoder(
     from alpamayo.expert.model import ActionExpert
 
     model = ActionExpert.from_checkpoint(
-        source, expert, cfg.text, options.torch_dtype, resolve_device(options.device)
+        source, expert, cfg.text, options.torch_dtype, resolve_device(options.device), n_tokens
     )
     return ExpertDecoder(model, settings)
 

@@ -33,7 +33,7 @@ from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
 from alpamayo.expert.model import ActionExpert
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise
-from alpamayo.expert.weights import has_expert_weights, load_expert, validate_expert_tensors
+from alpamayo.expert.weights import has_expert_weights, validate_expert_tensors
 from alpamayo.families.loader import model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
@@ -173,12 +173,9 @@ class AlpamayoVLA:
         vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=ckpt, cfg=cfg)
         planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
         expert = None
-        if decoder == "expert" and options.backend == "ttnn":
-            expert = load_expert_decoder(ckpt, cfg, options, vlm.text, flow)  # on the VLM's device
-        elif decoder == "expert":
-            device = vlm.text.device
+        if decoder == "expert":  # on the VLM's device
             n = planner.settings.action_space.n_waypoints
-            expert = load_expert(ckpt, expert_cfg, cfg.text, options.torch_dtype, device, n)
+            expert = load_expert_decoder(ckpt, cfg, options, vlm.text, flow, n)
         return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision, expert, flow)
 
     @property
