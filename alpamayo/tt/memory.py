@@ -199,6 +199,7 @@ def check_fits(
     samples: int = 1,
 ) -> MemoryPlan:
     """The memory plan, or `DoesNotFit` naming the shortfall and a preset (or a shorter context) that fits."""
+    expert = expert if expert is not None else expert_config_of(cfg)  # parsed once, not per plan below
     plan = plan_memory(cfg, precision, max_seq_len, device, expert, samples)
     if plan.fits:
         return plan
