@@ -377,8 +377,12 @@ class TTActionExpert(DeviceIO):
             ttnn.copy_host_to_device_tensor(host, state["buffers"]["x"])
 
     def _actions(self, state: dict[str, Any], samples: int) -> torch.Tensor:
-        x = self._download(state["buffers"]["x"])[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
-        return x.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
+        return self._download_actions(state["buffers"]["x"], samples)
+
+    def _download_actions(self, rows: Any, samples: int) -> torch.Tensor:
+        """[samples, 64, 2] float32 of a device [1, 1, rows, 32] x or v (columns 0..1 real)."""
+        out = self._download(rows)[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
+        return out.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
 
     def _check(self, noise: torch.Tensor) -> torch.Tensor:
         if not self.text.kv_cache:
@@ -446,9 +450,9 @@ class TTActionExpert(DeviceIO):
         self._prepare(state, offset, rope_delta)
         self.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
         v = self._velocity(state)
-        out = self._download(v)[0, 0, : x.shape[0] * FUTURE_STEPS, :ACTION_DIMS]
+        out = self._download_actions(v, x.shape[0])
         self._free(v)
-        return out.float().reshape(x.shape[0], FUTURE_STEPS, ACTION_DIMS)
+        return out
 
 
 def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
