@@ -441,7 +441,7 @@ class TTActionExpert(DeviceIO):
         """One untraced velocity v(x, t) [K, 64, 2] float32 (tests: per-step PCC against the torch expert);
         t must be one of the `steps`-step schedule's times."""
         x = self._check(torch.as_tensor(x))
-        times = torch.linspace(0.0, 1.0, steps + 1)[:steps]
+        times = step_times(steps)
         k = int(torch.argmin((times - t).abs()))
         if abs(float(times[k]) - t) > 1e-6:
             raise ValueError(f"t = {t} is not a time of the {steps}-step schedule {times.tolist()}")
@@ -453,6 +453,11 @@ class TTActionExpert(DeviceIO):
         out = self._download_actions(v, x.shape[0])
         self._free(v)
         return out
+
+
+def step_times(steps: int) -> torch.Tensor:
+    """t_k of the `steps` Euler steps, linspace(0, 1, steps + 1)[:steps] (the reference sampler's times)."""
+    return torch.linspace(0.0, 1.0, steps + 1)[:steps]
 
 
 def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -475,7 +480,7 @@ def t_feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor], steps: int)
     linspace(0, 1, steps + 1)[k] (the reference sampler's times), computed with its `fourier_features`."""
     start = ACTION_DIMS * cfg.num_fourier_feats
     rows = []
-    for t in torch.linspace(0.0, 1.0, steps + 1)[:steps]:
+    for t in step_times(steps):
         row = torch.zeros(1, 1, 1, round_up(cfg.num_features, TILE))
         row[..., start : start + cfg.num_fourier_feats] = fourier_features(t.view(1), freqs[-1])
         rows.append(row)
