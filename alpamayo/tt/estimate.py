@@ -25,8 +25,8 @@ from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
 from alpamayo.tt.expert_weights import expert_weight_specs
-from alpamayo.tt.memory import spec_bytes
-from alpamayo.tt.precision import TILE_BYTES, Precision
+from alpamayo.tt.memory import kv_bytes, spec_bytes
+from alpamayo.tt.precision import Precision
 from alpamayo.tt.program_config import plan_expert, plan_text, plan_vision
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import BF16_GROUPS, WeightSpec, rotary_head_dim, text_weight_specs, weight_dtype
@@ -122,12 +122,6 @@ def matmul_ops(
             weight = weight if all_experts_read else weight * experts_per_token / experts
         ops.append(OpCost(spec.name, flops, weight, precision.math_fidelity(spec.group), cores))
     return ops
-
-
-def kv_bytes(cfg: TextConfig, keys: int, dtype: str) -> float:
-    """Bytes of one layer's K and V for `keys` positions in the cache dtype (whole tiles)."""
-    tiles = cfg.num_key_value_heads * round_up(keys, TILE) // TILE * (cfg.head_dim // TILE)
-    return 2.0 * tiles * TILE_BYTES[dtype]
 
 
 def attention_ops(
