@@ -45,13 +45,17 @@ class OpCost:
     fidelity: str
     cores: int
 
-    def seconds(self, device: DeviceSpec) -> float:
+    def _times(self, device: DeviceSpec) -> tuple[float, float]:
+        """Seconds of the op's FLOPs at the grid's rate for its fidelity, and of its DRAM reads."""
         rate = self.cores * device.clock_hz * device.matmul_flops_per_cycle / FIDELITY_PASSES[self.fidelity]
-        return max(self.flops / rate, self.dram_bytes / device.dram_bandwidth)
+        return self.flops / rate, self.dram_bytes / device.dram_bandwidth
+
+    def seconds(self, device: DeviceSpec) -> float:
+        return max(self._times(device))
 
     def bound(self, device: DeviceSpec) -> str:
-        rate = self.cores * device.clock_hz * device.matmul_flops_per_cycle / FIDELITY_PASSES[self.fidelity]
-        return "compute" if self.flops / rate >= self.dram_bytes / device.dram_bandwidth else "DRAM"
+        compute, dram = self._times(device)
+        return "compute" if compute >= dram else "DRAM"
 
 
 @dataclass(frozen=True)
