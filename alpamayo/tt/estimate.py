@@ -25,8 +25,8 @@ from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
 from alpamayo.tt.expert_weights import expert_weight_specs
-from alpamayo.tt.memory import spec_bytes
-from alpamayo.tt.precision import TILE_BYTES, Precision
+from alpamayo.tt.memory import kv_bytes, spec_bytes
+from alpamayo.tt.precision import Precision
 from alpamayo.tt.program_config import plan_expert, plan_text, plan_vision
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import BF16_GROUPS, WeightSpec, rotary_head_dim, text_weight_specs, weight_dtype
@@ -45,13 +45,17 @@ class OpCost:
     fidelity: str
     cores: int
 
-    def seconds(self, device: DeviceSpec) -> float:
+    def _times(self, device: DeviceSpec) -> tuple[float, float]:
+        """Seconds of the op's FLOPs at the grid's rate for its fidelity, and of its DRAM reads."""
         rate = self.cores * device.clock_hz * device.matmul_flops_per_cycle / FIDELITY_PASSES[self.fidelity]
-        return max(self.flops / rate, self.dram_bytes / device.dram_bandwidth)
+        return self.flops / rate, self.dram_bytes / device.dram_bandwidth
+
+    def seconds(self, device: DeviceSpec) -> float:
+        return max(self._times(device))
 
     def bound(self, device: DeviceSpec) -> str:
-        rate = self.cores * device.clock_hz * device.matmul_flops_per_cycle / FIDELITY_PASSES[self.fidelity]
-        return "compute" if self.flops / rate >= self.dram_bytes / device.dram_bandwidth else "DRAM"
+        compute, dram = self._times(device)
+        return "compute" if compute >= dram else "DRAM"
 
 
 @dataclass(frozen=True)
@@ -122,12 +126,6 @@ def matmul_ops(
             weight = weight if all_experts_read else weight * experts_per_token / experts
         ops.append(OpCost(spec.name, flops, weight, precision.math_fidelity(spec.group), cores))
     return ops
-
-
-def kv_bytes(cfg: TextConfig, keys: int, dtype: str) -> float:
-    """Bytes of one layer's K and V for `keys` positions in the cache dtype (whole tiles)."""
-    tiles = cfg.num_key_value_heads * round_up(keys, TILE) // TILE * (cfg.head_dim // TILE)
-    return 2.0 * tiles * TILE_BYTES[dtype]
 
 
 def attention_ops(

@@ -377,8 +377,12 @@ class TTActionExpert(DeviceIO):
             ttnn.copy_host_to_device_tensor(host, state["buffers"]["x"])
 
     def _actions(self, state: dict[str, Any], samples: int) -> torch.Tensor:
-        x = self._download(state["buffers"]["x"])[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
-        return x.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
+        return self._download_actions(state["buffers"]["x"], samples)
+
+    def _download_actions(self, rows: Any, samples: int) -> torch.Tensor:
+        """[samples, 64, 2] float32 of a device [1, 1, rows, 32] x or v (columns 0..1 real)."""
+        out = self._download(rows)[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
+        return out.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
 
     def _check(self, noise: torch.Tensor) -> torch.Tensor:
         if not self.text.kv_cache:
@@ -437,7 +441,7 @@ class TTActionExpert(DeviceIO):
         """One untraced velocity v(x, t) [K, 64, 2] float32 (tests: per-step PCC against the torch expert);
         t must be one of the `steps`-step schedule's times."""
         x = self._check(torch.as_tensor(x))
-        times = torch.linspace(0.0, 1.0, steps + 1)[:steps]
+        times = step_times(steps)
         k = int(torch.argmin((times - t).abs()))
         if abs(float(times[k]) - t) > 1e-6:
             raise ValueError(f"t = {t} is not a time of the {steps}-step schedule {times.tolist()}")
@@ -446,9 +450,14 @@ class TTActionExpert(DeviceIO):
         self._prepare(state, offset, rope_delta)
         self.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
         v = self._velocity(state)
-        out = self._download(v)[0, 0, : x.shape[0] * FUTURE_STEPS, :ACTION_DIMS]
+        out = self._download_actions(v, x.shape[0])
         self._free(v)
-        return out.float().reshape(x.shape[0], FUTURE_STEPS, ACTION_DIMS)
+        return out
+
+
+def step_times(steps: int) -> torch.Tensor:
+    """t_k of the `steps` Euler steps, linspace(0, 1, steps + 1)[:steps] (the reference sampler's times)."""
+    return torch.linspace(0.0, 1.0, steps + 1)[:steps]
 
 
 def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -471,7 +480,7 @@ def t_feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor], steps: int)
     linspace(0, 1, steps + 1)[k] (the reference sampler's times), computed with its `fourier_features`."""
     start = ACTION_DIMS * cfg.num_fourier_feats
     rows = []
-    for t in torch.linspace(0.0, 1.0, steps + 1)[:steps]:
+    for t in step_times(steps):
         row = torch.zeros(1, 1, 1, round_up(cfg.num_features, TILE))
         row[..., start : start + cfg.num_fourier_feats] = fourier_features(t.view(1), freqs[-1])
         rows.append(row)

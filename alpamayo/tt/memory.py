@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from alpamayo.config import ModelConfig
+from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.errors import ConfigError
 from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
@@ -101,6 +101,12 @@ class MemoryPlan:
         return lines
 
 
+def kv_bytes(cfg: TextConfig, keys: int, dtype: str) -> int:
+    """Bytes of one layer's K and V for `keys` positions in the cache dtype (whole tiles)."""
+    tiles = cfg.num_key_value_heads * round_up(keys, TILE) // TILE * (cfg.head_dim // TILE)
+    return 2 * tiles * TILE_BYTES[dtype]
+
+
 def _activation_bytes(cfg: ModelConfig, plan: TextPlan, max_seq_len: int) -> int:
     t = cfg.text
     rows = plan.padded_length(max_seq_len)
@@ -160,8 +166,7 @@ def plan_memory(
         cache_rows = step.cache_rows
         activations = max(activations, _expert_activation_bytes(expert, step))
         trace += step.trace_region_bytes
-    kv_tiles = t.num_key_value_heads * round_up(cache_rows, TILE) // TILE * (t.head_dim // TILE)
-    kv = 2 * t.num_hidden_layers * kv_tiles * TILE_BYTES[precision.dtype("kv_cache")]
+    kv = t.num_hidden_layers * kv_bytes(t, cache_rows, precision.dtype("kv_cache"))
     return MemoryPlan(
         model=model_name(cfg),
         recipe=precision.name,
@@ -199,6 +204,7 @@ def check_fits(
     samples: int = 1,
 ) -> MemoryPlan:
     """The memory plan, or `DoesNotFit` naming the shortfall and a preset (or a shorter context) that fits."""
+    expert = expert if expert is not None else expert_config_of(cfg)  # parsed once, not per plan below
     plan = plan_memory(cfg, precision, max_seq_len, device, expert, samples)
     if plan.fits:
         return plan
