@@ -245,7 +245,6 @@ def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: s
     family = FAMILIES[layout]
     if family.uses_base_model:
         base_dir = Path(base_model_out) if base_model_out is not None else out.parent / f"{out.name}-base"
-        check_output_dir(base_dir, "the demo base model")
         tokenizer = extend_tokenizer(
             write_base_model(base_dir), PlannerSettings().traj_vocab_size, family.markers
         )

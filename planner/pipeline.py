@@ -22,7 +22,7 @@ from planner.action_space import UnicycleActionSpace
 from planner.ego_frame import LocalHistory, to_t0_frame
 from planner.prompt import DrivingPrompt, PromptSettings, build_prompt, build_vqa_prompt
 from planner.settings import PlannerSettings
-from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab
+from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab, marker
 
 
 class Planner:
@@ -95,7 +95,7 @@ class Planner:
 
     def _text_until(self, token_ids: Sequence[int], end_marker: str | None) -> str:
         ids = list(token_ids)
-        end = self.tokenizer.convert_tokens_to_ids(f"<|{end_marker}|>") if end_marker else None
+        end = self.tokenizer.convert_tokens_to_ids(marker(end_marker)) if end_marker else None
         if end in ids:
             ids = ids[: ids.index(end)]
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()

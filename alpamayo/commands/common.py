@@ -128,6 +128,27 @@ def flow_settings(args: argparse.Namespace) -> FlowSettings:
     return FlowSettings(args.flow_steps, args.flow_temperature, args.nav_guidance)
 
 
+def model_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings fields (ReplaySettings, EvalSettings) that `add_model_args` (less --checkpoint and
+    --base-model), `add_sampling_args` and `add_decoder_args` set, by field name."""
+    return dict(
+        num_samples=args.samples,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_reasoning_tokens=args.max_reasoning_tokens,
+        decoder=args.decoder,
+        flow=flow_settings(args),
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        recipe=args.recipe,
+        tt_cache=args.tt_cache,
+        moe_config=args.moe_config,
+    )
+
+
 def add_curve_client_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--curve-key", help="CURVE: this client's NAME.key_secret file (enables CURVE)")
     parser.add_argument("--curve-server-key", help="CURVE: the node's public NAME.key file")

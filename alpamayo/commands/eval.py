@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args, add_sampling_args, flow_settings
+from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
 from alpamayo.commands.replay_args import add_drive_source_args
 from alpamayo.eval.clips import collect_clips
 from alpamayo.eval.report import report_table
@@ -66,21 +66,7 @@ def run(args: argparse.Namespace) -> int:
     settings = EvalSettings(
         checkpoint=Path(args.checkpoint).resolve(),
         out=args.out,
-        num_samples=args.samples,
-        decoder=args.decoder,
-        flow=flow_settings(args),
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_reasoning_tokens=args.max_reasoning_tokens,
         base_model=None if args.base_model is None else Path(args.base_model).resolve(),
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        recipe=args.recipe,
-        tt_cache=args.tt_cache,
-        moe_config=args.moe_config,
         layout=args.layout,
         pai_dir=None if args.pai_dir is None else args.pai_dir.resolve(),
         cameras=args.pai_cameras,
@@ -90,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         max_retries=args.max_retries,
         worst=args.worst,
         progress=not args.no_progress,
+        **model_fields(args),
     )
     evaluation = run_eval(settings, clips)
     print(report_table(evaluation.document))

@@ -21,7 +21,7 @@ from alpamayo.moe.config import model_block_config
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import decode_estimate, expert_estimate, prefill_estimate, vision_estimate
 from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory
-from alpamayo.tt.precision import PRESETS, load_precision
+from alpamayo.tt.precision import PRESETS, Precision, load_precision
 from alpamayo.tt.program_config import plan_expert, plan_text
 
 # Alpamayo's driving prompt besides its image tokens: chat template, 48 ego-history tokens and instructions,
@@ -76,8 +76,9 @@ def image_size(spec: str) -> tuple[int, int]:
     return h, w
 
 
-def _estimates(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig | None) -> list[str]:
-    precision = load_precision(args.recipe)
+def _estimates(
+    args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig | None, precision: Precision
+) -> list[str]:
     hw = image_size(args.image_size)
     prompt = TEXT_TOKENS
     stages = []
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             if (plan := plan_memory(cfg, preset, args.max_seq_len, expert=expert, samples=args.samples)).fits
         ]
         print(f"presets that fit on one {P150.name}: {', '.join(fitting) or 'none'}")
-    print("\n".join(_estimates(args, cfg, expert)))
+    print("\n".join(_estimates(args, cfg, expert, precision)))
     try:
         check_fits(cfg, precision, args.max_seq_len, expert=expert, samples=args.samples)
     except DoesNotFit as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args, add_sampling_args, flow_settings
+from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
 from alpamayo.replay.settings import OUTPUT_FORMATS, ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
@@ -92,21 +92,7 @@ def settings_from_args(
         speed=1.0 if args.speed is None else args.speed,
         start_s=args.start,
         duration_s=args.duration,
-        num_samples=args.samples,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_reasoning_tokens=args.max_reasoning_tokens,
         base_model=None if args.base_model is None else Path(args.base_model),
-        decoder=args.decoder,
-        flow=flow_settings(args),
-        backend=args.backend,
-        recipe=args.recipe,
-        tt_cache=args.tt_cache,
-        moe_config=args.moe_config,
-        device=args.device,
-        dtype=args.dtype,
         layout=args.layout,
         pai_dir=args.pai_dir,
         cameras=args.pai_cameras,
@@ -114,6 +100,7 @@ def settings_from_args(
         json=args.json,
         plots=args.plots,
         progress=not args.no_progress,
+        **model_fields(args),
         **overrides,
     )
 

@@ -110,7 +110,7 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
 def _check_expert(cfg: ModelConfig, raw: dict[str, Any], vlm_text: dict[str, Any] | None) -> ModelConfig:
     """The action expert (when the config has one) reads the VLM's KV cache layer by layer: refuse a config
     whose layer count or KV width differs, before any weight is read."""
-    if cfg.family.weight_prefix:
+    if cfg.is_alpamayo:
         expert = parse_expert_config(raw, vlm_text, cfg.source, cfg.kind)
         if expert is not None:
             validate_against_vlm(expert, cfg.text)
