@@ -430,11 +430,13 @@ class InferenceNode:
             self._predict(window, window_ns / 1e6)
             self._answered_ns = time.perf_counter_ns()
             return last_invalid_ns
-        stale = self.state.stale_reasons(start)
         period = self.state.period_ns
+        if start - last_invalid_ns < period:  # reported within the period: nothing to look at until it ends
+            return last_invalid_ns
+        stale = self.state.stale_reasons(start)
         # Fresh inputs between two windows are normal for up to a period (plus the cameras' sync jitter).
         waited = start - self._answered_ns > period + self.state.sync_ns
-        if (stale or waited) and start - last_invalid_ns >= period:
+        if stale or waited:
             reasons = stale or [window or self.state.waiting_for]
             self._publish(self._message(None, reasons, start), None)
             return start

@@ -71,11 +71,11 @@ class Track:
     backwards_run: int = 0
     future: tuple[int, str] | None = None
     counters: StreamCounters = field(default_factory=StreamCounters)
+    # How messages name the stream: "camera 'front'" or "ego". Set once: intake names streams per message.
+    label: str = field(init=False, default="")
 
-    @property
-    def label(self) -> str:
-        """How messages name the stream: "camera 'front'" or "ego"."""
-        return self.name if isinstance(self, EgoTrack) else f"camera {self.name!r}"
+    def __post_init__(self) -> None:
+        self.label = f"camera {self.name!r}"
 
 
 @dataclass
@@ -91,6 +91,9 @@ class CameraTrack(Track):
 @dataclass
 class EgoTrack(Track):
     poses: deque[EgoPose] = field(default_factory=lambda: deque(maxlen=EGO_MAX_POSES))
+
+    def __post_init__(self) -> None:
+        self.label = self.name
 
 
 @dataclass

@@ -77,15 +77,26 @@ class Ros2Recorder:
         self._sequence: dict[str, int] = {}
         self._decoders = DecoderFactory()
 
-    def _schema(self, ros_type: str, text: str | None = None) -> Schema:
+    def _schema(self, ros_type: str, recorded: Schema | None = None) -> Schema:
+        """The registered schema of `ros_type`: a recorded message's own definition, else ours."""
         if ros_type not in self._schemas:
-            self._schemas[ros_type] = self._writer.register_msgdef(ros_type, text or definition(ros_type))
+            text = definition(ros_type) if recorded is None else recorded.data.decode()
+            self._schemas[ros_type] = self._writer.register_msgdef(ros_type, text)
         return self._schemas[ros_type]
 
-    def _write(self, topic: str, ros_type: str, message: Any, log_time: int, text: str | None = None) -> None:
+    def _write(
+        self,
+        topic: str,
+        ros_type: str,
+        message: Any,
+        log_time: int,
+        publish_time: int | None = None,
+        recorded: Schema | None = None,
+    ) -> None:
         self._sequence[topic] = self._sequence.get(topic, 0) + 1
-        schema = self._schema(ros_type, text)
-        self._writer.write_message(topic, schema, message, log_time, log_time, self._sequence[topic])
+        schema = self._schema(ros_type, recorded)
+        publish = log_time if publish_time is None else publish_time
+        self._writer.write_message(topic, schema, message, log_time, publish, self._sequence[topic])
 
     def serialise(self, out: TickOutput) -> Encoded:
         """A tick's messages (field dicts) for every topic but timings; `publish` encodes them as CDR."""
@@ -145,15 +156,7 @@ class Ros2Recorder:
         if schema.encoding != "ros2msg" or channel.message_encoding != "cdr":
             return
         decoded = self._decoders.decoder_for(channel.message_encoding, schema)(message.data)
-        self._sequence[channel.topic] = self._sequence.get(channel.topic, 0) + 1
-        self._writer.write_message(
-            channel.topic,
-            self._schema(schema.name, schema.data.decode()),
-            decoded,
-            message.log_time,
-            message.publish_time,
-            self._sequence[channel.topic],
-        )
+        self._write(channel.topic, schema.name, decoded, message.log_time, message.publish_time, schema)
 
     def close(self) -> None:
         if not self._file.closed:
