@@ -12,6 +12,7 @@ control client. Each owns one socket on a shared (or given) ZeroMQ context; all 
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar, TypeVar
 
 import msgpack
@@ -77,10 +78,12 @@ class FramePublisher(_Client):
         self._sock.xpub_verbose = 1  # report every subscription, also a node re-subscribing after a reconnect
 
     def wait_for_subscriber(self, timeout_s: float) -> bool:
-        """True once a subscriber has subscribed (within timeout_s seconds)."""
-        if self._sock.poll(int(timeout_s * 1000)):
-            self._sock.recv()
-            return True
+        """True once a subscriber has subscribed (within timeout_s seconds). XPUB also passes on the
+        unsubscription (first byte 0) of a subscriber that went away; that one is skipped."""
+        deadline = time.monotonic() + timeout_s
+        while self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            if self._sock.recv()[:1] == b"\x01":
+                return True
         return False
 
     def send(self, message: bytes | bytearray | memoryview) -> int:

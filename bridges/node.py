@@ -29,8 +29,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ from zmq.utils.monitor import recv_monitor_message
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory, Prediction, Predictor
 from alpamayo.profiling import Tracer
 from bridges.config import NodeConfig
+from bridges.disconnects import Cause, DisconnectCauses
 from bridges.jpeg import DecodePool, JpegError
 from bridges.protocol import (
     CameraFrame,
@@ -77,7 +79,9 @@ HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
 )
 MONITORED = (
-    zmq.EVENT_DISCONNECTED
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_CONNECTED
+    | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -99,8 +103,10 @@ class NodeCounters:
     prediction_errors: int = 0
     published: int = 0
     published_invalid: int = 0
-    # Input peers gone after a completed handshake: an ordinary close, and also libzmq's own drops (a message
-    # over ZMQ_MAXMSGSIZE, a heartbeat timeout), which libzmq 4.3.5 reports with the same DISCONNECTED event.
+    # Input connections ended after a completed handshake, told apart by `bridges.disconnects`: by the node
+    # (libzmq dropped a live peer: a message over ZMQ_MAXMSGSIZE, or a heartbeat timeout), or by the peer (an
+    # ordinary close or reset, and the rare connection gone before the node could watch it).
+    input_disconnects: int = 0
     peer_disconnects: int = 0
     auth_failures: int = 0  # failed handshakes on any node socket (HANDSHAKE_FAILED), whatever the mechanism
     control_requests: int = 0
@@ -142,6 +148,12 @@ class InferenceNode:
         self._new_input = threading.Event()
         self._answered_ns = 0  # perf_counter_ns when a window was last answered (or the node started)
         self._failed_handshake: set[zmq.Socket] = set()  # monitors whose next DISCONNECTED ends a failed one
+        # the input connections' fds, to tell who ended each (control thread only)
+        self._causes = DisconnectCauses()
+        # Connected input endpoints that libzmq dropped for a message over ZMQ_MAXMSGSIZE: libzmq 4.3.5 never
+        # reconnects after such a protocol error (measured), so the intake thread, which owns the socket,
+        # connects them again. The control thread appends; the intake thread pops.
+        self._reconnect: deque[str] = deque()
         self._pub_lock = threading.Lock()
         self._pub: zmq.Socket | None = None  # the output socket, None once stopped
         self._ctx: zmq.Context | None = None
@@ -171,6 +183,8 @@ class InferenceNode:
         pub = make_socket(ctx, zmq.PUB, **opts)
         control = make_socket(ctx, zmq.ROUTER, max_message_bytes=MAX_CONTROL_BYTES, **opts)
         sockets = (sub, pub, control)
+        # Monitors before bind/connect: a connecting input's CONNECTED can come at once, and its fd is needed.
+        monitors = {sock.get_monitor_socket(MONITORED): sock for sock in sockets}
         try:
             for sock in sockets:
                 if self._curve is not None:
@@ -182,11 +196,10 @@ class InferenceNode:
                 "control": attach(control, cfg.control.endpoint, True),
             }
         except (ValueError, zmq.ZMQError):
-            for sock in sockets:
+            for sock in (*monitors, *sockets):
                 sock.close(0)
             self._close_context()
             raise
-        monitors = {sock.get_monitor_socket(MONITORED): sock for sock in sockets}
         self._pub = pub
         self._answered_ns = time.perf_counter_ns()
         if self.predictor is not None:
@@ -288,8 +301,19 @@ class InferenceNode:
             while not self._stopping.is_set():
                 if sub.poll(POLL_MS):
                     self._drain(sub)
+                while self._reconnect:
+                    with self._guard("intake"):
+                        self._connect_again(sub, self._reconnect.popleft())
         finally:
             sub.close()
+
+    def _connect_again(self, sub: zmq.Socket, endpoint: str) -> None:
+        """Connect to an input endpoint again after the node hung up on it. After a heartbeat timeout libzmq
+        was already reconnecting, and this only restarts that; after an oversize message nothing else would."""
+        with suppress(zmq.ZMQError):  # the endpoint is no longer registered
+            sub.disconnect(endpoint)
+        sub.connect(endpoint)
+        log.warning("input %s: connected again after the node dropped the connection", endpoint)
 
     def _drain(self, sub: zmq.Socket) -> None:
         for _ in range(DRAIN_BATCH):
@@ -304,7 +328,14 @@ class InferenceNode:
                 self.ingest(frame.buffer, recv_ns)
 
     def _count_monitor_event(self, monitor: zmq.Socket, is_input: bool) -> None:
-        event = recv_monitor_message(monitor)["event"]
+        message = recv_monitor_message(monitor)
+        # the value of ACCEPTED, CONNECTED and DISCONNECTED is the connection's fd
+        event, fd = message["event"], message["value"]
+        if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+            if is_input:
+                self._causes.opened(fd)
+            return
+        cause = self._causes.closed(fd) if is_input and event == zmq.EVENT_DISCONNECTED else None
         with self._lock:
             if event in HANDSHAKE_FAILED:
                 self.counters.auth_failures += 1
@@ -312,6 +343,10 @@ class InferenceNode:
             elif event == zmq.EVENT_DISCONNECTED:
                 if monitor in self._failed_handshake:
                     self._failed_handshake.discard(monitor)  # the failed handshake's own disconnect
+                elif cause is Cause.NODE:
+                    self.counters.input_disconnects += 1
+                    if not self.config.input.bind:
+                        self._reconnect.append(message["endpoint"].decode())
                 elif is_input:
                     self.counters.peer_disconnects += 1
 
@@ -329,8 +364,10 @@ class InferenceNode:
                     self._serve_control(control)
                 for monitor, watched in monitors.items():
                     if monitor in events:
-                        self._count_monitor_event(monitor, watched is sub)
+                        with self._guard("control"):
+                            self._count_monitor_event(monitor, watched is sub)
         finally:
+            self._causes.close()
             for monitor in monitors:  # each watched socket stops its monitor when it closes
                 monitor.close()
             control.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -34,6 +35,25 @@ def node_config(**sections: dict[str, Any]) -> NodeConfig:
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values} if isinstance(values, dict) else values
     return NodeConfig.from_dict(data)
+
+
+def silent_zmtp_peer(endpoint: str) -> socket.socket:
+    """A raw TCP peer at a `tcp://HOST:PORT` endpoint that completes a ZMTP 3.1 NULL handshake as a PUB (64-byte
+    greeting, then a READY command with Socket-Type) and then never sends another byte, so it never answers
+    the node's heartbeat PINGs: a frozen process, or a host gone without a FIN. Returned once the node's
+    greeting has arrived; the caller closes it."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5.0)
+    greeting = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 1]) + b"NULL".ljust(20, b"\x00") + bytes(32)
+    ready = b"\x05READY" + b"\x0bSocket-Type" + (3).to_bytes(4, "big") + b"PUB"
+    sock.sendall(greeting + bytes([0x04, len(ready)]) + ready)
+    received = b""
+    while len(received) < len(greeting):
+        chunk = sock.recv(len(greeting) - len(received))
+        assert chunk, "the node closed the connection during the ZMTP greeting"
+        received += chunk
+    assert received[:1] == b"\xff" and received[10] == 3, f"not a ZMTP 3 greeting: {received!r}"
+    return sock
 
 
 def wait_until(predicate: Callable[[], T], timeout_s: float, what: str) -> T:

@@ -5,6 +5,8 @@ window can be formed, clock trouble, and the disconnect counters."""
 from __future__ import annotations
 
 import io
+import socket
+import struct
 import time
 
 import numpy as np
@@ -15,8 +17,18 @@ from alpamayo.errors import ConfigError
 from bridges.camera_sim import CameraSim
 from bridges.client import ControlClient, FramePublisher
 from bridges.config import NodeConfig
+from bridges.node import InferenceNode
 from bridges.protocol import encode_ego, encode_frame
-from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
+from tests.bridge_nodes import (
+    CAMERAS,
+    HEIGHT,
+    WIDTH,
+    answering_window,
+    node_config,
+    running_node,
+    silent_zmtp_peer,
+    wait_until,
+)
 from tests.images import broken_table_jpeg, lying_jpeg, noise_frame
 
 MS = 1_000_000
@@ -212,12 +224,52 @@ def test_a_frame_from_the_future_is_rejected_and_the_camera_carries_on():
     assert (left["accepted"], left["lost"], left["id_restarts"], left["restarts"]) == (6, 1, 1, 0)
 
 
-def test_an_ordinary_close_is_a_peer_disconnect():
+def test_a_close_or_a_reset_by_the_peer_is_a_peer_disconnect():
     with running_node(None, node_config()) as c:
         with FramePublisher(c.node.endpoints["input"][0]) as other:
             assert other.wait_for_subscriber(5.0)
-        wait_until(lambda: c.counters()["peer_disconnects"] == 1, 5.0, "the disconnect")
-        assert c.counters()["auth_failures"] == 0
+        wait_until(lambda: c.counters()["peer_disconnects"] == 1, 5.0, "the close")
+        peer = silent_zmtp_peer(c.node.endpoints["input"][0])
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends a RST
+        time.sleep(0.1)  # the handshake completes on the node's side
+        peer.close()
+        wait_until(lambda: c.counters()["peer_disconnects"] == 2, 5.0, "the reset")
+        counters = c.counters()
+    assert (counters["input_disconnects"], counters["auth_failures"]) == (0, 0)
+
+
+def test_a_peer_that_stops_answering_heartbeats_is_a_node_disconnect():
+    # heartbeats every 100 ms: a peer is dropped after 300 ms without traffic
+    with running_node(None, node_config(timing={"heartbeat_ms": 100})) as c:
+        peer = silent_zmtp_peer(c.node.endpoints["input"][0])
+        try:
+            wait_until(lambda: c.counters()["input_disconnects"] == 1, 5.0, "the heartbeat timeout")
+            counters = c.counters()
+            # the node's READY and PINGs, then its hang-up (once the node has looked at the socket)
+            while peer.recv(4096):
+                pass
+        finally:
+            peer.close()
+    assert (counters["peer_disconnects"], counters["auth_failures"]) == (0, 0)
+
+
+def test_a_node_that_connects_to_its_cameras_tells_the_causes_apart_too():
+    with FramePublisher("tcp://127.0.0.1:*", bind=True) as camera:
+        config = node_config(input={"endpoints": [camera.endpoint], "bind": False})
+        node = InferenceNode(None, config).start()  # CONNECTED events, not ACCEPTED
+        try:
+            assert camera.wait_for_subscriber(5.0)
+            camera.send(bytes(2 * node.limits.max_message_bytes))  # over ZMQ_MAXMSGSIZE
+            wait_until(lambda: node.counters.input_disconnects == 1, 5.0, "the node's hang-up")
+            # libzmq alone would never connect again after this protocol error: the node does
+            assert camera.wait_for_subscriber(5.0)
+            camera.send(encode_ego(T0, [0, 0, 0], [0, 0, 0, 1]))
+            wait_until(lambda: node.counters.ego_accepted == 1, 5.0, "a pose after the reconnect")
+            camera.close()
+            wait_until(lambda: node.counters.peer_disconnects == 1, 5.0, "the camera's close")
+            assert node.counters.input_disconnects == 1
+        finally:
+            node.stop()
 
 
 def test_a_camera_that_stops_is_named_in_valid_false_outputs_before_it_is_stale():
