@@ -56,6 +56,24 @@ def silent_zmtp_peer(endpoint: str) -> socket.socket:
     return sock
 
 
+def read_zmtp_command(sock: socket.socket) -> bytes:
+    """The next ZMTP command's body from a raw peer (READY, PING, ...): flags 0x04 (short) or 0x06 (long), the
+    size (1 or 8 bytes), then the body, whose first byte is the name's length."""
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            assert chunk, "the node closed the connection"
+            data += chunk
+        return data
+
+    flags = exactly(1)[0]
+    assert flags & 0x04, f"a message frame (flags {flags:#x}), not a command"
+    size = int.from_bytes(exactly(8 if flags & 0x02 else 1), "big")
+    return exactly(size)
+
+
 def wait_until(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
     """Poll `predicate` until it returns something truthy; fail naming `what` after timeout_s."""
     deadline = time.monotonic() + timeout_s

@@ -40,26 +40,18 @@ def causes() -> Iterator[DisconnectCauses]:
     tracker.close()
 
 
-def test_a_peer_that_closed_first_is_the_peer(causes):
+@pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
+def test_a_peer_that_closed_first_is_the_peer(causes, reset):
     with loopback() as pair:
         client, accepted = pair()
         fd = accepted.fileno()
         causes.opened(fd)
+        if reset:  # SO_LINGER 0: the close sends a RST instead of a FIN
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         client.close()
-        accepted.close()  # libzmq saw the end of stream and closed its fd
+        accepted.close()  # libzmq saw the end of stream (or the reset) and closed its fd
         assert causes.closed(fd) is Cause.PEER
         assert len(causes) == 0
-
-
-def test_a_reset_by_the_peer_is_the_peer(causes):
-    with loopback() as pair:
-        client, accepted = pair()
-        fd = accepted.fileno()
-        causes.opened(fd)
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        client.close()
-        accepted.close()
-        assert causes.closed(fd) is Cause.PEER
 
 
 @pytest.mark.parametrize("pending", [b"", b"the rest of an oversize message"])

@@ -25,6 +25,7 @@ from tests.bridge_nodes import (
     WIDTH,
     answering_window,
     node_config,
+    read_zmtp_command,
     running_node,
     silent_zmtp_peer,
     wait_until,
@@ -225,13 +226,16 @@ def test_a_frame_from_the_future_is_rejected_and_the_camera_carries_on():
 
 
 def test_a_close_or_a_reset_by_the_peer_is_a_peer_disconnect():
-    with running_node(None, node_config()) as c:
+    with running_node(None, node_config(timing={"heartbeat_ms": 100})) as c:
         with FramePublisher(c.node.endpoints["input"][0]) as other:
             assert other.wait_for_subscriber(5.0)
         wait_until(lambda: c.counters()["peer_disconnects"] == 1, 5.0, "the close")
         peer = silent_zmtp_peer(c.node.endpoints["input"][0])
+        # READY, SUBSCRIBE, then a PING: the node pings only once its side of the handshake is complete (and
+        # would drop the silent peer 300 ms later)
+        while not read_zmtp_command(peer).startswith(b"\x04PING"):
+            pass
         peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends a RST
-        time.sleep(0.1)  # the handshake completes on the node's side
         peer.close()
         wait_until(lambda: c.counters()["peer_disconnects"] == 2, 5.0, "the reset")
         counters = c.counters()
