@@ -35,6 +35,7 @@ from alpamayo.families.registry import MARKERS_1_5
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.tokenizer import qwen3vl_chat_template
 from planner.settings import PlannerSettings
+from planner.tokenizers import bin_token
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 LAYOUTS = ("demo", "r1", "alpamayo1.5", "super")  # the project's, then each release's as NVIDIA ships it
@@ -364,7 +365,11 @@ def token_layout(tokenizer: Any, history_first: bool = False) -> list[tuple[str,
     bins = []
     for what, n in reversed(blocks) if history_first else blocks:
         bins.append(
-            (f"{what} <i{first}>..<i{first + n - 1}>", ids(f"<i{first}>"), ids(f"<i{first + n - 1}>"))
+            (
+                f"{what} {bin_token(first)}..{bin_token(first + n - 1)}",
+                ids(bin_token(first)),
+                ids(bin_token(first + n - 1)),
+            )
         )
         first += n
     return [

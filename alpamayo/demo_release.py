@@ -50,6 +50,7 @@ from alpamayo.expert.config import ExpertConfig, parse_expert_config
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, MARKERS_R1, R1, RELEASE_IDS, SUPER
 from alpamayo.families.vocabulary import extend_tokenizer
 from planner.settings import PlannerSettings
+from planner.tokenizers import bin_token, marker
 
 NUM_SHARDS = 3
 # Python package of each release's classes, for the Hydra `_target_` strings (read as data, never imported).
@@ -90,7 +91,7 @@ def _expert_blocks(package: str) -> dict[str, Any]:
 def _traj_ids(tokenizer: Any) -> dict[str, int]:
     """`traj_token_ids` as `ReasoningVLAConfig` derives and saves it."""
     names = ("history", "future", "history_start", "future_start", "history_end", "future_end")
-    spelled = {n: f"<|traj_{n}|>" for n in names}
+    spelled = {n: marker(f"traj_{n}") for n in names}
     return {n: tokenizer.convert_tokens_to_ids(t) for n, t in spelled.items()}
 
 
@@ -129,7 +130,7 @@ def flat_config(family: str, tokenizer: Any, vlm_name_or_path: str) -> dict[str,
         "keep_same_dtype": True,
         **_expert_blocks(package),
         "vocab_size": len(tokenizer),
-        "traj_token_start_idx": tokenizer.convert_tokens_to_ids("<i0>"),
+        "traj_token_start_idx": tokenizer.convert_tokens_to_ids(bin_token(0)),
         "traj_token_ids": _traj_ids(tokenizer),
     }
     if family == ALPAMAYO_1_5.name:
@@ -182,14 +183,14 @@ def super_config(tokenizer: Any) -> dict[str, Any]:
         "tokens_per_history_traj": 3 * 15,
         "tokens_per_future_traj": planner.tokens_per_future,
         "traj_ids": {
-            "history_pad": ids("<|traj_history|>"),
-            "future_pad": ids("<|traj_future|>"),
-            "history_start": ids("<|traj_history_start|>"),
-            "future_start": ids("<|traj_future_start|>"),
-            "history_end": ids("<|traj_history_end|>"),
-            "future_end": ids("<|traj_future_end|>"),
-            "history_id0": ids("<i0>"),
-            "future_id0": ids(f"<i{history}>"),
+            "history_pad": ids(marker("traj_history")),
+            "future_pad": ids(marker("traj_future")),
+            "history_start": ids(marker("traj_history_start")),
+            "future_start": ids(marker("traj_future_start")),
+            "history_end": ids(marker("traj_history_end")),
+            "future_end": ids(marker("traj_future_end")),
+            "history_id0": ids(bin_token(0)),
+            "future_id0": ids(bin_token(history)),
         },
         "enable_expert": True,
     }

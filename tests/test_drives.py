@@ -15,7 +15,7 @@ from mcap.reader import make_reader
 from mcap.writer import Writer
 from mcap_ros2.decoder import DecoderFactory
 
-from alpamayo.cli import main
+from alpamayo.cli import build_parser, main
 from alpamayo.replay.ticks import TickAssembler
 from alpamayo.rotations import yaw_to_quat
 from bridges.drives import open_drive
@@ -496,3 +496,18 @@ def test_precision_reads_its_drive_ticks_through_every_source(layouts):
     for name in ("pai", "rosbag2", "foxglove"):
         ticks = drive_ticks(layouts[name], 2, print, pai_dir=layouts["pai_dir"])
         assert [t.t0_ns for t in ticks] == [1_600_000_000, 1_700_000_000], name
+
+
+def test_precision_reads_a_bag_of_other_topic_names_through_its_layout(known, tmp_path):
+    from alpamayo.tt.precision_planner import drive_ticks
+
+    bag = write_rosbag2(tmp_path / "other.mcap", known, topics={c: f"/cam{c}" for c in known.cameras})
+    layout = tmp_path / "layout.yaml"
+    cameras = "".join(f"  - {{topic: /cam{c}, camera: {c}}}\n" for c in known.cameras)
+    layout.write_text(f"ego_pose_topic: /localization/kinematic_state\ncameras:\n{cameras}")
+    ticks = drive_ticks(bag, 2, print, layout=layout)
+    assert [t.t0_ns for t in ticks] == [1_600_000_000, 1_700_000_000]
+    args = build_parser().parse_args(
+        ["precision", "--checkpoint", "c", "--drive", str(bag), "--layout", "l.yaml"]
+    )
+    assert args.layout == Path("l.yaml")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args
 from alpamayo.replay.ticks import TickAssembler
@@ -16,9 +15,6 @@ from bridges.recording import RecordingLayout
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("drive-info", help="what a recorded drive holds: cameras, rates, duration, ego, ticks")
     p.add_argument("drive", help=DRIVE_HELP)
-    p.add_argument(
-        "--layout", type=Path, default=None, help="YAML topic-to-camera layout (default: the drive's)"
-    )
     add_drive_source_args(p)
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.set_defaults(handler=run)

@@ -51,9 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-retries", type=int, default=2, help="re-runs of a clip whose worker process died (default 2)"
     )
-    p.add_argument(
-        "--layout", type=Path, default=None, help="YAML topic-to-camera layout (default: each drive's)"
-    )
     p.add_argument("--worst", type=int, default=6, help="bird's-eye views of the N worst clips (default 6)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(p)

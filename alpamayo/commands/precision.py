@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         settings,
         args.drive,
         warn=lambda message: print(f"alpamayo precision: warning: {message}", file=sys.stderr),
+        layout=args.layout,
         pai_dir=args.pai_dir,
         cameras=args.pai_cameras,
         base_model=args.base_model,

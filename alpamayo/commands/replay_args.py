@@ -37,9 +37,6 @@ def add_replay_args(p: argparse.ArgumentParser, cameras_flag: str = "--cameras")
     p.add_argument(
         "--duration", type=float, default=None, help="seconds of drive to replay (default: to the end)"
     )
-    p.add_argument(
-        "--layout", type=Path, default=None, help="YAML topic-to-camera layout (default: the drive's)"
-    )
     add_drive_source_args(p, cameras_flag)
     add_sampling_args(p)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON here")
@@ -62,8 +59,11 @@ def parse_cameras(text: str) -> tuple[int, ...]:
 
 
 def add_drive_source_args(p: argparse.ArgumentParser, cameras_flag: str = "--cameras") -> None:
-    """--pai-dir and --cameras (`cameras_flag` where --cameras means something else), which open a PhysicalAI-AV
-    clip (`bridges.drives.open_drive`)."""
+    """--layout, which maps an MCAP drive's topics, and --pai-dir and --cameras (`cameras_flag` where --cameras
+    means something else), which open a PhysicalAI-AV clip: the arguments of `bridges.drives.open_drive`."""
+    p.add_argument(
+        "--layout", type=Path, default=None, help="YAML topic-to-camera layout (default: the drive's own)"
+    )
     p.add_argument(
         "--pai-dir", type=Path, default=None, help="PhysicalAI-AV dataset directory, for pai:CLIP drives"
     )

@@ -26,6 +26,7 @@ from alpamayo.families.registry import RELEASE_IDS, Family, detect_family
 from alpamayo.families.vocabulary import check_embedding_rows, extend_tokenizer
 from alpamayo.json_fields import Fields, read_json
 from alpamayo.tokenizer import load_tokenizer
+from planner.tokenizers import bin_token
 
 EMBEDDING = "language_model.embed_tokens.weight"
 
@@ -120,7 +121,10 @@ def _check_expert(cfg: ModelConfig, raw: dict[str, Any], vlm_text: dict[str, Any
 def _check_saved_ids(raw: dict[str, Any], source: str, tokenizer: Any, base_dir: Path) -> None:
     """NVIDIA's config saves the ids it derived from its tokenizer (`vocab_size`, `traj_token_start_idx`):
     where present they must be the extended base tokenizer's, or the base model is not the one trained on."""
-    found = {"vocab_size": len(tokenizer), "traj_token_start_idx": tokenizer.convert_tokens_to_ids("<i0>")}
+    found = {
+        "vocab_size": len(tokenizer),
+        "traj_token_start_idx": tokenizer.convert_tokens_to_ids(bin_token(0)),
+    }
     for key, value in found.items():
         saved = raw.get(key)
         if isinstance(saved, int) and saved != value:

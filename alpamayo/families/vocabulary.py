@@ -14,20 +14,21 @@ from typing import Any
 
 from alpamayo.errors import CheckpointError
 from alpamayo.families.registry import TRAJ_MARKERS
+from planner.tokenizers import bin_token, marker
 
 
 def extend_tokenizer(
     tokenizer: Any, traj_vocab_size: int, markers: Sequence[str], add_special_tokens: bool = True
 ) -> Any:
     """Add the trajectory tokens and markers to `tokenizer` in place (see the module docstring); returns it."""
-    added = tokenizer.add_tokens([f"<i{i}>" for i in range(traj_vocab_size)])
+    added = tokenizer.add_tokens([bin_token(i) for i in range(traj_vocab_size)])
     if added != traj_vocab_size:
         raise CheckpointError(
             f"{tokenizer.name_or_path}: the base tokenizer already holds {traj_vocab_size - added} of the "
             f"trajectory tokens <i0>..<i{traj_vocab_size - 1}>; a base model's tokenizer must not"
         )
     names = markers if add_special_tokens else TRAJ_MARKERS
-    tokenizer.add_tokens([f"<|{m}|>" for m in names], special_tokens=True)
+    tokenizer.add_tokens([marker(m) for m in names], special_tokens=True)
     return tokenizer
 
 

@@ -179,15 +179,19 @@ def drive_ticks(
     path: str | Path,
     count: int,
     warn: Callable[[str], None],
+    layout: str | Path | None = None,
     pai_dir: str | Path | None = None,
     cameras: Sequence[int] | None = None,
 ) -> list[Any]:
-    """The first `count` ticks of a recorded drive of any kind (`bridges.drives.open_drive`; the source stays
-    open while its frames are decoded, and closes when collected)."""
+    """The first `count` ticks of a recorded drive of any kind (`bridges.drives.open_drive`, with the YAML
+    topic `layout` of an MCAP drive; the source stays open while its frames are decoded, and closes when
+    collected)."""
     from alpamayo.replay.ticks import TickAssembler
     from bridges.drives import open_drive
+    from bridges.recording import RecordingLayout
 
-    source = open_drive(path, pai_dir=pai_dir, cameras=cameras, warn=warn)
+    mapping = None if layout is None else RecordingLayout.load(layout)
+    source = open_drive(path, mapping, pai_dir=pai_dir, cameras=cameras, warn=warn)
     ticks = list(islice(TickAssembler(source, warn=warn), count))
     if not ticks:
         raise ValueError(f"{path}: no tick has 4 frames per camera and 1.5 s of ego history")
@@ -377,12 +381,13 @@ def precision_report(
     settings: Settings = Settings(),
     drive: str | Path | None = None,
     warn: Callable[[str], None] = print,
+    layout: str | Path | None = None,
     pai_dir: str | Path | None = None,
     cameras: Sequence[int] | None = None,
     base_model: str | Path | None = None,
 ) -> PrecisionReport:
-    """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path or
-    `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
+    """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path, with a
+    YAML topic `layout` where its topics are not the default ones, or `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
     `alpamayo.config.load_config`)."""
     settings.validate()
     directory = Path(directory)
@@ -390,7 +395,7 @@ def precision_report(
     cfg = load_config(directory, base_model)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
-    ticks = drive_ticks(drive, settings.ticks, warn, pai_dir, cameras) if drive is not None else []
+    ticks = drive_ticks(drive, settings.ticks, warn, layout, pai_dir, cameras) if drive is not None else []
     ref = reference(directory, cfg, settings, ticks)
     reports = [
         evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model)
