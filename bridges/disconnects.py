@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 import time
 from enum import Enum
@@ -46,10 +47,15 @@ class Cause(Enum):
 
 class DisconnectCauses:
     """Duplicated fds of the open input connections, keyed by libzmq's fd number. Not thread-safe: the node's
-    control thread, which reads the monitor events, is the only caller."""
+    control thread, which reads the monitor events, is the only caller.
 
-    def __init__(self) -> None:
+    At most `limit` connections are watched (default a quarter of the process's open-file limit, 256 of the
+    usual 1024): each costs one more fd, and a peer opening hundreds of connections must not run libzmq out
+    of fds sooner than it would without the node watching. Beyond it, a close counts as UNKNOWN."""
+
+    def __init__(self, limit: int | None = None) -> None:
         self._open: dict[int, socket.socket] = {}
+        self.limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4 if limit is None else limit
 
     def __len__(self) -> int:
         return len(self._open)
@@ -59,6 +65,8 @@ class DisconnectCauses:
         stale = self._open.pop(fd, None)
         if stale is not None:  # that number's DISCONNECTED never came: let its socket go
             stale.close()
+        if len(self._open) >= self.limit:
+            return
         try:
             dup = os.dup(fd)
         except OSError:  # closed already: the connection lasted less than the event's latency

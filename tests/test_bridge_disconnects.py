@@ -111,3 +111,16 @@ def test_an_fd_closed_before_its_opening_event_is_unknown(causes):
         accepted.close()
         causes.opened(fd)
         assert causes.closed(fd) is Cause.UNKNOWN
+
+
+def test_connections_beyond_the_limit_are_not_watched():
+    causes = DisconnectCauses(limit=1)
+    with loopback() as pair:
+        (_, first), (_, second) = pair(), pair()
+        causes.opened(first.fileno())
+        causes.opened(second.fileno())  # over the limit: no duplicate, so no fd spent on it
+        assert len(causes) == 1
+        fd = second.fileno()
+        second.close()
+        assert causes.closed(fd) is Cause.UNKNOWN
+    causes.close()
