@@ -15,17 +15,23 @@ random (neither path's cost depends on the values), so no prefill is timed.
   * tokens: 128 decode steps of the VLM for K rows (the discrete decoder's trajectory phase).
 
     python benchmarks/action_expert.py [--layers 2] [--prefix 3100] [--samples 1 6] [--rounds 2] [--dtype bfloat16]
+        [--no-tokens] [--floor]
 
-Measured (defaults: 2 layers, prefix 3100, bfloat16, 1 thread, fastest of 2; shared 2-core CPU, load ~12):
-    K=1: ours 4378 ms (438 ms/step), HF-composed 9849 ms (985 ms/step): 2.25x; 128-token decoder 106 s
-         (828 ms/token, the 155697-row head dominates): 24.2x slower than the expert
-    K=6: ours 19766 ms (1977 ms/step), HF-composed 20035 ms (2004 ms/step): 1.01x; 128-token decoder 116 s: 5.9x
-At K=1 the reference's per-step cache append (a copy of the 3100-position prefix per layer) and its 4-D mask
-cost as much as the expert's matmuls; at K=6 both are bound by the same oneDNN bf16 matmuls (384 tokens x 2.3B
-parameters per step), so the CPU shows no gain there; the >= 2x goal at K=6 is not met on this machine (a GPU,
-where a step is launch- and memory-bound, was not available to measure). The printed "actions max abs diff"
-is large in bfloat16 because random weights make the flow field chaotic (rounding differences grow each step);
-in float32 one step agrees to 1.2e-6 (`--dtype float32 --steps 1`), and the golden tests pin the maths.
+`--floor` also times the step's bare matmuls (`matmul_floor_s`): the FLOPs any exact implementation must run,
+so on a GEMM-bound machine no implementation beats the reference by more than reference / floor.
+
+Measured (defaults, 1 thread, fastest of 2; the 2-core CPU idle, load < 1.5; `--no-tokens --floor`):
+    K=1: ours 1366 ms (137 ms/step), HF-composed 1589 ms (159 ms/step): 1.16x; bare matmuls 114 ms/step
+    K=6: ours 7651 ms (765 ms/step), HF-composed 10267 ms (1027 ms/step): 1.34x; bare matmuls 615 ms/step,
+         so at most 1.67x over HF-composed here; ours runs at 1.24x the bare matmuls
+An earlier run on the same machine under a load of ~12 (other jobs) gave K=1 2.25x and K=6 1.01x, and the
+128-token decoder 106 s at K=1 (828 ms/token: the 155697-row head dominates), 24x slower than the expert.
+At K=6 both paths are bound by the same oneDNN bf16 matmuls (384 tokens through every layer's projections and
+MLP, plus attention over 3164 keys), so the >= 2x goal at K=6 cannot be met on this CPU by any exact
+implementation; a GPU, where a step is launch- and memory-bound and the reference's per-step cache copy costs
+the most, was not available to measure. The printed "actions max abs diff" is large in bfloat16 because random
+weights make the flow field chaotic (rounding differences grow each step); in float32 one step agrees to 1.2e-6
+(`--dtype float32 --steps 1`), and the golden tests pin the maths.
 
 On the shared 2-core machine use one thread (the default): with 2 threads and other jobs on the cores, one
 elementwise op on [64, 2048] took 4-15 ms instead of 0.1-0.3 ms (threads wait for each other, load average 12).
@@ -129,6 +135,39 @@ class HFComposed:
         return x
 
 
+def matmul_floor_s(t, rows: int, prefix: int, dtype: torch.dtype, steps: int, rounds: int) -> float:
+    """Seconds for the bare matmuls of `steps` expert steps, nothing else: per layer the q/k/v/o projections
+    and the MLP (gate+up, down) on rows x 64 tokens, and attention's two matmuls per row and KV head over the
+    prefix plus the 64 own positions (query heads of a KV group stacked, as the project does). Any exact
+    implementation of the step runs at least these FLOPs; on a GEMM-bound machine this bounds its time."""
+    g = torch.Generator().manual_seed(3)
+    m, groups, keys = rows * N_TOKENS, t.num_attention_heads // t.num_key_value_heads, prefix + N_TOKENS
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    x, inner = rand(m, t.hidden_size), rand(m, t.intermediate_size)
+    shapes = [(t.q_dim, t.hidden_size), (t.kv_dim, t.hidden_size), (t.kv_dim, t.hidden_size)]
+    shapes += [(t.hidden_size, t.q_dim), (2 * t.intermediate_size, t.hidden_size)]
+    projections = [rand(*s) for s in shapes]
+    down = rand(t.hidden_size, t.intermediate_size)
+    q = rand(rows * t.num_key_value_heads, groups * N_TOKENS, t.head_dim)
+    k, v = (
+        rand(rows * t.num_key_value_heads, keys, t.head_dim),
+        rand(rows * t.num_key_value_heads, keys, t.head_dim),
+    )
+
+    @torch.inference_mode()
+    def run():
+        for _ in range(steps * t.num_hidden_layers):
+            for w in projections:
+                torch.nn.functional.linear(x, w)
+            torch.nn.functional.linear(inner, down)
+            torch.bmm(torch.bmm(q, k.transpose(1, 2)), v)
+
+    return best_s(run, rounds)
+
+
 def best_s(fn, rounds: int) -> float:
     """Fastest of `rounds` (the shared machine slows single runs; the fastest is the closest to the cost)."""
     times = []
@@ -148,6 +187,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     ap.add_argument("--no-tokens", action="store_true", help="skip the 128-token decoder")
+    ap.add_argument(
+        "--floor", action="store_true", help="also time the step's bare matmuls (see matmul_floor_s)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -186,6 +228,12 @@ def main() -> None:
             f"{ref * 1e3:8.1f} ms ({ref / args.steps * 1e3:7.1f} ms/step): {ref / ours:5.2f}x; "
             f"actions max abs diff {err:.2e}"
         )
+        if args.floor:
+            floor = matmul_floor_s(cfg.text, k, args.prefix, dtype, args.steps, args.rounds)
+            line += (
+                f"; bare matmuls {floor / args.steps * 1e3:7.1f} ms/step (ours at {ours / floor:4.2f}x of them, "
+                f"at most {ref / floor:4.2f}x over HF-composed on this machine)"
+            )
         if not args.no_tokens:
             ids = torch.zeros(k, dtype=torch.long)
 
