@@ -15,10 +15,13 @@ random (neither path's cost depends on the values), so no prefill is timed.
   * tokens: 128 decode steps of the VLM for K rows (the discrete decoder's trajectory phase).
 
     python benchmarks/action_expert.py [--layers 2] [--prefix 3100] [--samples 1 6] [--rounds 2] [--dtype bfloat16]
-        [--no-tokens] [--floor]
+        [--no-tokens] [--floor] [--device cpu|cuda[:N] [--cuda-graph]]
 
 `--floor` also times the step's bare matmuls (`matmul_floor_s`): the FLOPs any exact implementation must run,
-so on a GEMM-bound machine no implementation beats the reference by more than reference / floor.
+so on a GEMM-bound machine no implementation beats the reference by more than reference / floor. `--device
+cuda` runs all of it on a GPU (each timing waits for the device), `--cuda-graph` replays our step as the captured
+graph of `alpamayo.expert.cuda_graph`; the measurement the >= 2x goal asks for is
+`--device cuda --cuda-graph --layers 36 --no-tokens` (not yet run: no GPU was lent to the tasks so far).
 
 Measured (defaults, 1 thread, fastest of 2; the 2-core CPU idle, load < 1.5; `--no-tokens --floor`):
     K=1: ours 1366 ms (137 ms/step), HF-composed 1589 ms (159 ms/step): 1.16x; bare matmuls 114 ms/step
@@ -52,7 +55,7 @@ from transformers import DynamicCache, Qwen3VLTextConfig, Qwen3VLTextModel
 
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
-from alpamayo.devices import DTYPES
+from alpamayo.devices import DTYPES, resolve_device
 from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder
 from alpamayo.expert.demo import random_expert_weights
@@ -67,7 +70,7 @@ VOCAB = 155697  # Alpamayo 1.5's vocabulary (Qwen3-VL + 4000 trajectory bins + m
 N_TOKENS = 64
 
 
-def vlm_model(layers: int, dtype: torch.dtype) -> TextModel:
+def vlm_model(layers: int, dtype: torch.dtype, device: torch.device) -> TextModel:
     """The 8B text model with `layers` layers and random weights, built in memory (no checkpoint file)."""
     raw = json.loads((CONFIG_DIR / "qwen3-vl-8b.json").read_text())
     raw["text_config"].update(num_hidden_layers=layers, vocab_size=VOCAB)
@@ -77,9 +80,9 @@ def vlm_model(layers: int, dtype: torch.dtype) -> TextModel:
     weights = {}
     for name, (shape, *_) in text_tensor_shapes(cfg).items():
         if len(shape) == 1:
-            weights[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(dtype)
+            weights[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(device, dtype)
         else:
-            weights[name] = (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(dtype)
+            weights[name] = (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(device, dtype)
     t = cfg.text
     layers_ = [build_layer(t, i, weights.__getitem__) for i in range(t.num_hidden_layers)]
     embed = weights["language_model.embed_tokens.weight"]
@@ -95,11 +98,11 @@ def fill_cache(model: TextModel, rows: int, prefix: int) -> None:
     model.setup_cache(prefix + 2 * N_TOKENS + 130, rows)
     g = torch.Generator().manual_seed(1)
     for buf in (*model.cache.k, *model.cache.v):
-        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.device, buf.dtype))
     model.cache_len, model.batch, model.rope_delta = prefix, rows, -900
 
 
-def hf_expert(cfg, weights: dict, dtype: torch.dtype) -> Qwen3VLTextModel:
+def hf_expert(cfg, weights: dict, dtype: torch.dtype, device: torch.device) -> Qwen3VLTextModel:
     """transformers' expert in `dtype` with its rotary table kept in float32, as `from_pretrained(dtype=...)`
     keeps it (a plain `.to(bfloat16)` rounds `inv_freq` too, which at positions ~3000 moves the RoPE angles
     enough to change the sampled actions by O(1))."""
@@ -107,8 +110,8 @@ def hf_expert(cfg, weights: dict, dtype: torch.dtype) -> Qwen3VLTextModel:
     del model.embed_tokens
     model.load_state_dict({k[len("expert.") :]: v for k, v in weights.items() if k.startswith("expert.")})
     inv_freq = model.rotary_emb.inv_freq.clone()
-    model.to(dtype)
-    model.rotary_emb.inv_freq = inv_freq
+    model.to(device, dtype)
+    model.rotary_emb.inv_freq = inv_freq.to(device)
     return model
 
 
@@ -116,13 +119,13 @@ class HFComposed:
     """NVIDIA's step_fn over transformers' Qwen3VLTextModel, with the project's in/out projections."""
 
     def __init__(self, cfg, weights: dict, expert, dtype: torch.dtype):
-        self.model = hf_expert(cfg, weights, dtype)
+        self.model = hf_expert(cfg, weights, dtype, expert.device)
         self.in_proj, self.out_proj = expert.in_proj, expert.out_proj
 
     @torch.inference_mode()
     def sample(self, cache: DynamicCache, pos, mask, x0, steps: int):
         prefill = cache.get_seq_length()
-        x, ts = x0.clone(), torch.linspace(0, 1, steps + 1)
+        x, ts = x0.clone(), torch.linspace(0, 1, steps + 1, device=x0.device)
         for i in range(steps):
             t = ts[i].expand(x.shape[0])
             out = self.model(
@@ -135,7 +138,9 @@ class HFComposed:
         return x
 
 
-def matmul_floor_s(t, rows: int, prefix: int, dtype: torch.dtype, steps: int, rounds: int) -> float:
+def matmul_floor_s(
+    t, rows: int, prefix: int, dtype: torch.dtype, device: torch.device, steps: int, rounds: int
+) -> float:
     """Seconds for the bare matmuls of `steps` expert steps, nothing else: per layer the q/k/v/o projections
     and the MLP (gate+up, down) on rows x 64 tokens, and attention's two matmuls per row and KV head over the
     prefix plus the 64 own positions (query heads of a KV group stacked, as the project does). Any exact
@@ -144,7 +149,7 @@ def matmul_floor_s(t, rows: int, prefix: int, dtype: torch.dtype, steps: int, ro
     m, groups, keys = rows * N_TOKENS, t.num_attention_heads // t.num_key_value_heads, prefix + N_TOKENS
 
     def rand(*shape):
-        return torch.randn(*shape, generator=g).to(dtype)
+        return torch.randn(*shape, generator=g).to(device, dtype)
 
     x, inner = rand(m, t.hidden_size), rand(m, t.intermediate_size)
     shapes = [(t.q_dim, t.hidden_size), (t.kv_dim, t.hidden_size), (t.kv_dim, t.hidden_size)]
@@ -165,15 +170,23 @@ def matmul_floor_s(t, rows: int, prefix: int, dtype: torch.dtype, steps: int, ro
             torch.nn.functional.linear(inner, down)
             torch.bmm(torch.bmm(q, k.transpose(1, 2)), v)
 
-    return best_s(run, rounds)
+    return best_s(run, rounds, device)
 
 
-def best_s(fn, rounds: int) -> float:
-    """Fastest of `rounds` (the shared machine slows single runs; the fastest is the closest to the cost)."""
+def best_s(fn, rounds: int, device: torch.device) -> float:
+    """Fastest of `rounds` (the shared machine slows single runs; the fastest is the closest to the cost); on
+    CUDA each round ends when the device has finished its work."""
+
+    def finish() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     times = []
     for _ in range(rounds):
+        finish()
         t = time.perf_counter()
         fn()
+        finish()
         times.append(time.perf_counter() - t)
     return min(times)
 
@@ -191,20 +204,30 @@ def main() -> None:
         "--floor", action="store_true", help="also time the step's bare matmuls (see matmul_floor_s)"
     )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see above)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (both paths and the floor run there)")
+    ap.add_argument(
+        "--cuda-graph", action="store_true", help="on CUDA, replay our velocity step as a captured CUDA graph"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    dtype = DTYPES[args.dtype]
-    vlm = vlm_model(args.layers, dtype)
+    dtype, device = DTYPES[args.dtype], resolve_device(args.device)
+    vlm = vlm_model(args.layers, dtype, device)
     cfg = parse_expert_config(RELEASE_10B_EXPERT, vlm.cfg.raw_text_config)
     weights = {k: v.to(dtype) for k, v in random_expert_weights(cfg, seed=0).items()}
     with tempfile.TemporaryDirectory() as tmp:
         save_file(weights, Path(tmp) / "model.safetensors")
-        expert = load_expert(tmp, cfg, vlm.text_cfg, dtype)
+        expert = load_expert(tmp, cfg, vlm.text_cfg, dtype, device)
     hf = HFComposed(cfg, weights, expert, dtype)
-    decoder = ExpertDecoder(expert, FlowSettings(steps=args.steps))
+    decoder = ExpertDecoder(expert, FlowSettings(steps=args.steps), cuda_graph=args.cuda_graph)
+    where = (
+        f"torch threads {torch.get_num_threads()}"
+        if device.type == "cpu"
+        else torch.cuda.get_device_name(device)
+    )
+    graph = ", our step a CUDA graph" if args.cuda_graph and device.type == "cuda" else ""
     print(
         f"{args.layers} layers of the 8B VLM + 2.3B expert, {args.dtype}, prefix {args.prefix}, {args.steps} steps, "
-        f"torch threads {torch.get_num_threads()}, fastest of {args.rounds}"
+        f"{device}: {where}{graph}, fastest of {args.rounds}"
     )
     for k in args.samples:
         fill_cache(vlm, k, args.prefix)
@@ -214,35 +237,35 @@ def main() -> None:
         for i, (kk, vv) in enumerate(zip(ctx.keys, ctx.values, strict=True)):
             hf_cache.update(kk.clone(), vv.clone(), i)
         pos = ctx.positions[None].expand(3, -1, -1)
-        mask = torch.zeros(k, 1, N_TOKENS, args.prefix + N_TOKENS, dtype=dtype)
+        mask = torch.zeros(k, 1, N_TOKENS, args.prefix + N_TOKENS, dtype=dtype, device=device)
         for i, off in enumerate(offsets):
             mask[i, :, :, off : args.prefix] = torch.finfo(dtype).min
-        x0 = torch.randn(k, N_TOKENS, 2, generator=torch.Generator().manual_seed(2))
+        x0 = torch.randn(k, N_TOKENS, 2, generator=torch.Generator().manual_seed(2)).to(device)
         ours_out = decoder.sample(ctx, noise=x0)
         hf_out = hf.sample(hf_cache, pos, mask, x0, args.steps)
         err = float((ours_out - hf_out).abs().max())
-        ours = best_s(lambda: decoder.sample(ctx, noise=x0), args.rounds)  # noqa: B023
-        ref = best_s(lambda: hf.sample(hf_cache, pos, mask, x0, args.steps), args.rounds)  # noqa: B023
+        ours = best_s(lambda: decoder.sample(ctx, noise=x0), args.rounds, device)  # noqa: B023
+        ref = best_s(lambda: hf.sample(hf_cache, pos, mask, x0, args.steps), args.rounds, device)  # noqa: B023
         line = (
             f"K={k}: ours {ours * 1e3:8.1f} ms ({ours / args.steps * 1e3:7.1f} ms/step), HF-composed "
             f"{ref * 1e3:8.1f} ms ({ref / args.steps * 1e3:7.1f} ms/step): {ref / ours:5.2f}x; "
             f"actions max abs diff {err:.2e}"
         )
         if args.floor:
-            floor = matmul_floor_s(cfg.text, k, args.prefix, dtype, args.steps, args.rounds)
+            floor = matmul_floor_s(cfg.text, k, args.prefix, dtype, device, args.steps, args.rounds)
             line += (
                 f"; bare matmuls {floor / args.steps * 1e3:7.1f} ms/step (ours at {ours / floor:4.2f}x of them, "
                 f"at most {ref / floor:4.2f}x over HF-composed on this machine)"
             )
         if not args.no_tokens:
-            ids = torch.zeros(k, dtype=torch.long)
+            ids = torch.zeros(k, dtype=torch.long, device=device)
 
             def tokens():
                 vlm.cache_len = args.prefix
                 for _ in range(128):
                     vlm.decode(ids)  # noqa: B023
 
-            tok = best_s(tokens, 1)
+            tok = best_s(tokens, 1, device)
             line += f"; 128-token decoder {tok * 1e3:8.1f} ms ({tok / 128 * 1e3:6.1f} ms/token): {tok / ours:5.2f}x"
         print(line, flush=True)
 
