@@ -154,6 +154,9 @@ class InferenceNode:
         # reconnects after such a protocol error (measured), so the intake thread, which owns the socket,
         # connects them again. The control thread appends; the intake thread pops.
         self._reconnect: deque[str] = deque()
+        # endpoint -> (monotonic s of its last "connected again" line, reconnects since): a camera whose every
+        # frame is oversize is dropped and reconnected at its frame rate, logged once per STALE_LOG_EVERY_S
+        self._reconnect_log: dict[str, tuple[float, int]] = {}
         self._pub_lock = threading.Lock()
         self._pub: zmq.Socket | None = None  # the output socket, None once stopped
         self._ctx: zmq.Context | None = None
@@ -313,7 +316,14 @@ class InferenceNode:
         with suppress(zmq.ZMQError):  # the endpoint is no longer registered
             sub.disconnect(endpoint)
         sub.connect(endpoint)
-        log.warning("input %s: connected again after the node dropped the connection", endpoint)
+        now = time.monotonic()
+        last, since = self._reconnect_log.get(endpoint, (-STALE_LOG_EVERY_S, 0))
+        if now - last < STALE_LOG_EVERY_S:
+            self._reconnect_log[endpoint] = (last, since + 1)
+            return
+        more = f" ({since} more times since the last line)" if since else ""
+        log.warning("input %s: connected again after the node dropped the connection%s", endpoint, more)
+        self._reconnect_log[endpoint] = (now, 0)
 
     def _drain(self, sub: zmq.Socket) -> None:
         for _ in range(DRAIN_BATCH):
