@@ -80,24 +80,18 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * d))
 
     def over_prefix(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        prefix_k: torch.Tensor,
-        prefix_v: torch.Tensor,
-        prefix_bias: torch.Tensor,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prefix: KVBlock
     ) -> torch.Tensor:
         """Non-causal attention of x's T tokens over a read-only K/V prefix and their own K/V (the action
-        expert's attention over the VLM cache): x [B, T, H]; cos/sin [B, 1, T, D]; prefix_k/v [B, nkv, L, D]
-        (views of a cache, never copied nor written); prefix_bias [B, 1, 1, L] additive (0 or -inf) -> [B, T, H].
-        """
+        expert's attention over the VLM cache): x [B, T, H]; cos/sin [B, 1, T, D]; prefix (K, V, bias): K/V
+        [B, nkv, L, D] (views of a cache, never copied nor written), bias [B, 1, 1, L] additive (0 or -inf)
+        -> [B, T, H]."""
         b, t, _ = x.shape
         q, k, v = self.project(x, cos, sin)
         # Fold each kv group's query heads into the query-length dim (non-causal, so exact): plain attention
         # per kv head, and the prefix is read with its own strides.
         q = q.reshape(b, self.n_kv, -1, self.head_dim)
-        out = joint_attention(q, (prefix_k, prefix_v, prefix_bias), (k, v, None), scale=self.scale)
+        out = joint_attention(q, prefix, (k, v, None), scale=self.scale)
         out = out.view(b, self.n_kv, -1, t, self.head_dim).reshape(b, self.n_heads, t, self.head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 

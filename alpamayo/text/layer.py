@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from alpamayo.text.attention import Attention
+from alpamayo.text.attention import Attention, KVBlock
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.norm import RMSNorm
 
@@ -25,14 +25,8 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_norm(h))
 
     def over_prefix(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        prefix_k: torch.Tensor,
-        prefix_v: torch.Tensor,
-        prefix_bias: torch.Tensor,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prefix: KVBlock
     ) -> torch.Tensor:
         """The same layer with non-causal attention over a read-only K/V prefix (`Attention.over_prefix`)."""
-        h = x + self.attn.over_prefix(self.input_norm(x), cos, sin, prefix_k, prefix_v, prefix_bias)
+        h = x + self.attn.over_prefix(self.input_norm(x), cos, sin, prefix)
         return h + self.mlp(self.post_norm(h))
