@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
-from alpamayo.commands.replay_args import add_drive_source_args
+from alpamayo.commands.replay_args import add_drive_source_args, drive_source_fields
 from alpamayo.eval.clips import collect_clips
 from alpamayo.eval.report import report_table
 from alpamayo.eval.session import run_eval
@@ -64,15 +64,13 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=Path(args.checkpoint).resolve(),
         out=args.out,
         base_model=None if args.base_model is None else Path(args.base_model).resolve(),
-        layout=args.layout,
-        pai_dir=None if args.pai_dir is None else args.pai_dir.resolve(),
-        cameras=args.pai_cameras,
         ray=args.ray,
         workers=args.workers,
         cpus_per_worker=args.cpus_per_worker,
         max_retries=args.max_retries,
         worst=args.worst,
         progress=not args.no_progress,
+        **drive_source_fields(args, resolve=True),
         **model_fields(args),
     )
     evaluation = run_eval(settings, clips)

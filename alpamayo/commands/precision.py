@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
-from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args
+from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args, drive_source_fields
 from alpamayo.tt.precision_planner import Settings, precision_report
 
 DEFAULT_RECIPES = ("accuracy", "performance")
@@ -86,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
         settings,
         args.drive,
         warn=lambda message: print(f"alpamayo precision: warning: {message}", file=sys.stderr),
-        layout=args.layout,
-        pai_dir=args.pai_dir,
-        cameras=args.pai_cameras,
+        **drive_source_fields(args),
         base_model=args.base_model,
     )
     print(report.table())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
 from alpamayo.replay.settings import OUTPUT_FORMATS, ReplaySettings
@@ -76,6 +77,16 @@ def add_drive_source_args(p: argparse.ArgumentParser, cameras_flag: str = "--cam
     )
 
 
+def drive_source_fields(args: argparse.Namespace, resolve: bool = False) -> dict[str, Any]:
+    """The fields `add_drive_source_args` sets, by the name ReplaySettings, EvalSettings and `precision_report`
+    give them; `resolve` makes the paths absolute (eval's Ray workers do not run in this directory)."""
+
+    def path(p: Path | None) -> Path | None:
+        return p.resolve() if resolve and p is not None else p
+
+    return dict(layout=path(args.layout), pai_dir=path(args.pai_dir), cameras=args.pai_cameras)
+
+
 def settings_from_args(
     args: argparse.Namespace, drive: Path | str, out: Path | None, **overrides
 ) -> ReplaySettings:
@@ -93,13 +104,11 @@ def settings_from_args(
         start_s=args.start,
         duration_s=args.duration,
         base_model=None if args.base_model is None else Path(args.base_model),
-        layout=args.layout,
-        pai_dir=args.pai_dir,
-        cameras=args.pai_cameras,
         trace=args.trace,
         json=args.json,
         plots=args.plots,
         progress=not args.no_progress,
+        **drive_source_fields(args),
         **model_fields(args),
         **overrides,
     )
