@@ -415,12 +415,7 @@ class InputState:
                 if gap > self.stale_ns:  # interpolating across a gap in the pose stream would invent motion
                     return f"ego: a gap of {gap / 1e6:.0f} ms between poses at {_slot(t0 - t)}"
                 xyz[n], quat[n] = _interpolate(poses[j - 1], poses[j], t)
-            elif j == len(times):
-                if t - times[-1] > self.extrapolation_ns:
-                    return (
-                        f"ego: no pose within {self.extrapolation_ns / 1e6:g} ms of {_slot(t0 - t)} "
-                        f"(newest {(t - times[-1]) / 1e9:.2f} s before it)"
-                    )
+            elif j == len(times):  # within extrapolation_ns of the newest pose: t <= t0, checked above
                 pose = _extrapolate(poses, t, self.stale_ns)
                 if pose is None:
                     return "ego: one pose without velocity cannot be extrapolated to t0"
