@@ -247,8 +247,7 @@ class InputState:
         return last_recv_ns is None or now_ns - last_recv_ns > self.stale_ns
 
     def _restart_camera(self, track: CameraTrack) -> None:
-        while track.ring:
-            self._drop(track, track.ring.popleft())
+        self._empty_ring(track)
         track.counters.restarts += 1
         self._last_t0 = None  # the restarted stream's clock may have been reset: windows start afresh
         self.epoch += 1
@@ -268,6 +267,11 @@ class InputState:
             or (self.ring_bytes_per_camera is not None and track.ring_bytes > self.ring_bytes_per_camera)
             or (oldest_useful is not None and track.ring[0].frame.t_sof_ns < oldest_useful)
         ):
+            self._drop(track, track.ring.popleft())
+
+    def _empty_ring(self, track: CameraTrack) -> None:
+        """Drop every frame in the ring (a restart or a reset); the unused ones count as dropped."""
+        while track.ring:
             self._drop(track, track.ring.popleft())
 
     @staticmethod
@@ -458,13 +462,11 @@ class InputState:
         """Forget every frame, pose and the last t0 (counters are kept); streams may restart at any frame_id."""
         with self._lock:
             for track in self._tracks.values():
-                while track.ring:
-                    self._drop(track, track.ring.popleft())
+                self._empty_ring(track)
+                track.last_frame_id = None
             for track in (*self._tracks.values(), self._ego):
                 track.last_t_ns = track.last_recv_ns = track.future = None
                 track.backwards_run = 0
-            for track in self._tracks.values():
-                track.last_frame_id = None
             self._ego.poses.clear()
             self._last_t0 = None
             self._drops.clear()
