@@ -26,7 +26,9 @@ reason (logged sparingly, see `StaleLog`).
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import threading
 import time
 from collections import deque
@@ -78,13 +80,9 @@ HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
 )
-MONITORED = (
-    zmq.EVENT_ACCEPTED
-    | zmq.EVENT_CONNECTED
-    | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+# What the monitors report: connections opening and closing (with their fds), and failed handshakes.
+MONITORED = functools.reduce(
+    operator.or_, HANDSHAKE_FAILED, zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 )
 
 
