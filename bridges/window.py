@@ -87,6 +87,10 @@ class CameraTrack(Track):
     def ring_bytes(self) -> int:
         return sum(s.frame.held_bytes for s in self.ring)
 
+    def holds(self, stored: StoredFrame) -> bool:
+        """True while `stored` is in the ring (by identity: frames compare by value, pixels included)."""
+        return any(s is stored for s in self.ring)
+
 
 @dataclass
 class EgoTrack(Track):
@@ -346,9 +350,9 @@ class InputState:
                 self.waiting_for = "streams restarted while the window was being decoded"
                 return None
             for i, stored in selection.slots.items():
-                ring = self._tracks[i].ring
-                if any(all(s is not r for r in ring) for s in stored):
-                    self.waiting_for = f"{self._tracks[i].label}: frames left the ring while being decoded"
+                track = self._tracks[i]
+                if not all(track.holds(s) for s in stored):
+                    self.waiting_for = f"{track.label}: frames left the ring while being decoded"
                     return None
             return self._commit(selection.t0_ns, selection.slots, selection.ego, now_ns)
 
@@ -357,7 +361,7 @@ class InputState:
         counts the message as rejected instead). False if it had left the ring already (counted dropped)."""
         with self._lock:
             track = self._tracks[stored.frame.camera]
-            if all(s is not stored for s in track.ring):
+            if not track.holds(stored):
                 return False
             track.ring = deque(s for s in track.ring if s is not stored)
             track.counters.accepted -= 1
