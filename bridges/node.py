@@ -282,9 +282,7 @@ class InferenceNode:
         except ProtocolError as e:
             with self._lock:
                 self.counters.messages += 1
-                self.counters.rejected_total += 1
-                self.counters.rejected[e.reason] = self.counters.rejected.get(e.reason, 0) + 1
-                self._last_error = (e.reason, str(e), time.monotonic())
+                self._count_rejection(e.reason, str(e))
             log.debug("rejected (%s): %s", e.reason, e)
             return e.reason
         self.tracer.record("decode", start, time.perf_counter_ns() - start, kind=type(decoded).__name__)
@@ -296,6 +294,13 @@ class InferenceNode:
                 self.counters.ego_accepted += 1
         self._new_input.set()
         return None
+
+    def _count_rejection(self, reason: str, message: str) -> None:
+        """Count a rejected message and make it the last error. The caller holds `_lock`, together with its
+        other counter changes, so that messages == accepted + rejected for every reader."""
+        self.counters.rejected_total += 1
+        self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + 1
+        self._last_error = (reason, message, time.monotonic())
 
     def _intake_loop(self, sub: zmq.Socket) -> None:
         try:
@@ -511,9 +516,7 @@ class InferenceNode:
             return message  # it left the ring while decoding: counted as dropped already
         with self._lock:
             self.counters.frames_accepted -= 1
-            self.counters.rejected_total += 1
-            self.counters.rejected["jpeg_decode"] = self.counters.rejected.get("jpeg_decode", 0) + 1
-            self._last_error = ("jpeg_decode", message, time.monotonic())
+            self._count_rejection("jpeg_decode", message)
         log.debug("rejected after decoding (jpeg_decode): %s", message)
         return message
 
