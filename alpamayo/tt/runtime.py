@@ -24,8 +24,9 @@ SIMULATOR_ENV = "TT_METAL_SIMULATOR"
 SLOW_DISPATCH_ENV = "TT_METAL_SLOW_DISPATCH_MODE"
 RUNTIME_ROOT_ENV = "TT_METAL_RUNTIME_ROOT"  # default: the ttnn package directory
 # Where tt-metal 0.81.1 looks for the SFPI RISC-V compiler (kernels and firmware are compiled for the chip):
-# under the runtime root, then the system install.
-SFPI_COMPILER = Path("runtime/sfpi/compiler/bin/riscv-tt-elf-g++")
+# under the runtime root, then the system install; the compiler sits at the same place in both SFPI trees.
+SFPI_BINARY = Path("compiler/bin/riscv-tt-elf-g++")
+SFPI_COMPILER = Path("runtime/sfpi") / SFPI_BINARY
 SYSTEM_SFPI = Path("/opt/tenstorrent/sfpi")
 MOCK_DESCRIPTOR = Path(__file__).resolve().with_name("p150_mock_cluster.yaml")
 # The Tenstorrent kernel driver (tt-kmd) creates one character device per card here.
@@ -111,7 +112,7 @@ def ttnn_runtime_root() -> Path:
 
 def sfpi_compiler() -> Path | None:
     """The SFPI compiler tt-metal will use (under the runtime root, else the system install), or None."""
-    for compiler in (ttnn_runtime_root() / SFPI_COMPILER, SYSTEM_SFPI / "compiler/bin/riscv-tt-elf-g++"):
+    for compiler in (ttnn_runtime_root() / SFPI_COMPILER, SYSTEM_SFPI / SFPI_BINARY):
         if compiler.is_file():
             return compiler
     return None
