@@ -93,7 +93,7 @@ def device_unavailable_reason(dry_run: bool = True) -> str | None:
     elif mock := os.environ.get(MOCK_ENV):
         return f"{MOCK_ENV}={mock} makes ttnn open a mock device; unset it to use the card"
     target = f"ttsim ({simulator})" if simulator else "the card"
-    if root and (Path(root) / dryrun.MARKER).is_file():
+    if dryrun.is_root(root):
         return f"{RUNTIME_ROOT_ENV}={root} is a dry-run root whose stand-in compiler builds no kernels for {target}"
     if sfpi_compiler() is None:
         return (
