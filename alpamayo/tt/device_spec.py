@@ -7,7 +7,7 @@ device, so a harvested chip is planned for the cores it really has.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 TILE = 32  # tile edge: every device dimension is counted in 32x32 tiles
@@ -37,16 +37,12 @@ class DeviceSpec:
     def from_device(cls, device: Any) -> DeviceSpec:
         """The opened device's compute grid and DRAM bank count; capacity, L1 and rates as on a p150."""
         grid = device.compute_with_storage_grid_size()
-        return cls(
+        return replace(
+            P150,
             name=f"{P150.name} (device grid {grid.x}x{grid.y})",
             grid_x=grid.x,
             grid_y=grid.y,
             dram_banks=device.dram_grid_size().x,
-            dram_bytes=P150.dram_bytes,
-            l1_bytes=P150.l1_bytes,
-            dram_bandwidth=P150.dram_bandwidth,
-            clock_hz=P150.clock_hz,
-            matmul_flops_per_cycle=P150.matmul_flops_per_cycle,
         )
 
 

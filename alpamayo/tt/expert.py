@@ -86,8 +86,7 @@ class TTActionExpert(DeviceIO):
         self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
         self.weights = weights
         self.layer_weights = [
-            _layer_weights({k.removeprefix("expert."): w for k, w in weights.items()}, i)
-            for i in range(cfg.text.num_hidden_layers)
+            _layer_weights(weights, i, "expert.") for i in range(cfg.text.num_hidden_layers)
         ]
         self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
         self.tracer = tracer or text.tracer

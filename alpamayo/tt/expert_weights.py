@@ -21,11 +21,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
-from alpamayo.tt.device_spec import TILE, round_up
 from alpamayo.tt.weights import (
     LayerGroups,
     WeightSpec,
     decoder_layer_specs,
+    layer_norm_specs,
+    linear_specs,
     norm_specs,
     padded_hidden,
 )
@@ -34,54 +35,20 @@ EXPERT_GROUPS = LayerGroups(qkv="expert", o="expert", gate_up="expert", down="ex
 EXPERT_BANKS = 1  # the expert's padding granule: whole tiles (its weights are interleaved, not bank-sharded)
 
 
-def _linear(
-    name: str, source: str, k: int, n: int, k_padded: int, n_padded: int, bias: bool
-) -> list[WeightSpec]:
-    """A linear `source` `[n, k]` (+ bias) as `[K_p, N_p]` interleaved in DRAM, bias as a TILE row."""
-    specs = [WeightSpec(name, (source + "weight",), "expert", "linear", (k, n), (k_padded, n_padded))]
-    if bias:
-        specs.append(
-            WeightSpec(
-                name + ".bias", (source + "bias",), "bias", "gamma_tile", (1, 1, 1, n), (1, 1, 1, n_padded)
-            )
-        )
-    return specs
-
-
 def in_proj_specs(expert: ExpertConfig) -> list[WeightSpec]:
     """The in-projection MLP: Linear, SiLU, then (RMSNorm, Linear, SiLU) per extra layer, RMSNorm, Linear,
     LayerNorm (see `alpamayo.expert.config.ExpertConfig._in_proj_shapes`)."""
     c, hidden = expert.in_proj, expert.text.hidden_size
     trunk = f"{expert.prefixes.in_proj}encoder.trunk."
-    width = round_up(c.hidden_size, TILE)
-    specs = _linear(
-        "expert.in_proj.0",
-        trunk + "0.",
-        c.num_features,
-        c.hidden_size,
-        round_up(c.num_features, TILE),
-        width,
-        True,
-    )
+    specs = linear_specs("expert.in_proj.0", trunk + "0.", "expert", c.num_features, c.hidden_size)
     for layer in range(c.num_enc_layers):
         norm = 2 + 3 * layer
         out = hidden if layer == c.num_enc_layers - 1 else c.hidden_size
         specs += norm_specs(f"expert.in_proj.norm{norm}", f"{trunk}{norm}.weight", c.hidden_size, ("tile",))
-        specs += _linear(
-            f"expert.in_proj.{norm + 1}",
-            f"{trunk}{norm + 1}.",
-            c.hidden_size,
-            out,
-            width,
-            round_up(out, TILE),
-            True,
+        specs += linear_specs(
+            f"expert.in_proj.{norm + 1}", f"{trunk}{norm + 1}.", "expert", c.hidden_size, out
         )
-    ln = f"{expert.prefixes.in_proj}norm."
-    shape = (1, 1, 1, hidden)
-    specs += [
-        WeightSpec("expert.in_proj.ln.weight", (ln + "weight",), "norm", "gamma_tile", shape, shape),
-        WeightSpec("expert.in_proj.ln.bias", (ln + "bias",), "bias", "gamma_tile", shape, shape),
-    ]
+    specs += layer_norm_specs("expert.in_proj.ln", f"{expert.prefixes.in_proj}norm.", hidden)
     return specs
 
 
@@ -97,7 +64,13 @@ def expert_weight_specs(expert: ExpertConfig) -> list[WeightSpec]:
         specs += [replace(s, placement="dram") for s in layer]
     specs += norm_specs("expert.norm", f"{p.expert}norm.weight", t.hidden_size, ("tile",), hp)
     specs += in_proj_specs(expert)
-    specs += _linear(
-        "expert.out_proj", p.out_proj, t.hidden_size, ACTION_DIMS, hp, TILE, expert.out_proj_bias
+    specs += linear_specs(
+        "expert.out_proj",
+        p.out_proj,
+        "expert",
+        t.hidden_size,
+        ACTION_DIMS,
+        bias=expert.out_proj_bias,
+        k_padded=hp,
     )
     return specs

@@ -560,9 +560,6 @@ class ExpertPlan:
     k_chunk: int
     trace_region_bytes: int
 
-    def matmul(self, m: int, k: int, n: int) -> PrefillMatmul:
-        return _prefill_matmul(self.grid, m, k, n)
-
     def describe(self) -> list[str]:
         return [
             f"expert step: {self.samples} sample(s) x {FUTURE_STEPS} action rows = {self.rows} rows, residual "

@@ -106,15 +106,12 @@ class QuantizedCheckpoint(Checkpoint):
             self._entries[LM_HEAD] = self._entries[EMBED]
         self._ready: dict[str, torch.Tensor] = {}
 
-    def _rounded(self, spec: WeightSpec) -> dict[str, torch.Tensor]:
-        return rounded(spec, self._view, self.precision)
-
     def _experts(self, name: str) -> None:
         """Round a sparse layer's three expert specs and queue both fused tensors in the on-disk layout."""
         prefix = name.rpartition("experts.")[0]
         views: dict[str, torch.Tensor] = {}
         for spec in self._specs[name]:
-            views.update(self._rounded(spec))
+            views.update(rounded(spec, self._view, self.precision))
         layout = disk_layout(
             self.config.text, prefix, self.shape(prefix + GATE_UP), self.shape(prefix + DOWN)
         )
@@ -134,7 +131,7 @@ class QuantizedCheckpoint(Checkpoint):
             elif name.endswith((GATE_UP, DOWN)):
                 self._experts(name)
             else:
-                for source, tensor in self._rounded(specs[0]).items():
+                for source, tensor in rounded(specs[0], self._view, self.precision).items():
                     key = LM_HEAD if specs[0].name == "lm_head" else source
                     self._ready[key] = tensor.reshape(self.shape(source))
         t = self._ready.pop(name)

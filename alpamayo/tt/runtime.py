@@ -24,8 +24,9 @@ SIMULATOR_ENV = "TT_METAL_SIMULATOR"
 SLOW_DISPATCH_ENV = "TT_METAL_SLOW_DISPATCH_MODE"
 RUNTIME_ROOT_ENV = "TT_METAL_RUNTIME_ROOT"  # default: the ttnn package directory
 # Where tt-metal 0.81.1 looks for the SFPI RISC-V compiler (kernels and firmware are compiled for the chip):
-# under the runtime root, then the system install.
-SFPI_COMPILER = Path("runtime/sfpi/compiler/bin/riscv-tt-elf-g++")
+# under the runtime root, then the system install; the compiler sits at the same place in both SFPI trees.
+SFPI_BINARY = Path("compiler/bin/riscv-tt-elf-g++")
+SFPI_COMPILER = Path("runtime/sfpi") / SFPI_BINARY
 SYSTEM_SFPI = Path("/opt/tenstorrent/sfpi")
 MOCK_DESCRIPTOR = Path(__file__).resolve().with_name("p150_mock_cluster.yaml")
 # The Tenstorrent kernel driver (tt-kmd) creates one character device per card here.
@@ -92,7 +93,7 @@ def device_unavailable_reason(dry_run: bool = True) -> str | None:
     elif mock := os.environ.get(MOCK_ENV):
         return f"{MOCK_ENV}={mock} makes ttnn open a mock device; unset it to use the card"
     target = f"ttsim ({simulator})" if simulator else "the card"
-    if root and (Path(root) / dryrun.MARKER).is_file():
+    if dryrun.is_root(root):
         return f"{RUNTIME_ROOT_ENV}={root} is a dry-run root whose stand-in compiler builds no kernels for {target}"
     if sfpi_compiler() is None:
         return (
@@ -111,7 +112,7 @@ def ttnn_runtime_root() -> Path:
 
 def sfpi_compiler() -> Path | None:
     """The SFPI compiler tt-metal will use (under the runtime root, else the system install), or None."""
-    for compiler in (ttnn_runtime_root() / SFPI_COMPILER, SYSTEM_SFPI / "compiler/bin/riscv-tt-elf-g++"):
+    for compiler in (ttnn_runtime_root() / SFPI_COMPILER, SYSTEM_SFPI / SFPI_BINARY):
         if compiler.is_file():
             return compiler
     return None

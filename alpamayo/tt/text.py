@@ -786,9 +786,10 @@ class TTTextModel(DeviceIO):
         return tuple(self._download(c)[0, :, :length].float() for c in self.kv_cache[i])
 
 
-def _layer_weights(weights: dict[str, Any], i: int) -> dict[str, Any]:
-    """Layer i's device weights keyed without the `layers.{i}.` prefix (wqkv, attn_norm.rm, ...)."""
-    prefix = f"layers.{i}."
+def _layer_weights(weights: dict[str, Any], i: int, scope: str = "") -> dict[str, Any]:
+    """Layer i's device weights keyed without the `{scope}layers.{i}.` prefix (wqkv, attn_norm.rm, ...);
+    `scope` is "expert." for the action expert's layers."""
+    prefix = f"{scope}layers.{i}."
     return {name[len(prefix) :]: w for name, w in weights.items() if name.startswith(prefix)}
 
 

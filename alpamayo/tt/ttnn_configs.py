@@ -20,6 +20,11 @@ def ttnn_dtype(ttnn: Any, name: str) -> Any:
     return {"bf16": ttnn.bfloat16, "bfp8": ttnn.bfloat8_b, "bfp4": ttnn.bfloat4_b}[name]
 
 
+def ttnn_layout(ttnn: Any, layout: str) -> Any:
+    """`WeightSpec.layout` (tile | row_major) -> ttnn.Layout."""
+    return ttnn.TILE_LAYOUT if layout == "tile" else ttnn.ROW_MAJOR_LAYOUT
+
+
 def compute_config(ttnn: Any, fidelity: str, fp32_acc: bool = True, l1_acc: bool = True) -> Any:
     """Compute-kernel config; `WormholeComputeKernelConfig` is the type ttnn uses for Blackhole too."""
     return ttnn.WormholeComputeKernelConfig(

@@ -26,7 +26,7 @@ import torch
 from alpamayo.checkpoint import Getter
 from alpamayo.tt.precision import Precision
 from alpamayo.tt.runtime import import_ttnn
-from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype
+from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype, ttnn_layout
 from alpamayo.tt.weights import WeightSpec, prepare, weight_dtype
 
 # Bump when `alpamayo.tt.weights.prepare` changes what it produces for the same spec.
@@ -71,8 +71,7 @@ def to_host_tensor(ttnn: Any, t: torch.Tensor, dtype: str, layout: str) -> Any:
     """Tilize (or keep row-major) and pack a prepared torch tensor on the host in the recipe dtype."""
     if dtype == "bf16":
         t = t.to(torch.bfloat16)
-    tt_layout = ttnn.TILE_LAYOUT if layout == "tile" else ttnn.ROW_MAJOR_LAYOUT
-    return ttnn.from_torch(t, dtype=ttnn_dtype(ttnn, dtype), layout=tt_layout)
+    return ttnn.from_torch(t, dtype=ttnn_dtype(ttnn, dtype), layout=ttnn_layout(ttnn, layout))
 
 
 class WeightCache:
@@ -142,9 +141,12 @@ def allocate_weights(
     ttnn = import_ttnn()
     out = {}
     for s in specs:
-        layout = ttnn.TILE_LAYOUT if s.layout == "tile" else ttnn.ROW_MAJOR_LAYOUT
         dtype = ttnn_dtype(ttnn, weight_dtype(s, precision))
         out[s.name] = ttnn.allocate_tensor_on_device(
-            ttnn.Shape(list(s.padded)), dtype, layout, device, placement(ttnn, s, dram_banks)
+            ttnn.Shape(list(s.padded)),
+            dtype,
+            ttnn_layout(ttnn, s.layout),
+            device,
+            placement(ttnn, s, dram_banks),
         )
     return out

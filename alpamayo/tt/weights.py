@@ -286,6 +286,39 @@ def norm_specs(
     return specs
 
 
+def linear_specs(
+    name: str,
+    source: str,
+    group: str,
+    k: int,
+    n: int,
+    transform: str = "linear",
+    bias: bool = True,
+    k_padded: int | None = None,
+) -> list[WeightSpec]:
+    """An interleaved linear `source` + "weight" as `[K, N]` zero-padded to whole tiles (K to `k_padded` where
+    given: the residual stream's width), and with `bias` its bias row `[1, 1, 1, N]` padded to a tile."""
+    n_padded = round_up(n, TILE)
+    padded = (k_padded or round_up(k, TILE), n_padded)
+    specs = [WeightSpec(name, (source + "weight",), group, transform, (k, n), padded)]
+    if bias:
+        specs.append(
+            WeightSpec(
+                name + ".bias", (source + "bias",), "bias", "gamma_tile", (1, 1, 1, n), (1, 1, 1, n_padded)
+            )
+        )
+    return specs
+
+
+def layer_norm_specs(name: str, source: str, dim: int) -> list[WeightSpec]:
+    """A LayerNorm's `source` + "weight" / "bias" as bf16 TILE rows `[1, 1, 1, dim]` (`name`.weight, .bias)."""
+    shape = (1, 1, 1, dim)
+    return [
+        WeightSpec(name + ".weight", (source + "weight",), "norm", "gamma_tile", shape, shape),
+        WeightSpec(name + ".bias", (source + "bias",), "bias", "gamma_tile", shape, shape),
+    ]
+
+
 def expert_specs(cfg: TextConfig, i: int, dram_banks: int) -> list[WeightSpec]:
     """Router and routed-expert tensors of sparse layer `i` (names `layers.{i}.router`, `layers.{i}.experts.*`)."""
     moe = cfg.moe

@@ -138,10 +138,14 @@ def prepare(directory: Path) -> dict[str, str]:
     return env
 
 
+def is_root(root: str | Path | None) -> bool:
+    """`root` (a `TT_METAL_RUNTIME_ROOT` value) is a dry-run runtime root (it holds the `MARKER` file)."""
+    return bool(root) and (Path(root) / MARKER).is_file()
+
+
 def active(environ: Mapping[str, str] = os.environ) -> bool:
     """ttnn in this environment opens the dry run's mock p150 (a dry-run root and the mock descriptor)."""
-    root = environ.get(RUNTIME_ROOT_ENV)
-    return bool(root and environ.get(MOCK_ENV) and (Path(root) / MARKER).is_file())
+    return bool(environ.get(MOCK_ENV)) and is_root(environ.get(RUNTIME_ROOT_ENV))
 
 
 @contextmanager
