@@ -198,11 +198,7 @@ class TextModel(nn.Module):
         ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
         if ids.numel() != self.batch:
             raise ValueError(f"decode got {ids.numel()} token(s) for {self.batch} active row(s)")
-        pos = torch.tensor([self.cache_len + self.rope_delta])
-        cos, sin = self.rope.cos_sin_1d(pos, self.dtype)
-        h = self._layers(self.embed(ids).unsqueeze(1), cos, sin, self.cache_len)
-        self.cache_len += 1
-        logits = self.logits(h[:, 0])
+        logits = self.logits(self._append(ids[:, None])[:, 0])
         return logits[0] if single else logits
 
     @torch.inference_mode()
@@ -213,7 +209,14 @@ class TextModel(nn.Module):
         ids = tokens.reshape(self.batch, -1)
         t = ids.shape[1]
         check_decode_room(self.cache_len, self._require_cache().max_seq_len, t)
+        self._append(ids)
+
+    def _append(self, ids: torch.Tensor) -> torch.Tensor:
+        """Ids [B, T] at positions cache_len + rope_delta onwards (callers checked the room) -> final-normed
+        hidden [B, T, H]; the cache then holds T more positions."""
+        t = ids.shape[1]
         pos = torch.arange(self.cache_len, self.cache_len + t) + self.rope_delta
         cos, sin = self.rope.cos_sin_1d(pos, self.dtype)
-        self._layers(self.embed(ids), cos, sin, self.cache_len)
+        h = self._layers(self.embed(ids), cos, sin, self.cache_len)
         self.cache_len += t
+        return h
