@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -55,6 +54,7 @@ from transformers import DynamicCache, Qwen3VLTextConfig, Qwen3VLTextModel
 
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
+from alpamayo.demo_checkpoint import random_tensor
 from alpamayo.devices import DTYPES, resolve_device
 from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder
@@ -77,12 +77,10 @@ def vlm_model(layers: int, dtype: torch.dtype, device: torch.device) -> TextMode
     raw["tie_word_embeddings"] = True
     cfg = parse_config(raw)
     g = torch.Generator().manual_seed(0)
-    weights = {}
-    for name, (shape, *_) in text_tensor_shapes(cfg).items():
-        if len(shape) == 1:
-            weights[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(device, dtype)
-        else:
-            weights[name] = (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(device, dtype)
+    weights = {
+        name: random_tensor(name, shape, g).to(device, dtype)
+        for name, (shape, *_) in text_tensor_shapes(cfg).items()
+    }
     t = cfg.text
     layers_ = [build_layer(t, i, weights.__getitem__) for i in range(t.num_hidden_layers)]
     embed = weights["language_model.embed_tokens.weight"]
