@@ -184,10 +184,7 @@ def expert_text_dict(
     """
     root = Fields(raw, "", source)
     if root.has(SUPER_EXPERT_KEY):
-        llm = root.sub(SUPER_EXPERT_KEY).sub("llm_config")
-        if llm.has("text_config"):
-            llm = llm.sub("text_config")
-        return copy.deepcopy(llm.data)
+        return copy.deepcopy(_super_llm(root).data)
     if vlm_text is None:
         raise ConfigError(
             f"{source}: the action expert's config is the VLM's text config with 'expert_cfg' applied, "
@@ -196,6 +193,13 @@ def expert_text_dict(
     out = copy.deepcopy(vlm_text)
     out.update(copy.deepcopy(root.optional_sub("expert_cfg").data))
     return out
+
+
+def _super_llm(root: Fields) -> Fields:
+    """Super's expert text config: `expert_config.llm_config`, or its `text_config` when it is a full
+    vision-language config."""
+    llm = root.sub(SUPER_EXPERT_KEY).sub("llm_config")
+    return llm.sub("text_config") if llm.has("text_config") else llm
 
 
 def _check_target(section: Fields, expected: str) -> None:
@@ -251,9 +255,7 @@ def parse_expert_config(
     settings = root.sub(SUPER_EXPERT_KEY) if super_layout else root
     text_dict = expert_text_dict(raw, vlm_text, source)
     if super_layout:
-        llm = settings.sub("llm_config")
-        path = llm.name("text_config") if llm.has("text_config") else llm.path
-        text_fields = Fields(text_dict, path, source)
+        text_fields = Fields(text_dict, _super_llm(root).path, source)
         kind = "moe" if text_dict.get("model_type") in MOE_MODEL_TYPES else "dense"
     else:
         text_fields = Fields(text_dict, "<VLM text_config + expert_cfg>", source)
