@@ -87,6 +87,11 @@ class InProjConfig:
         """MLP input width: one Fourier encoding per action dimension plus one for t (60 for the releases)."""
         return (ACTION_DIMS + 1) * self.num_fourier_feats
 
+    def trunk_layers(self) -> list[tuple[int, int]]:
+        """`encoder.trunk` indices of each (RMSNorm, Linear) pair after its first Linear (index 0), one pair
+        per encoder layer: (2 + 3 l, 3 + 3 l); the SiLUs at 1 + 3 l hold no tensors."""
+        return [(2 + 3 * layer, 3 + 3 * layer) for layer in range(self.num_enc_layers)]
+
 
 @dataclass(frozen=True)
 class ExpertConfig:
@@ -146,12 +151,11 @@ class ExpertConfig:
         """`encoder.trunk` is Linear, SiLU, then (RMSNorm, Linear, SiLU) per extra layer, RMSNorm, Linear."""
         c, hidden, pre = self.in_proj, self.text.hidden_size, f"{self.prefixes.in_proj}encoder.trunk."
         shapes = {f"{pre}0.weight": (c.hidden_size, c.num_features), f"{pre}0.bias": (c.hidden_size,)}
-        for layer in range(c.num_enc_layers):
-            norm = 2 + 3 * layer
+        for layer, (norm, linear) in enumerate(c.trunk_layers()):
             out = hidden if layer == c.num_enc_layers - 1 else c.hidden_size
             shapes[f"{pre}{norm}.weight"] = (c.hidden_size,)
-            shapes[f"{pre}{norm + 1}.weight"] = (out, c.hidden_size)
-            shapes[f"{pre}{norm + 1}.bias"] = (out,)
+            shapes[f"{pre}{linear}.weight"] = (out, c.hidden_size)
+            shapes[f"{pre}{linear}.bias"] = (out,)
         shapes[f"{self.prefixes.in_proj}norm.weight"] = (hidden,)
         shapes[f"{self.prefixes.in_proj}norm.bias"] = (hidden,)
         return shapes
