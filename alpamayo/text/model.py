@@ -80,8 +80,14 @@ class TextModel(nn.Module):
         """Allocate the static KV cache: `max_seq_len` positions (prompt + generated) for `max_batch` rows."""
         if max_seq_len < 1 or max_batch < 1:
             raise ValueError(f"max_seq_len and max_batch must be >= 1, got {max_seq_len}, {max_batch}")
+        self.cache = self.new_cache(max_seq_len, max_batch)
+        self.reset()
+
+    def new_cache(self, max_seq_len: int, max_batch: int) -> KVCache:
+        """A static KV cache of this model's layers, K/V heads, head_dim, dtype and device (K/V through
+        `kv_store` on their way in), `max_batch` rows x `max_seq_len` positions; not made the active one."""
         t = self.text_cfg
-        self.cache = KVCache(
+        return KVCache(
             t.num_hidden_layers,
             max_batch,
             t.num_key_value_heads,
@@ -91,7 +97,6 @@ class TextModel(nn.Module):
             self.device,
             self.kv_store,
         )
-        self.reset()
 
     def reset(self) -> None:
         """Forget the prompt (the cache buffers stay allocated)."""
