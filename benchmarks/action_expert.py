@@ -62,9 +62,7 @@ from alpamayo.expert.demo import random_expert_weights
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.expert.weights import load_expert
 from alpamayo.text import TextModel
-from alpamayo.text.linear import Linear, pack_linears
-from alpamayo.text.norm import RMSNorm
-from alpamayo.text.weights import build_layer, text_tensor_shapes
+from alpamayo.text.weights import text_tensor_shapes
 
 VOCAB = 155697  # Alpamayo 1.5's vocabulary (Qwen3-VL + 4000 trajectory bins + markers)
 N_TOKENS = 64
@@ -81,14 +79,7 @@ def vlm_model(layers: int, dtype: torch.dtype, device: torch.device) -> TextMode
         name: random_tensor(name, shape, g).to(device, dtype)
         for name, (shape, *_) in text_tensor_shapes(cfg).items()
     }
-    t = cfg.text
-    layers_ = [build_layer(t, i, weights.__getitem__) for i in range(t.num_hidden_layers)]
-    embed = weights["language_model.embed_tokens.weight"]
-    model = TextModel(
-        cfg, embed, layers_, RMSNorm(weights["language_model.norm.weight"], t.rms_norm_eps), Linear(embed)
-    )
-    pack_linears(model, keep_plain=embed)
-    return model.eval()
+    return TextModel.from_weights(cfg, weights.__getitem__)
 
 
 def fill_cache(model: TextModel, rows: int, prefix: int) -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alpamayo.checkpoint import Checkpoint, open_checkpoint
+from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
@@ -66,7 +66,12 @@ class TextModel(nn.Module):
         """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first."""
         ckpt, cfg = open_checkpoint(source, cfg)
         validate_text_tensors(ckpt, cfg)
-        get = ckpt.getter(dtype, device)
+        return cls.from_weights(cfg, ckpt.getter(dtype, device))
+
+    @classmethod
+    def from_weights(cls, cfg: ModelConfig, get: Getter) -> TextModel:
+        """Build from tensors by canonical name (`get(name)`, already in the model's dtype and device; not
+        validated: `from_checkpoint` validates the checkpoint first)."""
         t = cfg.text
         embed = get(EMBED)
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
