@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -55,6 +54,7 @@ from transformers import DynamicCache, Qwen3VLTextConfig, Qwen3VLTextModel
 
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
+from alpamayo.demo_checkpoint import random_tensor
 from alpamayo.devices import DTYPES, resolve_device
 from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder
@@ -62,9 +62,7 @@ from alpamayo.expert.demo import random_expert_weights
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.expert.weights import load_expert
 from alpamayo.text import TextModel
-from alpamayo.text.linear import Linear, pack_linears
-from alpamayo.text.norm import RMSNorm
-from alpamayo.text.weights import build_layer, text_tensor_shapes
+from alpamayo.text.weights import text_tensor_shapes
 
 VOCAB = 155697  # Alpamayo 1.5's vocabulary (Qwen3-VL + 4000 trajectory bins + markers)
 N_TOKENS = 64
@@ -77,20 +75,11 @@ def vlm_model(layers: int, dtype: torch.dtype, device: torch.device) -> TextMode
     raw["tie_word_embeddings"] = True
     cfg = parse_config(raw)
     g = torch.Generator().manual_seed(0)
-    weights = {}
-    for name, (shape, *_) in text_tensor_shapes(cfg).items():
-        if len(shape) == 1:
-            weights[name] = (1 + 0.1 * torch.randn(shape, generator=g)).to(device, dtype)
-        else:
-            weights[name] = (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(device, dtype)
-    t = cfg.text
-    layers_ = [build_layer(t, i, weights.__getitem__) for i in range(t.num_hidden_layers)]
-    embed = weights["language_model.embed_tokens.weight"]
-    model = TextModel(
-        cfg, embed, layers_, RMSNorm(weights["language_model.norm.weight"], t.rms_norm_eps), Linear(embed)
-    )
-    pack_linears(model, keep_plain=embed)
-    return model.eval()
+    weights = {
+        name: random_tensor(name, shape, g).to(device, dtype)
+        for name, (shape, *_) in text_tensor_shapes(cfg).items()
+    }
+    return TextModel.from_weights(cfg, weights.__getitem__)
 
 
 def fill_cache(model: TextModel, rows: int, prefix: int) -> None:

@@ -87,6 +87,11 @@ class InProjConfig:
         """MLP input width: one Fourier encoding per action dimension plus one for t (60 for the releases)."""
         return (ACTION_DIMS + 1) * self.num_fourier_feats
 
+    def trunk_layers(self) -> list[tuple[int, int]]:
+        """`encoder.trunk` indices of each (RMSNorm, Linear) pair after its first Linear (index 0), one pair
+        per encoder layer: (2 + 3 l, 3 + 3 l); the SiLUs at 1 + 3 l hold no tensors."""
+        return [(2 + 3 * layer, 3 + 3 * layer) for layer in range(self.num_enc_layers)]
+
 
 @dataclass(frozen=True)
 class ExpertConfig:
@@ -146,12 +151,11 @@ class ExpertConfig:
         """`encoder.trunk` is Linear, SiLU, then (RMSNorm, Linear, SiLU) per extra layer, RMSNorm, Linear."""
         c, hidden, pre = self.in_proj, self.text.hidden_size, f"{self.prefixes.in_proj}encoder.trunk."
         shapes = {f"{pre}0.weight": (c.hidden_size, c.num_features), f"{pre}0.bias": (c.hidden_size,)}
-        for layer in range(c.num_enc_layers):
-            norm = 2 + 3 * layer
+        for layer, (norm, linear) in enumerate(c.trunk_layers()):
             out = hidden if layer == c.num_enc_layers - 1 else c.hidden_size
             shapes[f"{pre}{norm}.weight"] = (c.hidden_size,)
-            shapes[f"{pre}{norm + 1}.weight"] = (out, c.hidden_size)
-            shapes[f"{pre}{norm + 1}.bias"] = (out,)
+            shapes[f"{pre}{linear}.weight"] = (out, c.hidden_size)
+            shapes[f"{pre}{linear}.bias"] = (out,)
         shapes[f"{self.prefixes.in_proj}norm.weight"] = (hidden,)
         shapes[f"{self.prefixes.in_proj}norm.bias"] = (hidden,)
         return shapes
@@ -184,10 +188,7 @@ def expert_text_dict(
     """
     root = Fields(raw, "", source)
     if root.has(SUPER_EXPERT_KEY):
-        llm = root.sub(SUPER_EXPERT_KEY).sub("llm_config")
-        if llm.has("text_config"):
-            llm = llm.sub("text_config")
-        return copy.deepcopy(llm.data)
+        return copy.deepcopy(_super_llm(root).data)
     if vlm_text is None:
         raise ConfigError(
             f"{source}: the action expert's config is the VLM's text config with 'expert_cfg' applied, "
@@ -196,6 +197,13 @@ def expert_text_dict(
     out = copy.deepcopy(vlm_text)
     out.update(copy.deepcopy(root.optional_sub("expert_cfg").data))
     return out
+
+
+def _super_llm(root: Fields) -> Fields:
+    """Super's expert text config: `expert_config.llm_config`, or its `text_config` when it is a full
+    vision-language config."""
+    llm = root.sub(SUPER_EXPERT_KEY).sub("llm_config")
+    return llm.sub("text_config") if llm.has("text_config") else llm
 
 
 def _check_target(section: Fields, expected: str) -> None:
@@ -251,9 +259,7 @@ def parse_expert_config(
     settings = root.sub(SUPER_EXPERT_KEY) if super_layout else root
     text_dict = expert_text_dict(raw, vlm_text, source)
     if super_layout:
-        llm = settings.sub("llm_config")
-        path = llm.name("text_config") if llm.has("text_config") else llm.path
-        text_fields = Fields(text_dict, path, source)
+        text_fields = Fields(text_dict, _super_llm(root).path, source)
         kind = "moe" if text_dict.get("model_type") in MOE_MODEL_TYPES else "dense"
     else:
         text_fields = Fields(text_dict, "<VLM text_config + expert_cfg>", source)

@@ -110,11 +110,7 @@ class ExpertDecoder:
         rows, need = replay.shape[0], len(ids) + replay.shape[1]
         cache = self._unguided_cache
         if cache is None or cache.max_batch < rows or cache.max_seq_len < need:
-            t = text.text_cfg
-            cache = KVCache(
-                t.num_hidden_layers, rows, t.num_key_value_heads, need, t.head_dim, text.dtype, text.device
-            )
-            self._unguided_cache = cache
+            cache = self._unguided_cache = text.new_cache(need, rows)
         saved = text.save_state()
         try:
             text.cache = cache

@@ -70,12 +70,11 @@ def load_expert(
         ckpt.get(name, torch.float32, device) if name in ckpt else default_freqs(c).to(device)
         for name in cfg.freqs_keys()
     ]
-    trunk = f"{p.in_proj}encoder.trunk."
-    linear_ids = [0] + [3 + 3 * i for i in range(c.num_enc_layers)]
+    trunk, pairs = f"{p.in_proj}encoder.trunk.", c.trunk_layers()
     in_proj = ActionInProj(
         freqs,
-        [(get(f"{trunk}{i}.weight"), get(f"{trunk}{i}.bias")) for i in linear_ids],
-        [get(f"{trunk}{2 + 3 * i}.weight") for i in range(c.num_enc_layers)],
+        [(get(f"{trunk}{i}.weight"), get(f"{trunk}{i}.bias")) for i in [0] + [lin for _, lin in pairs]],
+        [get(f"{trunk}{norm}.weight") for norm, _ in pairs],
         (get(f"{p.in_proj}norm.weight"), get(f"{p.in_proj}norm.bias")),
     )
     out_bias = get(f"{p.out_proj}bias") if cfg.out_proj_bias else None

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alpamayo.checkpoint import Checkpoint, open_checkpoint
+from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
@@ -66,7 +66,12 @@ class TextModel(nn.Module):
         """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first."""
         ckpt, cfg = open_checkpoint(source, cfg)
         validate_text_tensors(ckpt, cfg)
-        get = ckpt.getter(dtype, device)
+        return cls.from_weights(cfg, ckpt.getter(dtype, device))
+
+    @classmethod
+    def from_weights(cls, cfg: ModelConfig, get: Getter) -> TextModel:
+        """Build from tensors by canonical name (`get(name)`, already in the model's dtype and device; not
+        validated: `from_checkpoint` validates the checkpoint first)."""
         t = cfg.text
         embed = get(EMBED)
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
@@ -80,8 +85,14 @@ class TextModel(nn.Module):
         """Allocate the static KV cache: `max_seq_len` positions (prompt + generated) for `max_batch` rows."""
         if max_seq_len < 1 or max_batch < 1:
             raise ValueError(f"max_seq_len and max_batch must be >= 1, got {max_seq_len}, {max_batch}")
+        self.cache = self.new_cache(max_seq_len, max_batch)
+        self.reset()
+
+    def new_cache(self, max_seq_len: int, max_batch: int) -> KVCache:
+        """A static KV cache of this model's layers, K/V heads, head_dim, dtype and device (K/V through
+        `kv_store` on their way in), `max_batch` rows x `max_seq_len` positions; not made the active one."""
         t = self.text_cfg
-        self.cache = KVCache(
+        return KVCache(
             t.num_hidden_layers,
             max_batch,
             t.num_key_value_heads,
@@ -91,7 +102,6 @@ class TextModel(nn.Module):
             self.device,
             self.kv_store,
         )
-        self.reset()
 
     def reset(self) -> None:
         """Forget the prompt (the cache buffers stay allocated)."""
@@ -198,11 +208,7 @@ class TextModel(nn.Module):
         ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
         if ids.numel() != self.batch:
             raise ValueError(f"decode got {ids.numel()} token(s) for {self.batch} active row(s)")
-        pos = torch.tensor([self.cache_len + self.rope_delta])
-        cos, sin = self.rope.cos_sin_1d(pos, self.dtype)
-        h = self._layers(self.embed(ids).unsqueeze(1), cos, sin, self.cache_len)
-        self.cache_len += 1
-        logits = self.logits(h[:, 0])
+        logits = self.logits(self._append(ids[:, None])[:, 0])
         return logits[0] if single else logits
 
     @torch.inference_mode()
@@ -213,7 +219,14 @@ class TextModel(nn.Module):
         ids = tokens.reshape(self.batch, -1)
         t = ids.shape[1]
         check_decode_room(self.cache_len, self._require_cache().max_seq_len, t)
+        self._append(ids)
+
+    def _append(self, ids: torch.Tensor) -> torch.Tensor:
+        """Ids [B, T] at positions cache_len + rope_delta onwards (callers checked the room) -> final-normed
+        hidden [B, T, H]; the cache then holds T more positions."""
+        t = ids.shape[1]
         pos = torch.arange(self.cache_len, self.cache_len + t) + self.rope_delta
         cos, sin = self.rope.cos_sin_1d(pos, self.dtype)
-        self._layers(self.embed(ids), cos, sin, self.cache_len)
+        h = self._layers(self.embed(ids), cos, sin, self.cache_len)
         self.cache_len += t
+        return h

@@ -87,10 +87,10 @@ def validate_text_tensors(ckpt: Checkpoint, cfg: ModelConfig) -> None:
             ) from None
 
 
-def build_mlp(cfg: TextConfig, i: int, get: Getter, prefix: str | None = None) -> nn.Module:
-    """The feed-forward block of layer i: dense SwiGLU, or the sparse MoE block where the config says so.
-    `prefix`: the layer's tensor-name prefix (default `layer_prefix(i)`, the VLM's text decoder)."""
-    p = (prefix or layer_prefix(i)) + "mlp."
+def build_mlp(cfg: TextConfig, i: int, get: Getter, prefix: str) -> nn.Module:
+    """The feed-forward block of layer i, tensors under `{prefix}mlp.` (`prefix`: the layer's, as `build_layer`
+    resolved it): dense SwiGLU, or the sparse MoE block where the config says so."""
+    p = prefix + "mlp."
     if cfg.is_sparse(i):
         from alpamayo.moe.block import SparseMoE
 
