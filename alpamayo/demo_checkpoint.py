@@ -218,15 +218,21 @@ def demo_config(tokenizer: Any) -> dict[str, Any]:
             "ego_xyz_max": list(history.xyz_max),
             "pad_origin_at_beginning": history.pad_origin,
         },
-        "action_space_cfg": {
-            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(planner.action_space).items()
-        },
+        "action_space_cfg": action_space_fields(),
         **expert_settings(),
         "min_pixels": MIN_PIXELS,
         "max_pixels": MAX_PIXELS,
         "include_camera_ids": True,
         "include_frame_nums": True,
         "add_special_tokens": True,
+    }
+
+
+def action_space_fields() -> dict[str, Any]:
+    """The default action space (`planner.settings.ActionSpaceSettings`) as config.json fields, tuples as
+    lists; every layout writes it."""
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in asdict(PlannerSettings().action_space).items()
     }
 
 

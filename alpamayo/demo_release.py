@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from alpamayo.demo_checkpoint import (
     MAX_PIXELS,
     MIN_PIXELS,
     PREPROCESSOR,
+    action_space_fields,
     base_tokenizer,
     check_output_dir,
     demo_weights,
@@ -71,10 +71,7 @@ def _target(package: str, path: str, **fields: Any) -> dict[str, Any]:
 
 
 def _action_space(package: str) -> dict[str, Any]:
-    values = {
-        k: list(v) if isinstance(v, tuple) else v for k, v in asdict(PlannerSettings().action_space).items()
-    }
-    return _target(package, "action_space.UnicycleAccelCurvatureActionSpace", **values)
+    return _target(package, "action_space.UnicycleAccelCurvatureActionSpace", **action_space_fields())
 
 
 def _expert_blocks(package: str) -> dict[str, Any]:
