@@ -313,6 +313,18 @@ def expert_weights(expert: ExpertConfig, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def model_weights(
+    config: dict[str, Any], vlm: dict[str, Any], source: str, seed: int
+) -> tuple[dict[str, torch.Tensor], ExpertConfig]:
+    """Every tensor of a demo checkpoint, float32 under its on-disk name: the VLM of Qwen3-VL config `vlm`
+    (`demo_weights`, seeded `seed`) and the action expert config.json `config` describes (`expert_weights`,
+    `seed + 1`); and that expert's config."""
+    expert = parse_expert_config(config, vlm["text_config"], source)
+    weights = demo_weights(vlm, seed)
+    weights.update(expert_weights(expert, seed + 1))
+    return weights, expert
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -347,10 +359,7 @@ def make_demo_checkpoint(
     write_json(out / "config.json", config)
     write_json(out / "generation_config.json", generation_config(tokenizer))
     write_json(out / "preprocessor_config.json", PREPROCESSOR)
-    vlm = config["vlm_config"]
-    weights = demo_weights(vlm, seed)
-    expert = parse_expert_config(config, vlm["text_config"], str(out / "config.json"))
-    weights.update(expert_weights(expert, seed + 1))
+    weights, _ = model_weights(config, config["vlm_config"], str(out / "config.json"), seed)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

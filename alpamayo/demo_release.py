@@ -40,13 +40,12 @@ from alpamayo.demo_checkpoint import (
     action_space_fields,
     base_tokenizer,
     check_output_dir,
-    demo_weights,
-    expert_weights,
     generation_config,
+    model_weights,
     vlm_config,
     write_json,
 )
-from alpamayo.expert.config import ExpertConfig, parse_expert_config
+from alpamayo.expert.config import ExpertConfig
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, MARKERS_R1, R1, RELEASE_IDS, SUPER
 from alpamayo.families.vocabulary import extend_tokenizer
 from planner.settings import PlannerSettings
@@ -258,9 +257,7 @@ def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: s
     if not family.uses_base_model:
         tokenizer.save_pretrained(out)
         write_json(out / "preprocessor_config.json", PREPROCESSOR)
-    expert = parse_expert_config(config, vlm["text_config"], str(out / "config.json"))
-    weights = demo_weights(vlm, seed)
-    weights.update(expert_weights(expert, seed + 1))
+    weights, expert = model_weights(config, vlm, str(out / "config.json"), seed)
     if layout == R1.name:
         weights.update(r1_buffers(expert, config["action_space_cfg"]))
     write_shards(out, weights)
