@@ -48,6 +48,7 @@ from alpamayo.demo_checkpoint import (
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, MARKERS_R1, R1, RELEASE_IDS, SUPER
 from alpamayo.families.vocabulary import extend_tokenizer
+from alpamayo.tt.device_spec import round_up
 from planner.settings import PlannerSettings
 from planner.tokenizers import bin_token, marker
 
@@ -138,8 +139,7 @@ def flat_config(family: str, tokenizer: Any, vlm_name_or_path: str) -> dict[str,
 def super_config(tokenizer: Any) -> dict[str, Any]:
     """config.json of an Alpamayo 2 Super checkpoint: nested VLM (vocabulary padded to 128) and expert."""
     package, planner = PACKAGES[SUPER.name], PlannerSettings()
-    vocab = -(-len(tokenizer) // SUPER_VOCAB_MULTIPLE) * SUPER_VOCAB_MULTIPLE
-    vlm = vlm_config(tokenizer, vocab)
+    vlm = vlm_config(tokenizer, round_up(len(tokenizer), SUPER_VOCAB_MULTIPLE))
     llm = dict(copy.deepcopy(vlm["text_config"]), **EXPERT_CFG, model_type="qwen3_vl_text")
     history, future = planner.history.num_bins, planner.future.num_bins
     ids = tokenizer.convert_tokens_to_ids
@@ -230,7 +230,7 @@ def write_base_model(directory: Path) -> Any:
     tokenizer = base_tokenizer()
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(directory)
-    padded = -(-len(tokenizer) // BASE_VOCAB_MULTIPLE) * BASE_VOCAB_MULTIPLE
+    padded = round_up(len(tokenizer), BASE_VOCAB_MULTIPLE)
     write_json(directory / "config.json", vlm_config(tokenizer, padded))
     write_json(directory / "preprocessor_config.json", BASE_PREPROCESSOR)
     write_json(directory / "generation_config.json", generation_config(tokenizer))
