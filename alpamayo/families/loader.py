@@ -69,12 +69,6 @@ def checkpoint_family(path: str | Path) -> Family:
     return detect_family(_read_config(_config_path(path)[1]))
 
 
-def effective_temperature(path: str | Path, temperature: float | None) -> float:
-    """The sampling temperature a run on the checkpoint at `path` uses: `temperature` when given, else the
-    family's default (`Family.sampling`); read from config.json only, so K-sample checks come before loading."""
-    return checkpoint_family(path).sampling.temperature if temperature is None else temperature
-
-
 def load_model_config(path: str | Path, base_model: str | Path | None = None) -> ModelConfig:
     """`ModelConfig` of a checkpoint directory (or config file) of any family; `base_model` is the explicit
     base-model directory for R1 / 1.5 (ignored, and refused, for the families that need none)."""
