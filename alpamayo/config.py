@@ -316,7 +316,7 @@ def parse_config(
     root = Fields(raw, "", source)
     family = detect_family(raw)
     extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY} if family.weight_prefix else {}
-    if family.vlm_source == "base_model":
+    if family.uses_base_model:
         if base_vlm is None:
             raise ConfigError(
                 f"{source}: an {family.title} config.json carries no Qwen3-VL config; it comes from the base "
