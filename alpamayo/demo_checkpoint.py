@@ -120,11 +120,12 @@ PREPROCESSOR = {
 }
 
 
-def build_tokenizer() -> Any:
-    """The demo tokenizer: `base_tokenizer` extended with the 4000 trajectory tokens (normal tokens, as
-    Alpamayo adds them) and the Alpamayo 1.5 markers (special tokens)."""
-    traj_vocab_size = PlannerSettings().traj_vocab_size
-    return extend_tokenizer(base_tokenizer(), traj_vocab_size, MARKERS_1_5)
+def build_tokenizer(markers: Sequence[str] = MARKERS_1_5, base: Any = None) -> Any:
+    """The demo tokenizer: `base` (default: a fresh `base_tokenizer()`) extended in place with the 4000
+    trajectory tokens (normal tokens, as Alpamayo adds them) and `markers` (special tokens; default Alpamayo
+    1.5's, the release layouts pass their own)."""
+    base = base_tokenizer() if base is None else base
+    return extend_tokenizer(base, PlannerSettings().traj_vocab_size, markers)
 
 
 def base_tokenizer() -> Any:

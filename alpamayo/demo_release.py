@@ -39,6 +39,7 @@ from alpamayo.demo_checkpoint import (
     PREPROCESSOR,
     action_space_fields,
     base_tokenizer,
+    build_tokenizer,
     check_output_dir,
     generation_config,
     model_weights,
@@ -47,7 +48,6 @@ from alpamayo.demo_checkpoint import (
 )
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, MARKERS_R1, R1, RELEASE_IDS, SUPER
-from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.tt.device_spec import round_up
 from planner.settings import PlannerSettings
 from planner.tokenizers import bin_token, marker
@@ -242,14 +242,12 @@ def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: s
     family = FAMILIES[layout]
     if family.uses_base_model:
         base_dir = Path(base_model_out) if base_model_out is not None else out.parent / f"{out.name}-base"
-        tokenizer = extend_tokenizer(
-            write_base_model(base_dir), PlannerSettings().traj_vocab_size, family.markers
-        )
+        tokenizer = build_tokenizer(family.markers, write_base_model(base_dir))
         name = str(base_dir.resolve()) if base_model_out is not None else f"../{base_dir.name}"
         config = flat_config(layout, tokenizer, name)
         vlm = vlm_config(tokenizer)
     else:
-        tokenizer = extend_tokenizer(base_tokenizer(), PlannerSettings().traj_vocab_size, MARKERS_R1)
+        tokenizer = build_tokenizer(MARKERS_R1)
         config = super_config(tokenizer)
         vlm = config["vlm_config"]
     out.mkdir(parents=True, exist_ok=True)
