@@ -201,18 +201,14 @@ def vlm_config(tokenizer: Any, vocab_size: int | None = None) -> dict[str, Any]:
 def demo_config(tokenizer: Any) -> dict[str, Any]:
     """config.json of the demo checkpoint (the project's layout) for `tokenizer`'s vocabulary."""
     planner = PlannerSettings()
-    future, history = planner.future, planner.history
+    history = planner.history
     return {
         "model_type": "alpamayo_demo",
         "vlm_config": vlm_config(tokenizer),
         "traj_vocab_size": planner.traj_vocab_size,
         "tokens_per_history_traj": history.num_tokens,
         "tokens_per_future_traj": planner.tokens_per_future,
-        "traj_tokenizer_cfg": {
-            "num_bins": future.num_bins,
-            "dims_min": list(future.dims_min),
-            "dims_max": list(future.dims_max),
-        },
+        "traj_tokenizer_cfg": future_tokenizer_fields(),
         "hist_traj_tokenizer_cfg": {
             "num_bins": history.num_bins,
             "ego_xyz_min": list(history.xyz_min),
@@ -227,6 +223,13 @@ def demo_config(tokenizer: Any) -> dict[str, Any]:
         "include_frame_nums": True,
         "add_special_tokens": True,
     }
+
+
+def future_tokenizer_fields() -> dict[str, Any]:
+    """The default future (discrete) trajectory tokenizer as config.json fields: bins and per-dim range; every
+    layout writes them."""
+    future = PlannerSettings().future
+    return {"num_bins": future.num_bins, "dims_min": list(future.dims_min), "dims_max": list(future.dims_max)}
 
 
 def action_space_fields() -> dict[str, Any]:

@@ -41,6 +41,7 @@ from alpamayo.demo_checkpoint import (
     base_tokenizer,
     build_tokenizer,
     check_output_dir,
+    future_tokenizer_fields,
     generation_config,
     model_weights,
     vlm_config,
@@ -96,7 +97,6 @@ def flat_config(family: str, tokenizer: Any, vlm_name_or_path: str) -> dict[str,
     """config.json of an R1 / 1.5 checkpoint for the extended `tokenizer` (derived fields included)."""
     package, planner = PACKAGES[family], PlannerSettings()
     arch, model_type = RELEASE_IDS[family]
-    future = planner.future
     config = {
         "architectures": [arch],
         "model_type": model_type,
@@ -110,9 +110,7 @@ def flat_config(family: str, tokenizer: Any, vlm_name_or_path: str) -> dict[str,
             "action_space.discrete_action_space.DiscreteTrajectoryTokenizer",
             _recursive_=False,
             action_space_cfg=_action_space(package),
-            dims_min=list(future.dims_min),
-            dims_max=list(future.dims_max),
-            num_bins=future.num_bins,
+            **future_tokenizer_fields(),
         ),
         "hist_traj_tokenizer_cfg": _target(
             package, "models.delta_tokenizer.DeltaTrajectoryTokenizer", num_bins=planner.history.num_bins
@@ -161,9 +159,7 @@ def super_config(tokenizer: Any) -> dict[str, Any]:
             package,
             "action_space.discrete_action_space.DiscreteTrajectoryTokenizer",
             _recursive_=False,
-            dims_min=list(planner.future.dims_min),
-            dims_max=list(planner.future.dims_max),
-            num_bins=future,
+            **future_tokenizer_fields(),
         ),
         "history_vocab_size": history,
         "future_vocab_size": future,
