@@ -20,7 +20,7 @@ from alpamayo.devices import parse_dtype, resolve_device
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
-from alpamayo.families.loader import effective_temperature
+from alpamayo.families.loader import checkpoint_family
 from alpamayo.prediction import FUTURE_STEPS
 
 BACKENDS = ("torch", "ttnn")
@@ -71,7 +71,7 @@ def check_num_samples(
             "prediction; allowed: 1"
         )
     if temperature is None and checkpoint is not None:
-        temperature = effective_temperature(checkpoint, None)
+        temperature = checkpoint_family(checkpoint).sampling.temperature  # config.json only
     if temperature == 0:
         raise ValueError(
             f"--samples {num_samples} with greedy decoding (--temperature 0) would repeat one sample; "

@@ -132,7 +132,6 @@ class ModelConfig:
     video_token_id: int | None = None
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
-    weight_prefix: str = ""  # prefix of every VLM tensor name on disk ("vlm." for Alpamayo checkpoints)
     eos_token_ids: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # Alpamayo top-level keys besides `vlm_config`
     source: str = ""
@@ -146,8 +145,13 @@ class ModelConfig:
         return FAMILIES[self.family_name]
 
     @property
+    def weight_prefix(self) -> str:
+        """Prefix of every VLM tensor name on disk: the family's ("vlm." for Alpamayo checkpoints)."""
+        return self.family.weight_prefix
+
+    @property
     def is_alpamayo(self) -> bool:
-        return self.family.weight_prefix != ""
+        return self.weight_prefix != ""
 
 
 def _model_kind(cfg: Fields) -> str:
@@ -316,7 +320,7 @@ def parse_config(
     root = Fields(raw, "", source)
     family = detect_family(raw)
     extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY} if family.weight_prefix else {}
-    if family.vlm_source == "base_model":
+    if family.uses_base_model:
         if base_vlm is None:
             raise ConfigError(
                 f"{source}: an {family.title} config.json carries no Qwen3-VL config; it comes from the base "
@@ -344,7 +348,6 @@ def parse_config(
         video_token_id=vlm.optional_id("video_token_id"),
         vision_start_token_id=vlm.optional_id("vision_start_token_id"),
         vision_end_token_id=vlm.optional_id("vision_end_token_id"),
-        weight_prefix=family.weight_prefix,
         eos_token_ids=tuple(eos_token_ids) or _eos_ids(text_fields.data.get("eos_token_id")),
         extra=extra,
         source=source,

@@ -120,11 +120,12 @@ PREPROCESSOR = {
 }
 
 
-def build_tokenizer() -> Any:
-    """The demo tokenizer: `base_tokenizer` extended with the 4000 trajectory tokens (normal tokens, as
-    Alpamayo adds them) and the Alpamayo 1.5 markers (special tokens)."""
-    traj_vocab_size = PlannerSettings().traj_vocab_size
-    return extend_tokenizer(base_tokenizer(), traj_vocab_size, MARKERS_1_5)
+def build_tokenizer(markers: Sequence[str] = MARKERS_1_5, base: Any = None) -> Any:
+    """The demo tokenizer: `base` (default: a fresh `base_tokenizer()`) extended in place with the 4000
+    trajectory tokens (normal tokens, as Alpamayo adds them) and `markers` (special tokens; default Alpamayo
+    1.5's, the release layouts pass their own)."""
+    base = base_tokenizer() if base is None else base
+    return extend_tokenizer(base, PlannerSettings().traj_vocab_size, markers)
 
 
 def base_tokenizer() -> Any:
@@ -200,33 +201,42 @@ def vlm_config(tokenizer: Any, vocab_size: int | None = None) -> dict[str, Any]:
 def demo_config(tokenizer: Any) -> dict[str, Any]:
     """config.json of the demo checkpoint (the project's layout) for `tokenizer`'s vocabulary."""
     planner = PlannerSettings()
-    future, history = planner.future, planner.history
+    history = planner.history
     return {
         "model_type": "alpamayo_demo",
         "vlm_config": vlm_config(tokenizer),
         "traj_vocab_size": planner.traj_vocab_size,
         "tokens_per_history_traj": history.num_tokens,
         "tokens_per_future_traj": planner.tokens_per_future,
-        "traj_tokenizer_cfg": {
-            "num_bins": future.num_bins,
-            "dims_min": list(future.dims_min),
-            "dims_max": list(future.dims_max),
-        },
+        "traj_tokenizer_cfg": future_tokenizer_fields(),
         "hist_traj_tokenizer_cfg": {
             "num_bins": history.num_bins,
             "ego_xyz_min": list(history.xyz_min),
             "ego_xyz_max": list(history.xyz_max),
             "pad_origin_at_beginning": history.pad_origin,
         },
-        "action_space_cfg": {
-            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(planner.action_space).items()
-        },
+        "action_space_cfg": action_space_fields(),
         **expert_settings(),
         "min_pixels": MIN_PIXELS,
         "max_pixels": MAX_PIXELS,
         "include_camera_ids": True,
         "include_frame_nums": True,
         "add_special_tokens": True,
+    }
+
+
+def future_tokenizer_fields() -> dict[str, Any]:
+    """The default future (discrete) trajectory tokenizer as config.json fields: bins and per-dim range; every
+    layout writes them."""
+    future = PlannerSettings().future
+    return {"num_bins": future.num_bins, "dims_min": list(future.dims_min), "dims_max": list(future.dims_max)}
+
+
+def action_space_fields() -> dict[str, Any]:
+    """The default action space (`planner.settings.ActionSpaceSettings`) as config.json fields, tuples as
+    lists; every layout writes it."""
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in asdict(PlannerSettings().action_space).items()
     }
 
 
@@ -307,6 +317,18 @@ def expert_weights(expert: ExpertConfig, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def model_weights(
+    config: dict[str, Any], vlm: dict[str, Any], source: str, seed: int
+) -> tuple[dict[str, torch.Tensor], ExpertConfig]:
+    """Every tensor of a demo checkpoint, float32 under its on-disk name: the VLM of Qwen3-VL config `vlm`
+    (`demo_weights`, seeded `seed`) and the action expert config.json `config` describes (`expert_weights`,
+    `seed + 1`); and that expert's config."""
+    expert = parse_expert_config(config, vlm["text_config"], source)
+    weights = demo_weights(vlm, seed)
+    weights.update(expert_weights(expert, seed + 1))
+    return weights, expert
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -341,10 +363,7 @@ def make_demo_checkpoint(
     write_json(out / "config.json", config)
     write_json(out / "generation_config.json", generation_config(tokenizer))
     write_json(out / "preprocessor_config.json", PREPROCESSOR)
-    vlm = config["vlm_config"]
-    weights = demo_weights(vlm, seed)
-    expert = parse_expert_config(config, vlm["text_config"], str(out / "config.json"))
-    weights.update(expert_weights(expert, seed + 1))
+    weights, _ = model_weights(config, config["vlm_config"], str(out / "config.json"), seed)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +37,19 @@ from alpamayo.demo_checkpoint import (
     MAX_PIXELS,
     MIN_PIXELS,
     PREPROCESSOR,
+    action_space_fields,
     base_tokenizer,
+    build_tokenizer,
     check_output_dir,
-    demo_weights,
-    expert_weights,
+    future_tokenizer_fields,
     generation_config,
+    model_weights,
     vlm_config,
     write_json,
 )
-from alpamayo.expert.config import ExpertConfig, parse_expert_config
+from alpamayo.expert.config import ExpertConfig
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, MARKERS_R1, R1, RELEASE_IDS, SUPER
-from alpamayo.families.vocabulary import extend_tokenizer
+from alpamayo.tt.device_spec import round_up
 from planner.settings import PlannerSettings
 from planner.tokenizers import bin_token, marker
 
@@ -71,10 +72,7 @@ def _target(package: str, path: str, **fields: Any) -> dict[str, Any]:
 
 
 def _action_space(package: str) -> dict[str, Any]:
-    values = {
-        k: list(v) if isinstance(v, tuple) else v for k, v in asdict(PlannerSettings().action_space).items()
-    }
-    return _target(package, "action_space.UnicycleAccelCurvatureActionSpace", **values)
+    return _target(package, "action_space.UnicycleAccelCurvatureActionSpace", **action_space_fields())
 
 
 def _expert_blocks(package: str) -> dict[str, Any]:
@@ -99,7 +97,6 @@ def flat_config(family: str, tokenizer: Any, vlm_name_or_path: str) -> dict[str,
     """config.json of an R1 / 1.5 checkpoint for the extended `tokenizer` (derived fields included)."""
     package, planner = PACKAGES[family], PlannerSettings()
     arch, model_type = RELEASE_IDS[family]
-    future = planner.future
     config = {
         "architectures": [arch],
         "model_type": model_type,
@@ -113,9 +110,7 @@ def flat_config(family: str, tokenizer: Any, vlm_name_or_path: str) -> dict[str,
             "action_space.discrete_action_space.DiscreteTrajectoryTokenizer",
             _recursive_=False,
             action_space_cfg=_action_space(package),
-            dims_min=list(future.dims_min),
-            dims_max=list(future.dims_max),
-            num_bins=future.num_bins,
+            **future_tokenizer_fields(),
         ),
         "hist_traj_tokenizer_cfg": _target(
             package, "models.delta_tokenizer.DeltaTrajectoryTokenizer", num_bins=planner.history.num_bins
@@ -142,8 +137,7 @@ def flat_config(family: str, tokenizer: Any, vlm_name_or_path: str) -> dict[str,
 def super_config(tokenizer: Any) -> dict[str, Any]:
     """config.json of an Alpamayo 2 Super checkpoint: nested VLM (vocabulary padded to 128) and expert."""
     package, planner = PACKAGES[SUPER.name], PlannerSettings()
-    vocab = -(-len(tokenizer) // SUPER_VOCAB_MULTIPLE) * SUPER_VOCAB_MULTIPLE
-    vlm = vlm_config(tokenizer, vocab)
+    vlm = vlm_config(tokenizer, round_up(len(tokenizer), SUPER_VOCAB_MULTIPLE))
     llm = dict(copy.deepcopy(vlm["text_config"]), **EXPERT_CFG, model_type="qwen3_vl_text")
     history, future = planner.history.num_bins, planner.future.num_bins
     ids = tokenizer.convert_tokens_to_ids
@@ -165,9 +159,7 @@ def super_config(tokenizer: Any) -> dict[str, Any]:
             package,
             "action_space.discrete_action_space.DiscreteTrajectoryTokenizer",
             _recursive_=False,
-            dims_min=list(planner.future.dims_min),
-            dims_max=list(planner.future.dims_max),
-            num_bins=future,
+            **future_tokenizer_fields(),
         ),
         "history_vocab_size": history,
         "future_vocab_size": future,
@@ -234,7 +226,7 @@ def write_base_model(directory: Path) -> Any:
     tokenizer = base_tokenizer()
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(directory)
-    padded = -(-len(tokenizer) // BASE_VOCAB_MULTIPLE) * BASE_VOCAB_MULTIPLE
+    padded = round_up(len(tokenizer), BASE_VOCAB_MULTIPLE)
     write_json(directory / "config.json", vlm_config(tokenizer, padded))
     write_json(directory / "preprocessor_config.json", BASE_PREPROCESSOR)
     write_json(directory / "generation_config.json", generation_config(tokenizer))
@@ -246,14 +238,12 @@ def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: s
     family = FAMILIES[layout]
     if family.uses_base_model:
         base_dir = Path(base_model_out) if base_model_out is not None else out.parent / f"{out.name}-base"
-        tokenizer = extend_tokenizer(
-            write_base_model(base_dir), PlannerSettings().traj_vocab_size, family.markers
-        )
+        tokenizer = build_tokenizer(family.markers, write_base_model(base_dir))
         name = str(base_dir.resolve()) if base_model_out is not None else f"../{base_dir.name}"
         config = flat_config(layout, tokenizer, name)
         vlm = vlm_config(tokenizer)
     else:
-        tokenizer = extend_tokenizer(base_tokenizer(), PlannerSettings().traj_vocab_size, MARKERS_R1)
+        tokenizer = build_tokenizer(MARKERS_R1)
         config = super_config(tokenizer)
         vlm = config["vlm_config"]
     out.mkdir(parents=True, exist_ok=True)
@@ -261,9 +251,7 @@ def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: s
     if not family.uses_base_model:
         tokenizer.save_pretrained(out)
         write_json(out / "preprocessor_config.json", PREPROCESSOR)
-    expert = parse_expert_config(config, vlm["text_config"], str(out / "config.json"))
-    weights = demo_weights(vlm, seed)
-    weights.update(expert_weights(expert, seed + 1))
+    weights, expert = model_weights(config, vlm, str(out / "config.json"), seed)
     if layout == R1.name:
         weights.update(r1_buffers(expert, config["action_space_cfg"]))
     write_shards(out, weights)

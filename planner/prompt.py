@@ -160,11 +160,15 @@ def vqa_messages(
     ]
 
 
-def _check_plain_text(added_tokens: Collection[str], text: str, what: str = "route") -> None:
+def _check_plain_text(
+    tokenizer: Any, added_tokens: Collection[str] | None, text: str, what: str = "route"
+) -> None:
     """Route text and questions must be plain text: an added token inside (a marker, `<|image_pad|>`, `<i12>`)
-    would change the prompt's structure."""
+    would change the prompt's structure. `added_tokens` None: looked up in `tokenizer`."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{what} must be non-empty text, got {text!r}")
+    if added_tokens is None:
+        added_tokens = tokenizer.get_added_vocab()
     inside = sorted({t for t in added_tokens if t in text})
     if inside:
         raise ValueError(f"{what} text {text!r} contains the reserved token(s) {inside}; pass plain text")
@@ -213,7 +217,7 @@ def build_prompt(
     history_bins = np.asarray(history_bins)
     history_bins = require_bins("history_bins", history_bins, len(history_bins), len(vocab.history_ids))
     if route is not None:
-        _check_plain_text(tokenizer.get_added_vocab() if added_tokens is None else added_tokens, route)
+        _check_plain_text(tokenizer, added_tokens, route)
     messages = driving_messages(cameras, frames_per_camera, len(history_bins), route, settings)
     ids = _render(tokenizer, messages, continued=settings.cot_prefill)
     slots = np.flatnonzero(ids == vocab.marker("traj_history"))
@@ -236,9 +240,7 @@ def build_vqa_prompt(
     added_tokens: Collection[str] | None = None,
 ) -> DrivingPrompt:
     """Render the VQA prompt (`vqa_messages`): token ids ending with `<|answer_start|>`, one pad per image."""
-    _check_plain_text(
-        tokenizer.get_added_vocab() if added_tokens is None else added_tokens, question, "question"
-    )
+    _check_plain_text(tokenizer, added_tokens, question, "question")
     ids = _render(tokenizer, vqa_messages(cameras, frames_per_camera, question, settings), continued=True)
     return DrivingPrompt(
         token_ids=ids.tolist(), images=_checked_images(tokenizer, ids, cameras, frames_per_camera)

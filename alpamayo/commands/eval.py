@@ -12,9 +12,16 @@ from alpamayo.eval.clips import collect_clips
 from alpamayo.eval.report import report_table
 from alpamayo.eval.session import run_eval
 from alpamayo.eval.settings import LOCAL_RAY, EvalSettings
+from alpamayo.families.registry import REFERENCE_SAMPLING
 
-# NVIDIA's evaluation samples 6 trajectories at temperature 0.6, top-p 0.98 (alpamayo1.5 test_inference.py).
-PROTOCOL_DEFAULTS = {"samples": 6, "temperature": 0.6, "top_p": 0.98, "seed": 0}
+# NVIDIA's evaluation samples 6 trajectories with its released models' settings, temperature 0.6, top-p 0.98
+# (alpamayo1.5 test_inference.py).
+PROTOCOL_DEFAULTS = {
+    "samples": 6,
+    "temperature": REFERENCE_SAMPLING.temperature,
+    "top_p": REFERENCE_SAMPLING.top_p,
+    "seed": 0,
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

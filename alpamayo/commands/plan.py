@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP
+from alpamayo.commands.make_demo_drive import parse_size
 from alpamayo.config import ModelConfig, load_config
 from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
 from alpamayo.expert.config import ExpertConfig, expert_config_of
@@ -67,9 +68,10 @@ def resolve_config(spec: str, base_model: str | None = None) -> tuple[ModelConfi
 
 
 def image_size(spec: str) -> tuple[int, int]:
+    """`--image-size` as (height, width) pixels, both >= 1 (`parse_size`); ValueError naming the flag."""
     try:
-        h, w = (int(v) for v in spec.lower().split("x"))
-    except ValueError:
+        h, w = parse_size(spec)
+    except argparse.ArgumentTypeError:
         raise ValueError(f"--image-size {spec!r}: expected HEIGHTxWIDTH in pixels, e.g. 320x576") from None
     if h < 1 or w < 1:
         raise ValueError(f"--image-size {spec!r}: height and width must be >= 1")

@@ -18,9 +18,9 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from alpamayo.config import ALPAMAYO_VLM_KEY, ModelConfig, generation_eos, parse_config
+from alpamayo.config import ModelConfig, generation_eos, parse_config
 from alpamayo.errors import ConfigError
-from alpamayo.expert.config import parse_expert_config, validate_against_vlm
+from alpamayo.expert.config import expert_config_of, validate_against_vlm
 from alpamayo.families.base_model import resolve_base_model
 from alpamayo.families.registry import RELEASE_IDS, Family, detect_family
 from alpamayo.families.vocabulary import check_embedding_rows, extend_tokenizer
@@ -69,12 +69,6 @@ def checkpoint_family(path: str | Path) -> Family:
     return detect_family(_read_config(_config_path(path)[1]))
 
 
-def effective_temperature(path: str | Path, temperature: float | None) -> float:
-    """The sampling temperature a run on the checkpoint at `path` uses: `temperature` when given, else the
-    family's default (`Family.sampling`); read from config.json only, so K-sample checks come before loading."""
-    return checkpoint_family(path).sampling.temperature if temperature is None else temperature
-
-
 def load_model_config(path: str | Path, base_model: str | Path | None = None) -> ModelConfig:
     """`ModelConfig` of a checkpoint directory (or config file) of any family; `base_model` is the explicit
     base-model directory for R1 / 1.5 (ignored, and refused, for the families that need none)."""
@@ -89,9 +83,7 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
                 f"--base-model {base_model}: {source} is a {family.title} checkpoint, which needs no base "
                 "model (only Alpamayo 1 (R1) and 1.5 checkpoints name one)"
             )
-        cfg = parse_config(raw, source, eos)
-        vlm = raw.get(ALPAMAYO_VLM_KEY)
-        return _check_expert(cfg, raw, vlm.get("text_config") if isinstance(vlm, dict) else None)
+        return _check_expert(parse_config(raw, source, eos))
     name = Fields(raw, "", source).str("vlm_name_or_path")
     base = resolve_base_model(name, directory, base_model, source)
     traj_vocab_size, add_special = _extension(raw, source)
@@ -105,16 +97,15 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
     cfg = parse_config(
         raw, source, eos or generation_eos(base.directory), base_vlm=vlm, base_model=str(base.directory)
     )
-    return _check_expert(cfg, raw, vlm["text_config"])
+    return _check_expert(cfg)
 
 
-def _check_expert(cfg: ModelConfig, raw: dict[str, Any], vlm_text: dict[str, Any] | None) -> ModelConfig:
+def _check_expert(cfg: ModelConfig) -> ModelConfig:
     """The action expert (when the config has one) reads the VLM's KV cache layer by layer: refuse a config
     whose layer count or KV width differs, before any weight is read."""
-    if cfg.is_alpamayo:
-        expert = parse_expert_config(raw, vlm_text, cfg.source, cfg.kind)
-        if expert is not None:
-            validate_against_vlm(expert, cfg.text)
+    expert = expert_config_of(cfg)
+    if expert is not None:
+        validate_against_vlm(expert, cfg.text)
     return cfg
 
 
