@@ -492,13 +492,12 @@ class Drive:
 
 @dataclass
 class Scan:
-    """An MCAP file's channels: schema name and encoding per topic, message counts, metadata records."""
+    """An MCAP file's channels: schema name per topic, message counts, metadata records."""
 
     schemas: dict[str, str | None]  # topic -> schema name
     counts: dict[str, int]  # topic -> messages
     metadata: dict[str, dict[str, str]]
     indexed: bool
-    encodings: dict[str, str] = field(default_factory=dict)  # topic -> schema encoding ("ros2msg", ...)
 
 
 def scan(path: Path, warn: Warn) -> Scan:
@@ -521,28 +520,23 @@ def scan(path: Path, warn: Warn) -> Scan:
             )
             summary = None
     if summary is not None and summary.chunk_indexes:
-        found = dict(summary.schemas)
-        channels = summary.channels.values()
-        schemas = {c.topic: getattr(found.get(c.schema_id), "name", None) for c in channels}
-        encodings = {c.topic: getattr(found.get(c.schema_id), "encoding", "") for c in channels}
+        names = {sid: s.name for sid, s in summary.schemas.items()}
+        schemas = {c.topic: names.get(c.schema_id) for c in summary.channels.values()}
         counts = dict.fromkeys(schemas, 0)
         if summary.statistics is not None:
             for cid, n in summary.statistics.channel_message_counts.items():
                 counts[summary.channels[cid].topic] = n
-        return Scan(schemas, counts, metadata, True, encodings)
+        return Scan(schemas, counts, metadata, True)
     result = Scan({}, {}, {}, False)
-    records: dict[int, Schema] = {}
-    topics = {}
+    names, topics = {}, {}
     with open(path, "rb") as f:
         try:
             for record in StreamReader(f).records:
                 if isinstance(record, Schema):
-                    records[record.id] = record
+                    names[record.id] = record.name
                 elif isinstance(record, Channel):
                     topics[record.id] = record.topic
-                    schema = records.get(record.schema_id)
-                    result.schemas[record.topic] = None if schema is None else schema.name
-                    result.encodings[record.topic] = "" if schema is None else schema.encoding
+                    result.schemas[record.topic] = names.get(record.schema_id)
                 elif isinstance(record, Message) and record.channel_id in topics:
                     topic = topics[record.channel_id]
                     result.counts[topic] = result.counts.get(topic, 0) + 1
