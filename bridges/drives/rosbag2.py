@@ -28,7 +28,7 @@ from mcap.stream_reader import StreamReader
 from mcap_ros2.decoder import DecoderFactory
 from scipy.spatial.transform import Rotation
 
-from bridges.mcap_messages import MessageError
+from bridges.mcap_messages import MessageError, pose, timestamp
 from bridges.recording import (
     READ_ERRORS,
     CameraTopic,
@@ -104,8 +104,7 @@ def _xyzw(q: Any) -> list[float]:
 
 
 def _time(header: Any, log_time: int) -> dict[str, int]:
-    t_ns = stamp_ns(header.stamp) or log_time
-    return {"sec": t_ns // 1_000_000_000, "nsec": t_ns % 1_000_000_000}
+    return timestamp(stamp_ns(header.stamp) or log_time)
 
 
 def _image_format(ros_format: str) -> str:
@@ -114,12 +113,6 @@ def _image_format(ros_format: str) -> str:
     if "jpeg" in text or "jpg" in text:
         return "jpeg"
     return "png" if "png" in text else text
-
-
-def _pose(p: Any) -> dict[str, dict[str, float]]:
-    x, y, z = _xyz(p.position)
-    qx, qy, qz, qw = _xyzw(p.orientation)
-    return {"position": {"x": x, "y": y, "z": z}, "orientation": {"x": qx, "y": qy, "z": qz, "w": qw}}
 
 
 # ROS 2 type -> (Foxglove schema its messages are laid out as, conversion of a decoded message at a log time).
@@ -150,13 +143,13 @@ _CONVERSIONS: dict[str, tuple[str, Callable[[Any, int], dict[str, Any]]]] = {
         lambda m, t: {
             "timestamp": _time(m.header, t),
             "frame_id": m.header.frame_id,
-            "pose": _pose(m.pose.pose),
+            "pose": pose(_xyz(m.pose.pose.position), _xyzw(m.pose.pose.orientation)),
         },
     ),
     TF: (
         TF,
         lambda m, t: {
-            "timestamp": {"sec": t // 1_000_000_000, "nsec": t % 1_000_000_000},
+            "timestamp": timestamp(t),
             "transforms": [
                 (
                     tf.header.frame_id,
