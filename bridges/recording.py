@@ -235,6 +235,18 @@ def _demosaic(mosaic: np.ndarray, pattern: str, where: str) -> np.ndarray:
     return np.ascontiguousarray(rgb.repeat(2, axis=0).repeat(2, axis=1))
 
 
+def pose_brackets(t_ns: np.ndarray, times_ns: np.ndarray) -> np.ndarray | None:
+    """Per time of `times_ns` [M] the index `hi` into a track's strictly increasing pose times `t_ns` [N] of the
+    first pose at or after it (clipped to 1 .. N-1, so poses hi - 1 and hi enclose it), or None when a time lies
+    outside the track or between two poses more than MAX_POSE_GAP_NS apart (no pose may be interpolated there)."""
+    if times_ns.min() < t_ns[0] or times_ns.max() > t_ns[-1]:
+        return None
+    hi = np.clip(np.searchsorted(t_ns, times_ns, side="left"), 1, len(t_ns) - 1)
+    if np.any(t_ns[hi] - t_ns[hi - 1] > MAX_POSE_GAP_NS):
+        return None
+    return hi
+
+
 @dataclass(frozen=True)
 class PoseTrack:
     """The recorded ego poses: t_ns [N] strictly increasing, xyz [N, 3] metres, quat_xyzw [N, 4] ego->world."""
@@ -247,13 +259,11 @@ class PoseTrack:
         """Poses at `times_ns` [M]: (xyz [M, 3] linear, quat_xyzw [M, 4] slerp), or None when a time lies
         outside the track or between two poses more than MAX_POSE_GAP_NS apart."""
         times_ns = np.asarray(times_ns, dtype=np.int64)
-        if times_ns.min() < self.t_ns[0] or times_ns.max() > self.t_ns[-1]:
+        hi = pose_brackets(self.t_ns, times_ns)
+        if hi is None:
             return None
-        hi = np.clip(np.searchsorted(self.t_ns, times_ns, side="left"), 1, len(self.t_ns) - 1)
         lo = hi - 1
         span = self.t_ns[hi] - self.t_ns[lo]
-        if np.any(span > MAX_POSE_GAP_NS):
-            return None
         w = (times_ns - self.t_ns[lo]) / span
         xyz = self.xyz[lo] + w[:, None] * (self.xyz[hi] - self.xyz[lo])
         quat = [
