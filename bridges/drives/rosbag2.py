@@ -166,25 +166,22 @@ _CONVERSIONS: dict[str, tuple[str, Callable[[Any, int], dict[str, Any]]]] = {
 
 
 class _CdrDecoder:
-    """CDR decoders per schema id, built from the schema's embedded .msg text."""
+    """CDR messages decoded by their schema's embedded .msg text (the factory builds each schema's decoder once
+    and keeps it by schema id)."""
 
     def __init__(self) -> None:
         self._factory = DecoderFactory()
-        self._decoders: dict[int, Callable[[bytes], Any]] = {}
 
     def decode(self, schema: Schema | None, channel: Channel, message: Message) -> dict[str, Any]:
         ros_type = None if schema is None else type_name(schema.name)
         if schema is None or ros_type not in _CONVERSIONS:
             raise MessageError(f"type {ros_type!r} is not one replay reads; known: {sorted(_CONVERSIONS)}")
-        decoder = self._decoders.get(schema.id)
+        try:
+            decoder = self._factory.decoder_for(channel.message_encoding, schema)
+        except Exception as e:  # the .msg parser raises several unrelated types
+            raise MessageError(f"{schema.name}: its embedded definition does not parse: {e}") from e
         if decoder is None:
-            try:
-                decoder = self._factory.decoder_for(channel.message_encoding, schema)
-            except Exception as e:  # the .msg parser raises several unrelated types
-                raise MessageError(f"{schema.name}: its embedded definition does not parse: {e}") from e
-            if decoder is None:
-                raise MessageError(f"{schema.name}: message encoding {channel.message_encoding!r} is not CDR")
-            self._decoders[schema.id] = decoder
+            raise MessageError(f"{schema.name}: message encoding {channel.message_encoding!r} is not CDR")
         try:
             return _CONVERSIONS[ros_type][1](decoder(message.data), message.log_time)
         except Exception as e:  # a truncated or corrupt payload fails anywhere in the CDR reader
