@@ -40,9 +40,8 @@ from bridges.recording import (
     Warn,
     scan,
 )
-from bridges.ros2_messages import stamp_ns, type_name
+from bridges.ros2_messages import SCHEMA_ENCODING, stamp_ns, type_name
 
-ROS2_SCHEMA_ENCODING = "ros2msg"
 EGO_FRAME = "base_link"
 COMPRESSED = "sensor_msgs/CompressedImage"
 RAW = "sensor_msgs/Image"
@@ -64,13 +63,13 @@ def is_rosbag2(path: Path) -> bool:
             try:
                 summary = SeekingReader(f).get_summary()
                 if summary is not None and summary.schemas:
-                    return any(s.encoding == ROS2_SCHEMA_ENCODING for s in summary.schemas.values())
+                    return any(s.encoding == SCHEMA_ENCODING for s in summary.schemas.values())
             except READ_ERRORS:
                 pass  # no footer: look for the first schema record
             f.seek(0)
             for record in StreamReader(f).records:
                 if isinstance(record, Schema):
-                    return record.encoding == ROS2_SCHEMA_ENCODING
+                    return record.encoding == SCHEMA_ENCODING
     except (OSError, *READ_ERRORS):
         return False
     return False
