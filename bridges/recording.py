@@ -466,11 +466,7 @@ class Drive:
     def describe(self) -> Any:
         """What the drive holds (`bridges.drives.DriveDescription`); reads the camera topics once, no image is
         decoded."""
-        from bridges.drives.description import (
-            DriveDescription,
-            camera_descriptions,
-            rate_hz,
-        )
+        from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 
         spans: dict[int, list[int]] = {c.camera: [] for c in self.layout.cameras}
         details: dict[int, str] = {}
@@ -485,10 +481,7 @@ class Drive:
             spec=self.spec,
             cameras=cameras,
             ego_source=self.ego_source(),
-            ego_poses=len(self.poses.t_ns),
-            ego_first_ns=int(self.poses.t_ns[0]),
-            ego_last_ns=int(self.poses.t_ns[-1]),
-            ego_rate_hz=rate_hz(self.poses.t_ns),
+            **ego_fields(self.poses.t_ns),
             extra={
                 "layout": self.info.layout_source,
                 "indexed": self.info.indexed,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, HISTORY_STEPS
-from bridges.drives.description import DriveDescription, camera_descriptions, rate_hz
+from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 from bridges.protocol import ALPAMAYO_CAMERAS
 from bridges.recording import (
     CameraFrame,
@@ -389,10 +389,7 @@ class PaiClip:
             spec=self.spec,
             cameras=camera_descriptions(cameras, times),
             ego_source=f"{self.ego_file} (egomotion, the clip's world frame)",
-            ego_poses=len(self.poses.t_ns),
-            ego_first_ns=int(self.poses.t_ns[0]),
-            ego_last_ns=int(self.poses.t_ns[-1]),
-            ego_rate_hz=rate_hz(self.poses.t_ns),
+            **ego_fields(self.poses.t_ns),
             extra={"clip": self.clip, "dataset": str(self.path), "ticks_taken": ticks},
         )
 
