@@ -29,7 +29,7 @@ from alpamayo.eval import plots as eval_plots
 from alpamayo.profiling import Span
 from alpamayo.profiling import plots as plotting
 from alpamayo.profiling.stats import stage_table
-from alpamayo.replay.accuracy import METRICS, baseline_ade, error_key
+from alpamayo.replay.accuracy import ERROR_KEYS, baseline_ade, error_key
 from planner.metrics import HORIZONS_S
 
 REPORT_SCHEMA = "alpamayo.eval-report/1"
@@ -74,8 +74,7 @@ def recorded_xyz(record: dict[str, Any]) -> np.ndarray | None:
 
 def accuracy(run: EvalRun) -> dict[str, Any]:
     scored = run.scored
-    keys = [error_key(m, h) for h in HORIZONS_S for m in METRICS]
-    values = {k: [r["errors_m"][k] for r in scored] for k in keys}
+    values = {k: [r["errors_m"][k] for r in scored] for k in ERROR_KEYS}
     baseline = baseline_ade([np.array(r["history_xyz"]) for r in scored], [recorded_xyz(r) for r in scored])
     done = run.done
     return {
