@@ -235,6 +235,18 @@ def _demosaic(mosaic: np.ndarray, pattern: str, where: str) -> np.ndarray:
     return np.ascontiguousarray(rgb.repeat(2, axis=0).repeat(2, axis=1))
 
 
+def pose_brackets(t_ns: np.ndarray, times_ns: np.ndarray) -> np.ndarray | None:
+    """Per time of `times_ns` [M] the index `hi` into a track's strictly increasing pose times `t_ns` [N] of the
+    first pose at or after it (clipped to 1 .. N-1, so poses hi - 1 and hi enclose it), or None when a time lies
+    outside the track or between two poses more than MAX_POSE_GAP_NS apart (no pose may be interpolated there)."""
+    if times_ns.min() < t_ns[0] or times_ns.max() > t_ns[-1]:
+        return None
+    hi = np.clip(np.searchsorted(t_ns, times_ns, side="left"), 1, len(t_ns) - 1)
+    if np.any(t_ns[hi] - t_ns[hi - 1] > MAX_POSE_GAP_NS):
+        return None
+    return hi
+
+
 @dataclass(frozen=True)
 class PoseTrack:
     """The recorded ego poses: t_ns [N] strictly increasing, xyz [N, 3] metres, quat_xyzw [N, 4] ego->world."""
@@ -247,13 +259,11 @@ class PoseTrack:
         """Poses at `times_ns` [M]: (xyz [M, 3] linear, quat_xyzw [M, 4] slerp), or None when a time lies
         outside the track or between two poses more than MAX_POSE_GAP_NS apart."""
         times_ns = np.asarray(times_ns, dtype=np.int64)
-        if times_ns.min() < self.t_ns[0] or times_ns.max() > self.t_ns[-1]:
+        hi = pose_brackets(self.t_ns, times_ns)
+        if hi is None:
             return None
-        hi = np.clip(np.searchsorted(self.t_ns, times_ns, side="left"), 1, len(self.t_ns) - 1)
         lo = hi - 1
         span = self.t_ns[hi] - self.t_ns[lo]
-        if np.any(span > MAX_POSE_GAP_NS):
-            return None
         w = (times_ns - self.t_ns[lo]) / span
         xyz = self.xyz[lo] + w[:, None] * (self.xyz[hi] - self.xyz[lo])
         quat = [
@@ -456,11 +466,7 @@ class Drive:
     def describe(self) -> Any:
         """What the drive holds (`bridges.drives.DriveDescription`); reads the camera topics once, no image is
         decoded."""
-        from bridges.drives.description import (
-            DriveDescription,
-            camera_descriptions,
-            rate_hz,
-        )
+        from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 
         spans: dict[int, list[int]] = {c.camera: [] for c in self.layout.cameras}
         details: dict[int, str] = {}
@@ -475,10 +481,7 @@ class Drive:
             spec=self.spec,
             cameras=cameras,
             ego_source=self.ego_source(),
-            ego_poses=len(self.poses.t_ns),
-            ego_first_ns=int(self.poses.t_ns[0]),
-            ego_last_ns=int(self.poses.t_ns[-1]),
-            ego_rate_hz=rate_hz(self.poses.t_ns),
+            **ego_fields(self.poses.t_ns),
             extra={
                 "layout": self.info.layout_source,
                 "indexed": self.info.indexed,
@@ -492,13 +495,12 @@ class Drive:
 
 @dataclass
 class Scan:
-    """An MCAP file's channels: schema name and encoding per topic, message counts, metadata records."""
+    """An MCAP file's channels: schema name per topic, message counts, metadata records."""
 
     schemas: dict[str, str | None]  # topic -> schema name
     counts: dict[str, int]  # topic -> messages
     metadata: dict[str, dict[str, str]]
     indexed: bool
-    encodings: dict[str, str] = field(default_factory=dict)  # topic -> schema encoding ("ros2msg", ...)
 
 
 def scan(path: Path, warn: Warn) -> Scan:
@@ -521,28 +523,23 @@ def scan(path: Path, warn: Warn) -> Scan:
             )
             summary = None
     if summary is not None and summary.chunk_indexes:
-        found = dict(summary.schemas)
-        channels = summary.channels.values()
-        schemas = {c.topic: getattr(found.get(c.schema_id), "name", None) for c in channels}
-        encodings = {c.topic: getattr(found.get(c.schema_id), "encoding", "") for c in channels}
+        names = {sid: s.name for sid, s in summary.schemas.items()}
+        schemas = {c.topic: names.get(c.schema_id) for c in summary.channels.values()}
         counts = dict.fromkeys(schemas, 0)
         if summary.statistics is not None:
             for cid, n in summary.statistics.channel_message_counts.items():
                 counts[summary.channels[cid].topic] = n
-        return Scan(schemas, counts, metadata, True, encodings)
+        return Scan(schemas, counts, metadata, True)
     result = Scan({}, {}, {}, False)
-    records: dict[int, Schema] = {}
-    topics = {}
+    names, topics = {}, {}
     with open(path, "rb") as f:
         try:
             for record in StreamReader(f).records:
                 if isinstance(record, Schema):
-                    records[record.id] = record
+                    names[record.id] = record.name
                 elif isinstance(record, Channel):
                     topics[record.id] = record.topic
-                    schema = records.get(record.schema_id)
-                    result.schemas[record.topic] = None if schema is None else schema.name
-                    result.encodings[record.topic] = "" if schema is None else schema.encoding
+                    result.schemas[record.topic] = names.get(record.schema_id)
                 elif isinstance(record, Message) and record.channel_id in topics:
                     topic = topics[record.channel_id]
                     result.counts[topic] = result.counts.get(topic, 0) + 1

@@ -9,6 +9,7 @@ autowarefoundation/autoware_msgs), comments left out.
 
 from __future__ import annotations
 
+SCHEMA_ENCODING = "ros2msg"  # the MCAP schema encoding of these definitions
 _SEPARATOR = "=" * 80
 
 # Each type's own fields; `definition()` appends the dependencies.

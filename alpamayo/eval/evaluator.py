@@ -24,7 +24,7 @@ from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware
 from alpamayo.profiling.stats import stage_label
 from alpamayo.replay.lockstep import replay_lockstep
-from alpamayo.replay.outputs import TickOutput, prediction_record
+from alpamayo.replay.outputs import TickOutput, path_record, prediction_record
 from alpamayo.replay.session import load_predictor
 from alpamayo.replay.settings import ReplayJob
 from bridges.drives import DriveSource, open_drive
@@ -41,12 +41,7 @@ class ClipCapture:
     def serialise(self, out: TickOutput) -> dict[str, Any]:
         future = None
         if out.future_xyz is not None and out.future_heading is not None:
-            future = {
-                "x": [float(v) for v in out.future_xyz[:, 0]],
-                "y": [float(v) for v in out.future_xyz[:, 1]],
-                "z": [float(v) for v in out.future_xyz[:, 2]],
-                "heading": [float(v) for v in out.future_heading],
-            }
+            future = path_record(out.future_xyz, out.future_heading)
         return {"prediction": prediction_record(out), "recorded_future": future}
 
     def publish(self, encoded: dict[str, Any], t0_ns: int) -> None:

@@ -29,9 +29,8 @@ from alpamayo.eval import plots as eval_plots
 from alpamayo.profiling import Span
 from alpamayo.profiling import plots as plotting
 from alpamayo.profiling.stats import stage_table
-from alpamayo.replay.accuracy import METRICS, error_key
-from planner.baselines import constant_velocity
-from planner.metrics import HORIZONS_S, ade
+from alpamayo.replay.accuracy import ERROR_KEYS, baseline_ade, error_key
+from planner.metrics import HORIZONS_S
 
 REPORT_SCHEMA = "alpamayo.eval-report/1"
 HEADLINE = error_key("min_ade", HORIZONS_S[-1])  # minADE_K at 6.4 s, the published figure
@@ -75,16 +74,8 @@ def recorded_xyz(record: dict[str, Any]) -> np.ndarray | None:
 
 def accuracy(run: EvalRun) -> dict[str, Any]:
     scored = run.scored
-    keys = [error_key(m, h) for h in HORIZONS_S for m in METRICS]
-    values = {k: [r["errors_m"][k] for r in scored] for k in keys}
-    baseline = {}
-    if scored:
-        for h in HORIZONS_S:
-            baseline[error_key("ade", h)] = float(
-                np.mean(
-                    [ade(constant_velocity(np.array(r["history_xyz"])), recorded_xyz(r), h) for r in scored]
-                )
-            )
+    values = {k: [r["errors_m"][k] for r in scored] for k in ERROR_KEYS}
+    baseline = baseline_ade([np.array(r["history_xyz"]) for r in scored], [recorded_xyz(r) for r in scored])
     done = run.done
     return {
         "samples": len(done[0]["prediction"]["samples"]) if done else 0,

@@ -27,6 +27,10 @@ def error_key(metric: str, horizon_s: float) -> str:
     return f"{metric}@{horizon_s:g}s"
 
 
+# Every metric at every horizon, as `tick_errors` keys them ("ade@1s", "fde@1s", "min_ade@1s", "ade@2s", ...).
+ERROR_KEYS = tuple(error_key(m, h) for h in HORIZONS_S for m in METRICS)
+
+
 def invalid_reasons(prediction: Prediction) -> list[str]:
     """Why a prediction cannot be used (empty when it can)."""
     reasons = []
@@ -124,18 +128,24 @@ class AccuracySummary:
         return "\n".join(rows)
 
 
+def baseline_ade(histories_xyz: Sequence[np.ndarray], futures_xyz: Sequence[np.ndarray]) -> dict[str, float]:
+    """Mean constant-velocity ADE per horizon ({"ade@1s": m, ...}; {} for no ticks) over ticks given by their
+    history [16, 3] and recorded future [64, 3] (t0 ego frame, metres)."""
+    if not histories_xyz:
+        return {}
+    predicted = [constant_velocity(history) for history in histories_xyz]
+    return {
+        error_key("ade", h): float(
+            np.mean([ade(p, g, h) for p, g in zip(predicted, futures_xyz, strict=True)])
+        )
+        for h in HORIZONS_S
+    }
+
+
 def summarize_accuracy(ticks: Sequence[TickResult]) -> AccuracySummary:
     """Mean model errors and constant-velocity ADE over the ticks that have a recorded future."""
     scored = [t for t in ticks if t.errors_m is not None]
-    keys = [error_key(m, h) for h in HORIZONS_S for m in METRICS]
-    mean = {k: float(np.mean([t.errors_m[k] for t in scored])) for k in keys} if scored else {}
-    baseline = {}
-    if scored:
-        cv = np.stack([constant_velocity(t.history_xyz) for t in scored])
-        recorded = [t.future_xyz for t in scored]
-        for h in HORIZONS_S:
-            baseline[error_key("ade", h)] = float(
-                np.mean([ade(p, g, h) for p, g in zip(cv, recorded, strict=True)])
-            )
+    mean = {k: float(np.mean([t.errors_m[k] for t in scored])) for k in ERROR_KEYS} if scored else {}
+    baseline = baseline_ade([t.history_xyz for t in scored], [t.future_xyz for t in scored])
     samples = ticks[0].predicted_xyz.shape[0] if ticks else 0
     return AccuracySummary(len(ticks), len(scored), sum(t.valid for t in ticks), samples, mean, baseline)

@@ -84,6 +84,16 @@ def _floats(values: np.ndarray) -> list[float]:
     return [float(v) for v in np.asarray(values).reshape(-1)]
 
 
+def path_record(xyz: np.ndarray, heading: np.ndarray) -> dict[str, list[float]]:
+    """x, y, z (metres) and heading (rad) lists of a path xyz [N, 3], heading [N], as the records store them."""
+    return {
+        "x": _floats(xyz[:, 0]),
+        "y": _floats(xyz[:, 1]),
+        "z": _floats(xyz[:, 2]),
+        "heading": _floats(heading),
+    }
+
+
 def prediction_record(out: TickOutput) -> dict[str, Any]:
     """The alpamayo.Prediction message of a tick (timings excluded: they live on TIMINGS_TOPIC)."""
     return {
@@ -101,10 +111,7 @@ def prediction_record(out: TickOutput) -> dict[str, Any]:
                 "reasoning_token_ids": [int(t) for t in s.reasoning_token_ids],
                 "reasoning_capped": bool(s.reasoning_capped),
                 "token_ids": [int(t) for t in s.token_ids],
-                "x": _floats(s.xyz[:, 0]),
-                "y": _floats(s.xyz[:, 1]),
-                "z": _floats(s.xyz[:, 2]),
-                "heading": _floats(s.heading),
+                **path_record(s.xyz, s.heading),
                 "accel": _floats(s.actions[:, 0]),
                 "curvature": _floats(s.actions[:, 1]),
             }

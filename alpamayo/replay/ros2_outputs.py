@@ -26,7 +26,7 @@ from mcap_ros2.writer import Writer
 
 from alpamayo.prediction import DT_S, FUTURE_STEPS
 from alpamayo.replay.outputs import EGO_FRAME, TIMINGS_TOPIC, TickOutput, timings_record, yaw_poses
-from bridges.ros2_messages import definition, stamp
+from bridges.ros2_messages import SCHEMA_ENCODING, definition, stamp
 
 WORLD_FRAME = "map"  # ROS's fixed world frame name (REP 105)
 TYPES = {
@@ -153,7 +153,7 @@ class Ros2Recorder:
     def copy(self, schema: Schema, channel: Channel, message: Message) -> None:
         """Copy a recorded ROS 2 message (decoded and re-encoded with its own definition); messages of other
         encodings (a Foxglove drive's) have no place in a bag and are left out."""
-        if schema.encoding != "ros2msg" or channel.message_encoding != "cdr":
+        if schema.encoding != SCHEMA_ENCODING or channel.message_encoding != "cdr":
             return
         decoded = self._decoders.decoder_for(channel.message_encoding, schema)(message.data)
         self._write(channel.topic, schema.name, decoded, message.log_time, message.publish_time, schema)

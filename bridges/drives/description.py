@@ -68,6 +68,17 @@ class DriveDescription:
         return "\n".join(lines)
 
 
+def ego_fields(t_ns: np.ndarray) -> dict[str, Any]:
+    """`DriveDescription`'s ego_poses, ego_first_ns, ego_last_ns and ego_rate_hz of the ego pose times t_ns [N]
+    (ns, strictly increasing, N >= 2)."""
+    return {
+        "ego_poses": len(t_ns),
+        "ego_first_ns": int(t_ns[0]),
+        "ego_last_ns": int(t_ns[-1]),
+        "ego_rate_hz": rate_hz(t_ns),
+    }
+
+
 def camera_descriptions(
     cameras: Sequence[tuple[int, str, str, str]], times: dict[int, list[int]]
 ) -> list[CameraDescription]:

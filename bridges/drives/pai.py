@@ -35,16 +35,16 @@ from typing import Any
 import numpy as np
 
 from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, HISTORY_STEPS
-from bridges.drives.description import DriveDescription, camera_descriptions, rate_hz
+from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 from bridges.protocol import ALPAMAYO_CAMERAS
 from bridges.recording import (
-    MAX_POSE_GAP_NS,
     CameraFrame,
     CameraTopic,
     FrameError,
     RecordingError,
     RecordingLayout,
     Warn,
+    pose_brackets,
 )
 
 REPO_ID = "nvidia/PhysicalAI-Autonomous-Vehicles"
@@ -210,10 +210,7 @@ class EgoTrack:
         egomotion (the devkit returns NaN there: it never extrapolates) or between two samples more than
         MAX_POSE_GAP_NS apart."""
         times_ns = np.asarray(times_ns, dtype=np.int64)
-        if times_ns.min() < self.t_ns[0] or times_ns.max() > self.t_ns[-1]:
-            return None
-        hi = np.clip(np.searchsorted(self.t_ns, times_ns, side="left"), 1, len(self.t_ns) - 1)
-        if np.any(self.t_ns[hi] - self.t_ns[hi - 1] > MAX_POSE_GAP_NS):
+        if pose_brackets(self.t_ns, times_ns) is None:
             return None
         state = self._interpolate(times_ns // 1000)
         xyz = np.asarray(state.pose.translation)
@@ -392,10 +389,7 @@ class PaiClip:
             spec=self.spec,
             cameras=camera_descriptions(cameras, times),
             ego_source=f"{self.ego_file} (egomotion, the clip's world frame)",
-            ego_poses=len(self.poses.t_ns),
-            ego_first_ns=int(self.poses.t_ns[0]),
-            ego_last_ns=int(self.poses.t_ns[-1]),
-            ego_rate_hz=rate_hz(self.poses.t_ns),
+            **ego_fields(self.poses.t_ns),
             extra={"clip": self.clip, "dataset": str(self.path), "ticks_taken": ticks},
         )
 

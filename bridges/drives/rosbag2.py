@@ -28,7 +28,7 @@ from mcap.stream_reader import StreamReader
 from mcap_ros2.decoder import DecoderFactory
 from scipy.spatial.transform import Rotation
 
-from bridges.mcap_messages import MessageError
+from bridges.mcap_messages import MessageError, pose, timestamp
 from bridges.recording import (
     READ_ERRORS,
     CameraTopic,
@@ -40,9 +40,8 @@ from bridges.recording import (
     Warn,
     scan,
 )
-from bridges.ros2_messages import stamp_ns, type_name
+from bridges.ros2_messages import SCHEMA_ENCODING, stamp_ns, type_name
 
-ROS2_SCHEMA_ENCODING = "ros2msg"
 EGO_FRAME = "base_link"
 COMPRESSED = "sensor_msgs/CompressedImage"
 RAW = "sensor_msgs/Image"
@@ -64,13 +63,13 @@ def is_rosbag2(path: Path) -> bool:
             try:
                 summary = SeekingReader(f).get_summary()
                 if summary is not None and summary.schemas:
-                    return any(s.encoding == ROS2_SCHEMA_ENCODING for s in summary.schemas.values())
+                    return any(s.encoding == SCHEMA_ENCODING for s in summary.schemas.values())
             except READ_ERRORS:
                 pass  # no footer: look for the first schema record
             f.seek(0)
             for record in StreamReader(f).records:
                 if isinstance(record, Schema):
-                    return record.encoding == ROS2_SCHEMA_ENCODING
+                    return record.encoding == SCHEMA_ENCODING
     except (OSError, *READ_ERRORS):
         return False
     return False
@@ -104,8 +103,7 @@ def _xyzw(q: Any) -> list[float]:
 
 
 def _time(header: Any, log_time: int) -> dict[str, int]:
-    t_ns = stamp_ns(header.stamp) or log_time
-    return {"sec": t_ns // 1_000_000_000, "nsec": t_ns % 1_000_000_000}
+    return timestamp(stamp_ns(header.stamp) or log_time)
 
 
 def _image_format(ros_format: str) -> str:
@@ -114,12 +112,6 @@ def _image_format(ros_format: str) -> str:
     if "jpeg" in text or "jpg" in text:
         return "jpeg"
     return "png" if "png" in text else text
-
-
-def _pose(p: Any) -> dict[str, dict[str, float]]:
-    x, y, z = _xyz(p.position)
-    qx, qy, qz, qw = _xyzw(p.orientation)
-    return {"position": {"x": x, "y": y, "z": z}, "orientation": {"x": qx, "y": qy, "z": qz, "w": qw}}
 
 
 # ROS 2 type -> (Foxglove schema its messages are laid out as, conversion of a decoded message at a log time).
@@ -150,13 +142,13 @@ _CONVERSIONS: dict[str, tuple[str, Callable[[Any, int], dict[str, Any]]]] = {
         lambda m, t: {
             "timestamp": _time(m.header, t),
             "frame_id": m.header.frame_id,
-            "pose": _pose(m.pose.pose),
+            "pose": pose(_xyz(m.pose.pose.position), _xyzw(m.pose.pose.orientation)),
         },
     ),
     TF: (
         TF,
         lambda m, t: {
-            "timestamp": {"sec": t // 1_000_000_000, "nsec": t % 1_000_000_000},
+            "timestamp": timestamp(t),
             "transforms": [
                 (
                     tf.header.frame_id,
@@ -173,25 +165,22 @@ _CONVERSIONS: dict[str, tuple[str, Callable[[Any, int], dict[str, Any]]]] = {
 
 
 class _CdrDecoder:
-    """CDR decoders per schema id, built from the schema's embedded .msg text."""
+    """CDR messages decoded by their schema's embedded .msg text (the factory builds each schema's decoder once
+    and keeps it by schema id)."""
 
     def __init__(self) -> None:
         self._factory = DecoderFactory()
-        self._decoders: dict[int, Callable[[bytes], Any]] = {}
 
     def decode(self, schema: Schema | None, channel: Channel, message: Message) -> dict[str, Any]:
         ros_type = None if schema is None else type_name(schema.name)
         if schema is None or ros_type not in _CONVERSIONS:
             raise MessageError(f"type {ros_type!r} is not one replay reads; known: {sorted(_CONVERSIONS)}")
-        decoder = self._decoders.get(schema.id)
+        try:
+            decoder = self._factory.decoder_for(channel.message_encoding, schema)
+        except Exception as e:  # the .msg parser raises several unrelated types
+            raise MessageError(f"{schema.name}: its embedded definition does not parse: {e}") from e
         if decoder is None:
-            try:
-                decoder = self._factory.decoder_for(channel.message_encoding, schema)
-            except Exception as e:  # the .msg parser raises several unrelated types
-                raise MessageError(f"{schema.name}: its embedded definition does not parse: {e}") from e
-            if decoder is None:
-                raise MessageError(f"{schema.name}: message encoding {channel.message_encoding!r} is not CDR")
-            self._decoders[schema.id] = decoder
+            raise MessageError(f"{schema.name}: message encoding {channel.message_encoding!r} is not CDR")
         try:
             return _CONVERSIONS[ros_type][1](decoder(message.data), message.log_time)
         except Exception as e:  # a truncated or corrupt payload fails anywhere in the CDR reader
