@@ -148,9 +148,11 @@ class InferenceNode:
         self._failed_handshake: set[zmq.Socket] = set()  # monitors whose next DISCONNECTED ends a failed one
         # the input connections' fds, to tell who ended each (control thread only)
         self._causes = DisconnectCauses()
-        # Connected input endpoints that libzmq dropped for a message over ZMQ_MAXMSGSIZE: libzmq 4.3.5 never
-        # reconnects after such a protocol error (measured), so the intake thread, which owns the socket,
-        # connects them again. The control thread appends; the intake thread pops.
+        self._input_connections = 0  # open input connections, from their monitor events
+        # Connected input endpoints whose connection ended: libzmq 4.3.5 never reconnects after a message over
+        # ZMQ_MAXMSGSIZE (a protocol error; measured), so the intake thread, which owns the socket, connects
+        # them again (after a close or a heartbeat timeout libzmq was reconnecting anyway, and this only
+        # restarts that). The control thread appends; the intake thread pops.
         self._reconnect: deque[str] = deque()
         # endpoint -> (monotonic s of its last "connected again" line, reconnects since): a camera whose every
         # frame is oversize is dropped and reconnected at its frame rate, logged once per STALE_LOG_EVERY_S
@@ -314,8 +316,7 @@ class InferenceNode:
             sub.close()
 
     def _connect_again(self, sub: zmq.Socket, endpoint: str) -> None:
-        """Connect to an input endpoint again after the node hung up on it. After a heartbeat timeout libzmq
-        was already reconnecting, and this only restarts that; after an oversize message nothing else would."""
+        """Connect to an input endpoint again after its connection ended (see `_reconnect`)."""
         with suppress(zmq.ZMQError):  # the endpoint is no longer registered
             sub.disconnect(endpoint)
         sub.connect(endpoint)
@@ -325,7 +326,7 @@ class InferenceNode:
             self._reconnect_log[endpoint] = (last, since + 1)
             return
         more = f" ({since} more times since the last line)" if since else ""
-        log.warning("input %s: connected again after the node dropped the connection%s", endpoint, more)
+        log.warning("input %s: connected again after its connection ended%s", endpoint, more)
         self._reconnect_log[endpoint] = (now, 0)
 
     def _drain(self, sub: zmq.Socket) -> None:
@@ -347,6 +348,8 @@ class InferenceNode:
         if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
             if is_input:
                 self._causes.opened(fd)
+                with self._lock:
+                    self._input_connections += 1
             return
         cause = self._causes.closed(fd) if is_input and event == zmq.EVENT_DISCONNECTED else None
         with self._lock:
@@ -354,14 +357,19 @@ class InferenceNode:
                 self.counters.auth_failures += 1
                 self._failed_handshake.add(monitor)
             elif event == zmq.EVENT_DISCONNECTED:
+                if is_input:
+                    self._input_connections -= 1
                 if monitor in self._failed_handshake:
                     self._failed_handshake.discard(monitor)  # the failed handshake's own disconnect
-                elif cause is Cause.NODE:
-                    self.counters.input_disconnects += 1
-                    if not self.config.input.bind:
-                        self._reconnect.append(message["endpoint"].decode())
                 elif is_input:
-                    self.counters.peer_disconnects += 1
+                    if cause is Cause.NODE:
+                        self.counters.input_disconnects += 1
+                    else:
+                        self.counters.peer_disconnects += 1
+                    if not self.config.input.bind:
+                        # Whoever ended it: reconnecting does not wait on the cause, which a connection that
+                        # closed before the node watched it leaves unknown (seen under load).
+                        self._reconnect.append(message["endpoint"].decode())
 
     # ------------------------------------------------------------------------------------------ control
     def _control_loop(
@@ -429,6 +437,7 @@ class InferenceNode:
             not_ready.insert(0, "shutting down")
         with self._lock:
             counters = self.counters.as_dict()
+            connections = self._input_connections
             error, output = self._last_error, self._last_output
         return {
             "alive": bool(self._threads) and all(t.is_alive() for t in self._threads),
@@ -437,6 +446,7 @@ class InferenceNode:
             "uptime_s": time.monotonic() - self._started_at,
             "endpoints": self.endpoints,
             "counters": counters,
+            "input_connections": connections,
             "ticks_dropped": self.state.ticks_dropped,
             "frame_drop_perc": self.state.frame_drop_perc(),
             "streams": self.state.snapshot(now),
