@@ -12,6 +12,7 @@ from mcap.reader import make_reader
 
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
+from alpamayo.eval.ray_workers import start_local_ray
 from alpamayo.replay.routes import RecordedRoute, RouteTable, check_route_options
 from alpamayo.rotations import yaw_to_quat
 from bridges.drives import open_drive
@@ -152,3 +153,22 @@ def test_eval_with_a_route_file_records_the_text_per_clip(tmp_path, demo_checkpo
     assert record["status"] == "done" and record["prediction"]["route"] == "Turn right in 12m"
     manifest = json.loads((out / "run.json").read_text())
     assert manifest["settings"]["route_file"] == str(routes.resolve())
+
+
+def test_eval_on_ray_workers_uses_the_auto_route_as_in_process(tmp_path, demo_checkpoint, drive):
+    ray = pytest.importorskip("ray")
+    args = ["eval", str(drive), "--checkpoint", str(demo_checkpoint), *FAST, "--samples", "1"]
+    args += ["--route", "auto", "--nav-guidance", "1.5"]
+    assert main([*args, "--out", str(tmp_path / "local")]) == 0
+    start_local_ray(ray, num_cpus=1, object_store_bytes=80 * 1024**2)
+    try:
+        assert main([*args, "--out", str(tmp_path / "ray"), "--ray", "--workers", "1"]) == 0
+    finally:
+        ray.shutdown()
+    local, remote = (
+        [json.loads(p.read_text()) for p in (tmp_path / run / "clips").glob("*.json")]
+        for run in ("local", "ray")
+    )
+    assert remote[0]["worker"]["pid"] != local[0]["worker"]["pid"]
+    assert remote[0]["prediction"]["route"] == local[0]["prediction"]["route"] is not None
+    assert remote[0]["prediction"] == local[0]["prediction"]
