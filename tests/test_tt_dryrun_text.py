@@ -81,8 +81,8 @@ def test_prefill_and_decode_across_a_tile_and_a_flash_decode_chunk(model, capsys
     seen = []
 
     def recorded(layer):
-        def run(i, x, cos, sin, pos):
-            out = layer(i, x, cos, sin, pos)
+        def run(i, x, *args):
+            out = layer(i, x, *args)
             seen.append((i, tuple(out.shape), out.dtype, out.memory_config()))
             return out
 
@@ -109,7 +109,7 @@ def test_a_decode_step_copies_nothing_between_host_and_device(model, record_figu
     ttnn, t = model.ttnn, model.text_cfg
     model.prefill(prompt(model))
     inputs = model._write_inputs(
-        model._decode_host_inputs(1, model.cache_len)
+        model._decode_host_inputs([1], [model.cache_len])
     )  # before the step, as a replay
     with Capture(ttnn) as step:
         row = model._decode_graph(inputs)

@@ -13,9 +13,8 @@ import torch
 
 from alpamayo.text.inputs import check_prefill, rope_delta
 
-# layer(i, x, cos, sin, pos) -> x: x the residual [1, 1, 32, H_p] bf16 width-sharded over the plan's residual
-# grid, cos/sin height-sharded, pos [rows] int32; returns x in the same layout and writes the rows' K/V.
-DecodeLayer = Callable[[int, Any, Any, Any, Any], Any]
+# layer(i, x, cos, sin, pos, page=None) -> x: as `TextDecode._layer_decode`
+DecodeLayer = Callable[..., Any]
 
 
 def layer_prefill(tt: Any, i: int, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -40,7 +39,7 @@ def layer_decode(tt: Any, i: int, hidden: torch.Tensor, position: int) -> torch.
     if not 0 <= position < tt.max_seq_len:
         raise ValueError(f"position {position} must be in [0, max_seq_len={tt.max_seq_len})")
     t = tt.text_cfg
-    values = tt._decode_host_inputs(0, position)
+    values = tt._decode_host_inputs([0], [position])
     values["x"][0, 0, 0, : t.hidden_size] = hidden.to(torch.bfloat16)
     inputs = tt._write_inputs(values)
     x, cos, sin = tt._sharded_inputs(inputs)

@@ -86,9 +86,7 @@ class TTActionExpert(DeviceIO):
         self.ttnn, self.text, self.cfg, self.device = text.ttnn, text, cfg, text.device
         self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
         self.weights = weights
-        self.layer_weights = [
-            layer_weights(weights, i, "expert.") for i in range(cfg.text.num_hidden_layers)
-        ]
+        self.layer_weights = [layer_weights(weights, i, "expert.") for i in range(cfg.text.num_hidden_layers)]
         self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
         self.tracer = tracer or text.tracer
         self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)

@@ -9,7 +9,7 @@ trace (`alpamayo.tt.text.trace`) and replayed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -22,8 +22,10 @@ from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, round_up
 from alpamayo.tt.moe import TTMoE
-from alpamayo.tt.program_config import SDPA_DECODE_K_CHUNK, CoreGrid, DecodeMatmul, TextPlan
+from alpamayo.tt.program_config import SDPA_DECODE_K_CHUNK, DecodeMatmul, TextPlan
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
+
+MAX_ROWS = TILE  # decode rows per program: one tile, so every decode matmul reads its weights once for all
 
 
 class TextDecode(DeviceIO):
@@ -44,10 +46,13 @@ class TextDecode(DeviceIO):
     cache_len: int
     rope_delta: int
     max_seq_len: int
+    max_batch: int
     kv_cache: list[tuple[Any, Any]]
     trace_switch: TraceSwitch
     _trace: DecodeTrace
-    _inputs: dict[str, Any] | None
+    _inputs: dict[tuple[int, bool], dict[str, Any]]
+    _traces: dict[tuple[int, bool], DecodeTrace]
+    lengths: list[int]
     _require_cache: Callable[[], None]
 
     def _decode_setup(self) -> None:
@@ -57,10 +62,10 @@ class TextDecode(DeviceIO):
         self.in_mem = {m.name: cfgs.width_sharded(ttnn, m.k, m.grid) for m in plan.decode_matmuls}
         self.pc = {m.name: cfgs.decode_matmul(ttnn, m) for m in plan.decode_matmuls}
         self.norm_pc = cfgs.sharded_norm(ttnn, plan.residual_grid, plan.norm_block_w, plan.norm_subblock_w)
-        single = CoreGrid(1, 1)
-        self.rot_mem = cfgs.height_sharded(ttnn, TILE, t.head_dim, single)
         heads = round_up(t.num_attention_heads, TILE)
-        self.heads_mem = cfgs.height_sharded(ttnn, heads, t.head_dim, single)
+        # per decode row count: cos/sin and the attention heads, one row per core
+        self.rot_mem = [cfgs.per_row_sharded(ttnn, b, TILE, t.head_dim) for b in range(1, MAX_ROWS + 1)]
+        self.heads_mem = [cfgs.per_row_sharded(ttnn, b, heads, t.head_dim) for b in range(1, MAX_ROWS + 1)]
         self.sdpa_decode_pc = cfgs.sdpa(ttnn, plan.sdpa_decode_grid, TILE, SDPA_DECODE_K_CHUNK)
 
     def _res_norm(self, x: Any, gamma: Any) -> Any:
@@ -111,15 +116,22 @@ class TextDecode(DeviceIO):
         self._free(xi)
         return self._reshard(xn, mem)
 
-    def _layer_decode(self, i: int, x: Any, cos: Any, sin: Any, pos: Any) -> Any:
-        """One decoder layer for the token at `pos`; x (freed) and the result as in `DecodeLayer`."""
+    def _layer_decode(self, i: int, x: Any, cos: Any, sin: Any, pos: Any, page: Any = None) -> Any:
+        """One decoder layer for B rows: x [1, 1, 32, H_p] (freed; rows 0..B-1 real) width-sharded on the
+        residual grid, cos/sin [1, B, 32(1), head_dim] one row per core, pos [B] int32 (row b's cache index)
+        -> x in the same layout; writes row b's K/V at pos[b] of cache slot b. With `page` (a verify block:
+        the rows are one sequence's consecutive tokens) every row reads and writes slot 0 instead: the
+        one-slot cache [1, n_kv, S, hd] is read as a paged cache of one block of S rows, and `page` [B, 1]
+        int32 zeros maps every row to it (ttnn's `share_cache` wants a one-slot cache too, and its SDPA
+        returns one user's rows: measured on the dry run)."""
         ttnn, t, plan, w = self.ttnn, self.text_cfg, self.plan, self.layer_weights[i]
+        rows = pos.shape[0]
         n1 = self._reshard(self._res_norm(x, w["attn_norm.rm"]), self.in_mem["qkv"])
         qkv = self._ds_linear(n1, w["wqkv"], plan.qkv, "qkv")
         self._free(n1)
         qkv_i = self._reshard(qkv, ttnn.L1_MEMORY_CONFIG)
         width = qkv_i.shape[-1]
-        qkv_1 = ttnn.reshape(qkv_i, (1, 1, 1, width), (1, 1, TILE, width))  # one user: row 0 of the tile
+        qkv_1 = ttnn.reshape(qkv_i, (1, 1, rows, width), (1, 1, TILE, width))  # B users: rows 0..B-1
         q, k, v = ttnn.experimental.nlp_create_qkv_heads_decode(
             qkv_1,
             num_heads=t.num_attention_heads,
@@ -133,21 +145,22 @@ class TextDecode(DeviceIO):
         self._free(q, k)
         cache_k, cache_v = self.kv_cache[i]
         # bf16 K/V rows: paged_update_cache repacks them into the cache dtype itself
-        ttnn.experimental.paged_update_cache(cache_k, kr, update_idxs_tensor=pos)
-        ttnn.experimental.paged_update_cache(cache_v, v, update_idxs_tensor=pos)
+        ttnn.experimental.paged_update_cache(cache_k, kr, update_idxs_tensor=pos, page_table=page)
+        ttnn.experimental.paged_update_cache(cache_v, v, update_idxs_tensor=pos, page_table=page)
         self._free(kr, v)
-        a = ttnn.transformer.scaled_dot_product_attention_decode(
-            qr,
-            cache_k,
-            cache_v,
+        sdpa = dict(
             cur_pos_tensor=pos,
             scale=self.scale,
             program_config=self.sdpa_decode_pc,
             compute_kernel_config=self.ck["sdpa_decode"],
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
+        if page is None:
+            a = ttnn.transformer.scaled_dot_product_attention_decode(qr, cache_k, cache_v, **sdpa)
+        else:
+            a = ttnn.transformer.paged_scaled_dot_product_attention_decode(qr, cache_k, cache_v, page, **sdpa)
         self._free(qr)
-        a_sh = self._reshard(a, self.heads_mem)
+        a_sh = self._reshard(a, self.heads_mem[rows - 1])
         heads = ttnn.experimental.nlp_concat_heads_decode(a_sh, num_heads=t.num_attention_heads)
         self._free(a_sh)
         attn = self._reshard(heads, self.in_mem["o"])
@@ -156,7 +169,7 @@ class TextDecode(DeviceIO):
         h = ttnn.add(x, o, memory_config=self.res_mem)
         self._free(x, o)
         n2 = self._res_norm(h, w["mlp_norm.rm"])
-        d = self._moe_decode(i, n2) if i in self.moe else self._mlp_decode(w, n2)
+        d = self._moe_decode(i, n2) if i in self.moe else self._mlp_decode(w, n2)  # MoE: B = 1 (checked)
         out = ttnn.add(h, d, memory_config=self.res_mem)
         self._free(h, d)
         return out
@@ -182,99 +195,154 @@ class TextDecode(DeviceIO):
         return self._reshard(d, self.res_mem)
 
     def _sharded_inputs(self, inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
-        """L1 copies of the persistent x (on the residual grid), cos and sin (core (0, 0)) for `DecodeLayer`."""
+        """L1 copies of the persistent x (on the residual grid), cos and sin (one row per core) for the
+        decode layers."""
         ttnn = self.ttnn
+        rot = self.rot_mem[inputs["pos"].shape[0] - 1]
         x = ttnn.to_memory_config(inputs["x"], self.res_mem)
-        cos = ttnn.to_memory_config(inputs["cos"], self.rot_mem)
-        sin = ttnn.to_memory_config(inputs["sin"], self.rot_mem)
+        cos = ttnn.to_memory_config(inputs["cos"], rot)
+        sin = ttnn.to_memory_config(inputs["sin"], rot)
         return x, cos, sin
 
     def _decode_graph(self, inputs: dict[str, Any]) -> Any:
-        """Every layer, final norm and lm_head for the persistent `inputs`; returns logits [1, 1, 1, V_p]
-        row-major bf16 in DRAM. Captured as the decode trace, so it only allocates, computes and frees."""
+        """Every layer, final norm and lm_head for the persistent `inputs` of B rows (`_layer_decode`; a
+        verify block's inputs hold the page table "page");
+        returns logits [1, 1, B, V_p] row-major bf16 in DRAM. Captured as a decode trace, so it only
+        allocates, computes and frees."""
         ttnn = self.ttnn
+        rows = inputs["pos"].shape[0]
         x, cos, sin = self._sharded_inputs(inputs)
         for i in range(self.text_cfg.num_hidden_layers):
-            x = self._layer_decode(i, x, cos, sin, inputs["pos"])
+            x = self._layer_decode(i, x, cos, sin, inputs["pos"], inputs.get("page"))
         self._free(cos, sin)
         xn = self._res_norm(x, self.weights["norm.rm"])
         self._free(x)
         xi = self._reshard(xn, ttnn.L1_MEMORY_CONFIG)  # the 1D multicast head wants interleaved in0
-        logits = self._head(xi, 0)
+        logits = self._head(xi, rows - 1)
         self._free(xi)
         return logits
 
-    def _decode_host_inputs(self, token: int, position: int) -> dict[str, torch.Tensor]:
-        """Host values of the persistent decode inputs for `token` at cache index `position`."""
-        t = self.text_cfg
+    def _decode_host_inputs(
+        self, tokens: Sequence[int], positions: Sequence[int], shared: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Host values of the persistent decode inputs: row b holds `tokens[b]` at cache index
+        `positions[b]` (rope position `positions[b] + rope_delta`); `shared`: the rows share slot 0 (the
+        page table of `_layer_decode`)."""
+        t, rows = self.text_cfg, len(tokens)
         x = torch.zeros(1, 1, TILE, self.hidden_padded, dtype=torch.bfloat16)
-        x[0, 0, 0, : t.hidden_size] = self.embed_table[token]
-        cos, sin = self.rope.cos_sin_1d(torch.tensor([position + self.rope_delta]), torch.bfloat16)
-        return {
-            "x": x,
-            "cos": cos.view(1, 1, 1, -1),
-            "sin": sin.view(1, 1, 1, -1),
-            "pos": torch.tensor([position], dtype=torch.int32),
-        }
+        x[0, 0, :rows, : t.hidden_size] = self.embed_table[torch.tensor(tokens, dtype=torch.long)]
+        pos = torch.tensor(positions, dtype=torch.int32)
+        cos, sin = self.rope.cos_sin_1d(pos.long() + self.rope_delta, torch.bfloat16)
+        values = {"x": x, "cos": cos.view(1, rows, 1, -1), "sin": sin.view(1, rows, 1, -1), "pos": pos}
+        if shared:
+            values["page"] = torch.zeros(rows, 1, dtype=torch.int32)
+        return values
 
     def _write_inputs(self, values: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Rewrite the persistent decode inputs in place (allocated on first use, never reallocated)."""
+        """Rewrite the persistent decode inputs of this row count in place (allocated on first use, never
+        reallocated: a trace captured over them stays valid)."""
         ttnn = self.ttnn
+        key = (values["pos"].numel(), "page" in values)
         with self.tracer.span("tt.host_to_device"):
             hosts = {
                 name: ttnn.from_torch(
                     v,
-                    dtype=ttnn.int32 if name == "pos" else ttnn.bfloat16,
-                    layout=ttnn.ROW_MAJOR_LAYOUT if name == "pos" else ttnn.TILE_LAYOUT,
+                    dtype=ttnn.int32 if v.dtype == torch.int32 else ttnn.bfloat16,
+                    layout=ttnn.ROW_MAJOR_LAYOUT if v.dtype == torch.int32 else ttnn.TILE_LAYOUT,
                 )
                 for name, v in values.items()
             }
-            if self._inputs is None:
-                self._inputs = {
+            if key not in self._inputs:
+                self._inputs[key] = {
                     name: ttnn.allocate_tensor_on_device(
                         h.shape, h.dtype, h.layout, self.device, ttnn.DRAM_MEMORY_CONFIG
                     )
                     for name, h in hosts.items()
                 }
             for name, h in hosts.items():
-                ttnn.copy_host_to_device_tensor(h, self._inputs[name])
-        return self._inputs
+                ttnn.copy_host_to_device_tensor(h, self._inputs[key][name])
+        return self._inputs[key]
 
-    def _check_decode(self, token: int) -> None:
+    def _check_rows(self, ids: torch.Tensor, positions: Sequence[int]) -> None:
+        """Refuses, before any device call, what the decode program cannot run."""
         self._require_cache()
-        check_decode_room(self.cache_len, self.max_seq_len)
-        check_token_ids(torch.tensor([token]), self.text_cfg.vocab_size)
+        rows = len(positions)
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"the ttnn decode program runs 1..{MAX_ROWS} rows (one tile), got {rows}")
+        if rows > 1 and self.moe:
+            raise ValueError(
+                f"{rows} decode rows with MoE layers: the ttnn sparse expert step routes one token; "
+                "allowed: 1 row on Qwen3-VL-MoE checkpoints"
+            )
+        check_decode_room(max(positions), self.max_seq_len)
+        check_token_ids(ids, self.text_cfg.vocab_size)
 
-    def _logits(self, row: Any) -> torch.Tensor:
-        return self._download(row).reshape(-1)[: self.text_cfg.vocab_size].float()
+    def _run_rows(
+        self, tokens: Sequence[int], positions: Sequence[int], shared: bool, traced: bool
+    ) -> torch.Tensor:
+        """Run the decode program of len(tokens) rows -> float32 logits [B, V]. Traced: the first call per
+        (row count, shared) compiles the program, captures it and returns the compile run's logits (the
+        capture rewrites the same K/V rows: idempotent); later calls replay it."""
+        traced = self.trace_switch.traced(traced)
+        inputs = self._write_inputs(self._decode_host_inputs(tokens, positions, shared))
+        key = (len(tokens), shared)
+        trace = self._traces.get(key)
+        if not traced:
+            with self.tracer.span("tt.decode_untraced", rows=len(tokens)):
+                out = self._decode_graph(inputs)
+            logits = self._logits(out, len(tokens))
+            self._free(out)
+        elif trace is None:
+            with self.tracer.span("tt.decode_compile_and_capture", rows=len(tokens)):
+                out = self._decode_graph(inputs)
+                logits = self._logits(out, len(tokens))
+                self._free(out)
+                trace = self._traces[key] = DecodeTrace(self.ttnn, self.device)
+                trace.capture(lambda: self._decode_graph(inputs))
+        else:
+            with self.tracer.span("tt.decode_trace_execute", rows=len(tokens)):
+                out = trace.replay()
+            logits = self._logits(out, len(tokens))
+        return logits
+
+    def _logits(self, out: Any, rows: int) -> torch.Tensor:
+        return self._download(out).reshape(rows, -1)[:, : self.text_cfg.vocab_size].float()
 
     def decode(self, tokens: int | torch.Tensor, traced: bool = True) -> torch.Tensor:
-        """Append one token at position cache_len; float32 logits [V] for an int, [1, V] for ids [1] (the
-        torch backend's contract with one active row). The first traced call compiles the step, captures it
-        and returns the compile run's logits; later calls replay the trace."""
-        if isinstance(tokens, torch.Tensor):
-            if tokens.numel() != 1:
-                raise ValueError(f"the ttnn backend decodes one sequence: got {tokens.numel()} tokens")
-            return self.decode(int(tokens.reshape(-1)[0]), traced).unsqueeze(0)
-        token = tokens
-        self._check_decode(token)
-        traced = self.trace_switch.traced(traced)
-        inputs = self._write_inputs(self._decode_host_inputs(token, self.cache_len))
-        if not traced:
-            with self.tracer.span("tt.decode_untraced"):
-                row = self._decode_graph(inputs)
-            logits = self._logits(row)
-            self._free(row)
-        elif not self._trace.captured:
-            with self.tracer.span("tt.decode_compile_and_capture"):
-                row = self._decode_graph(inputs)
-                logits = self._logits(row)
-                self._free(row)
-                # recapturing the same position rewrites the same K/V row: idempotent
-                self._trace.capture(lambda: self._decode_graph(inputs))
-        else:
-            with self.tracer.span("tt.decode_trace_execute"):
-                out = self._trace.replay()
-            logits = self._logits(out)
-        self.cache_len += 1
-        return logits
+        """Append one token to each active row, row b at its own cache index `lengths[b]`: float32 logits
+        [V] for an int (one active row), [B, V] for ids [B] (the torch backend's contract). The B rows run
+        as one program (rows of one tile: the weights are read once for all of them)."""
+        single = isinstance(tokens, int)
+        ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
+        if ids.numel() != len(self.lengths):
+            raise ValueError(f"decode got {ids.numel()} token(s) for {len(self.lengths)} active row(s)")
+        positions = list(self.lengths)
+        self._check_rows(ids, positions)
+        # paged_update_cache wants a row per cache slot ("Expect batch in input tensor match the batch in cache
+        # tensor"): idle slots get token 0 at their position 0, unread until a fork rewrites them
+        idle = self.max_batch - len(positions)
+        logits = self._run_rows(ids.tolist() + [0] * idle, positions + [0] * idle, False, traced)
+        self.lengths = [n + 1 for n in positions]
+        return logits[0] if single else logits[: len(positions)]
+
+    def verify(self, tokens: torch.Tensor, traced: bool = True) -> torch.Tensor:
+        """Append T tokens to each active row in one forward, causal among them (ids [B, T]) -> float32
+        logits [B, T, V]: logits[b, j] follow tokens[b, :j + 1]. The T tokens of a row run as T rows of the
+        decode program sharing the row's cache slot (`_layer_decode`), row j at cache index lengths[b] + j,
+        so a block of up to 32 reads the weights once. T > 1 needs a one-slot cache (the slot is read as
+        a paged cache of one block); K ragged rows with a block each would need a paged cache of blocks."""
+        ids = torch.as_tensor(tokens).reshape(len(self.lengths), -1)
+        length = ids.shape[1]
+        if length == 1:
+            return self.decode(ids[:, 0], traced)[:, None]
+        if self.max_batch != 1:
+            raise ValueError(
+                f"verify of {length} tokens with {self.max_batch} cache slots ({len(self.lengths)} active "
+                "rows): the block's rows share one slot, read as one page of a one-slot cache; allowed: setup_cache(max_batch=1), or T = 1"
+            )
+        start = self.lengths[0]
+        positions = list(range(start, start + length))
+        self._check_rows(ids, positions)
+        logits = self._run_rows(ids[0].tolist(), positions, True, traced)
+        self.lengths = [start + length]
+        return logits[None]

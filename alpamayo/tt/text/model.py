@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from alpamayo.tt.moe import TTMoE
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import PREFILL_PAD, TextPlan, plan_text
 from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
-from alpamayo.tt.text.decode import TextDecode
+from alpamayo.tt.text.decode import MAX_ROWS, TextDecode
 from alpamayo.tt.text.prefill import TextPrefill
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 from alpamayo.tt.text.upload import layer_weights, upload_text_weights
@@ -37,8 +38,8 @@ from alpamayo.tt.weights import residual_norm_eps
 
 @dataclass
 class DeviceKVCache:
-    """The device KV cache of one sequence: per layer (K, V), each [1, n_kv, rows, head_dim] in the recipe's
-    kv_cache dtype (rows: `TextPlan.cache_length(max_seq_len + reserve_rows)`, see `setup_cache`)."""
+    """The device KV cache: per layer (K, V), each [max_batch, n_kv, rows, head_dim] (slot b: row b's
+    sequence) in the recipe's kv_cache dtype (rows: `TextPlan.cache_length(max_seq_len + reserve_rows)`, see `setup_cache`)."""
 
     layers: list[tuple[Any, Any]]
     max_seq_len: int
@@ -68,11 +69,11 @@ class TTTextModel(TextPrefill, TextDecode):
         self.tracer = tracer or Tracer(enabled=False)
         self.rope = MRope(cfg.text)
         self.cache: DeviceKVCache | None = None
-        self.cache_len, self.rope_delta = 0, 0
+        self.lengths, self.rope_delta = [0], 0  # positions filled per active row (cache slot b: row b)
         # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
         self.reserved_rows = 0
-        self._trace = DecodeTrace(ttnn, device)
-        self._inputs: dict[str, Any] | None = None
+        self._traces: dict[tuple[int, bool], DecodeTrace] = {}  # (rows, shared cache slot) -> trace
+        self._inputs: dict[tuple[int, bool], dict[str, Any]] = {}  # (rows, shared) -> persistent inputs
         self.trace_switch = TraceSwitch()
         t = cfg.text
         self.scale = t.head_dim**-0.5
@@ -147,19 +148,32 @@ class TTTextModel(TextPrefill, TextDecode):
             raise
 
     def setup_cache(self, max_seq_len: int, max_batch: int = 1, reserve_rows: int | None = None) -> None:
-        """Allocate the KV cache for `max_seq_len` positions (prompt + generated); refused if it cannot fit.
-        `reserve_rows` (default `reserved_rows`, which a `TTActionExpert` sets) more rows are kept behind them
-        for the action expert's K/V (`ExpertPlan`)."""
+        """Allocate the KV cache for `max_seq_len` positions (prompt + generated) in each of `max_batch` slots
+        (1..32: the rows of one decode program); refused if it cannot fit. `reserve_rows` (default
+        `reserved_rows`, which a `TTActionExpert` sets) more rows are kept behind them for the action
+        expert's K/V (`ExpertPlan`), which reads one sequence's cache: then `max_batch` must be 1."""
         reserve_rows = self.reserved_rows if reserve_rows is None else reserve_rows
-        if max_batch != 1:
-            raise ValueError(f"the ttnn backend decodes one sequence: max_batch must be 1, got {max_batch}")
+        if not 1 <= max_batch <= MAX_ROWS:
+            raise ValueError(
+                f"max_batch must be in 1..{MAX_ROWS} (the rows of one decode tile), got {max_batch}"
+            )
+        if max_batch > 1 and reserve_rows:
+            raise ValueError(
+                f"max_batch {max_batch} with the action expert's {reserve_rows} reserved cache rows: the ttnn "
+                "action expert reads one sequence's cache; allowed: max_batch 1"
+            )
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
-        check_fits(self.cfg, self.precision, max_seq_len, self.plan.device)
+        check_fits(self.cfg, self.precision, max_seq_len, self.plan.device, slots=max_batch)
         self._release_trace()
         self._free_cache()
         ttnn, t = self.ttnn, self.text_cfg
-        shape = (1, t.num_key_value_heads, self.plan.cache_length(max_seq_len + reserve_rows), t.head_dim)
+        shape = (
+            max_batch,
+            t.num_key_value_heads,
+            self.plan.cache_length(max_seq_len + reserve_rows),
+            t.head_dim,
+        )
         layers = [
             tuple(
                 ttnn.zeros(
@@ -173,7 +187,7 @@ class TTTextModel(TextPrefill, TextDecode):
             )
             for _ in range(t.num_hidden_layers)
         ]
-        self.cache = DeviceKVCache(layers, max_seq_len)
+        self.cache = DeviceKVCache(layers, max_seq_len, max_batch)
         self.reset()
 
     @property
@@ -185,21 +199,71 @@ class TTTextModel(TextPrefill, TextDecode):
     def max_seq_len(self) -> int:
         return self.cache.max_seq_len if self.cache is not None else 0
 
+    @property
+    def max_batch(self) -> int:
+        """Cache slots: the rows of every decode step (idle ones included)."""
+        return self.cache.max_batch if self.cache is not None else 0
+
+    @property
+    def cache_len(self) -> int:
+        """Positions filled in the longest active row (all rows, unless a speculative block left them
+        ragged)."""
+        return max(self.lengths)
+
+    @cache_len.setter
+    def cache_len(self, length: int) -> None:
+        self.lengths = [length] * len(self.lengths)
+
+    @property
+    def batch(self) -> int:
+        """Active rows (cache slots 0..batch-1)."""
+        return len(self.lengths)
+
     def reset(self) -> None:
-        self.cache_len, self.rope_delta = 0, 0
+        """Forget the prompt (the cache buffers stay allocated)."""
+        self.lengths, self.rope_delta = [0], 0
 
     def fork(self, n: int) -> None:
-        if n != 1:
-            raise ValueError(f"fork({n}): the ttnn backend decodes one sequence (n must be 1)")
+        """Continue the prefilled prompt as `n` independent rows: slot 0's K/V rows are copied on the device
+        into slots 1..n-1 (through `_fill_cache`, the prefill's own K/V write)."""
+        self._require_cache()
+        assert self.cache is not None
+        if not 1 <= n <= self.cache.max_batch:
+            raise ValueError(f"fork({n}): the cache was set up for 1..{self.cache.max_batch} rows")
+        if self.batch != 1 or self.lengths[0] == 0:
+            raise RuntimeError("fork() needs a prefilled prompt in one row")
+        length = self.lengths[0]
+        if n > 1:
+            ttnn, t = self.ttnn, self.text_cfg
+            padded = self.plan.padded_length(length)  # what the prefill wrote: whole 128-row blocks
+            with self.tracer.span("tt.fork", rows=n, positions=length):
+                for layer in self.kv_cache:
+                    for cache in layer:
+                        rows = ttnn.slice(cache, [0, 0, 0, 0], [1, t.num_key_value_heads, padded, t.head_dim])
+                        for slot in range(1, n):
+                            self._fill_cache(cache, rows, padded, batch=slot)
+                        self._free(rows)
+        self.lengths = [length] * n
+
+    def rollback(self, lengths: Sequence[int]) -> None:
+        """Keep each row's first `lengths[b]` positions (a speculative block's accepted prefix): no copy, the
+        K/V past them are stale and the next append overwrites them."""
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != self.batch:
+            raise ValueError(f"rollback got {len(lengths)} length(s) for {self.batch} active row(s)")
+        for b, (n, now) in enumerate(zip(lengths, self.lengths, strict=True)):
+            if not 1 <= n <= now:
+                raise ValueError(f"rollback: row {b} length {n} must be in [1, {now}]")
+        self.lengths = lengths
 
     def close(self) -> None:
         """Release the decode trace, the KV cache, the weights and (when this model opened it) the device. The
         weights are freed even then: on a device shared with other models they would otherwise stay in DRAM."""
         self._release_trace()
         self._free_cache()
-        if self._inputs is not None:
-            self._free(*self._inputs.values())
-            self._inputs = None
+        for inputs in self._inputs.values():
+            self._free(*inputs.values())
+        self._inputs = {}
         self._free(*self.weights.values())
         self.weights, self.layer_weights, self.moe = {}, [], {}
         if self.owns_device and self.device is not None:
@@ -218,7 +282,9 @@ class TTTextModel(TextPrefill, TextDecode):
         self.cache = None
 
     def _release_trace(self) -> None:
-        self._trace.release()
+        for trace in self._traces.values():
+            trace.release()
+        self._traces = {}
 
     def _require_cache(self) -> None:
         if not self.kv_cache:

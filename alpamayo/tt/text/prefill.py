@@ -71,8 +71,8 @@ class TextPrefill(DeviceIO):
             memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
         )
 
-    def _fill_cache(self, cache: Any, x: Any, padded_len: int, start: int = 0) -> None:
-        """cache[0, :, start:start+Lp] = x ([1, n_kv, Lp, head_dim]) through a height-sharded copy of x;
+    def _fill_cache(self, cache: Any, x: Any, padded_len: int, start: int = 0, batch: int = 0) -> None:
+        """cache[batch, :, start:start+Lp] = x ([1, n_kv, Lp, head_dim]) through a height-sharded copy of x;
         `start` is tile-aligned."""
         ttnn, t = self.ttnn, self.text_cfg
         cast = x.dtype != cache.dtype
@@ -80,7 +80,7 @@ class TextPrefill(DeviceIO):
         grid = self.plan.kv_fill_grid(padded_len)
         rows = t.num_key_value_heads * padded_len // grid.cores
         xs = ttnn.interleaved_to_sharded(src, cfgs.height_sharded(ttnn, rows, t.head_dim, grid))
-        ttnn.fill_cache(cache, xs, 0, update_idx=start)
+        ttnn.fill_cache(cache, xs, batch, update_idx=start)
         self._free(xs, *([src] if cast else []))
 
     def _layer_prefill(self, i: int, h: Any, cos: Any, sin: Any, length: int) -> Any:
