@@ -141,3 +141,23 @@ def test_moe_layers_refuse_more_than_one_row(dryrun_device, tmp_path):
         tt.fork(2)
         with pytest.raises(ValueError, match="2 decode rows with MoE layers"):
             tt.decode(torch.tensor([1, 2]))
+
+
+def test_verify_and_prefill_leave_the_captured_layers_a_draft_reads(model):
+    t = model.text_cfg
+    layers = sorted({0, t.num_hidden_layers - 1})
+    model.setup_cache(MAX_SEQ_LEN, max_batch=1)
+    model.prefill_hidden(prompt(model), capture=layers)
+    assert [tuple(c.shape) for c in model.captured] == [(PROMPT_LEN, t.hidden_size)] * len(layers)
+    ttnn = model.ttnn
+    inputs = model._write_inputs(model._decode_host_inputs([1, 2, 3], [126, 127, 128], shared=True))
+    with Capture(ttnn) as step:
+        outs = model._decode_graph(inputs, layers)
+    assert step.host_transfers() == []  # the captured layers stay on the device inside the step
+    model._free(*outs)
+    logits, feats = model.verify(torch.tensor([[1, 2, 3]]), capture=layers)
+    assert logits.shape == (1, 3, t.vocab_size)
+    assert feats.shape == (1, 3, len(layers) * t.hidden_size) and feats.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"verify takes ids \[1, T >= 1\], got shape \[3\]"):
+        model.verify(torch.tensor([1, 2, 3]))
+    model.setup_cache(MAX_SEQ_LEN, max_batch=SLOTS)

@@ -1,4 +1,4 @@
-"""The Qwen3-VL text backbone on one Blackhole p150: prefill and traced decode, batch 1.
+"""The Qwen3-VL text backbone on one Blackhole p150: prefill and traced decode of up to 32 rows.
 
 Same interface and tensor contract as the torch reference `alpamayo.text.TextModel`:
 
@@ -6,6 +6,9 @@ Same interface and tensor contract as the torch reference `alpamayo.text.TextMod
     model.setup_cache(max_seq_len=4096)
     logits = model.prefill(inputs, position_ids, visual_pos_mask, deepstack)   # [V] float32
     logits = model.decode(next_id)                                             # [V] float32
+    model.fork(k); logits = model.decode(ids)                                  # ids [K] -> [K, V]
+    logits = model.verify(block)                                               # [1, T] -> [1, T, V]
+    model.rollback(lengths)                                                    # per-row accepted prefix
     model.close()                                                              # releases trace and device
 
 Host side (as tt-metal's Qwen-VL demos): token embedding lookup, M-RoPE cos/sin tables (`alpamayo.text.rope`),
@@ -19,10 +22,11 @@ cache from a height-sharded copy (`fill_cache` mis-addresses interleaved multi-h
 chunked by the padded length, SiLU fused into the gate * up multiply, DeepStack level k added after layer k,
 final norm and the lm_head on the last prompt row's tile only.
 
-Decode (one token as row 0 of a 32-row tile): residual stream width-sharded in L1, sharded RMSNorm,
+Decode (up to 32 rows of one tile, each at its own cache index: K samples in their own cache slots, or the T
+tokens of a verify block on one slot): residual stream width-sharded in L1, sharded RMSNorm,
 DRAM-sharded matmuls (SiLU fused into the gate matmul), decode-mode head split, q/k norm and rotary, paged
-cache update and flash-decode SDPA reading the position from a device tensor, head concat, lm_head with row 0
-untilized. The step is captured once as a trace whose persistent inputs (embedding row, cos, sin, position)
+cache update and flash-decode SDPA reading the position from a device tensor, head concat, lm_head with the rows
+untilized. Each program is captured once as a trace whose persistent inputs (embedding row, cos, sin, position)
 are rewritten in place before each replay; `close()` releases it.
 
 Sparse MoE layers (Qwen3-VL-MoE) run their MLP as `alpamayo.tt.moe.TTMoE`, configured by the model's

@@ -1,10 +1,10 @@
-"""Decode of the text backbone: one token as row 0 of a 32-row tile, through every layer on L1.
+"""Decode of the text backbone: up to 32 rows of one tile (each at its own cache index), every layer on L1.
 
 Residual stream width-sharded in L1, sharded RMSNorm, DRAM-sharded matmuls (SiLU fused into the gate
 matmul), decode-mode head split, q/k norm and rotary, paged cache update and flash-decode SDPA reading the
-position from a device tensor, head concat, lm_head with row 0 untilized. The step's persistent inputs
-(embedding row, cos, sin, position) are rewritten in place before each run, so the step can be captured as a
-trace (`alpamayo.tt.text.trace`) and replayed.
+position from a device tensor, head concat, lm_head with the rows untilized. The step's persistent
+inputs (embedding rows, cos, sin, positions; a verify block's page table) are rewritten in place before each
+run, so the step can be captured as a trace (`alpamayo.tt.text.trace`) and replayed.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class TextDecode(DeviceIO):
     trace_switch: TraceSwitch
     _trace: DecodeTrace
     _inputs: dict[tuple[int, bool], dict[str, Any]]
-    _traces: dict[tuple[int, bool], DecodeTrace]
+    _traces: dict[tuple[int, bool, tuple[int, ...]], DecodeTrace]
     lengths: list[int]
+    batch: int
     _require_cache: Callable[[], None]
 
     def _decode_setup(self) -> None:
@@ -204,23 +205,29 @@ class TextDecode(DeviceIO):
         sin = ttnn.to_memory_config(inputs["sin"], rot)
         return x, cos, sin
 
-    def _decode_graph(self, inputs: dict[str, Any]) -> Any:
+    def _decode_graph(self, inputs: dict[str, Any], capture: Sequence[int] = ()) -> Any:
         """Every layer, final norm and lm_head for the persistent `inputs` of B rows (`_layer_decode`; a
-        verify block's inputs hold the page table "page");
-        returns logits [1, 1, B, V_p] row-major bf16 in DRAM. Captured as a decode trace, so it only
+        verify block's inputs hold the page table "page"); returns logits [1, 1, B, V_p] row-major bf16 in
+        DRAM, with `capture` a list [logits, the outputs [1, 1, 32, H_p] of those layers in DRAM] (the
+        last layer's normed, as transformers' last hidden state). Captured as a decode trace, so it only
         allocates, computes and frees."""
         ttnn = self.ttnn
-        rows = inputs["pos"].shape[0]
+        rows, last = inputs["pos"].shape[0], self.text_cfg.num_hidden_layers - 1
+        taken: dict[int, Any] = {}
         x, cos, sin = self._sharded_inputs(inputs)
-        for i in range(self.text_cfg.num_hidden_layers):
+        for i in range(last + 1):
             x = self._layer_decode(i, x, cos, sin, inputs["pos"], inputs.get("page"))
+            if i in capture and i != last:
+                taken[i] = ttnn.to_memory_config(x, ttnn.DRAM_MEMORY_CONFIG)
         self._free(cos, sin)
         xn = self._res_norm(x, self.weights["norm.rm"])
         self._free(x)
+        if last in capture:
+            taken[last] = ttnn.to_memory_config(xn, ttnn.DRAM_MEMORY_CONFIG)
         xi = self._reshard(xn, ttnn.L1_MEMORY_CONFIG)  # the 1D multicast head wants interleaved in0
         logits = self._head(xi, rows - 1)
         self._free(xi)
-        return logits
+        return [logits, *(taken[i] for i in capture)] if capture else logits
 
     def _decode_host_inputs(
         self, tokens: Sequence[int], positions: Sequence[int], shared: bool = False
@@ -278,35 +285,52 @@ class TextDecode(DeviceIO):
         check_token_ids(ids, self.text_cfg.vocab_size)
 
     def _run_rows(
-        self, tokens: Sequence[int], positions: Sequence[int], shared: bool, traced: bool
-    ) -> torch.Tensor:
-        """Run the decode program of len(tokens) rows -> float32 logits [B, V]. Traced: the first call per
-        (row count, shared) compiles the program, captures it and returns the compile run's logits (the
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        shared: bool,
+        traced: bool,
+        capture: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the decode program of len(tokens) rows -> (float32 logits [B, V], the `capture` layers'
+        outputs concatenated [B, len(capture) x H] bf16, or None). Traced: the first call per (row count,
+        shared, capture) compiles the program, captures it and returns the compile run's results (the
         capture rewrites the same K/V rows: idempotent); later calls replay it."""
         traced = self.trace_switch.traced(traced)
+        capture = tuple(capture)
         inputs = self._write_inputs(self._decode_host_inputs(tokens, positions, shared))
-        key = (len(tokens), shared)
+        key = (len(tokens), shared, capture)
         trace = self._traces.get(key)
+        rows = len(tokens)
         if not traced:
-            with self.tracer.span("tt.decode_untraced", rows=len(tokens)):
-                out = self._decode_graph(inputs)
-            logits = self._logits(out, len(tokens))
-            self._free(out)
+            with self.tracer.span("tt.decode_untraced", rows=rows):
+                out = self._decode_graph(inputs, capture)
+            result = self._results(out, rows, capture)
+            self._free(*(out if capture else [out]))
         elif trace is None:
-            with self.tracer.span("tt.decode_compile_and_capture", rows=len(tokens)):
-                out = self._decode_graph(inputs)
-                logits = self._logits(out, len(tokens))
-                self._free(out)
+            with self.tracer.span("tt.decode_compile_and_capture", rows=rows):
+                out = self._decode_graph(inputs, capture)
+                result = self._results(out, rows, capture)
+                self._free(*(out if capture else [out]))
                 trace = self._traces[key] = DecodeTrace(self.ttnn, self.device)
-                trace.capture(lambda: self._decode_graph(inputs))
+                trace.capture(lambda: self._decode_graph(inputs, capture))
         else:
-            with self.tracer.span("tt.decode_trace_execute", rows=len(tokens)):
+            with self.tracer.span("tt.decode_trace_execute", rows=rows):
                 out = trace.replay()
-            logits = self._logits(out, len(tokens))
-        return logits
+            result = self._results(out, rows, capture)
+        return result
 
-    def _logits(self, out: Any, rows: int) -> torch.Tensor:
-        return self._download(out).reshape(rows, -1)[:, : self.text_cfg.vocab_size].float()
+    def _results(
+        self, out: Any, rows: int, capture: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [rows, V] float32, captured layer outputs [rows, len(capture) x H] bf16 or None)."""
+        logits = self._download(out[0] if capture else out).reshape(rows, -1)
+        logits = logits[:, : self.text_cfg.vocab_size].float()
+        if not capture:
+            return logits, None
+        h = self.text_cfg.hidden_size
+        feats = [self._download(t)[0, 0, :rows, :h] for t in out[1:]]
+        return logits, torch.cat(feats, dim=-1)
 
     def decode(self, tokens: int | torch.Tensor, traced: bool = True) -> torch.Tensor:
         """Append one token to each active row, row b at its own cache index `lengths[b]`: float32 logits
@@ -321,28 +345,45 @@ class TextDecode(DeviceIO):
         # paged_update_cache wants a row per cache slot ("Expect batch in input tensor match the batch in cache
         # tensor"): idle slots get token 0 at their position 0, unread until a fork rewrites them
         idle = self.max_batch - len(positions)
-        logits = self._run_rows(ids.tolist() + [0] * idle, positions + [0] * idle, False, traced)
+        logits, _ = self._run_rows(ids.tolist() + [0] * idle, positions + [0] * idle, False, traced)
         self.lengths = [n + 1 for n in positions]
         return logits[0] if single else logits[: len(positions)]
 
-    def verify(self, tokens: torch.Tensor, traced: bool = True) -> torch.Tensor:
+    def verify(
+        self, tokens: torch.Tensor, capture: Sequence[int] = (), traced: bool = True
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append T tokens to each active row in one forward, causal among them (ids [B, T]) -> float32
-        logits [B, T, V]: logits[b, j] follow tokens[b, :j + 1]. The T tokens of a row run as T rows of the
-        decode program sharing the row's cache slot (`_layer_decode`), row j at cache index lengths[b] + j,
-        so a block of up to 32 reads the weights once. T > 1 needs a one-slot cache (the slot is read as
-        a paged cache of one block); K ragged rows with a block each would need a paged cache of blocks."""
-        ids = torch.as_tensor(tokens).reshape(len(self.lengths), -1)
+        logits [B, T, V]: logits[b, j] follow tokens[b, :j + 1]; with `capture` (layer indices) also the
+        concatenated outputs of those layers [B, T, len(capture) x H] bf16 (a DFlash draft's context
+        features; the last layer's normed), as the torch `TextModel.verify`. The T tokens of a row run as
+        T rows of the decode program sharing the row's cache slot (`_layer_decode`), row j at cache index
+        lengths[b] + j, so a block of up to 32 reads the weights once. T > 1 needs a one-slot cache (the
+        slot is read as a paged cache of one block); K ragged rows with a block each would need a paged
+        cache of blocks. T = 1 runs the rows on their own slots, as `decode`."""
+        ids = torch.as_tensor(tokens)
+        if ids.dim() != 2 or ids.shape[0] != self.batch or ids.shape[1] < 1:
+            raise ValueError(f"verify takes ids [{self.batch}, T >= 1], got shape {list(ids.shape)}")
         length = ids.shape[1]
-        if length == 1:
-            return self.decode(ids[:, 0], traced)[:, None]
-        if self.max_batch != 1:
+        if length > 1 and self.max_batch != 1:
             raise ValueError(
-                f"verify of {length} tokens with {self.max_batch} cache slots ({len(self.lengths)} active "
-                "rows): the block's rows share one slot, read as one page of a one-slot cache; allowed: setup_cache(max_batch=1), or T = 1"
+                f"verify of {length} tokens with {self.max_batch} cache slots ({self.batch} active rows): "
+                "the block's rows share one slot, read as one page of a one-slot cache; allowed: "
+                "setup_cache(max_batch=1), or T = 1"
             )
-        start = self.lengths[0]
-        positions = list(range(start, start + length))
-        self._check_rows(ids, positions)
-        logits = self._run_rows(ids[0].tolist(), positions, True, traced)
-        self.lengths = [start + length]
-        return logits[None]
+        if length == 1:
+            positions = list(self.lengths)
+            self._check_rows(ids, positions)
+            idle = self.max_batch - len(positions)
+            run_tokens, run_positions, shared = ids[:, 0].tolist() + [0] * idle, positions + [0] * idle, False
+        else:
+            start = self.lengths[0]
+            run_positions = list(range(start, start + length))
+            self._check_rows(ids, run_positions)
+            run_tokens, shared = ids[0].tolist(), True
+        logits, feats = self._run_rows(run_tokens, run_positions, shared, traced, capture)
+        rows = self.batch * length  # row-major: (row b, token j) is program row b * T + j
+        self.lengths = [n + length for n in self.lengths]
+        logits = logits[:rows].reshape(self.batch, length, -1)
+        if feats is None:
+            return logits
+        return logits, feats[:rows].reshape(self.batch, length, -1)

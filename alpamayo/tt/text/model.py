@@ -70,9 +70,10 @@ class TTTextModel(TextPrefill, TextDecode):
         self.rope = MRope(cfg.text)
         self.cache: DeviceKVCache | None = None
         self.lengths, self.rope_delta = [0], 0  # positions filled per active row (cache slot b: row b)
+        self.captured: list[torch.Tensor] = []  # prefill_hidden(capture=...)'s layer outputs [L, H]
         # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
         self.reserved_rows = 0
-        self._traces: dict[tuple[int, bool], DecodeTrace] = {}  # (rows, shared cache slot) -> trace
+        self._traces: dict[tuple[int, bool, tuple[int, ...]], DecodeTrace] = {}  # (rows, shared, capture)
         self._inputs: dict[tuple[int, bool], dict[str, Any]] = {}  # (rows, shared) -> persistent inputs
         self.trace_switch = TraceSwitch()
         t = cfg.text

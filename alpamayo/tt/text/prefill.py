@@ -45,6 +45,7 @@ class TextPrefill(DeviceIO):
     rope_delta: int
     max_seq_len: int
     kv_cache: list[tuple[Any, Any]]
+    captured: list[torch.Tensor]
     embed: Callable[[torch.Tensor], torch.Tensor]
     reset: Callable[[], None]
     _require_cache: Callable[[], None]
@@ -192,8 +193,11 @@ class TextPrefill(DeviceIO):
         position_ids: torch.Tensor | None,
         visual_pos_mask: torch.Tensor | None,
         deepstack: Sequence[torch.Tensor] | None,
+        capture: Sequence[int] = (),
     ) -> tuple[Any, int]:
-        """Fresh prompt through every layer and the final norm; returns (normed hidden [1,1,Lp,H_p], L)."""
+        """Fresh prompt through every layer and the final norm; returns (normed hidden [1,1,Lp,H_p], L).
+        The outputs [L, H] bf16 of the layers in `capture` (after their DeepStack level; the last layer's
+        normed: transformers' `hidden_states[i + 1]`) are left in `self.captured`, in that order."""
         self._require_cache()
         ttnn = self.ttnn
         with self.tracer.span("tt.prefill_setup"):
@@ -206,18 +210,25 @@ class TextPrefill(DeviceIO):
             padded = self.plan.padded_length(length)
             hidden = self._rows(h, padded, self.hidden_padded)
             cos, sin = self._prefill_rope(position_ids, padded)
-        with self.tracer.span("tt.prefill_layers", layers=self.text_cfg.num_hidden_layers, rows=padded):
-            for i in range(self.text_cfg.num_hidden_layers):
+        last, h_size = self.text_cfg.num_hidden_layers - 1, self.text_cfg.hidden_size
+        taken: dict[int, torch.Tensor] = {}
+        with self.tracer.span("tt.prefill_layers", layers=last + 1, rows=padded):
+            for i in range(last + 1):
                 hidden = self._layer_prefill(i, hidden, cos, sin, length)
                 if deepstack is not None and i < len(deepstack):
                     extra = self._deepstack_rows(deepstack[i], visual_pos_mask, padded)
                     added = ttnn.add(hidden, extra, memory_config=ttnn.DRAM_MEMORY_CONFIG)
                     self._free(hidden, extra)
                     hidden = added
+                if i in capture and i != last:
+                    taken[i] = self._download(hidden)[0, 0, :length, :h_size]
             self._free(cos, sin)
             normed = self._rms(hidden, self.weights["norm.tile"], self.residual_eps)
             self._free(hidden)
+            if last in capture:
+                taken[last] = self._download(normed)[0, 0, :length, :h_size]
             ttnn.synchronize_device(self.device)
+        self.captured = [taken[i] for i in capture]
         self.cache_len, self.rope_delta = length, rope_delta(position_ids)
         return normed, length
 
@@ -227,9 +238,12 @@ class TextPrefill(DeviceIO):
         position_ids: torch.Tensor | None = None,
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
     ) -> torch.Tensor:
-        """Final-normed hidden [L, H] bf16 (arguments as `TextModel.prefill_hidden`); fills the KV cache."""
-        normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack)
+        """Final-normed hidden [L, H] bf16 (arguments as `TextModel.prefill_hidden`); fills the KV cache.
+        `capture`: layer indices whose outputs [L, H] are left in `self.captured` (a DFlash draft's
+        context)."""
+        normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack, capture)
         out = self._download(normed)[0, 0, :length, : self.text_cfg.hidden_size]
         self._free(normed)
         return out

@@ -35,7 +35,7 @@ class TraceSwitch:
 
 
 class DecodeTrace:
-    """One captured device program and the output tensor its replays rewrite."""
+    """One captured device program and the output tensor (or list of them) its replays rewrite."""
 
     def __init__(self, ttnn: Any, device: Any) -> None:
         self.ttnn, self.device = ttnn, device
@@ -62,5 +62,6 @@ class DecodeTrace:
     def release(self) -> None:
         if self.trace_id is not None:
             self.ttnn.release_trace(self.device, self.trace_id)
-            self.ttnn.deallocate(self.out)
+            for t in self.out if isinstance(self.out, list) else [self.out]:
+                self.ttnn.deallocate(t)
             self.trace_id, self.out = None, None
