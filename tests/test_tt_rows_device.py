@@ -138,3 +138,28 @@ def test_traced_rows_are_identical_to_untraced_rows(models):
         runs.append([tt.verify(block, traced=traced) for _ in range(2)])  # capture, then a replay
     for a, b in zip(*runs, strict=True):
         assert torch.equal(a, b)
+
+
+@torch.inference_mode()
+def test_verify_captures_the_layers_a_draft_reads(models, record_figure):
+    ref, tt, prompt = models
+    last = ref.text_cfg.num_hidden_layers - 1
+    layers = [0, last]
+    block = (torch.arange(BLOCK) * 7 % min(ref.text_cfg.vocab_size, 256)).tolist()
+    ref.setup_cache(MAX_SEQ_LEN)
+    ref.prefill(prompt)
+    expected = []
+    for j, token in enumerate(block):  # the reference's layer 0 output and normed last layer per token
+        position = PROMPT_LEN + j
+        cos, sin = ref.rope.cos_sin_1d(torch.tensor([position + ref.rope_delta]), ref.dtype)
+        x, outs = ref.embed(torch.tensor([token]))[None], []
+        for layer in ref.layers:
+            x = layer(x, cos, sin, ref.cache, position)
+            outs.append(x[0, 0])
+        expected.append(torch.cat([outs[0], ref.norm(outs[last][None])[0]]))
+    tt.setup_cache(MAX_SEQ_LEN, max_batch=1)
+    tt.prefill(prompt)
+    _, feats = tt.verify(torch.tensor([block]), capture=layers)
+    worst = min(pcc(e, f) for e, f in zip(expected, feats[0].float(), strict=True))
+    record_figure(f"verify of {BLOCK}: captured layers (0, last) worst PCC", worst)
+    assert worst >= LOGITS_PCC
