@@ -20,6 +20,7 @@ from alpamayo.tt.ttnn_configs import ttnn_dtype
 from alpamayo.tt.weight_cache import placement
 from alpamayo.tt.weights import text_weight_specs, weight_dtype
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
+from tests.tt_text_seams import wrapped_decode_layers
 
 pytestmark = pytest.mark.dryrun
 
@@ -79,20 +80,20 @@ def test_prefill_and_decode_across_a_tile_and_a_flash_decode_chunk(model, capsys
     ttnn, t = model.ttnn, model.text_cfg
     seen = []
 
-    def recorded(i, x, cos, sin, pos):
-        out = model._layer_decode(i, x, cos, sin, pos)
-        seen.append((i, tuple(out.shape), out.dtype, out.memory_config()))
-        return out
+    def recorded(layer):
+        def run(i, x, *args):
+            out = layer(i, x, *args)
+            seen.append((i, tuple(out.shape), out.dtype, out.memory_config()))
+            return out
 
-    model.decode_layers = dict.fromkeys(range(t.num_hidden_layers), recorded)
-    try:
+        return run
+
+    with wrapped_decode_layers(model, recorded):
         logits = model.prefill(prompt(model))
         assert logits.shape == (t.vocab_size,) and logits.dtype == torch.float32
         for step in range(DECODE_STEPS):
             logits = model.decode(step + 1)  # traced by default: untraced under the dry run, with a notice
             assert logits.shape == (t.vocab_size,) and logits.dtype == torch.float32
-    finally:
-        model.decode_layers = {}
     assert model.cache_len == PROMPT_LEN + DECODE_STEPS
     residual = (1, 1, 32, model.plan.hidden_padded)
     assert seen == [
@@ -108,7 +109,7 @@ def test_a_decode_step_copies_nothing_between_host_and_device(model, record_figu
     ttnn, t = model.ttnn, model.text_cfg
     model.prefill(prompt(model))
     inputs = model._write_inputs(
-        model._decode_host_inputs(1, model.cache_len)
+        model._decode_host_inputs([1], [model.cache_len])
     )  # before the step, as a replay
     with Capture(ttnn) as step:
         row = model._decode_graph(inputs)

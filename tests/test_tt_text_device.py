@@ -35,6 +35,7 @@ from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.hf_checkpoints import TOKEN_IDS
 from tests.routing import NEAR_TIE, router_margins
 from tests.tt_checkpoints import CACHE_ENV, REAL_ENV, TT_TINY, real_recipe, save_tt_checkpoint
+from tests.tt_text_seams import kv_cache_host, layer_decode, layer_prefill, wrapped_decode_layers
 
 pytestmark = pytest.mark.blackhole
 
@@ -115,8 +116,8 @@ def test_prefill_layers_and_kv_cache_match_the_reference(case, record_figure):
     ios = layer_io(ref, ref.embed(case.prompt), positions)
     worst, worst_kv = 1.0, 1.0
     for i, (x, y) in enumerate(ios):
-        p = pcc(y, tt.layer_prefill(i, x, positions))
-        k, v = tt.kv_cache_host(i, PROMPT_LEN)
+        p = pcc(y, layer_prefill(tt, i, x, positions))
+        k, v = kv_cache_host(tt, i, PROMPT_LEN)
         kv = min(pcc(ref.cache.k[i][0, :, :PROMPT_LEN], k), pcc(ref.cache.v[i][0, :, :PROMPT_LEN], v))
         assert p >= LAYER_PCC, f"prefill layer {i}: PCC {p}"
         assert kv >= KV_PCC, f"layer {i} KV cache: PCC {kv}"
@@ -137,7 +138,7 @@ def test_decode_layers_match_the_reference_at_several_positions(case, record_fig
         with router_margins(ref) as margins:
             ios = reference_decode_io(ref, token, position)
         for i, (x, y) in enumerate(ios):
-            p = pcc(y, tt.layer_decode(i, x, position))  # always run: it writes the layer's K/V row
+            p = pcc(y, layer_decode(tt, i, x, position))  # always run: it writes the layer's K/V row
             if i in margins and float(margins[i][0]) < NEAR_TIE:  # an MoE routing either way is right
                 ties += 1
                 continue
@@ -196,25 +197,25 @@ def test_traced_decode_is_identical_to_untraced_decode(case):
         assert torch.equal(a, b), f"step {step}: traced and untraced logits differ"
 
 
-def test_decode_layer_seam_binds_at_capture(case):
-    """A layer installed in decode_layers runs at compile and capture; replays never call Python again."""
+def test_decode_replays_run_no_python(case):
+    """The decode layers' Python runs at compile and capture only; replays never call it again."""
     tt = case.tt
     calls = []
 
-    def layer0(i, x, cos, sin, pos):
-        calls.append(i)
-        return tt._layer_decode(i, x, cos, sin, pos)
+    def counted(layer):
+        def run(i, x, *args):
+            calls.append(i)
+            return layer(i, x, *args)
+
+        return run
 
     tt.setup_cache(PROMPT_LEN + 4)  # drops any earlier trace
     tt.prefill(case.prompt)
     baseline = [tt.decode(t, traced=False) for t in (3, 5, 7)]
     tt.prefill(case.prompt)
-    tt.decode_layers[0] = layer0
-    try:
+    with wrapped_decode_layers(tt, counted):
         seam = [tt.decode(t) for t in (3, 5, 7)]
-    finally:
-        tt.decode_layers.clear()
-    assert calls == [0, 0]
+    assert calls == [i for _ in range(2) for i in range(tt.text_cfg.num_hidden_layers)]
     assert all(torch.equal(a, b) for a, b in zip(baseline, seam, strict=True))
 
 

@@ -21,7 +21,13 @@ from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.families.loader import load_shape_config
 from alpamayo.moe.config import model_block_config
 from alpamayo.tt.device_spec import P150
-from alpamayo.tt.estimate import decode_estimate, expert_estimate, prefill_estimate, vision_estimate
+from alpamayo.tt.estimate import (
+    decode_estimate,
+    expert_estimate,
+    prefill_estimate,
+    speculative_lines,
+    vision_estimate,
+)
 from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory
 from alpamayo.tt.precision import PRESETS, Precision, load_precision
 from alpamayo.tt.program_config import plan_expert, plan_text
@@ -49,6 +55,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", default="320x576", help="stage estimate: image HEIGHTxWIDTH in pixels")
     p.add_argument(
         "--reasoning-tokens", type=int, default=64, help="stage estimate: decode steps per prediction"
+    )
+    p.add_argument(
+        "--accept-len",
+        type=float,
+        default=None,
+        metavar="TAU",
+        help="stage estimate with speculative decoding: mean tokens per verify (accepted prefix + 1)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=8,
+        help="speculative block: tokens verified per step (1..32; DFlash: 8)",
     )
     p.set_defaults(handler=run)
 
@@ -94,14 +113,20 @@ def _estimates(
     stages.append(decode_estimate(cfg, precision, prompt + args.reasoning_tokens, args.reasoning_tokens))
     if expert is not None:
         stages.append(expert_estimate(cfg, expert, precision, args.max_seq_len, args.samples))
+    total = sum(s.ms(P150) * s.repeat for s in stages)
     lines = [
         f"ESTIMATED ms per stage (roofline lower bound from {P150.dram_bandwidth / 1e9:.0f} GB/s DRAM and "
         f"{P150.matmul_flops_per_cycle} FLOP/cycle/core at {P150.clock_hz / 1e9:.2f} GHz per LoFi pass; not "
         f"measured): {args.images} images {hw[0]}x{hw[1]}, prompt {prompt} tokens, "
         f"{args.reasoning_tokens} reasoning tokens",
         *(f"  {s.describe(P150)}" for s in stages),
-        f"  total per prediction   {sum(s.ms(P150) * s.repeat for s in stages):8.1f} ms (estimate)",
+        f"  total per prediction   {total:8.1f} ms (estimate)",
     ]
+    if args.accept_len is not None:
+        context = prompt + args.reasoning_tokens
+        lines += speculative_lines(
+            cfg, precision, context, args.reasoning_tokens, args.accept_len, args.block_size, total
+        )
     return lines
 
 

@@ -19,17 +19,24 @@ the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.expert.config import ExpertConfig
-from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
+from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.expert_weights import expert_weight_specs
 from alpamayo.tt.memory import kv_bytes, spec_bytes
 from alpamayo.tt.precision import Precision
 from alpamayo.tt.program_config import plan_expert, plan_text, plan_vision
 from alpamayo.tt.vision_weights import vision_weight_specs
-from alpamayo.tt.weights import BF16_GROUPS, WeightSpec, rotary_head_dim, text_weight_specs, weight_dtype
+from alpamayo.tt.weights import (
+    BF16_GROUPS,
+    WeightSpec,
+    decoder_layer_specs,
+    rotary_head_dim,
+    text_weight_specs,
+    weight_dtype,
+)
 
 FIDELITY_PASSES = {"lofi": 1, "hifi2": 2, "hifi3": 3, "hifi4": 4}
 MATMUL_GROUPS_BF16 = ("router",)  # bf16 tensors that are matmul weights (norms and biases are not)
@@ -95,7 +102,9 @@ def _is_matmul(spec: WeightSpec) -> bool:
     return (
         spec.layout == "tile"
         and (spec.group not in BF16_GROUPS or spec.group in MATMUL_GROUPS_BF16)
-        and (len(spec.padded) in (2, 4) and spec.padded[0] > 1)
+        # [K, N] linears and [1, E, K, N] routed experts (the 4-D test once read padded[0], always 1 for the
+        # experts, which left every MoE estimate without its experts)
+        and ((len(spec.padded) == 2 and spec.padded[0] > 1) or (len(spec.padded) == 4 and spec.padded[1] > 1))
     )
 
 
@@ -110,7 +119,8 @@ def matmul_ops(
     """OpCosts of every matmul weight in `specs` applied to `rows` activation rows (padded to whole tiles).
 
     Routed experts (`[1, E, K, N]`) run each row through `experts_per_token` of them; their weights are all
-    read when `all_experts_read` (prefill), else only those experts' (decode)."""
+    read when `all_experts_read` (prefill), else those the rows can reach: at most rows x k of them (decode,
+    verify)."""
     m = round_up(rows, TILE)
     ops = []
     for spec in specs:
@@ -123,7 +133,8 @@ def matmul_ops(
         if len(spec.padded) == 4:  # routed experts
             experts = spec.padded[1]
             flops *= experts_per_token
-            weight = weight if all_experts_read else weight * experts_per_token / experts
+            reached = min(experts, rows * experts_per_token)
+            weight = weight if all_experts_read else weight * reached / experts
         ops.append(OpCost(spec.name, flops, weight, precision.math_fidelity(spec.group), cores))
     return ops
 
@@ -179,7 +190,7 @@ def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens
     cores = plan.qkv.grid.cores
     k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
     specs = text_weight_specs(cfg, plan.device.dram_banks)
-    ops = matmul_ops(specs, TILE, precision, cores, k, all_experts_read=False)
+    ops = matmul_ops(specs, 1, precision, cores, k, all_experts_read=False)  # one row of a 32-row tile
     ops += attention_ops(cfg.text, 1, context, precision, plan.sdpa_decode_grid.cores, False, "decode.sdpa")
     return StageEstimate("decode step", tuple(ops), tokens)
 
@@ -194,3 +205,88 @@ def expert_estimate(
     ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, cores)
     ops += attention_ops(expert.text, plan.rows, plan.cache_rows, precision, cores, False, "expert.sdpa")
     return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)
+
+
+def verify_estimate(
+    cfg: ModelConfig, precision: Precision, context: int, block: int, steps: int
+) -> StageEstimate:
+    """One verify of a `block`-token speculative block at `context` cached positions, `steps` per prediction:
+    the block's tokens are rows of one decode program (`alpamayo.tt.text.decode`), so up to 32 of them read
+    every weight once, as one decode step does; each row's flash-decode reads the context's K/V itself."""
+    plan = plan_text(cfg, precision)
+    k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
+    specs = text_weight_specs(cfg, plan.device.dram_banks)
+    ops = matmul_ops(specs, block, precision, plan.qkv.grid.cores, k, all_experts_read=False)
+    sdpa = attention_ops(cfg.text, 1, context, precision, plan.sdpa_decode_grid.cores, False, "verify.sdpa")
+    ops += [replace(op, flops=op.flops * block, dram_bytes=op.dram_bytes * block) for op in sdpa]
+    return StageEstimate(f"verify ({block} rows)", tuple(ops), steps)
+
+
+# z-lab's DFlash drafts (dflash/model.py): a few dense Qwen3 layers at the target's dimensions reading the
+# concatenated hidden states of `target_layer_ids` through `fc`, and the target's own lm_head
+DFLASH_LAYERS, DFLASH_CONTEXT_LAYERS = 2, 5
+
+
+def dflash_draft_estimate(
+    cfg: ModelConfig,
+    precision: Precision,
+    block: int,
+    steps: int,
+    layers: int = DFLASH_LAYERS,
+    context_layers: int = DFLASH_CONTEXT_LAYERS,
+) -> StageEstimate:
+    """One DFlash draft pass per block, on the device at the recipe's dtypes: `fc` ([context_layers x H, H])
+    on the block's new context rows, `layers` dense decoder layers of the target's dimensions on the block's
+    rows and the target's lm_head on them (its attention over the context features is left out: one block's
+    keys, a few MB at most)."""
+    t = replace(cfg.text, moe=None)
+    plan = plan_text(cfg, precision)
+    banks, cores = plan.device.dram_banks, plan.qkv.grid.cores
+    specs = [s for i in range(layers) for s in decoder_layer_specs(t, f"draft.{i}.", f"draft.{i}.", banks)]
+    hp = round_up(t.hidden_size, TILE * banks)
+    fc = WeightSpec(
+        "draft.fc",
+        ("fc.weight",),
+        "o",
+        "linear",
+        (context_layers * t.hidden_size, t.hidden_size),
+        (round_up(context_layers * t.hidden_size, TILE), hp),
+    )
+    head = [s for s in text_weight_specs(cfg, banks) if s.name == "lm_head"]
+    ops = matmul_ops([*specs, fc, *head], block, precision, cores)
+    return StageEstimate(f"DFlash draft ({layers} layers, {block} rows)", tuple(ops), steps)
+
+
+def speculative_lines(
+    cfg: ModelConfig,
+    precision: Precision,
+    context: int,
+    tokens: int,
+    accept_len: float,
+    block: int,
+    plain_total_ms: float,
+    device: DeviceSpec = P150,
+) -> list[str]:
+    """The per-prediction estimate with speculation: `tokens` reasoning tokens at `accept_len` tokens per
+    verify (the accepted prefix plus the target's own token), so ceil(tokens / accept_len) verifies of
+    `block` rows replace the `tokens` decode steps inside `plain_total_ms`; with a model-free draft (lookup,
+    previous: host only) and with a DFlash draft on the device."""
+    if not 1 <= accept_len <= block:
+        raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
+    if not 1 <= block <= TILE:
+        raise ValueError(f"--block-size {block}: must be in [1, {TILE}] (the rows of one decode program)")
+    steps = -(-tokens // accept_len)
+    steps = int(steps)
+    plain = decode_estimate(cfg, precision, context, tokens)
+    verify = verify_estimate(cfg, precision, context, block, steps)
+    draft = dflash_draft_estimate(cfg, precision, block, steps)
+    without = plain_total_ms - plain.ms(device) * tokens + verify.ms(device) * steps
+    with_draft = without + draft.ms(device) * steps
+    return [
+        f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
+        f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
+        f"  {verify.describe(device)}",
+        f"  {draft.describe(device)}",
+        f"  total per prediction, model-free draft (lookup, previous) {without:8.1f} ms (estimate)",
+        f"  total per prediction, DFlash draft on the device          {with_draft:8.1f} ms (estimate)",
+    ]

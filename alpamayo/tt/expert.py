@@ -64,7 +64,8 @@ from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, round_up
 from alpamayo.tt.expert_weights import EXPERT_BANKS, EXPERT_GROUPS, expert_weight_specs
 from alpamayo.tt.program_config import ExpertPlan, plan_expert
-from alpamayo.tt.text import TTTextModel, _layer_weights
+from alpamayo.tt.text import TTTextModel
+from alpamayo.tt.text.upload import layer_weights
 from alpamayo.tt.weight_cache import upload_weights
 from alpamayo.tt.weights import residual_norm_eps
 
@@ -85,9 +86,7 @@ class TTActionExpert(DeviceIO):
         self.ttnn, self.text, self.cfg, self.device = text.ttnn, text, cfg, text.device
         self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
         self.weights = weights
-        self.layer_weights = [
-            _layer_weights(weights, i, "expert.") for i in range(cfg.text.num_hidden_layers)
-        ]
+        self.layer_weights = [layer_weights(weights, i, "expert.") for i in range(cfg.text.num_hidden_layers)]
         self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
         self.tracer = tracer or text.tracer
         self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)
@@ -405,7 +404,7 @@ class TTActionExpert(DeviceIO):
         noise = self._check(torch.as_tensor(noise))
         steps = steps or self.cfg.num_inference_steps
         samples = noise.shape[0]
-        traced = self.text.traced_here(traced)
+        traced = self.text.trace_switch.traced(traced)
         ttnn = self.ttnn
         state = self._setup(samples, steps)
         b = state["buffers"]

@@ -144,9 +144,11 @@ def plan_memory(
     device: DeviceSpec = P150,
     expert: ExpertConfig | None = None,
     samples: int = 1,
+    slots: int = 1,
 ) -> MemoryPlan:
-    """DRAM bytes of `cfg` in `precision` with a KV cache of `max_seq_len` positions, and with the action
-    expert (`expert`, default the config's own) running `samples` samples per step (no check of the total)."""
+    """DRAM bytes of `cfg` in `precision` with a KV cache of `max_seq_len` positions for each of `slots`
+    sequences, and with the action expert (`expert`, default the config's own) running `samples` samples per
+    step (no check of the total)."""
     expert = expert if expert is not None else expert_config_of(cfg)
     if max_seq_len < 1:
         raise ConfigError(f"max_seq_len must be >= 1, got {max_seq_len}")
@@ -166,7 +168,7 @@ def plan_memory(
         cache_rows = step.cache_rows
         activations = max(activations, _expert_activation_bytes(expert, step))
         trace += step.trace_region_bytes
-    kv = t.num_hidden_layers * kv_bytes(t, cache_rows, precision.dtype("kv_cache"))
+    kv = slots * t.num_hidden_layers * kv_bytes(t, cache_rows, precision.dtype("kv_cache"))
     return MemoryPlan(
         model=model_name(cfg),
         recipe=precision.name,
@@ -202,19 +204,21 @@ def check_fits(
     device: DeviceSpec = P150,
     expert: ExpertConfig | None = None,
     samples: int = 1,
+    slots: int = 1,
 ) -> MemoryPlan:
     """The memory plan, or `DoesNotFit` naming the shortfall and a preset (or a shorter context) that fits."""
     expert = expert if expert is not None else expert_config_of(cfg)  # parsed once, not per plan below
-    plan = plan_memory(cfg, precision, max_seq_len, device, expert, samples)
+    plan = plan_memory(cfg, precision, max_seq_len, device, expert, samples, slots)
     if plan.fits:
         return plan
     need = f"{plan.total / 1e9:.2f} GB (weights {plan.weight_bytes / 1e9:.2f} GB, KV cache {plan.kv_cache / 1e9:.2f} GB)"
     head = (
-        f"{plan.model}: recipe '{precision.name}' at max_seq_len {max_seq_len} needs {need} but "
+        f"{plan.model}: recipe '{precision.name}' at max_seq_len {max_seq_len}"
+        f"{f' x {slots} sequences' if slots > 1 else ''} needs {need} but "
         f"{device.name} has {device.dram_bytes / 1e9:.2f} GB of DRAM"
     )
     for name, preset in PRESETS.items():
-        other = plan_memory(cfg, preset, max_seq_len, device, expert, samples)
+        other = plan_memory(cfg, preset, max_seq_len, device, expert, samples, slots)
         if other.fits:
             raise DoesNotFit(f"{head}; recipe '{name}' fits ({other.total / 1e9:.2f} GB)")
     lengths = {

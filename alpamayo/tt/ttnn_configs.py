@@ -68,6 +68,15 @@ def height_sharded(ttnn: Any, rows: int, width: int, grid: CoreGrid) -> Any:
     )
 
 
+def per_row_sharded(ttnn: Any, rows: int, shard_rows: int, width: int, grid_x: int = 8) -> Any:
+    """L1 HEIGHT_SHARDED config of `rows` shards of `shard_rows` x `width`, one per core, row-wise from (0, 0)
+    over `grid_x` columns (the decode rows' heads and rotary tables: any count 1..32, not only rectangles)."""
+    grid = ttnn.CoreCoord(min(rows, grid_x), -(-rows // grid_x))
+    cores = ttnn.num_cores_to_corerangeset(rows, grid, row_wise=True)
+    spec = ttnn.ShardSpec(cores, (shard_rows, width), ttnn.ShardOrientation.ROW_MAJOR)
+    return ttnn.MemoryConfig(ttnn.TensorMemoryLayout.HEIGHT_SHARDED, ttnn.BufferType.L1, spec)
+
+
 def decode_matmul(ttnn: Any, mm: DecodeMatmul) -> Any:
     """DRAM-sharded program config of one decode matmul (SiLU fused into the gate projection)."""
     return ttnn.MatmulMultiCoreReuseMultiCastDRAMShardedProgramConfig(

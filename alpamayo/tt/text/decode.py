@@ -1,0 +1,389 @@
+"""Decode of the text backbone: up to 32 rows of one tile (each at its own cache index), every layer on L1.
+
+Residual stream width-sharded in L1, sharded RMSNorm, DRAM-sharded matmuls (SiLU fused into the gate
+matmul), decode-mode head split, q/k norm and rotary, paged cache update and flash-decode SDPA reading the
+position from a device tensor, head concat, lm_head with the rows untilized. The step's persistent
+inputs (embedding rows, cos, sin, positions; a verify block's page table) are rewritten in place before each
+run, so the step can be captured as a trace (`alpamayo.tt.text.trace`) and replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from alpamayo.config import TextConfig
+from alpamayo.profiling import Tracer
+from alpamayo.text.inputs import check_decode_room, check_token_ids
+from alpamayo.text.rope import MRope
+from alpamayo.tt import ttnn_configs as cfgs
+from alpamayo.tt.device_io import DeviceIO
+from alpamayo.tt.device_spec import TILE, round_up
+from alpamayo.tt.moe import TTMoE
+from alpamayo.tt.program_config import SDPA_DECODE_K_CHUNK, DecodeMatmul, TextPlan
+from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
+
+MAX_ROWS = TILE  # decode rows per program: one tile, so every decode matmul reads its weights once for all
+
+
+class TextDecode(DeviceIO):
+    """Decode half of `TTTextModel` (a mixin: the attributes below are the model's)."""
+
+    text_cfg: TextConfig
+    plan: TextPlan
+    tracer: Tracer
+    rope: MRope
+    ck: dict[str, Any]
+    weights: dict[str, Any]
+    layer_weights: list[dict[str, Any]]
+    moe: dict[int, TTMoE]
+    scale: float
+    hidden_padded: int
+    residual_eps: float
+    embed_table: torch.Tensor
+    cache_len: int
+    rope_delta: int
+    max_seq_len: int
+    max_batch: int
+    kv_cache: list[tuple[Any, Any]]
+    trace_switch: TraceSwitch
+    _trace: DecodeTrace
+    _inputs: dict[tuple[int, bool], dict[str, Any]]
+    _traces: dict[tuple[int, bool, tuple[int, ...]], DecodeTrace]
+    lengths: list[int]
+    batch: int
+    _require_cache: Callable[[], None]
+
+    def _decode_setup(self) -> None:
+        """Memory and program configs of the decode step (fixed per model)."""
+        ttnn, plan, t = self.ttnn, self.plan, self.text_cfg
+        self.res_mem = cfgs.width_sharded(ttnn, self.hidden_padded, plan.residual_grid)
+        self.in_mem = {m.name: cfgs.width_sharded(ttnn, m.k, m.grid) for m in plan.decode_matmuls}
+        self.pc = {m.name: cfgs.decode_matmul(ttnn, m) for m in plan.decode_matmuls}
+        self.norm_pc = cfgs.sharded_norm(ttnn, plan.residual_grid, plan.norm_block_w, plan.norm_subblock_w)
+        heads = round_up(t.num_attention_heads, TILE)
+        # per decode row count: cos/sin and the attention heads, one row per core
+        self.rot_mem = [cfgs.per_row_sharded(ttnn, b, TILE, t.head_dim) for b in range(1, MAX_ROWS + 1)]
+        self.heads_mem = [cfgs.per_row_sharded(ttnn, b, heads, t.head_dim) for b in range(1, MAX_ROWS + 1)]
+        self.sdpa_decode_pc = cfgs.sdpa(ttnn, plan.sdpa_decode_grid, TILE, SDPA_DECODE_K_CHUNK)
+
+    def _res_norm(self, x: Any, gamma: Any) -> Any:
+        """Sharded RMSNorm of the residual stream (input and output width-sharded on the residual grid)."""
+        return self.ttnn.rms_norm(
+            x,
+            epsilon=self.residual_eps,
+            weight=gamma,
+            program_config=self.norm_pc,
+            compute_kernel_config=self.ck["norm"],
+            memory_config=self.res_mem,
+        )
+
+    def _reshard(self, x: Any, mem: Any) -> Any:
+        """x moved to `mem` (x freed) unless it is already there. `to_memory_config` returns x itself then
+        (nlp_concat_heads_decode already writes the o-projection's input layout when head_dim is 32 and the o
+        grid has one core per head: the demo checkpoint, the tiny MoE model), which must not be freed."""
+        if x.memory_config() == mem:
+            return x
+        y = self.ttnn.to_memory_config(x, mem)
+        self._free(x)
+        return y
+
+    def _ds_linear(self, x: Any, w: Any, mm: DecodeMatmul, op: str) -> Any:
+        """DRAM-sharded decode matmul of x (width-sharded on mm.grid); output width-sharded on mm.grid."""
+        return self.ttnn.linear(
+            x,
+            w,
+            compute_kernel_config=self.ck[op],
+            program_config=self.pc[mm.name],
+            memory_config=self.ttnn.L1_WIDTH_SHARDED_MEMORY_CONFIG,
+            dtype=self.ttnn.bfloat16,
+        )
+
+    def _head_norm(self, x: Any, gamma: Any) -> Any:
+        """Per-head RMSNorm of decode q or k (height-sharded heads) through an L1 interleaved copy."""
+        ttnn = self.ttnn
+        mem = x.memory_config()
+        xi = ttnn.to_memory_config(x, ttnn.L1_MEMORY_CONFIG)
+        self._free(x)
+        xn = ttnn.rms_norm(
+            xi,
+            epsilon=self.text_cfg.rms_norm_eps,
+            weight=gamma,
+            compute_kernel_config=self.ck["norm"],
+            memory_config=ttnn.L1_MEMORY_CONFIG,
+        )
+        self._free(xi)
+        return self._reshard(xn, mem)
+
+    def _layer_decode(self, i: int, x: Any, cos: Any, sin: Any, pos: Any, page: Any = None) -> Any:
+        """One decoder layer for B rows: x [1, 1, 32, H_p] (freed; rows 0..B-1 real) width-sharded on the
+        residual grid, cos/sin [1, B, 32(1), head_dim] one row per core, pos [B] int32 (row b's cache index)
+        -> x in the same layout; writes row b's K/V at pos[b] of cache slot b. With `page` (a verify block:
+        the rows are one sequence's consecutive tokens) every row reads and writes slot 0 instead: the
+        one-slot cache [1, n_kv, S, hd] is read as a paged cache of one block of S rows, and `page` [B, 1]
+        int32 zeros maps every row to it (ttnn's `share_cache` wants a one-slot cache too, and its SDPA
+        returns one user's rows: measured on the dry run)."""
+        ttnn, t, plan, w = self.ttnn, self.text_cfg, self.plan, self.layer_weights[i]
+        rows = pos.shape[0]
+        n1 = self._reshard(self._res_norm(x, w["attn_norm.rm"]), self.in_mem["qkv"])
+        qkv = self._ds_linear(n1, w["wqkv"], plan.qkv, "qkv")
+        self._free(n1)
+        qkv_i = self._reshard(qkv, ttnn.L1_MEMORY_CONFIG)
+        width = qkv_i.shape[-1]
+        qkv_1 = ttnn.reshape(qkv_i, (1, 1, rows, width), (1, 1, TILE, width))  # B users: rows 0..B-1
+        q, k, v = ttnn.experimental.nlp_create_qkv_heads_decode(
+            qkv_1,
+            num_heads=t.num_attention_heads,
+            num_kv_heads=t.num_key_value_heads,
+            memory_config=ttnn.L1_HEIGHT_SHARDED_MEMORY_CONFIG,
+        )
+        self._free(qkv_1)
+        q, k = self._head_norm(q, w["q_norm.rm"]), self._head_norm(k, w["k_norm.rm"])
+        qr = ttnn.experimental.rotary_embedding_hf(q, cos, sin, is_decode_mode=True)
+        kr = ttnn.experimental.rotary_embedding_hf(k, cos, sin, is_decode_mode=True)
+        self._free(q, k)
+        cache_k, cache_v = self.kv_cache[i]
+        # bf16 K/V rows: paged_update_cache repacks them into the cache dtype itself
+        ttnn.experimental.paged_update_cache(cache_k, kr, update_idxs_tensor=pos, page_table=page)
+        ttnn.experimental.paged_update_cache(cache_v, v, update_idxs_tensor=pos, page_table=page)
+        self._free(kr, v)
+        sdpa = dict(
+            cur_pos_tensor=pos,
+            scale=self.scale,
+            program_config=self.sdpa_decode_pc,
+            compute_kernel_config=self.ck["sdpa_decode"],
+            memory_config=ttnn.DRAM_MEMORY_CONFIG,
+        )
+        if page is None:
+            a = ttnn.transformer.scaled_dot_product_attention_decode(qr, cache_k, cache_v, **sdpa)
+        else:
+            a = ttnn.transformer.paged_scaled_dot_product_attention_decode(qr, cache_k, cache_v, page, **sdpa)
+        self._free(qr)
+        a_sh = self._reshard(a, self.heads_mem[rows - 1])
+        heads = ttnn.experimental.nlp_concat_heads_decode(a_sh, num_heads=t.num_attention_heads)
+        self._free(a_sh)
+        attn = self._reshard(heads, self.in_mem["o"])
+        o = self._reshard(self._ds_linear(attn, w["wo"], plan.o, "o"), self.res_mem)
+        self._free(attn)
+        h = ttnn.add(x, o, memory_config=self.res_mem)
+        self._free(x, o)
+        n2 = self._res_norm(h, w["mlp_norm.rm"])
+        d = self._moe_decode(i, n2) if i in self.moe else self._mlp_decode(w, n2)  # MoE: B = 1 (checked)
+        out = ttnn.add(h, d, memory_config=self.res_mem)
+        self._free(h, d)
+        return out
+
+    def _mlp_decode(self, w: dict[str, Any], n2: Any) -> Any:
+        """Dense SwiGLU of the normed residual n2 (freed) -> [1, 1, 32, H_p] on the residual grid."""
+        ttnn, plan = self.ttnn, self.plan
+        n2 = self._reshard(n2, self.in_mem["gate"])
+        g = self._ds_linear(n2, w["w_gate"], plan.gate, "mlp_gate_up")  # SiLU fused
+        u = self._ds_linear(n2, w["w_up"], plan.up, "mlp_gate_up")
+        self._free(n2)
+        m = self._reshard(ttnn.mul(g, u, memory_config=g.memory_config()), self.in_mem["down"])
+        self._free(g, u)
+        d = self._reshard(self._ds_linear(m, w["w_down"], plan.down, "mlp_down"), self.res_mem)
+        self._free(m)
+        return d
+
+    def _moe_decode(self, i: int, n2: Any) -> Any:
+        """MoE block of sparse layer i on the normed residual n2 (freed) -> [1, 1, 32, H_p] on the residual grid."""
+        n2i = self._reshard(n2, self.ttnn.L1_MEMORY_CONFIG)
+        d = self.moe[i].decode(n2i)
+        self._free(n2i)
+        return self._reshard(d, self.res_mem)
+
+    def _sharded_inputs(self, inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """L1 copies of the persistent x (on the residual grid), cos and sin (one row per core) for the
+        decode layers."""
+        ttnn = self.ttnn
+        rot = self.rot_mem[inputs["pos"].shape[0] - 1]
+        x = ttnn.to_memory_config(inputs["x"], self.res_mem)
+        cos = ttnn.to_memory_config(inputs["cos"], rot)
+        sin = ttnn.to_memory_config(inputs["sin"], rot)
+        return x, cos, sin
+
+    def _decode_graph(self, inputs: dict[str, Any], capture: Sequence[int] = ()) -> Any:
+        """Every layer, final norm and lm_head for the persistent `inputs` of B rows (`_layer_decode`; a
+        verify block's inputs hold the page table "page"); returns logits [1, 1, B, V_p] row-major bf16 in
+        DRAM, with `capture` a list [logits, the outputs [1, 1, 32, H_p] of those layers in DRAM] (the
+        last layer's normed, as transformers' last hidden state). Captured as a decode trace, so it only
+        allocates, computes and frees."""
+        ttnn = self.ttnn
+        rows, last = inputs["pos"].shape[0], self.text_cfg.num_hidden_layers - 1
+        taken: dict[int, Any] = {}
+        x, cos, sin = self._sharded_inputs(inputs)
+        for i in range(last + 1):
+            x = self._layer_decode(i, x, cos, sin, inputs["pos"], inputs.get("page"))
+            if i in capture and i != last:
+                taken[i] = ttnn.to_memory_config(x, ttnn.DRAM_MEMORY_CONFIG)
+        self._free(cos, sin)
+        xn = self._res_norm(x, self.weights["norm.rm"])
+        self._free(x)
+        if last in capture:
+            taken[last] = ttnn.to_memory_config(xn, ttnn.DRAM_MEMORY_CONFIG)
+        xi = self._reshard(xn, ttnn.L1_MEMORY_CONFIG)  # the 1D multicast head wants interleaved in0
+        logits = self._head(xi, rows - 1)
+        self._free(xi)
+        return [logits, *(taken[i] for i in capture)] if capture else logits
+
+    def _decode_host_inputs(
+        self, tokens: Sequence[int], positions: Sequence[int], shared: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Host values of the persistent decode inputs: row b holds `tokens[b]` at cache index
+        `positions[b]` (rope position `positions[b] + rope_delta`); `shared`: the rows share slot 0 (the
+        page table of `_layer_decode`)."""
+        t, rows = self.text_cfg, len(tokens)
+        x = torch.zeros(1, 1, TILE, self.hidden_padded, dtype=torch.bfloat16)
+        x[0, 0, :rows, : t.hidden_size] = self.embed_table[torch.tensor(tokens, dtype=torch.long)]
+        pos = torch.tensor(positions, dtype=torch.int32)
+        cos, sin = self.rope.cos_sin_1d(pos.long() + self.rope_delta, torch.bfloat16)
+        values = {"x": x, "cos": cos.view(1, rows, 1, -1), "sin": sin.view(1, rows, 1, -1), "pos": pos}
+        if shared:
+            values["page"] = torch.zeros(rows, 1, dtype=torch.int32)
+        return values
+
+    def _write_inputs(self, values: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Rewrite the persistent decode inputs of this row count in place (allocated on first use, never
+        reallocated: a trace captured over them stays valid)."""
+        ttnn = self.ttnn
+        key = (values["pos"].numel(), "page" in values)
+        with self.tracer.span("tt.host_to_device"):
+            hosts = {
+                name: ttnn.from_torch(
+                    v,
+                    dtype=ttnn.int32 if v.dtype == torch.int32 else ttnn.bfloat16,
+                    layout=ttnn.ROW_MAJOR_LAYOUT if v.dtype == torch.int32 else ttnn.TILE_LAYOUT,
+                )
+                for name, v in values.items()
+            }
+            if key not in self._inputs:
+                self._inputs[key] = {
+                    name: ttnn.allocate_tensor_on_device(
+                        h.shape, h.dtype, h.layout, self.device, ttnn.DRAM_MEMORY_CONFIG
+                    )
+                    for name, h in hosts.items()
+                }
+            for name, h in hosts.items():
+                ttnn.copy_host_to_device_tensor(h, self._inputs[key][name])
+        return self._inputs[key]
+
+    def _check_rows(self, ids: torch.Tensor, positions: Sequence[int]) -> None:
+        """Refuses, before any device call, what the decode program cannot run."""
+        self._require_cache()
+        rows = len(positions)
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"the ttnn decode program runs 1..{MAX_ROWS} rows (one tile), got {rows}")
+        if rows > 1 and self.moe:
+            raise ValueError(
+                f"{rows} decode rows with MoE layers: the ttnn sparse expert step routes one token; "
+                "allowed: 1 row on Qwen3-VL-MoE checkpoints"
+            )
+        check_decode_room(max(positions), self.max_seq_len)
+        check_token_ids(ids, self.text_cfg.vocab_size)
+
+    def _run_rows(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        shared: bool,
+        traced: bool,
+        capture: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the decode program of len(tokens) rows -> (float32 logits [B, V], the `capture` layers'
+        outputs concatenated [B, len(capture) x H] bf16, or None). Traced: the first call per (row count,
+        shared, capture) compiles the program, captures it and returns the compile run's results (the
+        capture rewrites the same K/V rows: idempotent); later calls replay it."""
+        traced = self.trace_switch.traced(traced)
+        capture = tuple(capture)
+        inputs = self._write_inputs(self._decode_host_inputs(tokens, positions, shared))
+        key = (len(tokens), shared, capture)
+        trace = self._traces.get(key)
+        rows = len(tokens)
+        if not traced:
+            with self.tracer.span("tt.decode_untraced", rows=rows):
+                out = self._decode_graph(inputs, capture)
+            result = self._results(out, rows, capture)
+            self._free(*(out if capture else [out]))
+        elif trace is None:
+            with self.tracer.span("tt.decode_compile_and_capture", rows=rows):
+                out = self._decode_graph(inputs, capture)
+                result = self._results(out, rows, capture)
+                self._free(*(out if capture else [out]))
+                trace = self._traces[key] = DecodeTrace(self.ttnn, self.device)
+                trace.capture(lambda: self._decode_graph(inputs, capture))
+        else:
+            with self.tracer.span("tt.decode_trace_execute", rows=rows):
+                out = trace.replay()
+            result = self._results(out, rows, capture)
+        return result
+
+    def _results(
+        self, out: Any, rows: int, capture: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [rows, V] float32, captured layer outputs [rows, len(capture) x H] bf16 or None)."""
+        logits = self._download(out[0] if capture else out).reshape(rows, -1)
+        logits = logits[:, : self.text_cfg.vocab_size].float()
+        if not capture:
+            return logits, None
+        h = self.text_cfg.hidden_size
+        feats = [self._download(t)[0, 0, :rows, :h] for t in out[1:]]
+        return logits, torch.cat(feats, dim=-1)
+
+    def decode(self, tokens: int | torch.Tensor, traced: bool = True) -> torch.Tensor:
+        """Append one token to each active row, row b at its own cache index `lengths[b]`: float32 logits
+        [V] for an int (one active row), [B, V] for ids [B] (the torch backend's contract). The B rows run
+        as one program (rows of one tile: the weights are read once for all of them)."""
+        single = isinstance(tokens, int)
+        ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
+        if ids.numel() != len(self.lengths):
+            raise ValueError(f"decode got {ids.numel()} token(s) for {len(self.lengths)} active row(s)")
+        positions = list(self.lengths)
+        self._check_rows(ids, positions)
+        # paged_update_cache wants a row per cache slot ("Expect batch in input tensor match the batch in cache
+        # tensor"): idle slots get token 0 at their position 0, unread until a fork rewrites them
+        idle = self.max_batch - len(positions)
+        logits, _ = self._run_rows(ids.tolist() + [0] * idle, positions + [0] * idle, False, traced)
+        self.lengths = [n + 1 for n in positions]
+        return logits[0] if single else logits[: len(positions)]
+
+    def verify(
+        self, tokens: torch.Tensor, capture: Sequence[int] = (), traced: bool = True
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Append T tokens to each active row in one forward, causal among them (ids [B, T]) -> float32
+        logits [B, T, V]: logits[b, j] follow tokens[b, :j + 1]; with `capture` (layer indices) also the
+        concatenated outputs of those layers [B, T, len(capture) x H] bf16 (a DFlash draft's context
+        features; the last layer's normed), as the torch `TextModel.verify`. The T tokens of a row run as
+        T rows of the decode program sharing the row's cache slot (`_layer_decode`), row j at cache index
+        lengths[b] + j, so a block of up to 32 reads the weights once. T > 1 needs a one-slot cache (the
+        slot is read as a paged cache of one block); K ragged rows with a block each would need a paged
+        cache of blocks. T = 1 runs the rows on their own slots, as `decode`."""
+        ids = torch.as_tensor(tokens)
+        if ids.dim() != 2 or ids.shape[0] != self.batch or ids.shape[1] < 1:
+            raise ValueError(f"verify takes ids [{self.batch}, T >= 1], got shape {list(ids.shape)}")
+        length = ids.shape[1]
+        if length > 1 and self.max_batch != 1:
+            raise ValueError(
+                f"verify of {length} tokens with {self.max_batch} cache slots ({self.batch} active rows): "
+                "the block's rows share one slot, read as one page of a one-slot cache; allowed: "
+                "setup_cache(max_batch=1), or T = 1"
+            )
+        if length == 1:
+            positions = list(self.lengths)
+            self._check_rows(ids, positions)
+            idle = self.max_batch - len(positions)
+            run_tokens, run_positions, shared = ids[:, 0].tolist() + [0] * idle, positions + [0] * idle, False
+        else:
+            start = self.lengths[0]
+            run_positions = list(range(start, start + length))
+            self._check_rows(ids, run_positions)
+            run_tokens, shared = ids[0].tolist(), True
+        logits, feats = self._run_rows(run_tokens, run_positions, shared, traced, capture)
+        rows = self.batch * length  # row-major: (row b, token j) is program row b * T + j
+        self.lengths = [n + length for n in self.lengths]
+        logits = logits[:rows].reshape(self.batch, length, -1)
+        if feats is None:
+            return logits
+        return logits, feats[:rows].reshape(self.batch, length, -1)

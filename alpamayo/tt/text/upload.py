@@ -1,0 +1,35 @@
+"""The text backbone's weights onto the device, and their per-layer view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import ModelConfig
+from alpamayo.moe.weights import ExpertView
+from alpamayo.tt.precision import Precision
+from alpamayo.tt.program_config import TextPlan
+from alpamayo.tt.weight_cache import upload_weights
+from alpamayo.tt.weights import text_weight_specs
+
+
+def layer_weights(weights: dict[str, Any], i: int, scope: str = "") -> dict[str, Any]:
+    """Layer i's device weights keyed without the `{scope}layers.{i}.` prefix (wqkv, attn_norm.rm, ...);
+    `scope` is "expert." for the action expert's layers."""
+    prefix = f"{scope}layers.{i}."
+    return {name[len(prefix) :]: w for name, w in weights.items() if name.startswith(prefix)}
+
+
+def upload_text_weights(
+    cfg: ModelConfig,
+    precision: Precision,
+    plan: TextPlan,
+    device: Any,
+    ckpt: Checkpoint,
+    cache_dir: str | Path | None,
+) -> dict[str, Any]:
+    """Every text `WeightSpec` (experts through their per-projection views) on its device placement."""
+    banks = plan.device.dram_banks
+    specs = text_weight_specs(cfg, banks)
+    return upload_weights(specs, precision, device, ExpertView(cfg.text, ckpt.get), cache_dir, banks)

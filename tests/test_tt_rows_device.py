@@ -1,0 +1,165 @@
+"""The ttnn multi-row decode program on a Blackhole p150 against the torch reference (marked `blackhole`).
+
+K rows decode as one program, each at its own cache index (forked from the prompt on the device, ragged after
+a rollback), and a verify block of T tokens runs as T rows on the one sequence's cache. The reference runs
+each row as its own batch-1 sequence (float32, on the recipe-rounded weights, as `test_tt_text_device.py`),
+so the figures measure the device program. Accepted lengths of a greedy speculative step, computed from each
+backend's own logits, must be equal. Dense tiny checkpoints in both presets (MoE layers decode one row).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from alpamayo.numerics import pcc
+from alpamayo.text import TextModel
+from alpamayo.tt.precision import load_precision
+from alpamayo.tt.quantized import QuantizedCheckpoint
+from tests.tt_checkpoints import save_tt_checkpoint
+
+pytestmark = pytest.mark.blackhole
+
+CASES = [f"{name}-{recipe}" for name in ("gqa2", "gqa8-tied") for recipe in ("accuracy", "performance")]
+LOGITS_PCC = 0.97  # as the single-row decode's final logits (test_tt_text_device.py)
+PROMPT_LEN, MAX_SEQ_LEN, ROWS, BLOCK = 126, 256, 4, 8
+
+
+@pytest.fixture(scope="module")
+def device():
+    from alpamayo.tt.runtime import close_device, open_device
+
+    dev = open_device(64 << 20)
+    yield dev
+    close_device(dev)
+
+
+@pytest.fixture(scope="module", params=CASES)
+def models(request, device, tmp_path_factory):
+    from alpamayo.tt.text import TTTextModel
+
+    name, recipe = request.param.rsplit("-", 1)
+    path = tmp_path_factory.mktemp(request.param)
+    save_tt_checkpoint(path, name, seed=17)
+    precision = load_precision(recipe)
+    rounded = QuantizedCheckpoint(Path(path), precision)
+    ref = TextModel.from_checkpoint(rounded, rounded.config, dtype=torch.float32)
+    tt = TTTextModel.from_checkpoint(path, precision=precision, device=device)
+    prompt = torch.randint(
+        0, min(ref.text_cfg.vocab_size, 256), (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)
+    )
+    yield ref, tt, prompt
+    tt.close()
+
+
+def reference_logits(ref: TextModel, prompt: torch.Tensor, tokens: list[int]) -> list[torch.Tensor]:
+    """Float32 logits [V] after each of `tokens`, decoded one at a time after `prompt` (batch 1)."""
+    ref.setup_cache(MAX_SEQ_LEN)
+    ref.prefill(prompt)
+    return [ref.decode(t) for t in tokens]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_k_ragged_rows_decode_as_their_own_sequences(models, traced, record_figure):
+    ref, tt, prompt = models
+    vocab = ref.text_cfg.vocab_size
+    steps = torch.randint(0, min(vocab, 256), (4, ROWS), generator=torch.Generator().manual_seed(3))
+    tt.setup_cache(MAX_SEQ_LEN, max_batch=ROWS)
+    tt.prefill(prompt)
+    tt.fork(ROWS)
+    got = [tt.decode(steps[0], traced=traced)]
+    keep = [b % 2 == 0 for b in range(ROWS)]  # odd rows forget their first token: ragged from here
+    tt.rollback([PROMPT_LEN + int(k) for k in keep])
+    got += [tt.decode(steps[j], traced=traced) for j in range(1, 4)]
+    worst = 1.0
+    for b in range(ROWS):
+        first = [int(steps[0, b])]
+        expected = reference_logits(ref, prompt, ([*first] if keep[b] else []) + steps[1:, b].tolist())
+        if keep[b]:
+            worst = min(worst, pcc(expected[0], got[0][b]))
+        else:  # the dropped token's logits were real too: its row then continues from the prompt
+            worst = min(worst, pcc(reference_logits(ref, prompt, first)[0], got[0][b]))
+        for j in range(1, 4):
+            worst = min(worst, pcc(expected[j - 1 + int(keep[b])], got[j][b]))
+    record_figure(f"K={ROWS} ragged rows: worst logits PCC (traced={traced})", worst)
+    assert worst >= LOGITS_PCC
+
+
+@pytest.mark.parametrize("wrong_at", [1, 4, BLOCK])
+def test_a_verify_block_scores_like_plain_decoding_and_accepts_the_same_length(
+    models, wrong_at, record_figure
+):
+    ref, tt, prompt = models
+    vocab = ref.text_cfg.vocab_size
+    ref.setup_cache(MAX_SEQ_LEN)
+    logits = ref.prefill(prompt)
+    greedy = []
+    for _ in range(BLOCK + 1):
+        greedy.append(int(torch.argmax(logits)))
+        logits = ref.decode(greedy[-1])
+    draft = list(greedy[:BLOCK])
+    if wrong_at < BLOCK:
+        draft[wrong_at] = (
+            draft[wrong_at] + 1
+        ) % vocab  # the true continuation, corrupted at a known position
+    block = [greedy[0], *draft[1:]]  # the target's own first token, then the draft
+    expected = reference_logits(ref, prompt, block)
+    tt.setup_cache(MAX_SEQ_LEN, max_batch=1)
+    tt.prefill(prompt)
+    got = tt.verify(torch.tensor([block]))[0]
+    worst = min(pcc(e, g) for e, g in zip(expected, got, strict=True))
+    record_figure(f"verify of {BLOCK}: worst logits PCC", worst)
+    assert worst >= LOGITS_PCC
+
+    def accepted(scores: list[torch.Tensor]) -> int:
+        n = 1
+        while n < BLOCK and int(torch.argmax(scores[n - 1])) == block[n]:
+            n += 1
+        return n
+
+    n = accepted(expected)
+    assert n == wrong_at  # the reference accepts up to the corruption, by construction
+    assert accepted(list(got)) == n
+    tt.rollback([PROMPT_LEN + n])  # the rejected tail's K/V are stale; the next rows overwrite them
+    bonus = int(torch.argmax(expected[n - 1]))
+    after = tt.decode(bonus)
+    assert pcc(reference_logits(ref, prompt, [*block[:n], bonus])[-1], after) >= LOGITS_PCC
+
+
+def test_traced_rows_are_identical_to_untraced_rows(models):
+    ref, tt, prompt = models
+    block = torch.arange(BLOCK)[None] % ref.text_cfg.vocab_size
+    runs = []
+    for traced in (True, False):
+        tt.setup_cache(MAX_SEQ_LEN, max_batch=1)
+        tt.prefill(prompt)
+        runs.append([tt.verify(block, traced=traced) for _ in range(2)])  # capture, then a replay
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+@torch.inference_mode()
+def test_verify_captures_the_layers_a_draft_reads(models, record_figure):
+    ref, tt, prompt = models
+    last = ref.text_cfg.num_hidden_layers - 1
+    layers = [0, last]
+    block = (torch.arange(BLOCK) * 7 % min(ref.text_cfg.vocab_size, 256)).tolist()
+    ref.setup_cache(MAX_SEQ_LEN)
+    ref.prefill(prompt)
+    expected = []
+    for j, token in enumerate(block):  # the reference's layer 0 output and normed last layer per token
+        position = PROMPT_LEN + j
+        cos, sin = ref.rope.cos_sin_1d(torch.tensor([position + ref.rope_delta]), ref.dtype)
+        x, outs = ref.embed(torch.tensor([token]))[None], []
+        for layer in ref.layers:
+            x = layer(x, cos, sin, ref.cache, position)
+            outs.append(x[0, 0])
+        expected.append(torch.cat([outs[0], ref.norm(outs[last][None])[0]]))
+    tt.setup_cache(MAX_SEQ_LEN, max_batch=1)
+    tt.prefill(prompt)
+    _, feats = tt.verify(torch.tensor([block]), capture=layers)
+    worst = min(pcc(e, f) for e, f in zip(expected, feats[0].float(), strict=True))
+    record_figure(f"verify of {BLOCK}: captured layers (0, last) worst PCC", worst)
+    assert worst >= LOGITS_PCC

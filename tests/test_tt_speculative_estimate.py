@@ -1,0 +1,81 @@
+"""The p150 estimate with speculative decoding (`alpamayo.tt.estimate`, `alpamayo plan --accept-len`): a verify
+of T tokens is T rows of one decode program, so its matmuls read every weight once for up to 32 rows while
+each row's flash-decode reads the context's K/V itself."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from alpamayo.cli import main
+from alpamayo.configs import builtin_config, builtin_expert
+from alpamayo.tt.device_spec import P150
+from alpamayo.tt.estimate import decode_estimate, dflash_draft_estimate, verify_estimate
+from alpamayo.tt.precision import load_precision
+
+RELEASE = "alpamayo-1.5-10b"
+CONTEXT = 3136
+
+
+def split(stage):
+    """(matmul bytes, attention bytes) of a stage's ops."""
+    sdpa = sum(op.dram_bytes for op in stage.ops if ".sdpa." in op.name)
+    return stage.dram_bytes() - sdpa, sdpa
+
+
+@pytest.mark.parametrize("recipe", ["accuracy", "performance"])
+def test_a_verify_of_one_token_is_a_decode_step_and_a_block_reads_the_weights_once(recipe):
+    cfg, precision = builtin_expert(RELEASE)[0], load_precision(recipe)
+    step = decode_estimate(cfg, precision, CONTEXT, 64)
+    one = verify_estimate(cfg, precision, CONTEXT, 1, 64)
+    assert one.ms(P150) == pytest.approx(step.ms(P150), rel=1e-12)
+    weights, kv = split(step)
+    for block in (2, 8, 32):
+        b_weights, b_kv = split(verify_estimate(cfg, precision, CONTEXT, block, 1))
+        assert b_weights == pytest.approx(weights, rel=1e-12)  # rows of one tile: weights read once
+        assert b_kv == pytest.approx(block * kv, rel=1e-12)  # each row's flash-decode reads its K/V
+
+
+def test_a_moe_verify_reads_the_experts_its_rows_can_reach():
+    cfg, precision = builtin_config("qwen3-vl-30b-a3b"), load_precision("performance")
+    moe = cfg.text.moe
+    experts = {}
+    for block in (1, 8, 32):
+        stage = verify_estimate(cfg, precision, CONTEXT, block, 1)
+        experts[block] = sum(op.dram_bytes for op in stage.ops if "experts" in op.name or "w_gate" in op.name)
+    reach = {b: min(moe.num_experts, b * moe.num_experts_per_tok) for b in experts}
+    assert experts[8] / experts[1] == pytest.approx(reach[8] / reach[1], rel=1e-9)
+    assert experts[32] / experts[1] == pytest.approx(reach[32] / reach[1], rel=1e-9)
+
+
+def test_plan_prints_the_prediction_estimate_with_speculation(capsys, record_figure):
+    assert main(["plan", "--checkpoint", RELEASE, "--accept-len", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "WITH SPECULATION at 4 tokens per verify (64 tokens: 16 verifies of 8 rows" in out
+    plain = float(re.search(r"total per prediction +([\d.]+) ms", out).group(1))
+    free = float(re.search(r"model-free draft \(lookup, previous\) +([\d.]+) ms", out).group(1))
+    dflash = float(re.search(r"DFlash draft on the device +([\d.]+) ms", out).group(1))
+    cfg, precision = builtin_expert(RELEASE)[0], load_precision("performance")
+    context = 3072 + 64  # the plan's prompt at 16 images of 320x576, plus the reasoning
+    step, verify = (
+        decode_estimate(cfg, precision, context, 64),
+        verify_estimate(cfg, precision, context, 8, 16),
+    )
+    assert free == pytest.approx(plain - 64 * step.ms(P150) + 16 * verify.ms(P150), abs=0.15)
+    draft = dflash_draft_estimate(cfg, precision, 8, 16)
+    assert dflash == pytest.approx(free + 16 * draft.ms(P150), abs=0.15)
+    assert free < plain
+    record_figure("p150 estimate per prediction, plain decoding (ms)", plain)
+    record_figure("p150 estimate at tau=4, model-free draft (ms)", free)
+    record_figure("p150 estimate at tau=4, DFlash draft (ms)", dflash)
+
+
+def test_plan_counts_partial_blocks_and_refuses_what_cannot_be_verified(capsys):
+    assert main(["plan", "--checkpoint", RELEASE, "--accept-len", "6", "--block-size", "16"]) == 0
+    assert f"{math.ceil(64 / 6)} verifies of 16 rows" in capsys.readouterr().out
+    assert main(["plan", "--checkpoint", RELEASE, "--accept-len", "9"]) == 2
+    assert "--accept-len 9.0: must be in [1, block size 8]" in capsys.readouterr().err
+    assert main(["plan", "--checkpoint", RELEASE, "--accept-len", "4", "--block-size", "33"]) == 2
+    assert "--block-size 33: must be in [1, 32]" in capsys.readouterr().err

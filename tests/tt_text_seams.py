@@ -1,0 +1,65 @@
+"""Test access to one layer of a `TTTextModel` at a time (per-layer PCC on a card, op checks on the dry run).
+
+These drive the model's own layer code with a reference's inputs; they are not part of the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from alpamayo.text.inputs import check_prefill, rope_delta
+
+# layer(i, x, cos, sin, pos, page=None) -> x: as `TextDecode._layer_decode`
+DecodeLayer = Callable[..., Any]
+
+
+def layer_prefill(tt: Any, i: int, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Decoder layer `i` alone on hidden [L, H] at position_ids [3, L] -> [L, H] bf16. Writes K/V rows
+    [0, Lp) of layer i and sets the decode position state as a prefill would."""
+    tt._require_cache()
+    length = hidden.shape[0]
+    position_ids = check_prefill(tt.text_cfg, length, tt.max_seq_len, position_ids, None, None)
+    padded = tt.plan.padded_length(length)
+    cos, sin = tt._prefill_rope(position_ids, padded)
+    out = tt._layer_prefill(i, tt._rows(hidden, padded, tt.hidden_padded), cos, sin, length)
+    result = tt._download(out)[0, 0, :length, : tt.text_cfg.hidden_size]
+    tt._free(out, cos, sin)
+    tt.cache_len, tt.rope_delta = length, rope_delta(position_ids)
+    return result
+
+
+def layer_decode(tt: Any, i: int, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    """Decoder layer `i` alone on hidden [H] at cache index `position` (untraced) -> [H] bf16. Writes K/V row
+    `position` of layer i; the rope position is `position + rope_delta`."""
+    tt._require_cache()
+    if not 0 <= position < tt.max_seq_len:
+        raise ValueError(f"position {position} must be in [0, max_seq_len={tt.max_seq_len})")
+    t = tt.text_cfg
+    values = tt._decode_host_inputs([0], [position])
+    values["x"][0, 0, 0, : t.hidden_size] = hidden.to(torch.bfloat16)
+    inputs = tt._write_inputs(values)
+    x, cos, sin = tt._sharded_inputs(inputs)
+    out = tt._layer_decode(i, x, cos, sin, inputs["pos"])
+    result = tt._download(out)[0, 0, 0, : t.hidden_size]
+    tt._free(out, cos, sin)
+    return result
+
+
+def kv_cache_host(tt: Any, i: int, length: int, row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of layer i, cache row `row`, positions [0, length): [n_kv, length, head_dim] float32 each."""
+    return tuple(tt._download(c)[row, :, :length].float() for c in tt.kv_cache[i])
+
+
+@contextmanager
+def wrapped_decode_layers(tt: Any, wrap: Callable[[DecodeLayer], DecodeLayer]) -> Iterator[None]:
+    """Every decode layer of `tt` runs through `wrap(original)` inside the block (an instance attribute
+    shadowing the method; removed afterwards)."""
+    tt._layer_decode = wrap(type(tt)._layer_decode.__get__(tt))
+    try:
+        yield
+    finally:
+        del tt._layer_decode
