@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUNNABLE = {"sh": "bash", "bash": "bash", "python": "python"}
 FENCE = re.compile(r"^(`{3,})(\S*)\s*$")
-MARKER = "doc-test:"
+MARKER = "<!-- doc-test"  # a line starting so is a marker (prose may name the convention)
 SKIP = re.compile(r"^<!-- doc-test: skip \((?P<reason>[^()]*\S[^()]*)\) -->$")
 BLOCK_TIMEOUT_S = 600
 
@@ -50,7 +50,7 @@ def blocks(path: Path) -> list[Block]:
     out, i = [], 0
     while i < len(lines):
         line = lines[i].strip()
-        if MARKER in line:
+        if line.startswith(MARKER):
             if not SKIP.match(line):
                 raise ValueError(
                     f"{path.name}:{i + 1}: {line!r} is not `<!-- doc-test: skip (REASON) -->` (the reason is required)"
