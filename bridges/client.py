@@ -112,7 +112,10 @@ class FramePublisher(_Client):
 
     def close(self) -> None:
         """Close the socket, then wait until libzmq has released every zero-copy frame (at most the socket's
-        LINGER plus RELEASE_MARGIN_S). RuntimeError if it has not: the process must not exit then."""
+        LINGER plus RELEASE_MARGIN_S). RuntimeError if it has not: the process must not exit then. Closing
+        again does nothing."""
+        if self._sock.closed:
+            return
         linger_s = max(self._sock.linger, 0) / 1000
         self._sock.close()
         deadline = time.monotonic() + linger_s + RELEASE_MARGIN_S
