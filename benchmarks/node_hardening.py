@@ -14,6 +14,10 @@ With `--load-seconds S`, a second run times `status` the same way for S seconds 
 (a child process) streams 4 cameras of 1920x1080 rgb8 at `--load-rate` Hz, the node predicting nothing but
 forming windows: the control latency under a legitimate load.
 
+With `--envelopes N`, a third run times `status` while a child process sends N multipart messages
+("envelopes") of `--envelope-parts` parts each (default 100,000, the size that kept `status` waiting 549 ms),
+each part a valid ego pose, back to back: the node drops each envelope unparsed and counts it once (`multipart`).
+
 `--set` goes to `alpamayo serve`: `--set limits.max_jpeg_ratio=1000000` turns the ratio check off, and the
 bombs are then rejected by the next one (a sequential JPEG needs 2 bits of entropy-coded data per block).
 """
@@ -36,6 +40,7 @@ from tests.images import lying_jpeg
 LOOPBACK = "tcp://127.0.0.1:*"
 WIDTH, HEIGHT = 3840, 2160
 PERIOD_NS = 100_000_000
+SETTLE_S = 1.0  # envelopes: the node's message count unchanged this long after the last send ends the run
 
 
 def start_serve(overrides: list[str]) -> tuple[subprocess.Popen, dict]:
@@ -132,12 +137,69 @@ def under_load(seconds: float, rate: float, overrides: list[str]) -> dict:
         serve.wait(30)
 
 
+# The envelope sender: a separate process, so its GIL never delays the control replies being timed.
+SEND_ENVELOPES = """
+import sys, zmq
+from bridges.protocol import encode_ego
+endpoint, envelopes, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sock = zmq.Context.instance().socket(zmq.XPUB)
+sock.sndhwm, sock.linger = 0, -1  # queue every envelope; exit only once all are sent
+sock.connect(endpoint)
+assert sock.poll(10_000) and sock.recv() == b"\\x01", "the node never subscribed"
+message = [bytes(encode_ego(10**12 + k, [0, 0, 0], [0, 0, 0, 1])) for k in range(parts)]
+for _ in range(envelopes):
+    sock.send_multipart(message)
+sock.close()
+"""
+
+
+def under_envelopes(envelopes: int, parts: int, timeout_s: float, overrides: list[str]) -> dict:
+    serve, endpoints = start_serve(overrides)
+    try:
+        with ControlClient(endpoints["control"], timeout_s=timeout_s) as ctl:
+            ctl.status()
+            cmd = [sys.executable, "-c", SEND_ENVELOPES, endpoints["input"][0], str(envelopes), str(parts)]
+            sender = subprocess.Popen(cmd)
+            latencies, start, counted, settled_at = [], time.perf_counter(), -1, time.perf_counter()
+            # until every envelope is sent and the node's count has not moved for SETTLE_S (a node that parsed
+            # every part would count each as a message)
+            while time.perf_counter() - start < timeout_s:
+                t_req = time.perf_counter()
+                status = ctl.status()
+                latencies.append((time.perf_counter() - t_req) * 1e3)
+                if status["counters"]["messages"] != counted:
+                    counted, settled_at = status["counters"]["messages"], time.perf_counter()
+                elif sender.poll() is not None and time.perf_counter() - settled_at > SETTLE_S:
+                    break
+                time.sleep(0.01)
+            intake_s = settled_at - start
+            if sender.wait(timeout_s) != 0:
+                raise RuntimeError(f"the envelope sender exited with {sender.returncode}")
+        latencies.sort()
+        return {
+            "envelopes": envelopes,
+            "parts": parts,
+            "intake_s": intake_s,
+            "messages": status["counters"]["messages"],
+            "rejected": status["counters"]["rejected"],
+            "control_replies": len(latencies),
+            "control_p50_ms": latencies[len(latencies) // 2],
+            "control_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+            "control_max_ms": latencies[-1],
+        }
+    finally:
+        serve.terminate()
+        serve.wait(30)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bombs", type=int, default=64)
     p.add_argument("--timeout", type=float, default=60.0, help="s to wait for the node to count every bomb")
     p.add_argument("--load-seconds", type=float, default=0.0, help="also time control under camera-sim load")
     p.add_argument("--load-rate", type=float, default=10.0, help="camera-sim frames per second per camera")
+    p.add_argument("--envelopes", type=int, default=0, help="also time control under multipart envelopes")
+    p.add_argument("--envelope-parts", type=int, default=100_000, help="parts per envelope")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="serve config override")
     p.add_argument("--json", help="also write the result here")
     args = p.parse_args()
@@ -165,6 +227,17 @@ def main() -> None:
         print(
             f"control replies: {ld['control_replies']}, p50 {ld['control_p50_ms']:.1f} ms, "
             f"p99 {ld['control_p99_ms']:.1f} ms, max {ld['control_max_ms']:.1f} ms"
+        )
+    if args.envelopes > 0:
+        r["envelopes"] = under_envelopes(args.envelopes, args.envelope_parts, args.timeout, args.set)
+        ev = r["envelopes"]
+        print(
+            f"## control under {ev['envelopes']} envelopes of {ev['parts']} parts (ego poses), back to back: "
+            f"{ev['messages']} messages counted in {ev['intake_s']:.2f} s, rejected {ev['rejected']}"
+        )
+        print(
+            f"control replies: {ev['control_replies']}, p50 {ev['control_p50_ms']:.1f} ms, "
+            f"p99 {ev['control_p99_ms']:.1f} ms, max {ev['control_max_ms']:.1f} ms"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import zmq
 from PIL import Image
 
 from alpamayo.errors import ConfigError
@@ -79,6 +80,26 @@ def test_lying_jpegs_are_rejected_unread_and_control_keeps_answering(record_figu
     record_figure(f"control reply under {bombs} lying JPEGs: max ms", max(latencies))
     # 9.6 s before this change (benchmarks/node_hardening.py); the issue asks 50 ms, loose here for CI noise
     assert max(latencies) < 1000
+
+
+def test_a_multipart_message_is_rejected_unparsed_as_one_message_and_the_node_keeps_serving():
+    """100,000 parts, each a valid ego pose: none is parsed (none accepted), the message counts once."""
+    parts = 100_000
+    with running_node(None, node_config()) as c:
+        with zmq.Context.instance().socket(zmq.XPUB) as pub:  # FramePublisher sends single frames only
+            pub.connect(c.node.endpoints["input"][0])
+            assert pub.poll(5000) and pub.recv() == b"\x01"  # the node's subscription
+            pub.send_multipart(
+                [bytes(encode_ego(T0 + k * MS, [0, 0, 0], [0, 0, 0, 1])) for k in range(parts)]
+            )
+            wait_until(lambda: c.counters()["messages"] == 1, 30.0, "the multipart message counted")
+            pub.send(encode_ego(T0, [0, 0, 0], [0, 0, 0, 1]))
+            wait_until(lambda: c.counters()["messages"] == 2, 10.0, "the next message counted")
+        status = c.control.status()
+    assert status["counters"]["rejected"] == {"multipart": 1} and status["counters"]["ego_accepted"] == 1
+    assert status["last_error"]["message"] == (
+        f"a message of {parts} ZeroMQ frames; the protocol takes exactly 1 frame per message"
+    )
 
 
 def test_jpegs_stay_compressed_until_a_window_decodes_them():
