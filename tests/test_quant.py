@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from alpamayo.backends import BackendOptions
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
+from alpamayo.errors import ConfigError
 from alpamayo.quant import GROUP_SIZES, Int4Weight, Int8Weight, QuantRecipe, int4_codes, quantise_weight
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear, pack_linears
+from bridges.config import ModelSection
 from tests.test_runtime import frames_at, predict_argv, straight_history, write_prediction_inputs
 
 # Output rounding of the kernels: float32 accumulates in another order than F.linear (a few ulps of the
@@ -162,9 +164,9 @@ def test_predict_at_int8_and_int4(demo_checkpoint, tmp_path, capsys, record_figu
         assert xyz.shape == (64, 3) and np.isfinite(xyz).all()
         drift = np.linalg.norm(xyz - np.asarray(reference["xyz"]), axis=1).max()
         record_figure(f"max waypoint drift vs float32, m, {' '.join(quant)}", float(drift))
-    # the demo expert's MLP is 96 wide: the default group (128) does not divide it
+    # the demo vision tower is 64 wide (its expert MLP 96): the default group (128) divides neither
     assert main([*args, "--quant", "int4"]) == 2
-    assert "does not divide layer 'layers.0.mlp.down' input width 96" in capsys.readouterr().err
+    assert "does not divide layer 'blocks.0.attn.qkv' input width 64" in capsys.readouterr().err
 
 
 def test_replay_and_eval_at_int8(demo_checkpoint, tmp_path):
@@ -172,3 +174,14 @@ def test_replay_and_eval_at_int8(demo_checkpoint, tmp_path):
     common = ["--checkpoint", str(demo_checkpoint), "--max-reasoning-tokens", "4", "--quant", "int8"]
     assert main(["replay", str(drive), *common, "--out", str(tmp_path / "replay"), "--max-ticks", "1"]) == 0
     assert main(["eval", str(drive), *common, "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
+
+
+def test_node_yaml_model_quant_is_validated_and_reaches_the_recipe():
+    section = ModelSection(quant="int4", quant_group=64, quant_head=True)
+    assert section.quant_recipe == QuantRecipe("int4", 64, head=True)
+    with pytest.raises(ConfigError, match=r"model\.quant = .fp8."):
+        ModelSection(quant="fp8")
+    with pytest.raises(ConfigError, match=r"model\.quant_group = 48"):
+        ModelSection(quant="int4", quant_group=48)
+    with pytest.raises(ConfigError, match=r"model\.quant = .int8.* with model\.recipe"):
+        ModelSection(backend="ttnn", quant="int8")
