@@ -63,7 +63,7 @@ def main() -> None:
                 tps = args.prompt / r["prefill_s"]
                 base = base or (r["decode_ms"], tps)
                 print(
-                    f"{config[8:]:<6} {name:<10} {nbytes / 1e9:10.3f} {r['decode_ms']:14.1f} {floor:9.1f} "
+                    f"{config.removeprefix('qwen3-vl-'):<6} {name:<10} {nbytes / 1e9:10.3f} {r['decode_ms']:14.1f} {floor:9.1f} "
                     f"{floor / r['decode_ms']:9.0%} {base[0] / r['decode_ms']:8.2f}x {tps:14.0f} "
                     f"{tps / base[1]:8.2f}x",
                     flush=True,
