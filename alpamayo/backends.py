@@ -22,6 +22,7 @@ from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
 from alpamayo.families.loader import checkpoint_family
 from alpamayo.prediction import FUTURE_STEPS
+from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 
 BACKENDS = ("torch", "ttnn")
 
@@ -30,7 +31,8 @@ BACKENDS = ("torch", "ttnn")
 class BackendOptions:
     """backend: "torch" or "ttnn"; dtype/device: the torch backend's; recipe: the ttnn precision recipe
     (`accuracy`, `performance` or a YAML file); tt_cache: directory of the ttnn packed-weight cache;
-    moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`)."""
+    moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`); quant: the
+    torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`)."""
 
     backend: str = "torch"
     dtype: torch.dtype | str = torch.float32
@@ -38,10 +40,16 @@ class BackendOptions:
     recipe: str = "performance"
     tt_cache: str | Path | None = None
     moe_config: str | Path | None = None
+    quant: QuantRecipe = NO_QUANT
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "ttnn" and self.quant.enabled:
+            raise ValueError(
+                f"--quant {self.quant.mode} is the torch backend's; with --backend ttnn choose the precision "
+                "with --recipe (accuracy, performance or a recipe YAML: bfp8 / bfp4 weights)"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -50,7 +58,10 @@ class BackendOptions:
     @property
     def precision(self) -> str:
         """What the outputs record as the run's precision: the ttnn recipe, or the torch dtype's name."""
-        return self.recipe if self.backend == "ttnn" else str(self.torch_dtype).removeprefix("torch.")
+        if self.backend == "ttnn":
+            return self.recipe
+        dtype = str(self.torch_dtype).removeprefix("torch.")
+        return f"{dtype}+{self.quant.name}" if self.quant.enabled else dtype
 
 
 TORCH_CPU = BackendOptions()  # the default everywhere: the torch reference, float32, on the CPU
@@ -101,7 +112,9 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
         )
     from alpamayo.text import TextModel
 
-    return TextModel.from_checkpoint(source, cfg, options.torch_dtype, resolve_device(options.device))
+    return TextModel.from_checkpoint(
+        source, cfg, options.torch_dtype, resolve_device(options.device), options.quant
+    )
 
 
 def load_vision_encoder(source: Checkpoint, cfg: ModelConfig, options: BackendOptions, text: Any) -> Any:
@@ -114,7 +127,9 @@ def load_vision_encoder(source: Checkpoint, cfg: ModelConfig, options: BackendOp
         )
     from vision.encoder import VisionEncoder
 
-    return VisionEncoder.from_checkpoint(source, cfg, options.torch_dtype, resolve_device(options.device))
+    return VisionEncoder.from_checkpoint(
+        source, cfg, options.torch_dtype, resolve_device(options.device), options.quant
+    )
 
 
 def load_expert_decoder(
@@ -143,7 +158,13 @@ def load_expert_decoder(
     from alpamayo.expert.model import ActionExpert
 
     model = ActionExpert.from_checkpoint(
-        source, expert, cfg.text, options.torch_dtype, resolve_device(options.device), n_tokens
+        source,
+        expert,
+        cfg.text,
+        options.torch_dtype,
+        resolve_device(options.device),
+        n_tokens,
+        quant=options.quant,
     )
     return ExpertDecoder(model, settings)
 

@@ -18,6 +18,7 @@ import yaml
 
 from alpamayo.errors import ConfigError
 from alpamayo.prediction import FRAMES_PER_CAMERA
+from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.tt.precision import PRESETS
 from bridges.protocol import ALPAMAYO_CAMERAS, CHANNELS, ENCODINGS, CameraFormat, Limits
 from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
@@ -53,6 +54,9 @@ class ModelSection:
     recipe: str = "performance"  # ttnn backend: a precision preset or recipe YAML (alpamayo.tt.precision)
     tt_cache: str | None = None  # ttnn backend: directory of the packed weight cache (.tensorbin files)
     moe_config: str | None = None  # ttnn backend, MoE checkpoints: block config YAML (None: the shipped one)
+    quant: str = "none"  # torch backend: weight-only none / int8 / int4 (alpamayo.quant); ttnn uses recipe
+    quant_group: int = DEFAULT_GROUP_SIZE  # quant int4: input columns per scale and zero (32, 64, 128)
+    quant_head: bool = False  # quant: the LM head too
     route: str | None = None  # navigation text passed to every prediction
     num_samples: int = 1
     seed: int | None = None
@@ -70,6 +74,10 @@ class ModelSection:
     flow_temperature: float = 1.0
     nav_guidance: float | None = None
 
+    @property
+    def quant_recipe(self) -> QuantRecipe:
+        return QuantRecipe(self.quant, self.quant_group, self.quant_head)
+
     def __post_init__(self) -> None:
         _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
         _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
@@ -78,6 +86,19 @@ class ModelSection:
             "model.recipe",
             self.recipe,
             f"{', '.join(PRESETS)} or an existing recipe YAML file",
+        )
+        _check(self.quant in QUANT_MODES, "model.quant", self.quant, ", ".join(QUANT_MODES))
+        _check(
+            self.quant_group in GROUP_SIZES,
+            "model.quant_group",
+            self.quant_group,
+            ", ".join(map(str, GROUP_SIZES)),
+        )
+        _check(
+            self.backend == "torch" or self.quant == "none",
+            "model.quant",
+            self.quant,
+            "none with backend ttnn (choose its precision with model.recipe)",
         )
         _check(1 <= self.num_samples <= 64, "model.num_samples", self.num_samples, "1..64")
         _check(

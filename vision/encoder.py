@@ -20,6 +20,7 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
+from alpamayo.quant import QuantRecipe
 from alpamayo.text.linear import Linear, pack_linears
 from vision.block import PatchMerger, VisionBlock
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin
@@ -62,8 +63,10 @@ class VisionEncoder(nn.Module):
         cfg: ModelConfig | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        quant: QuantRecipe | None = None,
     ) -> VisionEncoder:
-        """Build from a checkpoint directory (or an open `Checkpoint`), validating every `visual.*` tensor first."""
+        """Build from a checkpoint directory (or an open `Checkpoint`), validating every `visual.*` tensor first;
+        `quant`: weight-only quantisation of the linears at load (see `alpamayo.quant`)."""
         ckpt, cfg = open_checkpoint(source, cfg)
         v = validate_vision_tensors(ckpt, cfg)
         get = ckpt.getter(dtype, device)
@@ -75,7 +78,7 @@ class VisionEncoder(nn.Module):
             build_merger(MERGER, False, get),
             [build_merger(deepstack_prefix(k), True, get) for k in range(len(v.deepstack_visual_indexes))],
         )
-        pack_linears(encoder)
+        pack_linears(encoder, quant=quant)
         return encoder.eval()
 
     @torch.inference_mode()

@@ -14,6 +14,7 @@ from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.families.loader import check_checkpoint
+from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from bridges.sockets import CurveClientKeys
 
 RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
@@ -53,10 +54,31 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
     )
     parser.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
+    parser.add_argument(
+        "--quant",
+        choices=QUANT_MODES,
+        default="none",
+        help="torch backend: weight-only quantisation of the linears at load (int8 per output channel, int4 "
+        "group-wise); with --backend ttnn use --recipe",
+    )
+    parser.add_argument(
+        "--quant-group",
+        type=int,
+        choices=GROUP_SIZES,
+        default=DEFAULT_GROUP_SIZE,
+        help=f"--quant int4: input columns per scale and zero (default {DEFAULT_GROUP_SIZE})",
+    )
+    parser.add_argument(
+        "--quant-head", action="store_true", help="--quant: quantise the LM head too (default: model dtype)"
+    )
 
 
 def backend_options(args: argparse.Namespace) -> BackendOptions:
-    return BackendOptions(args.backend, args.dtype, args.device, args.recipe, args.tt_cache, args.moe_config)
+    """BackendOptions from `add_model_args`' flags; ValueError for --quant with --backend ttnn."""
+    quant = QuantRecipe(args.quant, args.quant_group, args.quant_head)
+    return BackendOptions(
+        args.backend, args.dtype, args.device, args.recipe, args.tt_cache, args.moe_config, quant
+    )
 
 
 @contextmanager
@@ -147,6 +169,7 @@ def model_fields(args: argparse.Namespace) -> dict[str, Any]:
         recipe=args.recipe,
         tt_cache=args.tt_cache,
         moe_config=args.moe_config,
+        quant=QuantRecipe(args.quant, args.quant_group, args.quant_head),
     )
 
 

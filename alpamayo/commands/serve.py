@@ -180,7 +180,7 @@ def load_model(config: NodeConfig) -> AlpamayoVLA:
     m = config.model
     vla = AlpamayoVLA.from_checkpoint(
         m.checkpoint,
-        BackendOptions(m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config),
+        BackendOptions(m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config, m.quant_recipe),
         max_reasoning_tokens=m.max_reasoning_tokens,
         base_model=m.base_model,
         decoder=m.decoder,

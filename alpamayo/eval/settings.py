@@ -10,6 +10,7 @@ from typing import Any
 from alpamayo.backends import check_num_samples
 from alpamayo.expert.decoding import DECODERS
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
+from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 from alpamayo.replay.routes import check_route_options
 from alpamayo.replay.settings import ReplaySettings
 
@@ -62,6 +63,7 @@ class EvalSettings:
     recipe: str = "performance"
     tt_cache: Path | None = None
     moe_config: Path | None = None
+    quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
     layout: Path | None = None
     pai_dir: Path | None = None
     cameras: tuple[int, ...] | None = None  # PhysicalAI-AV cameras (None: Alpamayo's 0, 1, 2, 6)
@@ -96,6 +98,7 @@ class EvalSettings:
             recipe=self.recipe,
             tt_cache=self.tt_cache,
             moe_config=self.moe_config,
+            quant=self.quant,
             layout=self.layout,
             pai_dir=self.pai_dir,
             cameras=self.cameras,

@@ -63,7 +63,7 @@ class ActionInProj(nn.Module):
                 f"the trunk needs one RMSNorm between linears: {len(linears)} linears, {len(trunk_norms)} norms"
             )
         self.freqs = [f.float().reshape(-1) for f in freqs]
-        self.linears = nn.ModuleList(Linear(w, b) for w, b in linears)
+        self.linears = nn.ModuleList(Linear(w, b, role="embedding") for w, b in linears)
         self.norms = nn.ModuleList(RMSNorm(w, TRUNK_NORM_EPS) for w in trunk_norms)
         self.norm_weight, self.norm_bias = norm
         self.dtype = linears[0][0].dtype

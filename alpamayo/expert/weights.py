@@ -18,6 +18,7 @@ from alpamayo.expert.config import ExpertConfig, validate_against_vlm
 from alpamayo.expert.in_proj import ActionInProj, default_freqs
 from alpamayo.expert.model import ActionExpert
 from alpamayo.prediction import FUTURE_STEPS
+from alpamayo.quant import QuantRecipe
 from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm
 from alpamayo.text.weights import build_layer
@@ -92,6 +93,7 @@ def load_expert(
     device: str | torch.device = "cpu",
     n_tokens: int = FUTURE_STEPS,
     weight_prefix: str = "",
+    quant: QuantRecipe | None = None,
 ) -> ActionExpert:
     """The expert of checkpoint `source` (a directory, or a `Checkpoint` shared with the VLM), validated first.
 
@@ -120,8 +122,8 @@ def load_expert(
         layers,
         RMSNorm(get(f"{p.expert}norm.weight"), t.rms_norm_eps),
         in_proj,
-        Linear(get(f"{p.out_proj}weight"), out_bias),
+        Linear(get(f"{p.out_proj}weight"), out_bias, role="head"),
         n_tokens,
     )
-    pack_linears(expert)
+    pack_linears(expert, quant=quant)
     return expert.eval()

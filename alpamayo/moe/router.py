@@ -21,7 +21,7 @@ class TopKRouter(nn.Module):
         num_experts = weight.shape[0]
         if not 1 <= k <= num_experts:
             raise ValueError(f"router top-k must be in [1, {num_experts}] (the number of experts), got {k}")
-        self.proj = Linear(weight)
+        self.proj = Linear(weight, role="router")
         self.k = k
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from alpamayo.backends import BackendOptions, check_num_samples
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
+from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 from alpamayo.replay.routes import check_route_options
 from bridges.drives import DriveSource
 from bridges.recording import Warn
@@ -51,6 +52,7 @@ class ReplaySettings:
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"
+    quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
     recipe: str = "performance"  # ttnn precision recipe
     tt_cache: Path | None = None
     moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
@@ -67,7 +69,7 @@ class ReplaySettings:
 
     def backend_options(self) -> BackendOptions:
         return BackendOptions(
-            self.backend, self.dtype, self.device, self.recipe, self.tt_cache, self.moe_config
+            self.backend, self.dtype, self.device, self.recipe, self.tt_cache, self.moe_config, self.quant
         )
 
     def validate(self) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig
+from alpamayo.quant import QuantRecipe
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer
@@ -62,22 +63,24 @@ class TextModel(nn.Module):
         cfg: ModelConfig | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        quant: QuantRecipe | None = None,
     ) -> TextModel:
-        """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first."""
+        """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first;
+        `quant`: weight-only quantisation of the linears at load (see `alpamayo.quant`)."""
         ckpt, cfg = open_checkpoint(source, cfg)
         validate_text_tensors(ckpt, cfg)
-        return cls.from_weights(cfg, ckpt.getter(dtype, device))
+        return cls.from_weights(cfg, ckpt.getter(dtype, device), quant)
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, get: Getter) -> TextModel:
+    def from_weights(cls, cfg: ModelConfig, get: Getter, quant: QuantRecipe | None = None) -> TextModel:
         """Build from tensors by canonical name (`get(name)`, already in the model's dtype and device; not
         validated: `from_checkpoint` validates the checkpoint first)."""
         t = cfg.text
         embed = get(EMBED)
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
-        head = Linear(embed if cfg.tie_word_embeddings else get(LM_HEAD))
+        head = Linear(embed if cfg.tie_word_embeddings else get(LM_HEAD), role="head")
         model = cls(cfg, embed, layers, RMSNorm(get(FINAL_NORM), t.rms_norm_eps), head)
-        pack_linears(model, keep_plain=embed)
+        pack_linears(model, keep_plain=embed, quant=quant)
         return model.eval()
 
     # ------------------------------------------------------------------ state
