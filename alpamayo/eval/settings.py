@@ -33,6 +33,7 @@ RESULT_KEYS = (
     "backend",
     "dtype",
     "recipe",
+    "quant",
     "cameras",
 )
 
