@@ -21,6 +21,7 @@ COMMANDS = [
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
     "alpamayo.commands.eval",
+    "alpamayo.commands.closed_loop",
     "alpamayo.commands.plan",
     "alpamayo.commands.precision",
     "alpamayo.commands.serve",
