@@ -65,6 +65,15 @@ class DrivePlan:
         return len(self.timestamps_us) == 0
 
 
+def rig_to_local(xyz: np.ndarray, origin: np.ndarray, yaw: float) -> np.ndarray:
+    """Points xyz [..., 3] of the rig at local position `origin` [3] and yaw `yaw` rad -> local [..., 3].
+    Written out rather than a matmul: BLAS picks kernels by thread count, and a Ray worker (one thread) must
+    write the in-process run's bytes."""
+    c, s = np.cos(yaw), np.sin(yaw)
+    x, y = xyz[..., 0], xyz[..., 1]
+    return np.stack([c * x - s * y + origin[0], s * x + c * y + origin[1], xyz[..., 2] + origin[2]], axis=-1)
+
+
 class Driver(Protocol):
     """An egodriver session, in the order AlpaSim calls it: start, then each tick images, egomotion, route and
     drive; close at the end."""
@@ -151,8 +160,7 @@ class InProcessDriver:
         # The t0 ego frame is the rig at the last pose: local = R(yaw0) rig + p0.
         p0, q0 = ego.xyz[-1], ego.quat_xyzw[-1]
         yaw0 = 2 * np.arctan2(q0[2], q0[3])
-        rot = np.array([[np.cos(yaw0), -np.sin(yaw0), 0], [np.sin(yaw0), np.cos(yaw0), 0], [0, 0, 1]])
-        samples = np.stack([s.xyz @ rot.T + p0 for s in prediction.samples])
+        samples = np.stack([rig_to_local(s.xyz, p0, yaw0) for s in prediction.samples])
         best = prediction.best
         t_us = int(ego.timestamps_us[-1]) + np.round(prediction.t_s * 1e6).astype(np.int64)
         return DrivePlan(t_us, samples[0], yaw_to_quat(best.heading + yaw0), samples, best.reasoning)
