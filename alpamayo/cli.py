@@ -28,6 +28,7 @@ COMMANDS = [
     "alpamayo.commands.camera_sim",
     "alpamayo.commands.node_ctl",
     "alpamayo.commands.curve_keys",
+    "alpamayo.commands.alpasim_driver",
 ]
 
 
