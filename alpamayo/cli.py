@@ -18,6 +18,7 @@ COMMANDS = [
     "alpamayo.commands.make_demo_drive",
     "alpamayo.commands.replay",
     "alpamayo.commands.drive_info",
+    "alpamayo.commands.extract",
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
     "alpamayo.commands.eval",
@@ -28,6 +29,7 @@ COMMANDS = [
     "alpamayo.commands.camera_sim",
     "alpamayo.commands.node_ctl",
     "alpamayo.commands.curve_keys",
+    "alpamayo.commands.alpasim_driver",
 ]
 
 

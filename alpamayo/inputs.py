@@ -1,9 +1,10 @@
-"""One prediction's inputs from files, for `alpamayo predict`.
+"""One prediction's inputs as files: read by `alpamayo predict` and `ask`, written by `alpamayo extract`.
 
 Frames directory: one sub-directory per camera, named by its camera index (`0/`, `1/`, `2/`, `6/`), each with
 the camera's 4 frames as PNG or JPEG files whose names sort oldest first. If every file name is an integer
 (`1700000000000000000.jpg`) it is taken as the frame's start-of-frame time in ns, which lets the vision cache
-key frames across calls.
+key frames across calls; such names sort numerically (`9700000000.png` before `10000000000.png`), others as
+text.
 
 Ego CSV: a header `t_ns,x,y,z,qx,qy,qz,qw`, then 16 rows oldest first (metres; unit quaternion ego->world).
 """
@@ -28,7 +29,7 @@ def read_frames(directory: str | Path) -> tuple[dict[int, list[np.ndarray]], dic
     root = Path(directory)
     if not root.is_dir():
         raise ValueError(f"{root}: frames directory does not exist")
-    cams = sorted(p for p in root.iterdir() if p.is_dir())
+    cams = sorted((p for p in root.iterdir() if p.is_dir()), key=_name_order)
     if not cams:
         raise ValueError(
             f"{root}: no camera sub-directories (expected one per camera index, e.g. 0/ 1/ 2/ 6/)"
@@ -40,7 +41,7 @@ def read_frames(directory: str | Path) -> tuple[dict[int, list[np.ndarray]], dic
             raise ValueError(
                 f"{cam_dir}: camera sub-directories must be named by camera index (0, 1, 2, 6, ...)"
             )
-        files = sorted(p for p in cam_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted((p for p in cam_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES), key=_name_order)
         if len(files) != FRAMES_PER_CAMERA:
             raise ValueError(f"{cam_dir}: expected {FRAMES_PER_CAMERA} PNG/JPEG frames, found {len(files)}")
         cam = int(cam_dir.name)
@@ -48,6 +49,33 @@ def read_frames(directory: str | Path) -> tuple[dict[int, list[np.ndarray]], dic
         if all(f.stem.isdigit() for f in files):
             times[cam] = [int(f.stem) for f in files]
     return frames, (times if len(times) == len(frames) else None)
+
+
+def _name_order(path: Path) -> tuple[int, int, str]:
+    """Integer stems (times, camera indices) by value, before any other name, which sorts as text."""
+    return (0, int(path.stem), "") if path.stem.isdigit() else (1, 0, path.name)
+
+
+def write_frames(directory: str | Path, frames: dict[int, list[tuple[int, np.ndarray]]]) -> None:
+    """Write camera index -> 4 (start-of-frame ns, RGB uint8 [H, W, 3]) oldest first as `DIR/<camera>/<ns>.png`
+    (lossless: `read_frames` gives back the same pixels and times)."""
+    root = Path(directory)
+    for camera, shots in frames.items():
+        cam_dir = root / str(camera)
+        cam_dir.mkdir(parents=True, exist_ok=True)
+        for t_ns, rgb in shots:
+            Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8), "RGB").save(
+                cam_dir / f"{int(t_ns)}.png"
+            )
+
+
+def write_ego_csv(path: str | Path, history: EgoHistory) -> None:
+    """Write 16 ego poses as the CSV `read_ego_csv` reads; floats in shortest round-trip form (exact)."""
+    with Path(path).open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(EGO_COLUMNS)
+        for t, xyz, quat in zip(history.t_ns, history.xyz, history.quat_xyzw, strict=True):
+            out.writerow([int(t), *(repr(float(v)) for v in (*xyz, *quat))])
 
 
 def _read_image(path: Path) -> np.ndarray:

@@ -33,7 +33,7 @@ from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
 from alpamayo.expert.model import ActionExpert
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise
-from alpamayo.expert.weights import has_expert_weights, validate_expert_tensors
+from alpamayo.expert.weights import has_expert_weights, stored_action_statistics, validate_expert_tensors
 from alpamayo.families.loader import model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
@@ -170,8 +170,11 @@ class AlpamayoVLA:
         if decoder == "expert":
             validate_expert_tensors(ckpt, expert_cfg, cfg.text)
             ExpertDecoder.check_settings(expert_cfg, flow)
+        # R1 un-normalises the expert's actions with the statistics its checkpoint stores (bf16 in a bf16
+        # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
+        statistics = stored_action_statistics(ckpt, expert_cfg) if decoder == "expert" else None
         vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=ckpt, cfg=cfg)
-        planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
+        planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config), statistics)
         expert = None
         if decoder == "expert":  # on the VLM's device
             n = planner.settings.action_space.n_waypoints

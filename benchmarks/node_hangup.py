@@ -9,7 +9,7 @@ reset, `--rounds` times against each of
   * a bare libzmq SUB socket with the node's options (what libzmq alone does), and
   * an intake-only `InferenceNode` (`predictor=None`) with the default test config.
 
-    PYTHONPATH=. python benchmarks/node_hangup.py [--rounds 30]
+    python -m benchmarks.node_hangup [--rounds 30]    (from the checkout root: it imports `tests`)
 
 Measured on the idle 2-core machine (30 rounds, three runs): bare SUB median 0.18-0.22 ms (max 0.3), node
 0.61-0.63 ms (max 0.75): the node adds 0.4 ms, the control thread's wake-up; all 30 hang-ups were counted

@@ -8,7 +8,7 @@ each control reply (first and worst), the time until the node has counted every 
 (accepted / rejected by reason) and the serve process's resident memory before and at its peak (VmRSS,
 VmHWM from /proc).
 
-    PYTHONPATH=. python benchmarks/node_hardening.py [--bombs 64] [--set KEY=VALUE ...] [--json out.json]
+    python -m benchmarks.node_hardening [--bombs 64] [--set KEY=VALUE ...] [--json out.json]    (from the checkout root)
 
 With `--load-seconds S`, a second run times `status` the same way for S seconds while `alpamayo camera-sim`
 (a child process) streams 4 cameras of 1920x1080 rgb8 at `--load-rate` Hz, the node predicting nothing but

@@ -114,6 +114,7 @@ JSON_SCHEMAS: dict[str, dict[str, Any]] = {
             "invalid_reasons": {"type": "array", "items": _STR},
             "t_s": _FLOATS,
             "decoder": {"enum": ["expert", "tokens"]},
+            "route": {"type": ["string", "null"]},
             "flow": {
                 "type": ["object", "null"],
                 "properties": {"steps": _INT, "temperature": _NUM, "guidance": {"type": ["number", "null"]}},

@@ -272,6 +272,19 @@ class PoseTrack:
         return xyz, np.array(quat)
 
 
+def require_recording_file(path: str | Path) -> Path:
+    """`path` when it is a file; RecordingError otherwise, naming the MCAP files inside a directory (a rosbag2
+    bag is a directory around its .mcap file)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.mcap"))
+        hint = f"give one of its .mcap files: {', '.join(inside[:5])}" if inside else "it holds no .mcap file"
+        raise RecordingError(f"recording {path} is a directory, not an MCAP file; {hint}")
+    raise RecordingError(f"recording {path} does not exist")
+
+
 @dataclass
 class DriveInfo:
     """What `Drive.open` found: the layout in use and where it came from, each layout topic's message count,
@@ -321,9 +334,7 @@ class Drive:
         """Open and validate `path`: an MCAP file holding every topic of `layout` (default: the file's
         `alpamayo.layout` metadata, else `default_layout()`) with the right schemas, and at least two usable
         ego poses."""
-        path = Path(path)
-        if not path.is_file():
-            raise RecordingError(f"recording {path} does not exist")
+        path = require_recording_file(path)
         found = scan(path, warn)
         source = "--layout"
         if layout is None and LAYOUT_METADATA in found.metadata:

@@ -122,9 +122,17 @@ def load_key_file(path: str | Path, secret: bool = False) -> tuple[bytes, bytes 
     return public, secret_key
 
 
-def create_keys(directory: str | Path, name: str) -> tuple[Path, Path]:
-    """Write NAME.key (public) and NAME.key_secret (both keys) into `directory`; returns their paths."""
+def create_keys(directory: str | Path, name: str, overwrite: bool = False) -> tuple[Path, Path]:
+    """Write NAME.key (public) and NAME.key_secret (both keys) into `directory`; returns their paths. An
+    existing pair is kept (ValueError) unless `overwrite`: replacing it locks out every peer holding the old
+    public key."""
     out = Path(directory)
+    held = [p for p in (out / f"{name}.key", out / f"{name}.key_secret") if p.exists()]
+    if held and not overwrite:
+        raise ValueError(
+            f"{', '.join(map(str, held))} already exist(s); a new pair would lock out every peer holding the "
+            "old public key: pass --force to replace it, or choose another --name"
+        )
     out.mkdir(parents=True, exist_ok=True)
     public, secret = zmq.auth.create_certificates(str(out), name)
     Path(secret).chmod(0o600)

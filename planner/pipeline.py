@@ -9,7 +9,8 @@ tokens -> actions -> waypoints. The runtime calls, per request:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,25 +36,32 @@ class Planner:
         prompt_settings: PromptSettings | None = None,
         vocab_size: int | None = None,
         family: Family = DEMO,
+        expert_statistics: Mapping[str, float] | None = None,
     ):
+        """`expert_statistics`: the action-space mean and std fields (`ActionSpaceSettings` names) that
+        un-normalise the action expert's output where the checkpoint stores its own (R1); else the config's."""
         settings = settings or PlannerSettings()
         self.tokenizer, self.settings, self.family = tokenizer, settings, family
         self.prompt_settings = prompt_settings or PromptSettings()
         self.vocab = TrajectoryVocab.from_tokenizer(tokenizer, settings, vocab_size, family.history_first)
         self.history_tokenizer = HistoryTokenizer(settings.history)
         self.future_tokenizer = FutureTokenizer(settings.future, settings.action_space)
-        self.action_space = UnicycleActionSpace(settings.action_space)
+        self.action_space = UnicycleActionSpace(replace(settings.action_space, **(expert_statistics or {})))
         self.added_tokens = frozenset(tokenizer.get_added_vocab())  # looked up once, not per prompt
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, tokenizer: Any) -> Planner:
-        """Settings from the checkpoint's config.json; token ids checked against its embedding table."""
+    def from_config(
+        cls, cfg: ModelConfig, tokenizer: Any, expert_statistics: Mapping[str, float] | None = None
+    ) -> Planner:
+        """Settings from the checkpoint's config.json; token ids checked against its embedding table;
+        `expert_statistics` as in `__init__`."""
         return cls(
             tokenizer,
             PlannerSettings.from_config(cfg),
             PromptSettings.from_config(cfg),
             cfg.text.vocab_size,
             cfg.family,
+            expert_statistics,
         )
 
     def limits(self, max_reasoning_tokens: int = PlanLimits.max_reasoning_tokens) -> PlanLimits:

@@ -42,8 +42,17 @@ def test_presets_on_the_demo_checkpoint_and_drive(demo_checkpoint, drive, tmp_pa
     out = tmp_path / "report.json"
     args = ["precision", "--checkpoint", str(demo_checkpoint), "--drive", str(drive), "--ticks", "2"]
     assert main([*args, *FAST, "--json", str(out)]) == 0
-    table = capsys.readouterr().out
+    printed = capsys.readouterr()
+    table = printed.out
     assert "recipe" in table and "traj tokens" in table and "ADE drift m" in table
+    # Progress on stderr: each model's stage and each drive tick as it is answered.
+    progress = [line for line in printed.err.splitlines() if line.startswith("alpamayo precision: ")]
+    ticks = [line.split(": drive tick ")[0] for line in progress if ": drive tick " in line]
+    assert ticks == [
+        "alpamayo precision: " + m
+        for m in ["float32 reference"] * 2 + ["recipe accuracy"] * 2 + ["recipe performance"] * 2
+    ]
+    assert any("drive tick 2/2 in " in line for line in progress)
     # the per-layer table starts with layer 0; the demo checkpoint's action expert adds its per-step table
     assert table.count("\n  0 ") == 2 and "expert v PCC min" in table
     report = json.loads(out.read_text())

@@ -4,14 +4,16 @@ the `expert` precision group, the DRAM budget with its KV region, the step plan,
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
 import pytest
 import torch
+import yaml
 
 from alpamayo.cli import main
-from alpamayo.configs import builtin_expert
+from alpamayo.configs import CONFIG_DIR, EXPERT_SUFFIX, builtin_expert
 from alpamayo.errors import ConfigError
 from alpamayo.tt.estimate import expert_estimate
 from alpamayo.tt.expert_weights import expert_weight_specs
@@ -163,3 +165,24 @@ def test_device_fourier_tables_give_the_in_projections_features(release):
         assert device.shape[-1] == 64 and torch.equal(device[..., 60:], torch.zeros(3, 64, 4))
         # both round the float32 argument: one ulp of 2 pi f x at |2 pi f x| ~ 3000 rad is 2.4e-4
         assert (device[..., :60] - reference).abs().max() < 1e-3, k
+
+
+@pytest.mark.parametrize("base", ["nvidia/Cosmos-Reason2-8B", "Qwen/Qwen3-VL-8B-Instruct", "Org/Other-8B"])
+def test_plan_on_a_release_directory_needs_no_base_model_on_disk(base, tmp_path, monkeypatch, capsys):
+    # A released 1.5 config.json (flat, with the vocab_size NVIDIA's config saves), no base model anywhere:
+    # the hub cache is empty and nothing is downloaded.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    fields = yaml.safe_load((CONFIG_DIR / f"{RELEASE}{EXPERT_SUFFIX}").read_text())
+    release = tmp_path / RELEASE  # the model name printed comes from the directory name
+    release.mkdir()
+    config = {**fields["config"], "vlm_name_or_path": base, "vocab_size": fields["vocab_size"]}
+    (release / "config.json").write_text(json.dumps(config))
+    assert main(["plan", "--checkpoint", RELEASE, "--max-seq-len", "4096"]) == 0
+    builtin = capsys.readouterr().out
+    code = main(["plan", "--checkpoint", str(release), "--max-seq-len", "4096"])
+    printed = capsys.readouterr()
+    if base == "Org/Other-8B":  # an unknown base still has to be on disk: its shapes are not known here
+        assert code == 2 and "base model 'vlm_name_or_path' = 'Org/Other-8B' not found" in printed.err
+        return
+    assert code == 0, printed.err
+    assert printed.out == builtin

@@ -119,7 +119,8 @@ def add_decoder_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="expert, Alpamayo 1.5: navigation classifier-free guidance weight W (v = (1-W) v_unguided + "
-        "W v_guided; 1 = pure guided, two expert forwards per step); needs --route",
+        "W v_guided; 1 = pure guided, two expert forwards per step); needs a route: --route (replay, profile "
+        "and eval also take --route auto and --route-file)",
     )
 
 

@@ -7,7 +7,12 @@ import argparse
 from pathlib import Path
 
 from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
-from alpamayo.commands.replay_args import add_drive_source_args, drive_source_fields
+from alpamayo.commands.replay_args import (
+    add_drive_source_args,
+    add_route_args,
+    drive_source_fields,
+    route_fields,
+)
 from alpamayo.eval.clips import collect_clips
 from alpamayo.eval.report import report_table
 from alpamayo.eval.session import run_eval
@@ -42,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "PhysicalAI-AV clips (see docs/eval.md)",
     )
     add_drive_source_args(p)
+    add_route_args(p)
     p.add_argument("--out", type=Path, required=True, help="run directory: per-clip results and the report")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N clips only")
     p.add_argument(
@@ -78,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         worst=args.worst,
         progress=not args.no_progress,
         **drive_source_fields(args, resolve=True),
+        **route_fields(args, resolve=True),
         **model_fields(args),
     )
     evaluation = run_eval(settings, clips)

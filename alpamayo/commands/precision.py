@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         warn=lambda message: print(f"alpamayo precision: warning: {message}", file=sys.stderr),
         **drive_source_fields(args),
         base_model=args.base_model,
+        progress=lambda message: print(f"alpamayo precision: {message}", file=sys.stderr, flush=True),
     )
     print(report.table())
     if json_path is not None:

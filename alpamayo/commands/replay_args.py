@@ -39,6 +39,7 @@ def add_replay_args(p: argparse.ArgumentParser, cameras_flag: str = "--cameras")
         "--duration", type=float, default=None, help="seconds of drive to replay (default: to the end)"
     )
     add_drive_source_args(p, cameras_flag)
+    add_route_args(p)
     add_sampling_args(p)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON here")
     p.add_argument(
@@ -77,6 +78,31 @@ def add_drive_source_args(p: argparse.ArgumentParser, cameras_flag: str = "--cam
     )
 
 
+def add_route_args(p: argparse.ArgumentParser) -> None:
+    """--route and --route-file: the navigation text of each tick (alpamayo.replay.routes)."""
+    routes = p.add_mutually_exclusive_group()
+    routes.add_argument(
+        "--route",
+        default=None,
+        help="navigation text for every tick ('Turn left in 20m'), or `auto`: per tick from the drive's own "
+        "recorded path, with AlpaSim's route-to-text rule",
+    )
+    routes.add_argument(
+        "--route-file",
+        type=Path,
+        default=None,
+        help="CSV with columns t0_ns,route: each tick takes the last row at or before its t0",
+    )
+
+
+def route_fields(args: argparse.Namespace, resolve: bool = False) -> dict[str, Any]:
+    """The fields `add_route_args` sets; `resolve` makes the file's path absolute (for Ray workers)."""
+    route_file = args.route_file
+    if resolve and route_file is not None:
+        route_file = route_file.resolve()
+    return dict(route=args.route, route_file=route_file)
+
+
 def drive_source_fields(args: argparse.Namespace, resolve: bool = False) -> dict[str, Any]:
     """The fields `add_drive_source_args` sets, by the name ReplaySettings, EvalSettings and `precision_report`
     give them; `resolve` makes the paths absolute (eval's Ray workers do not run in this directory)."""
@@ -109,6 +135,7 @@ def settings_from_args(
         plots=args.plots,
         progress=not args.no_progress,
         **drive_source_fields(args),
+        **route_fields(args),
         **model_fields(args),
         **overrides,
     )

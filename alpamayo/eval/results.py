@@ -7,7 +7,8 @@
 
 A clip record holds: clip (clip_id, drive, t0_us), status ("done" | "failed"), reason (why it failed), seed,
 t0_ns (the tick on the recording clock), prediction (every sample: reasoning, trajectory token ids, x/y/z
-metres and heading rad in the t0 ego frame, accel, curvature; `alpamayo.replay.outputs.prediction_record`),
+metres and heading rad in the t0 ego frame, accel, curvature, and the route text the prompt carried;
+`alpamayo.replay.outputs.prediction_record`),
 recorded_future (x, y, z, heading) or null, history_xyz [16][3], errors_m ({"min_ade@6.4s": m, ...}),
 stages_ms, spans, wall_s, worker (index, pid, host) and warnings. Each file is written to a temporary name
 and renamed, so a reader (or a resumed run) sees a whole record or none.
@@ -108,7 +109,7 @@ class RunDir:
         write_json_atomic(self.result_path(clip), record)
 
     def write_table(self, records: Sequence[dict[str, Any]]) -> Path:
-        """clips.parquet: one row per record (clip_id, drive, t0_us, status, reason, worker, wall_s and one
+        """clips.parquet: one row per record (clip_id, drive, t0_us, status, reason, worker, wall_s, route and one
         column per error metric, null where a clip has none)."""
         keys = sorted({k for r in records for k in (r.get("errors_m") or {})})
         columns: dict[str, list] = {
@@ -119,6 +120,7 @@ class RunDir:
             "reason": [r.get("reason") for r in records],
             "worker": [r.get("worker", {}).get("index") for r in records],
             "wall_s": [r.get("wall_s") for r in records],
+            "route": [(r.get("prediction") or {}).get("route") for r in records],
         }
         for k in keys:
             columns[k] = [(r.get("errors_m") or {}).get(k) for r in records]

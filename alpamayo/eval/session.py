@@ -18,6 +18,7 @@ from alpamayo.eval.report import EvalRun, write_report
 from alpamayo.eval.results import RunDir
 from alpamayo.eval.settings import EvalSettings
 from alpamayo.profiling.environment import hardware, software, source_commit
+from bridges.recording import require_recording_file
 
 
 def run_info(settings: EvalSettings) -> dict[str, Any]:
@@ -92,13 +93,25 @@ def evaluate_pending(
     return Pending(results, evaluated, len(items) - len(todo), pool)
 
 
+def check_sources(settings: EvalSettings, clips: Sequence[Clip]) -> None:
+    """Every clip's drive is there before any model loads: MCAP drives are files, PhysicalAI-AV clips have
+    --pai-dir (a directory); RecordingError / ValueError naming the first clip that is not."""
+    for clip in clips:
+        if not clip.is_pai:
+            require_recording_file(clip.drive)
+        elif settings.pai_dir is None:
+            raise ValueError(
+                f"clip {clip.clip_id} ({clip.drive}) is a PhysicalAI-AV clip: give --pai-dir DIR"
+            )
+        elif not settings.pai_dir.is_dir():
+            raise ValueError(f"--pai-dir {settings.pai_dir} is not a directory (clip {clip.clip_id})")
+
+
 def run_eval(settings: EvalSettings, clips: Sequence[Clip]) -> EvalRun:
     """Evaluate the clips of `clips` not yet done in settings.out (failed ones are tried again), write each
     result as it arrives, then report.json, clips.parquet and the plots."""
     settings.validate()
-    pai = next((c for c in clips if c.is_pai), None)
-    if pai is not None and settings.pai_dir is None:
-        raise ValueError(f"clip {pai.clip_id} ({pai.drive}) is a PhysicalAI-AV clip: give --pai-dir DIR")
+    check_sources(settings, clips)
     run_dir = RunDir.open(settings.out, settings)
     pending = evaluate_pending(settings, run_dir, clips)
     run = EvalRun(

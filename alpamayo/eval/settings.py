@@ -10,6 +10,7 @@ from typing import Any
 from alpamayo.backends import check_num_samples
 from alpamayo.expert.decoding import DECODERS
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
+from alpamayo.replay.routes import check_route_options
 from alpamayo.replay.settings import ReplaySettings
 
 LOCAL_RAY = "local"  # `--ray` without an address: an embedded Ray on this machine
@@ -21,6 +22,8 @@ RESULT_KEYS = (
     "num_samples",
     "decoder",
     "flow",
+    "route",
+    "route_file",
     "temperature",
     "top_p",
     "top_k",
@@ -45,6 +48,8 @@ class EvalSettings:
     num_samples: int = 6
     decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
     flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
+    route: str | None = None  # navigation text, or "auto" (alpamayo.replay.routes)
+    route_file: Path | None = None  # a t0_ns,route CSV (alpamayo.replay.routes)
     temperature: float = 0.6
     top_p: float = 0.98
     top_k: int | None = None
@@ -83,6 +88,8 @@ class EvalSettings:
             base_model=self.base_model,
             decoder=self.decoder,
             flow=self.flow,
+            route=self.route,
+            route_file=self.route_file,
             backend=self.backend,
             device=self.device,
             dtype=self.dtype,
@@ -102,6 +109,7 @@ class EvalSettings:
         if self.num_samples < 1:
             raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
         check_num_samples(self.backend, self.num_samples, self.temperature, self.checkpoint)
+        check_route_options(self.route, self.route_file, self.flow.guidance)
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         if self.workers is not None and self.workers < 1:

@@ -60,10 +60,13 @@ class WeightPrefixes:
     expert: str  # the transformer: `{expert}layers.{i}.…`, `{expert}norm.weight`
     in_proj: str  # `{in_proj}encoder.trunk.{0,2,3,…}.…`, `{in_proj}norm.{weight,bias}`, R1 `…freqs` buffers
     out_proj: str  # `{out_proj}weight` [action_dims, hidden], `{out_proj}bias` [action_dims]
+    action_space: str  # R1's stored statistics `{action_space}{accel,curvature}_{mean,std}` (scalars)
 
 
-FLAT_PREFIXES = WeightPrefixes("expert.", "action_in_proj.", "action_out_proj.")
-SUPER_PREFIXES = WeightPrefixes("expert.expert.", "expert.action_in_proj.", "expert.action_out_proj.")
+FLAT_PREFIXES = WeightPrefixes("expert.", "action_in_proj.", "action_out_proj.", "action_space.")
+SUPER_PREFIXES = WeightPrefixes(
+    "expert.expert.", "expert.action_in_proj.", "expert.action_out_proj.", "expert.action_space."
+)
 
 
 @dataclass(frozen=True)

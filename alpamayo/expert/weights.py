@@ -6,12 +6,14 @@ then every name and shape against the config (all problems reported at once, eac
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 
 from alpamayo.checkpoint import Checkpoint, Shape
 from alpamayo.config import TextConfig
+from alpamayo.errors import CheckpointError
 from alpamayo.expert.config import ExpertConfig, validate_against_vlm
 from alpamayo.expert.in_proj import ActionInProj, default_freqs
 from alpamayo.expert.model import ActionExpert
@@ -28,6 +30,41 @@ def expected_tensors(ckpt: Checkpoint, cfg: ExpertConfig) -> dict[str, list[Shap
         if name in ckpt:
             shapes[name] = [(1, cfg.in_proj.num_freqs), (cfg.in_proj.num_freqs,)]
     return shapes
+
+
+ACTION_STATISTICS = ("accel_mean", "accel_std", "curvature_mean", "curvature_std")
+
+
+def stored_action_statistics(ckpt: Checkpoint, cfg: ExpertConfig) -> dict[str, float] | None:
+    """The action-space statistics a release stores, by `ActionSpaceSettings` field name, or None when it
+    stores none (then the config's `action_space_cfg` values serve).
+
+    NVIDIA's rule: R1 builds `action_space` from `config.action_space_cfg` with persistent buffers
+    `{accel,curvature}_{mean,std}`, `from_pretrained` then overwrites them with the checkpoint's tensors, and
+    `action_to_traj` un-normalises the expert's output with those. A bf16 release stores them bf16-rounded
+    (`accel_std` 0.6797 against 0.68104 in config.json), so those are the numbers the model was run with.
+    1.5 registers them non-persistent (never stored). CheckpointError for a partial set, a non-scalar, a
+    non-finite value or a std <= 0."""
+    names = {k: f"{cfg.prefixes.action_space}{k}" for k in ACTION_STATISTICS}
+    held = [n for n in names.values() if n in ckpt]
+    if not held:
+        return None
+    if len(held) != len(names):
+        missing = sorted(set(names.values()) - set(held))
+        raise CheckpointError(
+            f"{ckpt.directory}: action-space statistics {held} are stored but not {missing}"
+        )
+    stats: dict[str, float] = {}
+    for field, name in names.items():
+        if ckpt.shape(name) not in ((), (1,)):
+            raise CheckpointError(
+                f"{ckpt.directory}: {name} has shape {list(ckpt.shape(name))}, expected a scalar"
+            )
+        value = float(ckpt.get(name, torch.float64).reshape(()))
+        if not math.isfinite(value) or (field.endswith("_std") and value <= 0):
+            raise CheckpointError(f"{ckpt.directory}: {name} = {value}; expected a finite value (a std > 0)")
+        stats[field] = value
+    return stats
 
 
 def has_expert_weights(ckpt: Checkpoint, cfg: ExpertConfig) -> bool:

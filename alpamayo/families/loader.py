@@ -21,7 +21,7 @@ from typing import Any
 from alpamayo.config import ModelConfig, generation_eos, parse_config
 from alpamayo.errors import ConfigError
 from alpamayo.expert.config import expert_config_of, validate_against_vlm
-from alpamayo.families.base_model import resolve_base_model
+from alpamayo.families.base_model import BUNDLED_8B, KNOWN_8B_BASES, resolve_base_model
 from alpamayo.families.registry import RELEASE_IDS, Family, detect_family
 from alpamayo.families.vocabulary import check_embedding_rows, extend_tokenizer
 from alpamayo.json_fields import Fields, read_json
@@ -98,6 +98,35 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
         raw, source, eos or generation_eos(base.directory), base_vlm=vlm, base_model=str(base.directory)
     )
     return _check_expert(cfg)
+
+
+def load_shape_config(path: str | Path, base_model: str | Path | None = None) -> ModelConfig:
+    """The config with its shapes, for planning (no weights, no tokenizer needed): `load_model_config`, except
+    that an R1 / 1.5 checkpoint whose base model is not on disk, when it names one of the two known 8B bases
+    and saves its `vocab_size` (NVIDIA's config derives and saves it), takes the bundled Qwen3-VL-8B config
+    with that vocabulary, as `alpamayo.families.base_model` does for a base without config.json."""
+    directory, cfg_path = _config_path(path)
+    raw = _read_config(cfg_path)
+    if base_model is not None or not detect_family(raw).uses_base_model:
+        return load_model_config(path, base_model)
+    source = str(cfg_path)
+    name = Fields(raw, "", source).str("vlm_name_or_path")
+    try:
+        resolve_base_model(name, directory, None, source)
+    except ConfigError:
+        if name not in KNOWN_8B_BASES:
+            raise
+    else:
+        return load_model_config(path)
+    vocab_size = raw.get("vocab_size")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        raise ConfigError(
+            f"{source}: base model {name!r} is not on disk and field 'vocab_size' is {vocab_size!r}: without "
+            "the base model's tokenizer the vocabulary is unknown; give --base-model DIR"
+        )
+    vlm = read_json(BUNDLED_8B)
+    vlm["text_config"]["vocab_size"] = vlm["vocab_size"] = vocab_size
+    return _check_expert(parse_config(raw, source, generation_eos(directory), base_vlm=vlm, base_model=None))
 
 
 def _check_expert(cfg: ModelConfig) -> ModelConfig:

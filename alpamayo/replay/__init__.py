@@ -2,6 +2,8 @@
 
 * `alpamayo.replay.ticks`: model inputs per 10 Hz tick from any recorded drive (`bridges.drives`), and its
   recorded future;
+* `alpamayo.replay.routes`: the navigation text of each tick (`--route TEXT | auto`, `--route-file`);
+* `alpamayo.replay.extract`: one tick as `predict`'s files (`alpamayo extract`);
 * `alpamayo.replay.settings`: `ReplaySettings` (what a replay asks for) and `ReplayJob` (what a mode runs);
 * `alpamayo.replay.lockstep`, `alpamayo.replay.realtime`: the two replay modes (`ReplayJob` -> `ReplayRun`);
 * `alpamayo.replay.results`: `TickResult` and `ReplayRun`, one result form for both modes;

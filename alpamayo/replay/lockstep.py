@@ -15,9 +15,14 @@ from collections import Counter
 from alpamayo.replay.accuracy import invalid_reasons, score_tick
 from alpamayo.replay.outputs import TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
+from alpamayo.replay.routes import route_source
 from alpamayo.replay.settings import ReplayJob
 from alpamayo.replay.ticks import Tick, TickAssembler
 from bridges.recording import FrameError
+
+# A tick whose route source has no text for it (past a route file's rows, the recording's end) has no guided
+# branch: with --nav-guidance it is skipped.
+NO_ROUTE = "no route text at this tick (--nav-guidance needs one)"
 
 
 def replay_lockstep(job: ReplayJob) -> ReplayRun:
@@ -27,6 +32,7 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
     settings.validate()
     max_ticks, warmup = settings.max_ticks, settings.warmup
     assembler = TickAssembler(drive, settings.start_s, settings.duration_s, warn)
+    routes = route_source(settings.route, settings.route_file, drive.poses)
     ticks = iter(assembler)
     results: list[TickResult] = []
     skipped: Counter = Counter()
@@ -38,10 +44,15 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
         if tick is None:
             break
         offered += 1
+        route = None if routes is None else routes.text_at(tick.t0_ns)
+        if route is None and settings.flow.guidance is not None:
+            skipped[NO_ROUTE] += 1
+            warn(f"skipped the tick at t0 = {tick.t0_ns} ns: {NO_ROUTE}")
+            continue
         mark = tracer.mark()
         with tracer.tick(tick.index, warmup=len(results) < warmup):
             tracer.record("receive", begin, time.perf_counter_ns() - begin)
-            result = _run_tick(tick, job, begin)
+            result = _run_tick(tick, job, begin, route)
         if isinstance(result, FrameError):
             skipped["a frame does not decode"] += 1
             warn(f"skipped the tick at t0 = {tick.t0_ns} ns: {result}")
@@ -62,7 +73,7 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
     )
 
 
-def _run_tick(tick: Tick, job: ReplayJob, begin: int) -> TickResult | FrameError:
+def _run_tick(tick: Tick, job: ReplayJob, begin: int, route: str | None) -> TickResult | FrameError:
     tracer, recorder = job.tracer, job.recorder
     try:
         with tracer.span("decode") as args:
@@ -73,6 +84,7 @@ def _run_tick(tick: Tick, job: ReplayJob, begin: int) -> TickResult | FrameError
     prediction = job.predictor.predict(
         frames,
         tick.ego_history,
+        route=route,
         num_samples=job.settings.num_samples,
         seed=job.settings.seed,
         frame_times_ns=tick.frame_times_ns,
@@ -88,7 +100,7 @@ def _run_tick(tick: Tick, job: ReplayJob, begin: int) -> TickResult | FrameError
         decode_tokens=len(best.reasoning_token_ids) + len(best.token_ids),
     )
     if recorder is not None:
-        output = TickOutput.of(result, tick.frame_times_ns, tick.ego_history, prediction, tick.future)
+        output = TickOutput.of(result, tick.frame_times_ns, tick.ego_history, prediction, tick.future, route)
         with tracer.span("serialise"):
             encoded = recorder.serialise(output)
         with tracer.span("publish"):

@@ -6,7 +6,8 @@ Per tick, all logged at t0 on the recording clock (so outputs line up with the c
   /alpamayo/recorded_future foxglove.PosesInFrame    the recorded 6.4 s after t0, base_link (when recorded)
   /alpamayo/reasoning       foxglove.Log             the best sample's reasoning text
   /alpamayo/prediction      alpamayo.Prediction      every sample: tokens, waypoints, actions, errors, validity,
-                                                     and the trajectory decoder (expert + flow settings, or tokens)
+                                                     the trajectory decoder (expert + flow settings, or tokens)
+                                                     and the route text the prompt carried (or null)
   /alpamayo/timings         alpamayo.Timings         per-stage milliseconds (the only non-deterministic topic)
 `docs/recordings.md` documents the fields. Serialising and publishing are separate calls so that profiling
 times them as the `serialise` and `publish` stages.
@@ -45,6 +46,7 @@ class TickOutput:
     future_heading: np.ndarray | None
     errors_m: dict[str, float] | None
     invalid_reasons: list[str]
+    route: str | None = None  # the navigation text the prompt carried (alpamayo.replay.routes)
 
     @classmethod
     def of(
@@ -54,9 +56,11 @@ class TickOutput:
         ego: EgoHistory,
         prediction: Prediction,
         future: tuple[np.ndarray, np.ndarray] | None,
+        route: str | None = None,
     ) -> TickOutput:
         """The output of a scored tick: `result` with the frames' times, the ego history (its t0 pose is
-        recorded), the full prediction and the recorded future (xyz [64, 3], heading [64]) or None."""
+        recorded), the full prediction, the recorded future (xyz [64, 3], heading [64]) or None, and the
+        route text the prompt carried."""
         return cls(
             seq=result.seq,
             t0_ns=result.t0_ns,
@@ -68,6 +72,7 @@ class TickOutput:
             future_heading=None if future is None else future[1],
             errors_m=result.errors_m,
             invalid_reasons=result.invalid_reasons,
+            route=route,
         )
 
 
@@ -105,6 +110,7 @@ def prediction_record(out: TickOutput) -> dict[str, Any]:
         "t_s": _floats(out.prediction.t_s),
         "decoder": out.prediction.decoder,  # the action expert ("expert": token_ids empty) or "tokens"
         "flow": out.prediction.flow,
+        "route": out.route,  # navigation text in the prompt, or None
         "samples": [
             {
                 "reasoning": s.reasoning,

@@ -75,6 +75,7 @@ def node_config(drive: DriveSource, settings: ReplaySettings, frame_size: tuple[
             top_p=settings.top_p,
             top_k=settings.top_k,
             max_reasoning_tokens=settings.max_reasoning_tokens,
+            route=settings.route,  # a fixed text only: per-tick sources are refused in real-time mode
         ),
         input=InputSection(endpoints=[LOOPBACK], bind=True),
         output=OutputSection(endpoint=LOOPBACK, bind=True),
@@ -152,7 +153,7 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
         node.stop()
     # Outputs published before the first frame was sent (inputs not yet flowing) say nothing about the replay.
     outputs = [(t, m) for t, m in collector.outputs if t >= first_send_ns]
-    ticks, stale = _results(drive, outputs, set(offered), job.recorder)
+    ticks, stale = _results(drive, outputs, set(offered), job.recorder, settings.route)
     answered = {t.t0_ns for t in ticks}
     info = {
         **job.info,
@@ -235,9 +236,10 @@ def _results(
     outputs: list[tuple[int, TrajectoryMessage]],
     offered: set[int],
     recorder: PredictionRecorder | None,
+    route: str | None,
 ) -> tuple[list[TickResult], list[str]]:
     """TickResults of the outputs that answer an offered tick (offered ticks have a full pose history by
-    construction), and the reasons of the outputs that carry no trajectory."""
+    construction), and the reasons of the outputs that carry no trajectory; `route`: the node's fixed route."""
     ticks: list[TickResult] = []
     stale: list[str] = []
     for _, msg in outputs:
@@ -259,7 +261,7 @@ def _results(
         ticks.append(result)
         if recorder is not None:
             frame_times_ns = {c.index: list(c.t_sof_ns) for c in msg.cameras}
-            output = TickOutput.of(result, frame_times_ns, history, prediction, future)
+            output = TickOutput.of(result, frame_times_ns, history, prediction, future, route)
             recorder.publish(recorder.serialise(output), msg.t0_ns)
             recorder.timings(msg.seq, msg.t0_ns, result.stages_ms, result.e2e_ms)
     return ticks, stale

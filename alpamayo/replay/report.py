@@ -11,6 +11,8 @@ The JSON document (`REPORT_SCHEMA`) holds:
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,26 @@ def describe_run(info: dict[str, Any]) -> str:
     )
 
 
+# Reasons that differ only in their figures ("nearest 100 ms off", "200 ms off") are one kind of reason.
+FIGURE = re.compile(r"[-+]?\d+(?:\.\d+)?")
+REASON_KINDS_SHOWN = 2
+
+
+def reason_kinds(reasons: Counter, shown: int = REASON_KINDS_SHOWN) -> str:
+    """`reasons` (reason -> count) in one short line: the `shown` most frequent kinds of reason (reasons equal
+    up to their figures), each as "N x <its first reason>", then how many other kinds. The JSON report keeps
+    every reason."""
+    kinds: dict[str, list] = {}
+    for reason, n in reasons.items():
+        kind = kinds.setdefault(FIGURE.sub("#", reason), [0, reason])
+        kind[0] += n
+    ranked = sorted(kinds.values(), key=lambda kind: -kind[0])
+    parts = [f"{n} x {example}" for n, example in ranked[:shown]]
+    if len(ranked) > shown:
+        parts.append(f"{len(ranked) - shown} other kind(s), in the JSON report")
+    return "; ".join(parts)
+
+
 def latency_table(run: ReplayRun) -> str:
     """The per-stage latency table (ms) over the measured ticks, then achieved rate, drops and decode speed."""
     figures = tick_figures(run)
@@ -125,7 +147,7 @@ def latency_table(run: ReplayRun) -> str:
         rows.append(
             f"real-time at {run.info.get('speed')}x: {run.dropped} of {run.ticks_offered} recorded ticks unanswered, "
             f"node frame_drop_perc {node.get('frame_drop_perc', 0.0):.1f}%, {stale} output(s) without a trajectory"
-            f"{': ' + '; '.join(sorted(run.skipped)) if run.skipped else ''}; "
+            f"{' (' + reason_kinds(run.skipped) + ')' if run.skipped else ''}; "
             f"{sum(not t.valid for t in run.ticks)} answer(s) marked invalid (stale inputs or frames)"
         )
     decode = decode_stats(run)

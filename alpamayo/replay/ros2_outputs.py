@@ -5,6 +5,7 @@ Per tick, all stamped and logged at t0 on the recording clock (Autoware's conven
   /alpamayo/trajectory      autoware_planning_msgs/msg/Trajectory  sample 0's 64 points, base_link
   /alpamayo/recorded_future nav_msgs/msg/Path                      the recorded 6.4 s after t0, base_link
   /alpamayo/reasoning       std_msgs/msg/String                    sample 0's reasoning text
+  /alpamayo/route           std_msgs/msg/String                    the route text the prompt carried (when one)
   /alpamayo/timings         std_msgs/msg/String                    alpamayo.Timings as JSON (not deterministic)
 Trajectory points: `time_from_start` the waypoint's time after t0, `pose` its position and heading (yaw
 quaternion), `longitudinal_velocity_mps` the rollout's speed (distance between consecutive waypoints, the first
@@ -34,6 +35,7 @@ TYPES = {
     "/alpamayo/trajectory": "autoware_planning_msgs/msg/Trajectory",
     "/alpamayo/recorded_future": "nav_msgs/msg/Path",
     "/alpamayo/reasoning": "std_msgs/msg/String",
+    "/alpamayo/route": "std_msgs/msg/String",
     TIMINGS_TOPIC: "std_msgs/msg/String",
 }
 
@@ -127,6 +129,8 @@ class Ros2Recorder:
             ),
             ("/alpamayo/reasoning", {"data": best.reasoning}),
         ]
+        if out.route is not None:
+            encoded.append(("/alpamayo/route", {"data": out.route}))
         if out.future_xyz is not None and out.future_heading is not None:
             poses = [
                 {

@@ -6,11 +6,14 @@ This is what `alpamayo replay`, `alpamayo profile` and `alpamayo demo` run; the 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
+from alpamayo.prediction import DT_S
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware, software, source_commit
 from alpamayo.replay.accuracy import summarize_accuracy
@@ -112,7 +115,9 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
         elif settings.out is not None:
             writer = RecordingWriter(settings.out)
             recorder = PredictionRecorder(writer, settings.encoding)
-        total = settings.max_ticks or expected_ticks(drive)
+        total = expected_ticks(drive, settings.start_s, settings.duration_s)
+        if settings.max_ticks is not None:
+            total = min(total, settings.max_ticks)
         with tqdm(
             total=total,
             unit="tick",
@@ -142,13 +147,25 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
     return run
 
 
-def expected_ticks(drive: DriveSource) -> int:
-    """Ticks the progress bar expects: the fixed tick times, or the reference camera's frames less the first
-    1.5 s (MCAP drives)."""
+def expected_ticks(drive: DriveSource, start_s: float = 0.0, duration_s: float | None = None) -> int:
+    """Ticks the progress bar expects in the window [start_s, start_s + duration_s) after the first tick time
+    or frame: the fixed tick times in it, or (MCAP drives) the reference camera's frames in it, taken at the
+    model's 10 Hz, less those in the first 1.5 s (no history yet)."""
     if drive.tick_times_ns is not None:
-        return max(len(drive.tick_times_ns), 1)
-    reference = drive.info.message_counts[drive.layout.cameras[0].topic]
-    return max(reference - len(HISTORY_OFFSETS_NS), 1)
+        times = np.asarray(drive.tick_times_ns, dtype=np.int64)
+        if len(times) == 0:
+            return 1
+        begin = times[0] + round(start_s * 1e9)
+        end = None if duration_s is None else begin + round(duration_s * 1e9)
+        return max(int(np.sum((times >= begin) & (True if end is None else times < end))), 1)
+    frames = drive.info.message_counts[drive.layout.cameras[0].topic]
+
+    def frame_at(t_s: float) -> int:  # the first frame at or after t_s (frames every DT_S from 0)
+        return math.ceil(round(t_s / DT_S, 6))
+
+    first = max(frame_at(start_s), len(HISTORY_OFFSETS_NS) - 1)
+    end = frames if duration_s is None else min(frames, frame_at(start_s + duration_s))
+    return max(end - first, 1)
 
 
 def copy_inputs(drive: DriveSource, run: ReplayRun, writer: RecordingWriter | Ros2Recorder) -> None:

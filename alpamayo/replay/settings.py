@@ -12,6 +12,7 @@ from alpamayo.backends import BackendOptions, check_num_samples
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
+from alpamayo.replay.routes import check_route_options
 from bridges.drives import DriveSource
 from bridges.recording import Warn
 
@@ -45,6 +46,8 @@ class ReplaySettings:
     base_model: Path | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
     decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
     flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
+    route: str | None = None  # navigation text, or "auto" (alpamayo.replay.routes)
+    route_file: Path | None = None  # a t0_ns,route CSV (alpamayo.replay.routes)
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"
@@ -82,6 +85,7 @@ class ReplaySettings:
             raise ValueError(f"--max-ticks must be >= 1, got {self.max_ticks}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        check_route_options(self.route, self.route_file, self.flow.guidance, self.mode)
         # Checked before the replay runs, so a bad output path cannot lose a finished (possibly long) replay.
         for option, path in (("--out", self.out), ("--trace", self.trace), ("--json", self.json)):
             if path is not None and Path(path).is_dir():

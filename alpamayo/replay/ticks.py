@@ -59,14 +59,22 @@ def recorded_history(poses: PoseTrack, t0_ns: int) -> EgoHistory | None:
 def recorded_future(poses: PoseTrack, t0_ns: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The recorded ego poses at t0 + 0.1 .. 6.4 s in the t0 ego frame: xyz [64, 3] metres and heading [64]
     rad; None when the recording does not cover them."""
+    return poses_in_t0_frame(poses, t0_ns, t0_ns + FUTURE_OFFSETS_NS)
+
+
+def poses_in_t0_frame(
+    poses: PoseTrack, t0_ns: int, times_ns: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The recorded ego poses at `times_ns` [M] in the ego frame at t0: xyz [M, 3] metres and heading [M] rad;
+    None when the recording does not cover t0 and every time."""
     origin = poses.interpolate(np.array([t0_ns]))
-    future = poses.interpolate(t0_ns + FUTURE_OFFSETS_NS)
-    if origin is None or future is None:
+    at = poses.interpolate(times_ns)
+    if origin is None or at is None:
         return None
     (xyz0,), (quat0,) = origin
     to_t0 = quat_to_matrix(quat0).T  # R_t0^-1
-    relative = to_t0 @ quat_to_matrix(future[1])
-    return (future[0] - xyz0) @ to_t0.T, np.arctan2(relative[:, 1, 0], relative[:, 0, 0])
+    relative = to_t0 @ quat_to_matrix(at[1])
+    return (at[0] - xyz0) @ to_t0.T, np.arctan2(relative[:, 1, 0], relative[:, 0, 0])
 
 
 @dataclass

@@ -25,6 +25,7 @@ measure (tests/test_tt_*_device.py). The models are loaded one at a time: float3
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -146,11 +147,18 @@ def _vision(encoder: VisionEncoder) -> list[torch.Tensor]:
     return [embeds, *deepstack]
 
 
-def _drive_run(vla: Any, ticks: Sequence[Any]) -> DriveRun:
+Progress = Callable[[str], None]
+
+
+def _drive_run(vla: Any, ticks: Sequence[Any], label: str, progress: Progress) -> DriveRun:
+    """The drive's ticks through `vla`; `progress` hears of each answered tick (a drive tick of a real model
+    on the CPU takes tens of seconds)."""
     run = DriveRun([], [], [])
-    for tick in ticks:
+    for i, tick in enumerate(ticks):
+        start = time.perf_counter()
         frames = {c: [f.rgb() for f in fs] for c, fs in tick.frames.items()}
         (sample,) = vla.predict(frames, tick.ego_history, frame_times_ns=tick.frame_times_ns).samples
+        progress(f"{label}: drive tick {i + 1}/{len(ticks)} in {time.perf_counter() - start:.1f} s")
         run.tokens.append(list(sample.token_ids))
         run.xyz.append(sample.xyz)
         run.future.append(None if tick.future is None else tick.future[0])
@@ -206,8 +214,12 @@ def evaluation_ids(cfg: ModelConfig, prompt_tokens: int) -> torch.Tensor:
     return torch.tensor(ids[:prompt_tokens])
 
 
-def reference(directory: Path, cfg: ModelConfig, settings: Settings, ticks: Sequence[Any]) -> Reference:
-    """Everything the unrounded float32 model (`cfg`, as `load_config` read it) contributes to the comparison."""
+def reference(
+    directory: Path, cfg: ModelConfig, settings: Settings, ticks: Sequence[Any], progress: Progress
+) -> Reference:
+    """Everything the unrounded float32 model (`cfg`, as `load_config` read it) contributes to the comparison;
+    `progress` hears of each stage."""
+    progress("float32 reference: teacher-forced logits and per-layer inputs")
     model = TextModel.from_checkpoint(directory, cfg)
     prompt = evaluation_ids(cfg, settings.prompt_tokens)
     model.setup_cache(prompt.numel() + settings.tokens)
@@ -219,7 +231,11 @@ def reference(directory: Path, cfg: ModelConfig, settings: Settings, ticks: Sequ
     expert = expert_run(Checkpoint(directory, cfg.weight_prefix), cfg, model, ids.numel())
     del model
     vision = _vision(VisionEncoder.from_checkpoint(directory, cfg)) if cfg.vision is not None else None
-    drive = _drive_run(_vla(directory, None, cfg, settings), ticks) if ticks else None
+    drive = (
+        _drive_run(_vla(directory, None, cfg, settings), ticks, "float32 reference", progress)
+        if ticks
+        else None
+    )
     return Reference(ids, continuation, io, logits, vision, drive, None if expert is None else expert[0])
 
 
@@ -248,9 +264,11 @@ def evaluate_recipe(
     settings: Settings,
     ticks: Sequence[Any],
     base_model: str | None = None,
+    progress: Progress = lambda message: None,
 ) -> RecipeReport:
     """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan; `base_model`
-    as `load_config` takes it (R1 / 1.5)."""
+    as `load_config` takes it (R1 / 1.5); `progress` hears of each stage."""
+    progress(f"recipe {precision.name}: rounded weights, per-layer and logit PCC")
     weights = QuantizedCheckpoint(directory, precision, base_model=base_model)
     cfg = weights.config
     model = TextModel.from_checkpoint(weights, cfg)
@@ -275,7 +293,7 @@ def evaluate_recipe(
     drive = None
     if ref.drive is not None:
         vla = _vla(directory, weights, cfg, settings, kv_store(precision))
-        drive = _drive_figures(ref.drive, _drive_run(vla, ticks))
+        drive = _drive_figures(ref.drive, _drive_run(vla, ticks, f"recipe {precision.name}", progress))
     dram = {
         "weights_gb": memory.weight_bytes / 1e9,
         "kv_cache_gb": memory.kv_cache / 1e9,
@@ -385,6 +403,7 @@ def precision_report(
     pai_dir: str | Path | None = None,
     cameras: Sequence[int] | None = None,
     base_model: str | Path | None = None,
+    progress: Progress = lambda message: None,
 ) -> PrecisionReport:
     """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path, with a
     YAML topic `layout` where its topics are not the default ones, or `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
@@ -396,9 +415,9 @@ def precision_report(
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
     ticks = drive_ticks(drive, settings.ticks, warn, layout, pai_dir, cameras) if drive is not None else []
-    ref = reference(directory, cfg, settings, ticks)
+    ref = reference(directory, cfg, settings, ticks, progress)
     reports = [
-        evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model)
+        evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model, progress)
         for p, plan in zip(precisions, plans, strict=True)
     ]
     return PrecisionReport(
