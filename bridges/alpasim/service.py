@@ -364,6 +364,7 @@ class EgodriverService(
                 frame_times_ns={k: [t * 1000 for t in v] for k, v in times_us.items()},
             )
         after = time.perf_counter()
+        pred.timings_ms["service_predict"] = (after - start) * 1e3 - prep_ms
         response = self._response(s, pred, t0, ego)
         s.drives += 1
         s.last_query_us = int(request.time_now_us)
