@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
     limits = Limits(max_sessions=args.max_sessions, frames_per_camera=args.frames_per_camera)
     service = EgodriverService(
-        vla, vla.model_line, args.samples, args.selection, tuple(args.cameras.split(",")), limits
+        vla, vla.model_line(), args.samples, args.selection, tuple(args.cameras.split(",")), limits
     )
     server, port = serve(service, args.listen)
     print(f"alpasim-driver: {vla.model_line} listening on {args.listen} (port {port})", flush=True)

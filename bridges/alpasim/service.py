@@ -53,10 +53,6 @@ VERSION = "alpamayo-tt-alpasim-driver-0.1.0"
 # AlpaSim's alpasim_grpc release whose protos bridges/alpasim/v0 carries.
 API_VERSION = (0, 1, 0)
 
-Predict = Callable[
-    [dict[int, list[np.ndarray]], EgoHistory, "str | None", int, int, dict[int, list[int]]], Prediction
-]
-
 
 class InputRejected(Exception):
     """A request the service refuses: ``code`` the gRPC status, ``reason`` the counter it is counted under."""
@@ -137,6 +133,10 @@ class EgodriverService(
             with self._lock:
                 self.rejected[e.reason] += 1
             context.abort(e.code, str(e))
+        except ValueError as e:  # the predictor refused its inputs: named, counted, the session kept
+            with self._lock:
+                self.rejected["model_input"] += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {e}")
         with self._lock:
             self.counters[name] += 1
         return out
@@ -351,15 +351,20 @@ class EgodriverService(
         seed = s.seed + s.drives
         prep_ms = (time.perf_counter() - start) * 1e3
         with self._model_lock:
-            pred = self._predict(
+            if self._last_session != s.uuid:
+                # The feature cache is keyed by (camera, frame time): another session's clock may repeat times.
+                self._predictor.reset()
+                self._last_session = s.uuid
+            pred = self._predictor.predict(
                 frames,
                 ego,
-                s.route,
-                self._num_samples,
-                seed,
-                {k: [t * 1000 for t in v] for k, v in times_us.items()},
+                route=s.route,
+                num_samples=self._num_samples,
+                seed=seed,
+                frame_times_ns={k: [t * 1000 for t in v] for k, v in times_us.items()},
             )
         after = time.perf_counter()
+        pred.timings_ms["service_predict"] = (after - start) * 1e3 - prep_ms
         response = self._response(s, pred, t0, ego)
         s.drives += 1
         s.last_query_us = int(request.time_now_us)
@@ -421,7 +426,7 @@ class EgodriverService(
         def trajectory(k: int) -> common_pb2.Trajectory:
             smp = pred.samples[k]
             local = r0.apply(smp.xyz) + p0
-            yaw_rot = r0 * Rotation.from_euler("z", smp.heading)
+            yaw_rot = r0 * Rotation.from_euler("z", np.asarray(smp.heading)[:, None])
             q = yaw_rot.as_quat()  # xyzw
             out = [_pose_at(t0, p0, ego.quat_xyzw[-1])]
             out += [_pose_at(int(t), local[i], q[i]) for i, t in enumerate(t_us)]
