@@ -93,9 +93,8 @@ def test_two_ray_workers_drive_the_in_process_scenes_identically(in_process, on_
     assert ra["schema"] == REPORT_SCHEMA and ra["metrics"] == rb["metrics"]
     assert ra["scenes"]["done"] == 2 and ra["per_scene"] == rb["per_scene"]
     for r in a.values():
-        assert len(r["plans"]) == 5 and all(
-            len(p["x"]) == 64 for p in r["plans"]
-        )  # a plan every tick from T0 = 1.5 s
+        # a plan every tick from T0 = 1.5 s: the pose at t0, then 64 waypoints
+        assert len(r["plans"]) == 5 and all(len(p["x"]) == 65 for p in r["plans"])
         assert len(r["path"]["t_s"]) == 21  # 1.5 s on the log, then 0.5 s driven, at 10 Hz
         with Image.open(in_process / "plots" / f"{r['clip_id']}.png") as png:
             assert png.size[0] > 0

@@ -2,37 +2,20 @@
 
 Frames: `local` is the simulation's fixed world frame (x east, y north, z up, metres); `rig` is the ego rig at
 a pose's time (x forward, y left, z up; origin at the rear axle on the ground). Times are the scene clock in
-microseconds. A `Driver` is what the rollout talks to; `InProcessDriver` answers with the project's runtime in
-this process (the AlpaSim gRPC client of `bridges.alpasim` answers the same calls over the wire).
+microseconds. A `Driver` is what the rollout talks to; the runner answers it with
+the AlpaSim gRPC service of `bridges.alpasim` through its client (`GrpcDriver`).
 """
 
 from __future__ import annotations
 
-import io
-from collections import deque
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-from PIL import Image
 
-from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory
-from alpamayo.rotations import yaw_to_quat
-from alpamayo.runtime import AlpamayoVLA
-
-# NVIDIA's driver maps AlpaSim's logical camera ids to Alpamayo's camera indices this way
-# (alpasim_driver/models/alpamayo_base.py CAMERA_NAME_TO_INDEX).
-CAMERA_INDEX = {
-    "camera_cross_left_120fov": 0,
-    "camera_front_wide_120fov": 1,
-    "camera_cross_right_120fov": 2,
-    "camera_rear_left_70fov": 3,
-    "camera_rear_tele_30fov": 4,
-    "camera_rear_right_70fov": 5,
-    "camera_front_tele_30fov": 6,
-}
-HISTORY_POSES = 16
+from bridges.alpasim.client import AlpasimDriverClient, EgoDynamics, EgoPose, trajectory_arrays
 
 
 @dataclass(frozen=True)
@@ -65,15 +48,6 @@ class DrivePlan:
         return len(self.timestamps_us) == 0
 
 
-def rig_to_local(xyz: np.ndarray, origin: np.ndarray, yaw: float) -> np.ndarray:
-    """Points xyz [..., 3] of the rig at local position `origin` [3] and yaw `yaw` rad -> local [..., 3].
-    Written out rather than a matmul: BLAS picks kernels by thread count, and a Ray worker (one thread) must
-    write the in-process run's bytes."""
-    c, s = np.cos(yaw), np.sin(yaw)
-    x, y = xyz[..., 0], xyz[..., 1]
-    return np.stack([c * x - s * y + origin[0], s * x + c * y + origin[1], xyz[..., 2] + origin[2]], axis=-1)
-
-
 class Driver(Protocol):
     """An egodriver session, in the order AlpaSim calls it: start, then each tick images, egomotion, route and
     drive; close at the end."""
@@ -93,83 +67,47 @@ class Driver(Protocol):
     def close_session(self, session_id: str) -> None: ...
 
 
-@dataclass
-class _Session:
-    cameras: tuple[str, ...]
-    seed: int
-    frames: dict[int, deque] = field(default_factory=dict)  # camera index -> (frame_end_us, rgb [H, W, 3])
-    egomotion: Egomotion | None = None
+class GrpcDriver:
+    """A `Driver` over the wire: the AlpaSim egodriver service (`bridges.alpasim.service`) through the
+    project's client (`bridges.alpasim.client.AlpasimDriverClient`). `size` (height, width) is the camera
+    resolution the session announces."""
 
-
-class InProcessDriver:
-    """A `Driver` answered by `predictor` in this process: the last 4 frames per camera (at or before the
-    query time) and the last 16 ego poses go into one prediction per `drive`; K samples, the first selected.
-    The route is accepted and not used (the demo checkpoints take no navigation text)."""
-
-    def __init__(self, predictor: AlpamayoVLA, num_samples: int = 1):
-        self.predictor = predictor
-        self.num_samples = num_samples
-        self.sessions: dict[str, _Session] = {}
+    def __init__(self, client: AlpasimDriverClient, size: tuple[int, int]):
+        self.client = client
+        self.size = size
 
     def start_session(self, session_id: str, seed: int, cameras: Sequence[str]) -> None:
-        unknown = [c for c in cameras if c not in CAMERA_INDEX]
-        if unknown:
-            raise ValueError(f"unknown camera(s) {unknown}; allowed: {list(CAMERA_INDEX)}")
-        self.sessions[session_id] = _Session(tuple(cameras), seed)
-        # Features cached by frame time must not carry over from another scene on the same clock.
-        self.predictor.reset()
+        self.client.start_session(session_id, cameras, seed, scene_id=session_id, resolution_hw=self.size)
 
     def submit_image(
         self, session_id: str, logical_id: str, frame_start_us: int, frame_end_us: int, image: bytes
     ) -> None:
-        session = self._session(session_id)
-        if logical_id not in session.cameras:
-            raise ValueError(f"camera {logical_id!r} is not one of the session's {list(session.cameras)}")
-        rgb = np.asarray(Image.open(io.BytesIO(image)).convert("RGB"))
-        frames = session.frames.setdefault(CAMERA_INDEX[logical_id], deque(maxlen=FRAMES_PER_CAMERA))
-        frames.append((frame_end_us, rgb))
+        self.client.submit_image(session_id, logical_id, image, frame_start_us, frame_end_us)
 
     def submit_egomotion(self, session_id: str, egomotion: Egomotion) -> None:
-        self._session(session_id).egomotion = egomotion
+        e = egomotion
+        poses = [
+            EgoPose(int(t), tuple(p), (q[3], q[0], q[1], q[2]))
+            for t, p, q in zip(e.timestamps_us, e.xyz.tolist(), e.quat_xyzw.tolist(), strict=True)
+        ]
+        dynamics = [
+            EgoDynamics(tuple(v), tuple(a))
+            for v, a in zip(e.velocity.tolist(), e.acceleration.tolist(), strict=True)
+        ]
+        self.client.submit_egomotion(session_id, poses, dynamics)
 
     def submit_route(self, session_id: str, timestamp_us: int, waypoints_rig: np.ndarray) -> None:
-        self._session(session_id)
+        self.client.submit_route(session_id, timestamp_us, waypoints_rig)
 
     def drive(self, session_id: str, time_now_us: int, time_query_us: int) -> DrivePlan:
-        session = self._session(session_id)
-        ego = session.egomotion
-        ready = ego is not None and len(ego.timestamps_us) >= HISTORY_POSES
-        ready = ready and all(
-            len(session.frames.get(CAMERA_INDEX[c], ())) == FRAMES_PER_CAMERA for c in session.cameras
-        )
-        if not ready:
-            return DrivePlan(np.zeros(0, np.int64), np.zeros((0, 3)), np.zeros((0, 4)))
-        cams = sorted(session.frames)
-        history = EgoHistory(
-            ego.xyz[-HISTORY_POSES:],
-            ego.quat_xyzw[-HISTORY_POSES:],
-            ego.timestamps_us[-HISTORY_POSES:].astype(np.int64) * 1000,
-        )
-        prediction = self.predictor.predict(
-            {c: [rgb for _, rgb in session.frames[c]] for c in cams},
-            history,
-            num_samples=self.num_samples,
-            seed=session.seed,
-            frame_times_ns={c: [t * 1000 for t, _ in session.frames[c]] for c in cams},
-        )
-        # The t0 ego frame is the rig at the last pose: local = R(yaw0) rig + p0.
-        p0, q0 = ego.xyz[-1], ego.quat_xyzw[-1]
-        yaw0 = 2 * np.arctan2(q0[2], q0[3])
-        samples = np.stack([rig_to_local(s.xyz, p0, yaw0) for s in prediction.samples])
-        best = prediction.best
-        t_us = int(ego.timestamps_us[-1]) + np.round(prediction.t_s * 1e6).astype(np.int64)
-        return DrivePlan(t_us, samples[0], yaw_to_quat(best.heading + yaw0), samples, best.reasoning)
+        response = self.client.drive(session_id, time_now_us, time_query_us)
+        t_us, xyz, wxyz = trajectory_arrays(response.trajectory)
+        if len(t_us) == 0:
+            return DrivePlan(t_us, xyz, wxyz)
+        samples = np.stack([trajectory_arrays(t)[1] for t in response.debug_info.sampled_trajectories])
+        # The debug bytes come from the project's own service on this machine (pickled, as NVIDIA's driver).
+        debug = pickle.loads(response.debug_info.unstructured_debug_info)
+        return DrivePlan(t_us, xyz, wxyz[:, [1, 2, 3, 0]], samples, debug["reasoning_text"])
 
     def close_session(self, session_id: str) -> None:
-        self._session(session_id)
-        del self.sessions[session_id]
-
-    def _session(self, session_id: str) -> _Session:
-        if session_id not in self.sessions:
-            raise ValueError(f"session {session_id!r} is not open; open: {sorted(self.sessions)}")
-        return self.sessions[session_id]
+        self.client.close_session(session_id)

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from alpamayo.closed_loop import controller
-from alpamayo.closed_loop.driver import CAMERA_INDEX, DrivePlan, Driver, Egomotion
+from alpamayo.closed_loop.driver import DrivePlan, Driver, Egomotion
 from alpamayo.closed_loop.scene import HISTORY_STEPS, T0_S, TICK_S, Scene, to_us
 from alpamayo.demo_drive import FUTURE_NS, JPEG_QUALITY
 from alpamayo.demo_drive.render import RIG, Renderer
 from alpamayo.demo_drive.world import World
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.rotations import yaw_to_quat
+from bridges.alpasim.service import CAMERA_INDEX
 
 ROUTE_AHEAD_M, ROUTE_STEP_M = 200.0, 10.0
 EXPOSURE_US = 1_000

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.closed_loop.driver import InProcessDriver
+from alpamayo.closed_loop.driver import GrpcDriver
 from alpamayo.closed_loop.metrics import score
 from alpamayo.closed_loop.report import ClosedLoopRun, write_report
 from alpamayo.closed_loop.rollout import DEFAULT_CAMERAS, Rollout, run_scene
@@ -30,6 +30,8 @@ from alpamayo.eval.settings import RESULT_KEYS, EvalSettings
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware
 from alpamayo.replay.session import load_predictor
+from bridges.alpasim.client import AlpasimDriverClient
+from bridges.alpasim.service import EgodriverService, serve
 
 MAX_SCENES, MAX_SECONDS = 10_000, 120.0
 SCENE_RESULT_KEYS = (*RESULT_KEYS, "scenes", "seconds", "size", "camera_names")
@@ -71,7 +73,8 @@ class ClosedLoopSettings(EvalSettings):
 
 
 class SceneRunner:
-    """The model of `settings` loaded once (`load_s` seconds) behind a driver; `evaluate` drives one scene.
+    """The model of `settings` loaded once (`load_s` seconds) behind the AlpaSim egodriver service on a loopback
+    port, and the client that drives it; `evaluate` drives one scene.
     threads: torch CPU threads (a Ray actor passes the CPUs it was given)."""
 
     def __init__(self, settings: ClosedLoopSettings, worker: int = 0, threads: int | None = None):
@@ -81,7 +84,14 @@ class SceneRunner:
         self.settings = settings
         self.tracer = Tracer()
         self.predictor = load_predictor(settings.replay_settings(), self.tracer)
-        self.driver = InProcessDriver(self.predictor, settings.num_samples)
+        # The scenes drive the AlpaSim service over real gRPC on loopback, as AlpaSim drives it.
+        service = EgodriverService(
+            self.predictor, self.predictor.model_line(), settings.num_samples, cameras=settings.camera_names
+        )
+        self.server, port = serve(service, "127.0.0.1:0")
+        self.client = AlpasimDriverClient(f"127.0.0.1:{port}")
+        self.client.wait_ready()
+        self.driver = GrpcDriver(self.client, settings.size)
         self.worker = {"index": worker, "pid": os.getpid(), "host": socket.gethostname()}
         self.load_s = time.perf_counter() - start
 
@@ -90,6 +100,8 @@ class SceneRunner:
         return {**self.worker, "accelerator": accelerator, "load_s": self.load_s}
 
     def close(self) -> None:
+        self.client.close()
+        self.server.stop(grace=None)
         self.predictor.close()
 
     def evaluate(self, scene: Scene) -> dict[str, Any]:
