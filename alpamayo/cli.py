@@ -22,12 +22,14 @@ COMMANDS = [
     "alpamayo.commands.profile",
     "alpamayo.commands.demo",
     "alpamayo.commands.eval",
+    "alpamayo.commands.closed_loop",
     "alpamayo.commands.plan",
     "alpamayo.commands.precision",
     "alpamayo.commands.serve",
     "alpamayo.commands.camera_sim",
     "alpamayo.commands.node_ctl",
     "alpamayo.commands.curve_keys",
+    "alpamayo.commands.alpasim_driver",
 ]
 
 

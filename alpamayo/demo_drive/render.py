@@ -89,9 +89,21 @@ class Renderer:
         return Image.fromarray(np.ascontiguousarray(img.astype(np.uint8)))
 
     def render(self, spec: CameraSpec, t: float) -> Image.Image:
-        """The view of camera `spec` at t seconds into the drive: an RGB image of height x width pixels."""
+        """The view of camera `spec` at t seconds into the drive from the recorded ego pose: an RGB image of
+        height x width pixels."""
         s_ego = float(self.world.arc_length(t))
         (ego_xy,), (ego_yaw,) = self.world.at(np.array([s_ego]))
+        return self._render(spec, t, ego_xy, float(ego_yaw), s_ego)
+
+    def render_at(self, spec: CameraSpec, t: float, ego_xy: np.ndarray, ego_yaw: float) -> Image.Image:
+        """The view of camera `spec` at t seconds from the ego rear axle at world `ego_xy` [2] metres, yaw
+        `ego_yaw` rad (a closed-loop ego off its recorded path): traffic at its scripted place at t."""
+        s_ego, _ = self.world.project(ego_xy)
+        return self._render(spec, t, np.asarray(ego_xy, dtype=np.float64), ego_yaw, s_ego)
+
+    def _render(
+        self, spec: CameraSpec, t: float, ego_xy: np.ndarray, ego_yaw: float, s_ego: float
+    ) -> Image.Image:
         cos_e, sin_e = np.cos(ego_yaw), np.sin(ego_yaw)
         mx, my, mz = spec.mount
         position = np.array([ego_xy[0] + cos_e * mx - sin_e * my, ego_xy[1] + sin_e * mx + cos_e * my, mz])

@@ -99,6 +99,16 @@ class World:
         normal = np.stack([-np.sin(yaw), np.cos(yaw)], axis=-1)
         return xy + np.asarray(d)[..., None] * normal, yaw
 
+    def project(self, xy: np.ndarray) -> tuple[float, float]:
+        """(arc length s, lateral offset d left of the centreline), metres, of the world point xy [2]: the
+        nearest path sample refined along its tangent (the path is sampled every PATH_STEP_M)."""
+        xy = np.asarray(xy, dtype=np.float64)
+        i = int(np.argmin(np.sum((self.xy - xy) ** 2, axis=1)))
+        tangent = np.array([np.cos(self.yaw[i]), np.sin(self.yaw[i])])
+        delta = xy - self.xy[i]
+        along = float(np.clip(delta @ tangent, -PATH_STEP_M, PATH_STEP_M))
+        return float(self.s[i]) + along, float(delta @ np.array([-tangent[1], tangent[0]]))
+
     def ego_pose(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ego rear-axle position xyz [N, 3] (on the ground) and yaw [N] at times t [N] seconds."""
         xy, yaw = self.at(self.arc_length(np.asarray(t, dtype=np.float64)))

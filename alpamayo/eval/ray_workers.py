@@ -107,15 +107,21 @@ def worker_resources(settings: EvalSettings, cluster: dict[str, float]) -> tuple
 
 
 def evaluate_on_ray(
-    settings: EvalSettings, clips: Sequence[Clip], on_result: Callable[[Clip, dict[str, Any]], None]
+    settings: EvalSettings,
+    clips: Sequence[Clip],
+    on_result: Callable[[Clip, dict[str, Any]], None],
+    evaluator: type = ClipEvaluator,
 ) -> WorkerPool:
-    """Evaluate `clips` on Ray (settings.ray), calling `on_result(clip, record)` in the driver for each."""
+    """Evaluate `clips` on Ray (settings.ray), calling `on_result(clip, record)` in the driver for each.
+
+    evaluator: the actor's class, built as evaluator(settings, worker, threads) with ready(), evaluate(item)
+    and close() (`ClipEvaluator`; the closed-loop runner's `SceneRunner` runs scenes the same way)."""
     ray = import_ray()
     started = connect(ray, settings.ray)
     try:
         workers, options = worker_resources(settings, ray.cluster_resources())
         workers = min(workers, len(clips))
-        actor = ray.remote(max_restarts=-1, max_task_retries=settings.max_retries)(ClipEvaluator)
+        actor = ray.remote(max_restarts=-1, max_task_retries=settings.max_retries)(evaluator)
         threads = options["num_cpus"]
         actors = [actor.options(**options).remote(settings, i, threads) for i in range(workers)]
         try:

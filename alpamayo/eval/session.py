@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
@@ -30,18 +31,66 @@ def run_info(settings: EvalSettings) -> dict[str, Any]:
     }
 
 
-def evaluate_in_process(settings: EvalSettings, clips: Sequence[Clip], on_result) -> WorkerPool:
-    """The clips one after another in this process, with one model."""
-    evaluator = ClipEvaluator(settings)
+def evaluate_in_process(
+    settings: EvalSettings, clips: Sequence[Clip], on_result, evaluator: type = ClipEvaluator
+) -> WorkerPool:
+    """The clips one after another in this process, with one model (`evaluator`, as `evaluate_on_ray`)."""
+    worker = evaluator(settings)
     try:
-        pool = WorkerPool([evaluator.ready()])
+        pool = WorkerPool([worker.ready()])
         start = time.perf_counter()
         for clip in clips:
-            on_result(clip, evaluator.evaluate(clip))
+            on_result(clip, worker.evaluate(clip))
         pool.wall_s = time.perf_counter() - start
     finally:
-        evaluator.close()
+        worker.close()
     return pool
+
+
+@dataclass
+class Pending:
+    """What `evaluate_pending` did: the record of each item by id (held from earlier runs or new), the ids it
+    evaluated, how many it skipped as done, and the workers that ran."""
+
+    results: dict[str, dict[str, Any]]
+    evaluated: set[str]
+    skipped: int
+    pool: WorkerPool
+
+
+def evaluate_pending(
+    settings: Any, run_dir: RunDir, items: Sequence[Any], evaluator: type = ClipEvaluator, unit: str = "clip"
+) -> Pending:
+    """Evaluate the items (clips, or closed-loop scenes: clip_id, result_name, as_dict()) of `items` not yet
+    done in `run_dir` (failed ones are tried again), in-process or on Ray (settings.ray), writing each result as
+    it arrives, under a progress bar."""
+    held = [run_dir.load(c) for c in items]
+    todo = [c for c, r in zip(items, held, strict=True) if r is None or r["status"] != "done"]
+    results = {c.clip_id: r for c, r in zip(items, held, strict=True) if r is not None}
+    evaluated: set[str] = set()
+    failures = 0
+    pool = WorkerPool()
+    if todo:
+        with tqdm(
+            total=len(todo),
+            unit=unit,
+            desc="eval" if unit == "clip" else unit,
+            disable=None if settings.progress else True,
+            file=sys.stderr,
+        ) as bar:
+
+            def on_result(item: Any, record: dict[str, Any]) -> None:
+                nonlocal failures
+                run_dir.write(item, record)
+                results[item.clip_id] = record
+                evaluated.add(item.clip_id)
+                failures += record["status"] == "failed"
+                bar.set_postfix(failed=failures, refresh=False)
+                bar.update(1)
+
+            evaluate = evaluate_in_process if settings.ray is None else evaluate_on_ray
+            pool = evaluate(settings, todo, on_result, evaluator)
+    return Pending(results, evaluated, len(items) - len(todo), pool)
 
 
 def check_sources(settings: EvalSettings, clips: Sequence[Clip]) -> None:
@@ -64,38 +113,13 @@ def run_eval(settings: EvalSettings, clips: Sequence[Clip]) -> EvalRun:
     settings.validate()
     check_sources(settings, clips)
     run_dir = RunDir.open(settings.out, settings)
-    held = [run_dir.load(c) for c in clips]
-    todo = [c for c, r in zip(clips, held, strict=True) if r is None or r["status"] != "done"]
-    results = {c.clip_id: r for c, r in zip(clips, held, strict=True) if r is not None}
-    evaluated: set[str] = set()
-    failures = 0
-    pool = WorkerPool()
-    if todo:
-        with tqdm(
-            total=len(todo),
-            unit="clip",
-            desc="eval",
-            disable=None if settings.progress else True,
-            file=sys.stderr,
-        ) as bar:
-
-            def on_result(clip: Clip, record: dict[str, Any]) -> None:
-                nonlocal failures
-                run_dir.write(clip, record)
-                results[clip.clip_id] = record
-                evaluated.add(clip.clip_id)
-                failures += record["status"] == "failed"
-                bar.set_postfix(failed=failures, refresh=False)
-                bar.update(1)
-
-            evaluate = evaluate_in_process if settings.ray is None else evaluate_on_ray
-            pool = evaluate(settings, todo, on_result)
+    pending = evaluate_pending(settings, run_dir, clips)
     run = EvalRun(
-        records=[results.get(c.clip_id) for c in clips],
-        skipped=len(clips) - len(todo),
-        evaluated=evaluated,
-        workers=pool.workers,
-        wall_s=pool.wall_s,
+        records=[pending.results.get(c.clip_id) for c in clips],
+        skipped=pending.skipped,
+        evaluated=pending.evaluated,
+        workers=pending.pool.workers,
+        wall_s=pending.pool.wall_s,
         info=run_info(settings),
     )
     run_dir.write_table([r for r in run.records if r is not None])

@@ -1,0 +1,135 @@
+"""`alpamayo closed-loop` on the demo checkpoint: 2 scenes in-process and on a local Ray of 2 workers give the
+same results, and a resumed run skips the done scenes; the cameras see the world from the simulated pose."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from alpamayo.cli import main
+from alpamayo.closed_loop.report import REPORT_SCHEMA
+from alpamayo.closed_loop.rollout import make_world
+from alpamayo.closed_loop.scene import Scene
+from alpamayo.demo_drive.render import RIG, Renderer
+from alpamayo.eval.ray_workers import start_local_ray
+
+# 0.5 s closed loop (5 drives) of 4 small cameras; the random demo weights never end their reasoning, so a
+# 4-token cap keeps a drive to about a second on one core.
+FAST = [
+    "--scenes",
+    "2",
+    "--seconds",
+    "0.5",
+    "--size",
+    "64x112",
+    "--max-reasoning-tokens",
+    "4",
+    "--no-progress",
+]
+RAY_OBJECT_STORE_BYTES = 80 * 1024**2  # Ray's minimum
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def closed_loop(checkpoint: Path, out: Path, *args: str) -> int:
+    return main(["closed-loop", "--checkpoint", str(checkpoint), "--out", str(out), *FAST, *args])
+
+
+def records(out: Path) -> dict[str, dict]:
+    docs = [json.loads(p.read_text()) for p in sorted((out / "clips").glob("*.json"))]
+    return {d["clip_id"]: d for d in docs}
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def outcome(record: dict) -> dict:
+    """What a scene produced, less who ran it and how long it took."""
+    return {k: v for k, v in record.items() if k not in ("worker", "wall_s")}
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory, demo_checkpoint) -> Path:
+    """The console script in a fresh process with one BLAS and one OpenMP thread, as each Ray worker of one CPU
+    runs: numpy's matmuls in the planner (ego_frame, action_space) round in the last bit differently with 2
+    OpenBLAS threads (measured: one waypoint 5.7e-14 m apart on the 4th tick), and a set thread count can only
+    be given to a process before numpy loads."""
+    out = tmp_path_factory.mktemp("in_process") / "run"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = ["closed-loop", "--checkpoint", str(demo_checkpoint), "--out", str(out), *FAST]
+    done = subprocess.run(
+        [sys.executable, "-m", "alpamayo.cli", *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "scene_score" in done.stdout
+    return out
+
+
+@pytest.fixture(scope="module")
+def on_ray(tmp_path_factory, demo_checkpoint) -> Path:
+    ray = pytest.importorskip("ray")
+    out = tmp_path_factory.mktemp("on_ray") / "run"
+    start_local_ray(ray, num_cpus=2, object_store_bytes=RAY_OBJECT_STORE_BYTES)
+    try:
+        assert closed_loop(demo_checkpoint, out, "--ray", "--workers", "2") == 0
+    finally:
+        ray.shutdown()
+    return out
+
+
+def test_two_ray_workers_drive_the_in_process_scenes_identically(in_process, on_ray, record_figure):
+    a, b = records(in_process), records(on_ray)
+    assert sorted(a) == ["scene-00000", "scene-00001"]
+    assert {k: outcome(r) for k, r in a.items()} == {k: outcome(r) for k, r in b.items()}
+    assert {r["worker"]["index"] for r in b.values()} == {0, 1}
+    ra, rb = report(in_process), report(on_ray)
+    assert ra["schema"] == REPORT_SCHEMA and ra["metrics"] == rb["metrics"]
+    assert ra["scenes"]["done"] == 2 and ra["per_scene"] == rb["per_scene"]
+    for r in a.values():
+        # a plan every tick from T0 = 1.5 s: the pose at t0, then 64 waypoints
+        assert len(r["plans"]) == 5 and all(len(p["x"]) == 65 for p in r["plans"])
+        assert len(r["path"]["t_s"]) == 21  # 1.5 s on the log, then 0.5 s driven, at 10 Hz
+        with Image.open(in_process / "plots" / f"{r['clip_id']}.png") as png:
+            assert png.size[0] > 0
+    record_figure("scene_score mean over 2 demo scenes (random weights)", ra["metrics"]["scene_score_mean"])
+
+
+def test_a_resumed_run_skips_the_done_scenes(demo_checkpoint, on_ray, capsys):
+    before = {k: r["wall_s"] for k, r in records(on_ray).items()}
+    assert closed_loop(demo_checkpoint, on_ray, "--scenes", "3") == 0  # one more scene; the two held are done
+    doc = report(on_ray)
+    assert doc["scenes"] | {"failed_reasons": None} == {
+        "total": 3,
+        "done": 3,
+        "failed": 0,
+        "skipped": 2,
+        "evaluated": 1,
+        "pending": 0,
+        "failed_reasons": None,
+    }
+    after = records(on_ray)
+    assert {k: after[k]["wall_s"] for k in before} == before  # the held results were not rewritten
+    assert "scene-00002" in after
+    assert closed_loop(demo_checkpoint, on_ray, "--seconds", "1") == 2  # other settings: refused
+    assert "holds results of other settings" in capsys.readouterr().err
+
+
+def test_the_cameras_see_the_world_from_the_simulated_pose():
+    world = make_world(Scene(0), 1.0)
+    renderer = Renderer(world, 48, 80)
+    xyz, yaw = world.ego_pose(np.array([1.0]))
+    front = RIG[1]
+    on_log = renderer.render_at(front, 1.0, xyz[0, :2], float(yaw[0]))
+    assert on_log.tobytes() == renderer.render(front, 1.0).tobytes()
+    normal = np.array([-np.sin(yaw[0]), np.cos(yaw[0])])
+    moved = renderer.render_at(front, 1.0, xyz[0, :2] + 2.0 * normal, float(yaw[0]))
+    turned = renderer.render_at(front, 1.0, xyz[0, :2], float(yaw[0]) + 0.2)
+    assert np.abs(np.asarray(moved, float) - np.asarray(on_log, float)).mean() > 2.0
+    assert np.abs(np.asarray(turned, float) - np.asarray(on_log, float)).mean() > 2.0
