@@ -110,13 +110,18 @@ class EgodriverService(
         unknown = [c for c in cameras if c not in CAMERA_INDEX]
         if unknown:
             raise ValueError(f"cameras {unknown} are not Alpamayo cameras; known: {sorted(CAMERA_INDEX)}")
+        self.limits = limits or Limits()
+        if self.limits.frames_per_camera < FRAMES_PER_CAMERA:
+            raise ValueError(
+                f"frames_per_camera must be at least {FRAMES_PER_CAMERA} (the model's window), "
+                f"got {self.limits.frames_per_camera}"
+            )
         self._predictor = predictor
         self._last_session: str | None = None  # whose frames the predictor's feature cache holds
         self._model_line = model_line
         self._num_samples = num_samples
         self._selection = selection
         self._cameras = tuple(sorted(cameras, key=CAMERA_INDEX.__getitem__))
-        self.limits = limits or Limits()
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()  # sessions and counters
         self._model_lock = threading.Lock()  # one model, one drive at a time
