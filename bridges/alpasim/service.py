@@ -80,7 +80,6 @@ class Session:
     cameras: tuple[str, ...]
     frames: dict[str, deque] = field(default_factory=dict)  # logical id -> (frame_end_us, HxWx3 uint8)
     poses: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)  # (t_us, xyz, quat_xyzw)
-    speed: float = 0.0
     route: str | None = None
     last_query_us: int = -1
     previous_plan: tuple[np.ndarray, np.ndarray] | None = None  # (t_us [T], xyz_local [T,3])
@@ -287,9 +286,6 @@ class EgodriverService(
             merged = {t: (t, x, q) for t, x, q in s.poses}
             merged.update({t: (t, x, q) for t, x, q in new})
             s.poses = sorted(merged.values(), key=lambda e: e[0])[-self.limits.max_poses :]
-            if len(request.dynamic_states):
-                v = request.dynamic_states[-1].linear_velocity
-                s.speed = float(np.hypot(v.x, v.y))
             return common_pb2.Empty()
 
         return self._call("submit_egomotion_observation", context, body)
