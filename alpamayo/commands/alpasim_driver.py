@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         vla, vla.model_line(), args.samples, args.selection, tuple(args.cameras.split(",")), limits
     )
     server, port = serve(service, args.listen)
-    print(f"alpasim-driver: {vla.model_line} listening on {args.listen} (port {port})", flush=True)
+    print(f"alpasim-driver: {vla.model_line()} listening on {args.listen} (port {port})", flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: service.stop_requested.set())
     try:

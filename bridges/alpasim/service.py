@@ -80,7 +80,6 @@ class Session:
     cameras: tuple[str, ...]
     frames: dict[str, deque] = field(default_factory=dict)  # logical id -> (frame_end_us, HxWx3 uint8)
     poses: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)  # (t_us, xyz, quat_xyzw)
-    speed: float = 0.0
     route: str | None = None
     last_query_us: int = -1
     previous_plan: tuple[np.ndarray, np.ndarray] | None = None  # (t_us [T], xyz_local [T,3])
@@ -110,13 +109,18 @@ class EgodriverService(
         unknown = [c for c in cameras if c not in CAMERA_INDEX]
         if unknown:
             raise ValueError(f"cameras {unknown} are not Alpamayo cameras; known: {sorted(CAMERA_INDEX)}")
+        self.limits = limits or Limits()
+        if self.limits.frames_per_camera < FRAMES_PER_CAMERA:
+            raise ValueError(
+                f"frames_per_camera must be at least {FRAMES_PER_CAMERA} (the model's window), "
+                f"got {self.limits.frames_per_camera}"
+            )
         self._predictor = predictor
         self._last_session: str | None = None  # whose frames the predictor's feature cache holds
         self._model_line = model_line
         self._num_samples = num_samples
         self._selection = selection
         self._cameras = tuple(sorted(cameras, key=CAMERA_INDEX.__getitem__))
-        self.limits = limits or Limits()
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()  # sessions and counters
         self._model_lock = threading.Lock()  # one model, one drive at a time
@@ -282,9 +286,6 @@ class EgodriverService(
             merged = {t: (t, x, q) for t, x, q in s.poses}
             merged.update({t: (t, x, q) for t, x, q in new})
             s.poses = sorted(merged.values(), key=lambda e: e[0])[-self.limits.max_poses :]
-            if len(request.dynamic_states):
-                v = request.dynamic_states[-1].linear_velocity
-                s.speed = float(np.hypot(v.x, v.y))
             return common_pb2.Empty()
 
         return self._call("submit_egomotion_observation", context, body)
