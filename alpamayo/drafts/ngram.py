@@ -11,10 +11,11 @@ MAX_NGRAM = 3  # longest suffix matched (prompt lookup's usual 3); shorter suffi
 
 
 def match_continuation(
-    history: Sequence[int], source: Sequence[int], n: int, exclude_tail: bool
+    history: Sequence[int], source: Sequence[int], n: int, exclude_tail: bool, near: int | None = None
 ) -> list[int]:
     """The up to `n` tokens that follow the most recent occurrence in `source` of the longest suffix of
-    `history` (MAX_NGRAM tokens down to 1); [] when nothing matches.
+    `history` (MAX_NGRAM tokens down to 1); [] when nothing matches. With `near`, the occurrence whose end is
+    closest to index `near` of `source` instead (a repeated phrase aligned by where the row is).
 
     With `exclude_tail`, `source` ends with `history` itself and that final occurrence does not count; the
     continuation then reads on into the tokens it has just drafted, so a repetition (period p) is drafted
@@ -25,7 +26,10 @@ def match_continuation(
     for size in range(min(MAX_NGRAM, len(history)), 0, -1):
         key = list(history[-size:])
         last = len(src) - size - (1 if exclude_tail else 0)
-        for start in range(last, -1, -1):
+        starts = range(last, -1, -1)
+        if near is not None:
+            starts = sorted(starts, key=lambda s: abs(s + size - near))
+        for start in starts:
             if src[start : start + size] != key:
                 continue
             if not exclude_tail:
@@ -82,7 +86,7 @@ class PreviousDraft(Draft):
     def propose(self, generated: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
         before = self.by_stream.get(self.stream or "", [])
         return [
-            match_continuation(g, before, n, exclude_tail=False)
+            match_continuation(g, before, n, exclude_tail=False, near=len(g))
             for g, n in zip(generated, limits, strict=True)
         ]
 
