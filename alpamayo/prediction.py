@@ -103,6 +103,7 @@ class Predictor(Protocol):
         num_samples: int = 1,
         seed: int | None = None,
         frame_times_ns: Mapping[int, Sequence[int]] | None = None,
+        stream: str | None = None,
     ) -> Prediction: ...
 
     def reset(self) -> None:

@@ -69,8 +69,17 @@ class ModelSection:
     flow_steps: int | None = None
     flow_temperature: float = 1.0
     nav_guidance: float | None = None
+    # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous or dflash:DIR
+    draft: str = "none"
 
     def __post_init__(self) -> None:
+        _check(
+            self.draft in ("none", "lookup", "previous")
+            or (self.draft.startswith("dflash:") and Path(self.draft[len("dflash:") :]).is_dir()),
+            "model.draft",
+            self.draft,
+            "none, lookup, previous or dflash:DIR with an existing DIR",
+        )
         _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
         _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
         _check(

@@ -45,6 +45,9 @@ class EvalSettings:
     num_samples: int = 6
     decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
     flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
+    draft: str = (
+        "none"  # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous, dflash:DIR
+    )
     temperature: float = 0.6
     top_p: float = 0.98
     top_k: int | None = None
@@ -83,6 +86,7 @@ class EvalSettings:
             base_model=self.base_model,
             decoder=self.decoder,
             flow=self.flow,
+            draft=self.draft,
             backend=self.backend,
             device=self.device,
             dtype=self.dtype,

@@ -45,6 +45,9 @@ class ReplaySettings:
     base_model: Path | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
     decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
     flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
+    draft: str = (
+        "none"  # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous, dflash:DIR
+    )
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"
