@@ -320,3 +320,47 @@ def test_previous_without_a_stream_and_unknown_kinds_are_refused(demo_checkpoint
         check_draft_spec("ngram")
     with pytest.raises(ValueError, match="is not a directory"):
         check_draft_spec("dflash:/nonexistent/draft")
+
+
+# ------------------------------------------------------------------ runtime, records, node config
+@pytest.mark.parametrize("decoder", ["tokens", "expert"])
+def test_predictions_with_a_draft_equal_plain_ones_and_carry_accepted_lengths(demo_checkpoint, decoder):
+    """The whole greedy prediction (reasoning, then the trajectory tokens or the action expert with its noise
+    from seed 0) is unchanged."""
+    from alpamayo.runtime import AlpamayoVLA
+    from tests.test_runtime import frames_at, straight_history
+
+    frames, times = frames_at(3)
+    ego = straight_history()
+    plain = AlpamayoVLA.from_checkpoint(
+        demo_checkpoint, sampling=Sampling(), max_reasoning_tokens=12, decoder=decoder
+    )
+    ref = plain.predict(frames, ego, frame_times_ns=times)
+    assert (ref.draft, ref.accepted_lengths, ref.mean_accepted_length) == ("none", [], None)
+    for kind in ("lookup", "previous"):
+        vla = AlpamayoVLA.from_checkpoint(
+            demo_checkpoint, max_reasoning_tokens=12, decoder=decoder, draft=kind
+        )
+        for _ in range(2):  # `previous`: the second prediction of the stream drafts from the first
+            tracer_mark = vla.tracer.mark()
+            got = vla.predict(frames, ego, frame_times_ns=times, stream="front")
+        assert got.best.reasoning_token_ids == ref.best.reasoning_token_ids
+        assert got.best.token_ids == ref.best.token_ids
+        np.testing.assert_array_equal(got.best.xyz, ref.best.xyz)
+        assert got.draft == kind and len(got.accepted_lengths) == 1
+        assert sum(got.accepted_lengths[0]) == len(ref.best.reasoning_token_ids)
+        assert {"draft", "verify"} <= set(vla.tracer.totals_ms(tracer_mark))
+        if kind == "previous":
+            assert got.mean_accepted_length > 2
+
+
+def test_the_node_config_checks_model_draft(tmp_path):
+    from alpamayo.errors import ConfigError
+    from bridges.config import ModelSection
+
+    assert ModelSection(draft="lookup").draft == "lookup"
+    assert ModelSection(draft=f"dflash:{tmp_path}").draft == f"dflash:{tmp_path}"
+    with pytest.raises(
+        ConfigError, match=r"model.draft = 'eagle' is invalid; allowed: none, lookup, previous"
+    ):
+        ModelSection(draft="eagle")
