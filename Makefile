@@ -20,7 +20,7 @@ test: venv
 	$(PY) -m pytest -q
 
 demo: venv
-	$(VENV)/bin/alpamayo demo --out $(DEMO)
+	$(VENV)/bin/alpamayo demo --out $(DEMO) --draft lookup
 
 lint: venv
 	$(PY) -m ruff check .

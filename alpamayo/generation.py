@@ -142,3 +142,26 @@ class TokenSampler:
         return torch.cat(
             [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators, strict=True)]
         )
+
+
+def verify_token(
+    logits: torch.Tensor, drafted: int | None, sampling: Sampling, generator: torch.Generator
+) -> tuple[int, bool]:
+    """The target's token at one position of a speculative block, and whether it is the drafted one.
+
+    logits [V] (biases already added); `drafted`: the draft's token there (a point mass), None past the
+    draft's end. Greedy: the argmax, accepted iff equal to `drafted`. Sampling (rejection sampling with a
+    point-mass proposal): with p = softmax(nucleus_logits), accept `drafted` with probability p[drafted];
+    otherwise draw from p with `drafted` removed and renormalised, so every emitted token is distributed
+    exactly as plain sampling from p. With `drafted` None: a plain draw from p (the bonus token)."""
+    if sampling.greedy:
+        token = int(torch.argmax(logits))
+        return token, token == drafted
+    s = sampling
+    probs = nucleus_logits(logits.reshape(1, -1), s.temperature, s.top_p, s.top_k).softmax(dim=-1)[0].cpu()
+    if drafted is not None:
+        if float(torch.rand((), generator=generator)) < float(probs[drafted]):
+            return drafted, True
+        probs = probs.clone()
+        probs[drafted] = 0.0
+    return int(torch.multinomial(probs, 1, generator=generator)), False

@@ -59,6 +59,15 @@ class Prediction:
     # "expert" (flow-matching action expert: samples carry no trajectory tokens) or "tokens" (discrete decoder)
     decoder: str = "tokens"
     flow: dict[str, Any] | None = None  # the expert's settings: steps, temperature, guidance (None: tokens)
+    draft: str = "none"  # the speculative draft of the reasoning (`alpamayo.drafts`)
+    # per sample row, per speculative block: the tokens it produced (accepted drafts + 1); empty without a draft
+    accepted_lengths: list[list[int]] = field(default_factory=list)
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens per verify over every row's blocks (None without a draft)."""
+        blocks = [n for row in self.accepted_lengths for n in row]
+        return sum(blocks) / len(blocks) if blocks else None
 
     @property
     def best(self) -> TrajectorySample:
@@ -94,6 +103,7 @@ class Predictor(Protocol):
         num_samples: int = 1,
         seed: int | None = None,
         frame_times_ns: Mapping[int, Sequence[int]] | None = None,
+        stream: str | None = None,
     ) -> Prediction: ...
 
     def reset(self) -> None:

@@ -25,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import load_config
+from alpamayo.drafts import Draft, DraftContext, check_draft_spec, load_draft
+from alpamayo.drafts.dflash import read_config
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
 from alpamayo.expert.model import ActionExpert
@@ -121,9 +124,13 @@ class AlpamayoVLA:
         precision: str = "float32",
         expert: ActionExpert | ExpertDecoder | None = None,
         flow: FlowSettings = DEFAULT_FLOW,
+        draft: Draft | None = None,
+        draft_name: str = "none",
     ):
         """`expert`: the flow-matching trajectory decoder, or its torch model (None: the trajectory tokens);
-        `flow` its settings when a model is given."""
+        `flow` its settings when a model is given. `draft`: the speculative draft of the reasoning
+        (`alpamayo.drafts.load_draft(draft_name, vlm.text)`; None: plain decoding)."""
+        self.draft, self.draft_name = draft, draft_name if draft is not None else "none"
         self.vlm, self.planner = vlm, planner
         self.expert = ExpertDecoder(expert, flow) if isinstance(expert, ActionExpert) else expert
         # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
@@ -147,6 +154,7 @@ class AlpamayoVLA:
         base_model: str | Path | None = None,
         decoder: str | None = None,
         flow: FlowSettings = DEFAULT_FLOW,
+        draft: str = "none",
     ) -> AlpamayoVLA:
         """Load a checkpoint directory of any family (`alpamayo.families`): an Alpamayo release (R1, 1.5,
         2 Super), the project's layout, or a plain Qwen3-VL plus trajectory vocabulary. `base_model`: the
@@ -160,9 +168,15 @@ class AlpamayoVLA:
         `decoder`: "expert" or "tokens" (`alpamayo.expert.decoding.choose_decoder`; None: the expert whenever
         the checkpoint has expert weights); `flow`: the expert's steps, noise temperature and navigation
         guidance. The expert is checked against the VLM and its tensors against its config before any weight
-        is read.
+        is read. `draft`: the speculative draft of the reasoning (`alpamayo.drafts`: none, lookup, previous,
+        dflash:DIR), a DFlash draft checked against the text backbone before any weight is read.
         """
+        check_draft_spec(draft)
         cfg = load_config(directory, base_model)
+        if draft != "none" and options.backend != "torch":
+            raise ValueError(f"draft {draft!r}: speculative decoding runs on the torch backend only for now")
+        if draft.startswith("dflash:"):
+            read_config(draft[len("dflash:") :]).check_target(cfg.text, draft[len("dflash:") :])
         ckpt = Checkpoint(directory, cfg.weight_prefix)
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
@@ -179,7 +193,10 @@ class AlpamayoVLA:
         if decoder == "expert":  # on the VLM's device
             n = planner.settings.action_space.n_waypoints
             expert = load_expert_decoder(ckpt, cfg, options, vlm.text, flow, n)
-        return cls(vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision, expert, flow)
+        spec = load_draft(draft, vlm.text)
+        return cls(
+            vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision, expert, flow, spec, draft
+        )
 
     @property
     def decoder(self) -> str:
@@ -232,6 +249,7 @@ class AlpamayoVLA:
         frame_times_ns: Mapping[int, Sequence[int]] | None = None,
         sampling: Sampling | None = None,
         noise: np.ndarray | None = None,
+        stream: str | None = None,
     ) -> Prediction:
         """See `alpamayo.prediction.Predictor`. `sampling` defaults to the model's (`self.sampling`: the
         family's unless given at construction); K > 1 samples need a temperature > 0, and with a seed the
@@ -239,7 +257,8 @@ class AlpamayoVLA:
 
         With the action expert, `noise` [K, 64, 2] is its initial noise (for reproducible comparisons); without
         it the noise is drawn per sample from `seed` (stream i depends only on (seed, i); greedy decoding with
-        no seed uses seed 0, so a greedy prediction stays deterministic)."""
+        no seed uses seed 0, so a greedy prediction stays deterministic). `stream`: the stream this
+        prediction belongs to (a camera stream, a replayed drive, an eval clip), for the `previous` draft."""
         sampling = sampling or self.sampling
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
@@ -266,9 +285,19 @@ class AlpamayoVLA:
         features = self._features(frames, frame_times_ns, prompt.images)
         ids = self.vlm.expand_image_pads(prompt.token_ids, features)
         self._ensure_cache(len(ids) + self.limits.decode_positions, num_samples)
+        capture = () if self.draft is None else self.draft.capture
         with self.tracer.span("prefill", tokens=len(ids)):
-            logits = self.vlm.prefill(ids, features)
+            logits = self.vlm.prefill(ids, features, capture)
         sampler = TokenSampler.for_request(sampling, seed, num_samples)
+        draft_ctx = None
+        if self.draft is not None:
+            image_pad = self.vlm.config.image_token_id
+            draft_ctx = DraftContext(
+                [t for t in prompt.token_ids if t != image_pad],
+                num_samples,
+                stream,
+                torch.cat(self.vlm.text.captured, dim=-1) if capture else None,
+            )
         plans = generate_plans(
             self.vlm,
             logits,
@@ -278,6 +307,8 @@ class AlpamayoVLA:
             self.vlm.config.eos_token_ids,
             self.tracer,
             trajectory_tokens=self.expert is None,
+            draft=self.draft,
+            draft_context=draft_ctx,
         )
         normalised = None
         if self.expert is not None:
@@ -290,6 +321,8 @@ class AlpamayoVLA:
             timings_ms=self.tracer.totals_ms(mark),
             decoder=self.decoder,
             flow=None if self.expert is None else self.expert.record(),
+            draft=self.draft_name,
+            accepted_lengths=[p.accepted_lengths for p in plans] if self.draft is not None else [],
         )
 
     def _expert_actions(

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from alpamayo.generation import ForkableLM, TokenSampler
+from alpamayo.drafts.base import Draft, DraftContext
+from alpamayo.generation import ForkableLM, TokenSampler, verify_token
 from alpamayo.profiling.tracer import Tracer
 from planner.tokenizers import TrajectoryVocab
 
@@ -62,6 +63,7 @@ class GeneratedPlan:
     reasoning_capped: bool
     future_bins: np.ndarray
     future_token_ids: list[int]
+    accepted_lengths: list[int] = field(default_factory=list)  # per speculative block: tokens it produced
 
 
 class _Masks:
@@ -80,6 +82,106 @@ class _Masks:
         self.trajectory[future] = 0.0
 
 
+class SpeculativeLM(ForkableLM):
+    """A `ForkableLM` that verifies blocks: `verify(ids [B, T], capture) -> logits [B, T, V]` (and the captured
+    layer outputs), `rollback(lengths)` and per-row `lengths` (`alpamayo.text.model.TextModel`)."""
+
+    lengths: list[int]
+
+    def verify(
+        self, tokens: torch.Tensor, capture: Sequence[int] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+    def rollback(self, lengths: Sequence[int]) -> None: ...
+
+
+def _speculate(
+    model: SpeculativeLM,
+    first_logits: torch.Tensor,
+    bias: torch.Tensor,
+    sampler: TokenSampler,
+    limits: PlanLimits,
+    draft: Draft,
+    ctx: DraftContext,
+    plans: list[GeneratedPlan],
+    start_id: int,
+    filler: int,
+    tracer: Tracer | None,
+) -> None:
+    """Decode every row's reasoning speculatively, up to (not including) its `<|traj_future_start|>`, which
+    the caller feeds. `bias` [V]: the reasoning logit bias.
+
+    Each block feeds row r its pending token (chosen, not yet in the cache) and the draft's tokens after it,
+    in one `verify`; position j's logits choose the token after the j-th fed one exactly as a plain decode
+    step would (cap, bias, `verify_token`), and the row keeps drafted tokens while the target agrees, then
+    the target's own token (correction or bonus) becomes the next pending one. The cache is rolled back to
+    the kept prefix. Drafts stop before `<|traj_future_start|>`, so it is always emitted by the target and
+    the cap (`limits.max_reasoning_tokens`) forces it at the same count as plain decoding."""
+    k = len(plans)
+    k = len(plans)
+    cap, sampling, gens = limits.max_reasoning_tokens, sampler.sampling, sampler.generators
+    capture = tuple(draft.capture)
+    pending: list[int] = [0] * k
+    done = [False] * k
+
+    def take(r: int, logits: torch.Tensor, drafted: int | None) -> bool:
+        """Row r's next token from `logits` [V] against `drafted`: True iff the drafted token was kept."""
+        plan = plans[r]
+        if len(plan.reasoning_token_ids) >= cap:
+            token, ok, plan.reasoning_capped = start_id, False, True
+        else:
+            token, ok = verify_token(logits + bias, drafted, sampling, gens[r])
+        if token == start_id:
+            done[r] = True
+        else:
+            plan.reasoning_token_ids.append(token)
+        pending[r] = token
+        return ok
+
+    draft.begin(ctx)
+    for r in range(k):
+        take(r, first_logits, None)
+    while not all(done):
+        t0 = time.perf_counter_ns()
+        room = [
+            0 if done[r] else max(0, min(draft.block_size - 1, cap - len(p.reasoning_token_ids)))
+            for r, p in enumerate(plans)
+        ]
+        proposed = draft.propose([p.reasoning_token_ids for p in plans], room)
+        drafts = []
+        for r, d in enumerate(proposed):
+            d = list(d)[: room[r]]
+            drafts.append(d[: d.index(start_id)] if start_id in d else d)
+        t1 = time.perf_counter_ns()
+        width = 1 + max(len(d) for d in drafts)
+        rows = [
+            [filler] * width if done[r] else [pending[r], *d] + [filler] * (width - 1 - len(d))
+            for r, d in enumerate(drafts)
+        ]
+        before = list(model.lengths)
+        out = model.verify(torch.tensor(rows), capture) if capture else model.verify(torch.tensor(rows))
+        logits, feats = out if capture else (out, None)
+        kept = []
+        for r, d in enumerate(drafts):
+            if done[r]:
+                kept.append(0)
+                continue
+            fed = [pending[r]]
+            j = 0
+            while j <= len(d) and take(r, logits[r, j], d[j] if j < len(d) else None):
+                fed.append(d[j])
+                j += 1
+            kept.append(len(fed))
+            plans[r].accepted_lengths.append(len(fed))
+            draft.accepted(r, fed, None if feats is None else feats[r, : len(fed)])
+        model.rollback([n + m for n, m in zip(before, kept, strict=True)])
+        if tracer is not None:
+            t2 = time.perf_counter_ns()
+            tracer.record("draft", t0, t1 - t0, samples=k, drafted=sum(map(len, drafts)))
+            tracer.record("verify", t1, t2 - t1, samples=k, tokens=width, accepted=sum(kept))
+    draft.end([p.reasoning_token_ids for p in plans])
+
+
 def generate_plans(
     model: ForkableLM,
     first_logits: torch.Tensor,
@@ -89,6 +191,8 @@ def generate_plans(
     eos_ids: Sequence[int] = (),
     tracer: Tracer | None = None,
     trajectory_tokens: bool = True,
+    draft: Draft | None = None,
+    draft_context: DraftContext | None = None,
 ) -> list[GeneratedPlan]:
     """K = len(sampler.generators) samples after a prefill whose last-position logits are `first_logits` [V].
 
@@ -97,6 +201,11 @@ def generate_plans(
     the spans `reasoning_decode` (until the last row starts its trajectory) and `trajectory_decode` are recorded.
     `trajectory_tokens=False`: stop once every `<|traj_future_start|>` is in the cache (module docstring); the
     plans then carry no trajectory tokens and there is no `trajectory_decode` span.
+
+    With a `draft` (and its `draft_context`), the reasoning is decoded speculatively (`_speculate`): the
+    same tokens under greedy decoding, the same distribution under sampling; each plan then carries its
+    accepted lengths, and the tracer gets one `draft` and one `verify` span per block. The model must then
+    be a torch `TextModel` (or a VLM around one) with `verify` and `rollback`.
     """
     k = len(sampler.generators)
     if first_logits.dim() != 1:
@@ -111,7 +220,31 @@ def generate_plans(
     plans = [GeneratedPlan([], False, np.zeros(0, dtype=np.int64), []) for _ in range(k)]
     t_start = time.perf_counter_ns()
     t_switch = None
-    while True:
+    if draft is not None:
+        if draft_context is None:
+            raise ValueError("a draft needs its DraftContext (prompt ids, rows, stream, features)")
+        _speculate(
+            model,
+            first_logits,
+            masks.reasoning,
+            sampler,
+            limits,
+            draft,
+            draft_context,
+            plans,
+            start_id,
+            end_id,
+            tracer,
+        )
+        logits = model.decode(
+            torch.full((k,), start_id)
+        )  # every row's <|traj_future_start|> enters the cache
+        if not trajectory_tokens:
+            phase = [DONE] * k
+        else:
+            phase = [TRAJECTORY] * k
+            t_switch = time.perf_counter_ns()
+    while any(p != DONE for p in phase):
         in_reasoning = torch.tensor([p == REASONING for p in phase], device=logits.device).unsqueeze(1)
         chosen = sampler(logits + torch.where(in_reasoning, masks.reasoning, masks.trajectory)).tolist()
         feed = []

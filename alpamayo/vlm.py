@@ -168,10 +168,18 @@ class VisionLanguageModel:
         return self.text.prefill_hidden(*self.prefill_inputs(input_ids, features))
 
     def prefill(
-        self, input_ids: torch.Tensor | Sequence[int], features: Sequence[ImageFeatures]
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        features: Sequence[ImageFeatures],
+        capture: Sequence[int] = (),
     ) -> torch.Tensor:
-        """Run the prompt (see `prefill_inputs`) and fill the cache -> float32 logits [V] of its last position."""
-        return self.text.prefill(*self.prefill_inputs(input_ids, features))
+        """Run the prompt (see `prefill_inputs`) and fill the cache -> float32 logits [V] of its last position.
+        `capture`: text layers whose outputs [L, H] are left in `text.captured` (a DFlash draft's context)."""
+        if not capture:
+            return self.text.prefill(*self.prefill_inputs(input_ids, features))
+        hidden = self.text.prefill_hidden(*self.prefill_inputs(input_ids, features), capture=capture)
+        with torch.inference_mode():
+            return self.text.logits(hidden[-1])
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""
@@ -180,6 +188,21 @@ class VisionLanguageModel:
     def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
         """Append one token per active cache row -> float32 logits ([V] for an int, [B, V] for ids [B])."""
         return self.text.decode(tokens)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Per active row, the positions filled in its cache row (`TextModel.lengths`)."""
+        return self.text.lengths
+
+    def verify(
+        self, tokens: torch.Tensor, capture: Sequence[int] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Score a block of T tokens per row in one forward -> logits [B, T, V] (`TextModel.verify`)."""
+        return self.text.verify(tokens, capture)
+
+    def rollback(self, lengths: Sequence[int]) -> None:
+        """Keep each row's first lengths[i] positions (`TextModel.rollback`)."""
+        self.text.rollback(lengths)
 
 
 def _grids(features: Sequence[ImageFeatures]) -> torch.Tensor:

@@ -73,12 +73,21 @@ class ModelSection:
     flow_steps: int | None = None
     flow_temperature: float = 1.0
     nav_guidance: float | None = None
+    # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous or dflash:DIR
+    draft: str = "none"
 
     @property
     def quant_recipe(self) -> QuantRecipe:
         return QuantRecipe(self.quant, self.quant_group, self.quant_head)
 
     def __post_init__(self) -> None:
+        _check(
+            self.draft in ("none", "lookup", "previous")
+            or (self.draft.startswith("dflash:") and Path(self.draft[len("dflash:") :]).is_dir()),
+            "model.draft",
+            self.draft,
+            "none, lookup, previous or dflash:DIR with an existing DIR",
+        )
         _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
         _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
         _check(

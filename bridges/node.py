@@ -601,7 +601,13 @@ class InferenceNode:
     ) -> Prediction:
         m = self.config.model
         return self.predictor.predict(
-            frames, ego, route=m.route, num_samples=m.num_samples, seed=m.seed, frame_times_ns=frame_times_ns
+            frames,
+            ego,
+            route=m.route,
+            num_samples=m.num_samples,
+            seed=m.seed,
+            frame_times_ns=frame_times_ns,
+            stream=f"node-epoch-{self._predictor_epoch}",  # the camera streams since they last (re)started
         )
 
     def _predict(self, window: Window, window_ms: float) -> None:

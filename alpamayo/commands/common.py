@@ -131,6 +131,12 @@ def add_decoder_args(parser: argparse.ArgumentParser) -> None:
         "weights, as NVIDIA's releases decode) or the 128 discrete trajectory tokens",
     )
     parser.add_argument(
+        "--draft",
+        default="none",
+        help="speculative draft of the reasoning (same output, fewer weight reads): none, lookup (prompt "
+        "lookup), previous (the stream's previous reasoning) or dflash:DIR (a z-lab DFlash draft)",
+    )
+    parser.add_argument(
         "--flow-steps", type=int, default=None, help="expert: Euler steps (default: the config's, 10)"
     )
     parser.add_argument(
@@ -163,6 +169,7 @@ def model_fields(args: argparse.Namespace) -> dict[str, Any]:
         max_reasoning_tokens=args.max_reasoning_tokens,
         decoder=args.decoder,
         flow=flow_settings(args),
+        draft=args.draft,
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,

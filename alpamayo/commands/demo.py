@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="checkpoint and drive seed (default 0)")
     # The demo model's random weights never close their reasoning, so every tick runs to this cap.
     p.add_argument("--max-reasoning-tokens", type=int, default=32, help="reasoning length cap (default 32)")
+    p.add_argument(
+        "--draft",
+        default="lookup",
+        help="speculative draft of the reasoning: none, lookup (default; the summary prints the mean "
+        "accepted length), previous or dflash:DIR",
+    )
     p.set_defaults(handler=run)
 
 
@@ -51,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=1,  # the first tick encodes all 4 frames of every camera; later ticks only the newest
         max_reasoning_tokens=args.max_reasoning_tokens,
         seed=args.seed,
+        draft=args.draft,
         trace=out / "trace.json",
         json=out / "report.json",
         plots=out / "plots",

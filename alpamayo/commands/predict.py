@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
         base_model=args.base_model,
         decoder=args.decoder,
         flow=flow_settings(args),
+        draft=args.draft,
     )
     vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
     try:

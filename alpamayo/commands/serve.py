@@ -185,6 +185,7 @@ def load_model(config: NodeConfig) -> AlpamayoVLA:
         base_model=m.base_model,
         decoder=m.decoder,
         flow=FlowSettings(m.flow_steps, m.flow_temperature, m.nav_guidance),
+        draft=m.draft,
     )
     vla.sampling = vla.sampling.override(m.temperature, m.top_p, m.top_k)
     print(vla.model_line(), flush=True)

@@ -142,4 +142,5 @@ class ClipEvaluator:
             "stages_ms": tick.stages_ms,
             "spans": [{"stage": stage_label(sp), "ms": sp.ms} for sp in self.tracer.spans],
             "decode_tokens": tick.decode_tokens,
+            "accepted_lengths": tick.accepted_lengths,
         }

@@ -30,6 +30,7 @@ from alpamayo.profiling import Span
 from alpamayo.profiling import plots as plotting
 from alpamayo.profiling.stats import stage_table
 from alpamayo.replay.accuracy import ERROR_KEYS, baseline_ade, error_key
+from alpamayo.replay.report import mean_accepted_length
 from planner.metrics import HORIZONS_S
 
 REPORT_SCHEMA = "alpamayo.eval-report/1"
@@ -130,6 +131,9 @@ def report_document(run: EvalRun) -> dict[str, Any]:
         "accuracy": accuracy(run),
         "throughput": throughput(run),
         "stages": [row.as_dict() for row in stage_table(clip_spans(run.done))],
+        "mean_accepted_length": mean_accepted_length(
+            [n for r in run.done for n in r.get("accepted_lengths", [])]
+        ),
     }
 
 
@@ -163,6 +167,10 @@ def report_table(doc: dict[str, Any]) -> str:
             for w in speed["workers"]
         )
     )
+    if doc.get("mean_accepted_length") is not None:
+        rows.append(
+            f"Speculative decoding: mean accepted length {doc['mean_accepted_length']:.2f} tokens per verify"
+        )
     if doc["stages"]:
         rows.append(f"{'stage':<26}{'n':>6}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}  (ms)")
         for s in doc["stages"]:

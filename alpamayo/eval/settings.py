@@ -52,6 +52,9 @@ class EvalSettings:
     flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
     route: str | None = None  # navigation text, or "auto" (alpamayo.replay.routes)
     route_file: Path | None = None  # a t0_ns,route CSV (alpamayo.replay.routes)
+    draft: str = (
+        "none"  # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous, dflash:DIR
+    )
     temperature: float = 0.6
     top_p: float = 0.98
     top_k: int | None = None
@@ -93,6 +96,7 @@ class EvalSettings:
             flow=self.flow,
             route=self.route,
             route_file=self.route_file,
+            draft=self.draft,
             backend=self.backend,
             device=self.device,
             dtype=self.dtype,

@@ -25,6 +25,8 @@ STAGES = (
     "preprocess",
     "vision",
     "prefill",
+    "draft",  # speculative decoding: one span per block, the draft proposing it (alpamayo.drafts)
+    "verify",  # and the target scoring it in one forward
     "reasoning_decode",
     "trajectory_decode",
     "expert",  # the action expert's flow-matching sampling (its Euler steps are `expert_step` spans)

@@ -86,6 +86,7 @@ def score_tick(
         e2e_ms=0.0,
         decode_tokens=decode_tokens,
         trajectory_tokens=len(prediction.best.token_ids),
+        accepted_lengths=[n for row in prediction.accepted_lengths for n in row],
     )
 
 

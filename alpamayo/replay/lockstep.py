@@ -88,6 +88,7 @@ def _run_tick(tick: Tick, job: ReplayJob, begin: int, route: str | None) -> Tick
         num_samples=job.settings.num_samples,
         seed=job.settings.seed,
         frame_times_ns=tick.frame_times_ns,
+        stream=str(job.settings.drive),  # the `previous` draft's stream: this drive (an eval clip: its own)
     )
     best = prediction.best
     result = score_tick(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,21 @@ def latency_table(run: ReplayRun) -> str:
     return "\n".join(rows)
 
 
+def mean_accepted_length(blocks: Sequence[int]) -> float | None:
+    """Tokens per verify over speculative blocks (None: no block, plain decoding)."""
+    return sum(blocks) / len(blocks) if blocks else None
+
+
+def speculation_line(blocks: Sequence[int]) -> str | None:
+    """The summary's line on speculative decoding (None without a draft)."""
+    mean = mean_accepted_length(blocks)
+    if mean is None:
+        return None
+    return (
+        f"speculative decoding: mean accepted length {mean:.2f} tokens per verify over {len(blocks)} blocks"
+    )
+
+
 def report_document(run: ReplayRun) -> dict[str, Any]:
     decode = decode_stats(run)
     return {
@@ -170,6 +186,7 @@ def report_document(run: ReplayRun) -> dict[str, Any]:
         "stages": [row.as_dict() for row in stage_table(run.tracer.spans)],
         "decode": None if decode is None else decode.as_dict(),
         "accuracy": summarize_accuracy(run.measured).as_dict(),
+        "mean_accepted_length": mean_accepted_length([n for t in run.measured for n in t.accepted_lengths]),
     }
 
 

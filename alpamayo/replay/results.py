@@ -31,6 +31,8 @@ class TickResult:
     e2e_ms: float
     decode_tokens: int
     trajectory_tokens: int
+    # speculative decoding: per block of every sample row, the tokens it produced (empty: no draft)
+    accepted_lengths: list[int] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:

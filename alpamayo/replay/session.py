@@ -20,7 +20,7 @@ from alpamayo.replay.accuracy import summarize_accuracy
 from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import PredictionRecorder
 from alpamayo.replay.realtime import replay_realtime
-from alpamayo.replay.report import latency_table, write_json, write_plots, write_trace
+from alpamayo.replay.report import latency_table, speculation_line, write_json, write_plots, write_trace
 from alpamayo.replay.results import ReplayRun
 from alpamayo.replay.ros2_outputs import Ros2Recorder
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
@@ -43,6 +43,7 @@ def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
         base_model=settings.base_model,
         decoder=settings.decoder,
         flow=settings.flow,
+        draft=settings.draft,
     )
     vla.sampling = vla.sampling.override(settings.temperature, settings.top_p, settings.top_k)
     return vla
@@ -183,6 +184,9 @@ def copy_inputs(drive: DriveSource, run: ReplayRun, writer: RecordingWriter | Ro
 def summary(run: ReplayRun) -> str:
     """The accuracy and latency tables, and what was skipped."""
     lines = [summarize_accuracy(run.measured).table(), "", latency_table(run)]
+    speculation = speculation_line([n for t in run.measured for n in t.accepted_lengths])
+    if speculation is not None:
+        lines.append(speculation)
     skipped = run.skipped if run.mode == "lockstep" else run.info.get("input_skips", {})
     if skipped:
         lines.append("skipped: " + ", ".join(f"{n} x {reason}" for reason, n in skipped.items()))

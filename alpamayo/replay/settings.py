@@ -49,6 +49,9 @@ class ReplaySettings:
     flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
     route: str | None = None  # navigation text, or "auto" (alpamayo.replay.routes)
     route_file: Path | None = None  # a t0_ns,route CSV (alpamayo.replay.routes)
+    draft: str = (
+        "none"  # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous, dflash:DIR
+    )
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"

@@ -55,9 +55,13 @@ class Attention(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int | list[int]
     ) -> torch.Tensor:
-        """x [B, T, H] at positions [start, start+T); cos/sin [T, head_dim] -> [B, T, H]."""
+        """x [B, T, H] at cache positions [start, start+T) -> [B, T, H]. `start` an int: every row starts
+        there, cos/sin [T, head_dim]; a list (one per row, ragged rows): row i at [start[i], start[i]+T), each
+        query sees its row's first start[i] positions and the block up to itself, cos/sin [B, 1, T, head_dim]."""
+        if not isinstance(start, int):
+            return self._ragged(x, cos, sin, cache, start)
         b, t, _ = x.shape
         d = self.head_dim
         q, k, v = self.project(x, cos, sin)
@@ -78,6 +82,23 @@ class Attention(nn.Module):
             q, keys, values, attn_mask=mask, is_causal=start == 0, scale=self.scale, enable_gqa=True
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * d))
+
+    def _ragged(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, starts: list[int]
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
+        cache.write_rows(self.layer, k, v, starts)
+        end = max(starts) + t
+        keys, values = cache.read(self.layer, b, end)
+        # key s is visible to row i's query j iff s <= starts[i] + j: the row's own prefix and the block up to
+        # j; the stale K/V past a shorter row's length sit beyond that bound (or were just overwritten)
+        q_pos = torch.tensor(starts, device=x.device)[:, None] + torch.arange(t, device=x.device)  # [B, T]
+        mask = (torch.arange(end, device=x.device) <= q_pos[..., None]).unsqueeze(1)  # [B, 1, T, end]
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
     def over_prefix(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, prefix: KVBlock

@@ -41,6 +41,16 @@ class KVCache:
         self.k[layer][:b, :, start : start + t] = k
         self.v[layer][:b, :, start : start + t] = v
 
+    def write_rows(self, layer: int, k: torch.Tensor, v: torch.Tensor, starts: list[int]) -> None:
+        """Store row i of k, v [B, kv_heads, T, head_dim] at positions [starts[i], starts[i]+T) of row i
+        (ragged rows: each row appends at its own length)."""
+        if self.store is not None:
+            k, v = self.store(k), self.store(v)
+        t = k.shape[2]
+        for i, s in enumerate(starts):
+            self.k[layer][i, :, s : s + t] = k[i]
+            self.v[layer][i, :, s : s + t] = v[i]
+
     def read(self, layer: int, batch: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of rows [0, batch) and positions [0, end): K, V [batch, kv_heads, end, head_dim]."""
         return self.k[layer][:batch, :, :end], self.v[layer][:batch, :, :end]

@@ -19,8 +19,9 @@ class DecoderLayer(nn.Module):
         self.input_norm, self.post_norm = input_norm, post_norm
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int | list[int]
     ) -> torch.Tensor:
+        """x [B, T, H] at cache positions from `start` (one int, or one per row: `Attention.forward`)."""
         h = x + self.attn(self.input_norm(x), cos, sin, cache, start)
         return h + self.mlp(self.post_norm(h))
 

@@ -5,6 +5,16 @@ Usage:
     model.setup_cache(max_seq_len=4096)
     logits = model.prefill(input_ids, position_ids)      # [V] float32, last prompt position
     logits = model.decode(next_id)                       # [V] float32, one new token
+    logits = model.verify(block)                         # [B, T, V] float32, T tokens per row in one forward
+    model.rollback([n_0, ..., n_{B-1}])                  # keep each row's first n_i positions
+
+Rows: after `fork(n)` the cache holds n sequences. Each row has its own length (`lengths[i]`, positions
+filled in row i), so rows may be ragged: after a speculative block each row keeps its own accepted prefix
+(`rollback`). A token appended to row i sits at cache index `lengths[i]` and rope position
+`lengths[i] + rope_delta`; its query sees exactly the row's first `lengths[i]` positions plus the tokens
+before it in the same call. K/V past a row's length are stale and never read; the next append overwrites
+them. While every row has the same length, appending runs the uniform path (one scalar start), bit-identical
+to plain decoding before rows could be ragged.
 
 Positions: prefill takes the 3-row M-RoPE ids [3, L] (T, H, W; text-only prompts may omit them). It stores
 `rope_delta = max(position_ids) + 1 - L`, and every decoded token then sits at `cache_len + rope_delta` on all
@@ -54,6 +64,7 @@ class TextModel(nn.Module):
         self.cache: KVCache | None = None
         # applied to K/V on their way into the cache (None: stored as computed); see KVCache
         self.kv_store: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.captured: list[torch.Tensor] = []  # prefill_hidden(capture=...)'s layer outputs [L, H]
         self.reset()
 
     @classmethod
@@ -108,9 +119,24 @@ class TextModel(nn.Module):
 
     def reset(self) -> None:
         """Forget the prompt (the cache buffers stay allocated)."""
-        self.cache_len = 0  # positions filled in the cache (same for every active row)
-        self.rope_delta = 0  # decode positions are cache_len + rope_delta (see the module docstring)
-        self.batch = 1  # active cache rows
+        self.lengths = [0]  # per active row: positions filled in its cache row (see the module docstring)
+        self.rope_delta = 0  # decode positions are lengths[i] + rope_delta (see the module docstring)
+
+    @property
+    def batch(self) -> int:
+        """Active cache rows."""
+        return len(self.lengths)
+
+    @property
+    def cache_len(self) -> int:
+        """The longest row's length: the extent of the cache a reader must view (rows past their own length
+        hold stale K/V that a per-row mask hides, e.g. `alpamayo.expert`'s offsets)."""
+        return max(self.lengths)
+
+    @cache_len.setter
+    def cache_len(self, n: int) -> None:
+        """Give every active row length n (positions [0, n) then count as filled)."""
+        self.lengths = [int(n)] * self.batch
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as `n` independent sequences (rows) sharing its KV cache."""
@@ -119,16 +145,29 @@ class TextModel(nn.Module):
             raise ValueError(f"fork({n}): the cache was set up for 1..{cache.max_batch} rows")
         if self.cache_len == 0:
             raise RuntimeError("fork() needs a prefilled prompt")
-        cache.fork(n, self.cache_len)
-        self.batch = n
+        cache.fork(n, self.lengths[0])
+        self.lengths = [self.lengths[0]] * n
 
-    def save_state(self) -> tuple[KVCache | None, int, int, int]:
+    def rollback(self, lengths: Sequence[int]) -> None:
+        """Keep the first `lengths[i]` positions of each active row i (one int per row, each in
+        [1, current length]): a speculative block's rejected tokens are forgotten without recompute or copy;
+        the next append to the row overwrites them."""
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != self.batch:
+            raise ValueError(f"rollback got {len(lengths)} length(s) for {self.batch} active row(s)")
+        for i, (n, have) in enumerate(zip(lengths, self.lengths, strict=True)):
+            if not 1 <= n <= have:
+                raise ValueError(f"rollback: row {i} length {n} must be in [1, {have}] (its current length)")
+        self.lengths = lengths
+
+    def save_state(self) -> tuple[KVCache | None, list[int], int]:
         """The cache and generation state, for `restore_state` after the model served another prompt in a
         different cache (the action expert's unguided branch)."""
-        return self.cache, self.cache_len, self.rope_delta, self.batch
+        return self.cache, list(self.lengths), self.rope_delta
 
-    def restore_state(self, state: tuple[KVCache | None, int, int, int]) -> None:
-        self.cache, self.cache_len, self.rope_delta, self.batch = state
+    def restore_state(self, state: tuple[KVCache | None, list[int], int]) -> None:
+        self.cache, lengths, self.rope_delta = state
+        self.lengths = list(lengths)
 
     def _require_cache(self) -> KVCache:
         if self.cache is None:
@@ -150,16 +189,27 @@ class TextModel(nn.Module):
         h: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        start: int,
+        start: int | list[int],
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+        capture: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """h [B, T, H] through every layer -> (final-normed hidden [B, T, H], the outputs [B, T, H] of the
+        layers in `capture`, in that order: transformers' `hidden_states[i + 1]`, the normed output for the
+        last layer). `start`: the rows' common cache index, or one per row (ragged)."""
         cache = self._require_cache()
+        taken: dict[int, torch.Tensor] = {}
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, cache, start)
             if deepstack is not None and i < len(deepstack):
                 h[0, visual_pos_mask] += deepstack[i].to(h.dtype)
-        return self.norm(h)
+            if i in capture and i != last:
+                taken[i] = h
+        out = self.norm(h)
+        if last in capture:
+            taken[last] = out
+        return out, [taken[i] for i in capture]
 
     @torch.inference_mode()
     def prefill_hidden(
@@ -168,8 +218,10 @@ class TextModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
     ) -> torch.Tensor:
         """Run a fresh prompt through the decoder and fill the cache; returns final-normed hidden [L, H].
+        `capture`: layer indices whose outputs [L, H] are left in `self.captured` (a DFlash draft's context).
 
         inputs: token ids [L] (int) or embeddings [L, H] (image embeds already scattered in).
         position_ids: [3, L] M-RoPE rows (T, H, W); default arange on all rows (text only).
@@ -186,10 +238,11 @@ class TextModel(nn.Module):
         cos, sin = self.rope.cos_sin(position_ids, self.dtype)
         if visual_pos_mask is not None:
             visual_pos_mask = visual_pos_mask.to(self.device)
-        out = self._layers(h.unsqueeze(0), cos, sin, 0, visual_pos_mask, deepstack)[0]
-        self.cache_len = length
+        out, taken = self._layers(h.unsqueeze(0), cos, sin, 0, visual_pos_mask, deepstack, capture)
+        self.lengths = [length]
         self.rope_delta = rope_delta(position_ids)
-        return out
+        self.captured = [t[0] for t in taken]
+        return out[0]
 
     def prefill(
         self,
@@ -205,13 +258,14 @@ class TextModel(nn.Module):
 
     @torch.inference_mode()
     def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
-        """Append one token per active row and return float32 logits: [V] for an int, [B, V] for ids [B]."""
+        """Append one token per active row (rows may be ragged) and return float32 logits: [V] for an int,
+        [B, V] for ids [B]."""
         check_decode_room(self.cache_len, self._require_cache().max_seq_len)
         single = isinstance(tokens, int)
         ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
         if ids.numel() != self.batch:
             raise ValueError(f"decode got {ids.numel()} token(s) for {self.batch} active row(s)")
-        logits = self.logits(self._append(ids[:, None])[:, 0])
+        logits = self.logits(self._append(ids[:, None])[0][:, 0])
         return logits[0] if single else logits
 
     @torch.inference_mode()
@@ -220,16 +274,41 @@ class TextModel(nn.Module):
 
         Replays a known continuation, e.g. the generated reasoning into another prompt's cache."""
         ids = tokens.reshape(self.batch, -1)
-        t = ids.shape[1]
-        check_decode_room(self.cache_len, self._require_cache().max_seq_len, t)
+        check_decode_room(self.cache_len, self._require_cache().max_seq_len, ids.shape[1])
         self._append(ids)
 
-    def _append(self, ids: torch.Tensor) -> torch.Tensor:
-        """Ids [B, T] at positions cache_len + rope_delta onwards (callers checked the room) -> final-normed
-        hidden [B, T, H]; the cache then holds T more positions."""
-        t = ids.shape[1]
-        pos = torch.arange(self.cache_len, self.cache_len + t) + self.rope_delta
-        cos, sin = self.rope.cos_sin_1d(pos, self.dtype)
-        h = self._layers(self.embed(ids), cos, sin, self.cache_len)
-        self.cache_len += t
-        return h
+    @torch.inference_mode()
+    def verify(
+        self, tokens: torch.Tensor, capture: Sequence[int] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Append a block of T tokens to each active row in one forward and score every one of them.
+
+        tokens: ids [B, T] (B = active rows, ragged allowed), row i's at cache indices lengths[i] ..
+        lengths[i] + T - 1, causal among them. Returns float32 logits [B, T, V] (position j: the next-token
+        logits after tokens[:, j]); with `capture` (layer indices) also the concatenated outputs of those
+        layers [B, T, len(capture) * H] in the model dtype (a DFlash draft's context features). Every row's
+        length grows by T; `rollback` then keeps each row's accepted prefix."""
+        if tokens.dim() != 2 or tokens.shape[0] != self.batch or tokens.shape[1] < 1:
+            raise ValueError(f"verify takes ids [{self.batch}, T >= 1], got shape {list(tokens.shape)}")
+        check_decode_room(self.cache_len, self._require_cache().max_seq_len, tokens.shape[1])
+        hidden, taken = self._append(tokens, capture)
+        logits = self.logits(hidden)
+        return (logits, torch.cat(taken, dim=-1)) if capture else logits
+
+    def _append(
+        self, ids: torch.Tensor, capture: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Ids [B, T], row i's at positions lengths[i] + rope_delta onwards (callers checked the room) ->
+        (final-normed hidden [B, T, H], captured layer outputs); every row then holds T more positions."""
+        b, t = ids.shape
+        steps = torch.arange(t)
+        if len(set(self.lengths)) == 1:  # uniform rows: one scalar start, the plain decoding path
+            start: int | list[int] = self.lengths[0]
+            cos, sin = self.rope.cos_sin_1d(steps + start + self.rope_delta, self.dtype)
+        else:
+            start = list(self.lengths)
+            pos = torch.tensor(start)[:, None] + steps + self.rope_delta  # [B, T]
+            cos, sin = (c.view(b, 1, t, -1) for c in self.rope.cos_sin_1d(pos.reshape(-1), self.dtype))
+        h, taken = self._layers(self.embed(ids), cos, sin, start, capture=capture)
+        self.lengths = [n + t for n in self.lengths]
+        return h, taken

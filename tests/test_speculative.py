@@ -1,0 +1,369 @@
+"""Speculative decoding of the reasoning: the TextModel contract (ragged rows, verify, rollback), every draft
+kind giving plain decoding's greedy tokens on the tiny dense, MoE and demo checkpoints, rejection sampling
+keeping the distribution, the DFlash draft against a reference composed from transformers' Qwen3 modules,
+and bad drafts refused before any weight is read."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from alpamayo.config import load_config
+from alpamayo.drafts import Draft, DraftContext, LookupDraft, PreviousDraft, check_draft_spec, load_draft
+from alpamayo.drafts.dflash import DFlashDraft, DraftConfigError, read_config
+from alpamayo.generation import Sampling, TokenSampler
+from alpamayo.profiling.tracer import Tracer
+from alpamayo.text import TextModel
+from alpamayo.tokenizer import load_tokenizer
+from alpamayo.trajectory_generation import PlanLimits, generate_plans
+from planner.tokenizers import TrajectoryVocab
+from tests.dflash_checkpoints import dflash_config, reference_block_logits, save_dflash
+from tests.hf_checkpoints import load_hf, save_checkpoint, text_config
+
+PROMPT = (
+    "<|im_start|>user\nThe light ahead turned red. The light ahead turned red. What now?<|im_end|>\n"
+    "<|im_start|>assistant\n<|cot_start|>"
+)
+
+
+class Target:
+    """A torch text model with the demo checkpoint's tokenizer and trajectory vocabulary."""
+
+    def __init__(self, model: TextModel, demo_path, hf_dir=None):
+        self.cfg = load_config(demo_path)
+        tok = load_tokenizer(demo_path)
+        self.vocab = TrajectoryVocab.from_tokenizer(tok, vocab_size=self.cfg.text.vocab_size)
+        self.model, self.hf_dir = model, hf_dir
+        self.prompt = torch.tensor(tok(PROMPT, add_special_tokens=False)["input_ids"])
+
+    def plans(self, sampler, limits, draft=None, stream=None, tracer=None, trajectory_tokens=True):
+        m = self.model
+        m.setup_cache(len(self.prompt) + limits.decode_positions, len(sampler.generators))
+        capture = () if draft is None else draft.capture
+        hidden = m.prefill_hidden(self.prompt, capture=capture)
+        logits = m.logits(hidden[-1])
+        ctx = None
+        if draft is not None:
+            feats = torch.cat(m.captured, -1) if capture else None
+            ctx = DraftContext(self.prompt.tolist(), len(sampler.generators), stream, feats)
+        return generate_plans(
+            m,
+            logits,
+            self.vocab,
+            sampler,
+            limits,
+            self.cfg.eos_token_ids,
+            tracer,
+            trajectory_tokens,
+            draft,
+            ctx,
+        )
+
+
+@pytest.fixture(scope="module", params=["demo", "dense", "moe"])
+def target(request, demo_checkpoint, tmp_path_factory):
+    if request.param == "demo":
+        return Target(TextModel.from_checkpoint(demo_checkpoint), demo_checkpoint)
+    vocab = load_config(demo_checkpoint).text.vocab_size
+    path = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(path, text_config(vocab_size=vocab, hidden_size=64), moe=request.param == "moe", seed=3)
+    return Target(TextModel.from_checkpoint(path), demo_checkpoint, path)
+
+
+GREEDY = TokenSampler.for_request(Sampling(), None, 1)
+
+
+class Oracle(Draft):
+    """Drafts a known continuation per row; `wrong_at` (per row, None: never) corrupts the draft from that
+    index of the continuation on (a draft that is always wrong: 0)."""
+
+    name = "oracle"
+
+    def __init__(self, continuations, wrong_at=None, block_size=8):
+        super().__init__(block_size)
+        self.cont, self.wrong_at = continuations, wrong_at or [None] * len(continuations)
+
+    def propose(self, generated, limits):
+        out = []
+        for r, (g, n) in enumerate(zip(generated, limits, strict=True)):
+            d = list(self.cont[r][len(g) : len(g) + n])
+            w = self.wrong_at[r]
+            for j in range(len(d)):
+                if w is not None and len(g) + j >= w:
+                    d[j] = (d[j] + 1) % 300  # any other token than the continuation's
+            out.append(d)
+        return out
+
+
+def continuation(plan, vocab):
+    return [*plan.reasoning_token_ids, vocab.marker("traj_future_start"), *plan.future_token_ids]
+
+
+# ------------------------------------------------------------------ the TextModel contract
+def test_verify_on_ragged_rows_equals_each_row_decoded_alone(target):
+    m = target.model
+    torch.manual_seed(0)
+    tail = torch.randint(0, 300, (3, 6))
+    m.setup_cache(64, 3)
+    m.prefill(target.prompt)
+    m.fork(3)
+    assert m.verify(tail).shape == (3, 6, m.text_cfg.vocab_size)
+    m.rollback([len(target.prompt) + 2, len(target.prompt) + 5, len(target.prompt) + 1])
+    assert m.lengths == [len(target.prompt) + n for n in (2, 5, 1)]
+    block = torch.randint(0, 300, (3, 3))
+    ragged, feats = m.verify(block, capture=[0, 1])
+    assert feats.shape == (3, 3, 2 * m.text_cfg.hidden_size)
+    step = m.decode(torch.tensor([1, 2, 3]))  # decode keeps working on ragged rows
+    for r, kept in enumerate((2, 5, 1)):
+        m.setup_cache(64, 1)
+        m.prefill(torch.cat([target.prompt, tail[r, :kept]]))
+        alone = m.verify(block[r : r + 1])[0]
+        torch.testing.assert_close(ragged[r], alone, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(step[r], m.decode(r + 1), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"row 0 length .* must be in \[1, "):
+        m.rollback([10_000])
+
+
+# ------------------------------------------------------------------ greedy exactness
+def _dflash(target, tmp_path, **over):
+    cfg = dflash_config(target.model.text_cfg, **over)
+    save_dflash(tmp_path / "draft", cfg)
+    return DFlashDraft.load(tmp_path / "draft", target.model)
+
+
+@pytest.mark.parametrize("kind", ["lookup", "previous", "dflash", "oracle", "wrong"])
+def test_greedy_tokens_equal_plain_decoding_with_every_draft(target, kind, tmp_path):
+    limits = PlanLimits(max_reasoning_tokens=40, tokens_per_future=16)
+    (plain,) = target.plans(GREEDY, limits)
+    cont = [continuation(plain, target.vocab)]
+    draft = {
+        "lookup": lambda: LookupDraft(8),
+        "previous": lambda: PreviousDraft(8),
+        "dflash": lambda: _dflash(target, tmp_path),
+        "oracle": lambda: Oracle(cont),
+        "wrong": lambda: Oracle(cont, wrong_at=[0]),
+    }[kind]()
+    runs = 2 if kind == "previous" else 1  # `previous` drafts from the stream's prediction before
+    for _ in range(runs):
+        tracer = Tracer()
+        (spec,) = target.plans(GREEDY, limits, draft, stream="cam0", tracer=tracer)
+    assert spec.reasoning_token_ids == plain.reasoning_token_ids
+    assert spec.future_token_ids == plain.future_token_ids
+    assert spec.reasoning_capped == plain.reasoning_capped
+    produced = sum(spec.accepted_lengths)
+    # each block produced its accepted drafts + 1: every reasoning token and <|traj_future_start|>, but the
+    # first token, which the prefill's logits chose
+    assert produced == len(plain.reasoning_token_ids)
+    blocks = [s for s in tracer.spans if s.name == "verify"]
+    assert len(blocks) == len(spec.accepted_lengths)
+    if kind == "wrong":
+        assert set(spec.accepted_lengths) == {1}
+    if kind in ("oracle", "previous"):
+        assert np.mean(spec.accepted_lengths) > 4
+
+
+def test_ragged_rows_each_equal_their_plain_decode(target):
+    """K = 3 rows with different drafts accept different lengths in one batch; each row's tokens equal plain."""
+    limits = PlanLimits(max_reasoning_tokens=30, tokens_per_future=8)
+    (plain,) = target.plans(GREEDY, limits)
+    c = continuation(plain, target.vocab)
+    sampler = TokenSampler.for_request(Sampling(), None, 3)
+    plans = target.plans(sampler, limits, Oracle([c, c, c], wrong_at=[None, 0, 11], block_size=6))
+    for p in plans:
+        assert p.reasoning_token_ids == plain.reasoning_token_ids
+        assert p.future_token_ids == plain.future_token_ids
+    lengths = [p.accepted_lengths for p in plans]
+    assert lengths[0] != lengths[1] and lengths[1] != lengths[2] and set(lengths[1]) == {1}
+
+
+def test_expert_mode_leaves_each_rows_marker_where_plain_decoding_does(target):
+    """Without trajectory tokens, every row's <|traj_future_start|> is in the cache at prompt + reasoning."""
+    limits = PlanLimits(max_reasoning_tokens=24, tokens_per_future=8)
+    (plain,) = target.plans(GREEDY, limits, trajectory_tokens=False)
+    c = continuation(plain, target.vocab)
+    sampler = TokenSampler.for_request(Sampling(), None, 2)
+    plans = target.plans(sampler, limits, Oracle([c, c], wrong_at=[None, 0]), trajectory_tokens=False)
+    n = len(target.prompt) + len(plain.reasoning_token_ids) + 1
+    assert [p.reasoning_token_ids for p in plans] == [plain.reasoning_token_ids] * 2
+    assert target.model.lengths == [n, n]
+
+
+@pytest.mark.parametrize("cap", [0, 1, 5, 13])
+def test_the_reasoning_cap_forces_the_stop_where_plain_decoding_does(target, cap):
+    limits = PlanLimits(max_reasoning_tokens=cap, tokens_per_future=4)
+    (plain,) = target.plans(GREEDY, limits)
+    long = continuation(target.plans(GREEDY, PlanLimits(40, 4))[0], target.vocab)
+    (spec,) = target.plans(GREEDY, limits, Oracle([long]))
+    assert (spec.reasoning_token_ids, spec.reasoning_capped) == (
+        plain.reasoning_token_ids,
+        plain.reasoning_capped,
+    )
+    assert spec.future_token_ids == plain.future_token_ids
+
+
+def test_a_stop_in_the_middle_of_a_drafted_block_ends_the_row_there(target):
+    """The draft runs past <|traj_future_start|> (with <|cot_end|> inside the block): the row ends at the
+    stop, as plain decoding does; the tokens drafted after it are never kept."""
+    cot_end, start = target.vocab.marker("cot_end"), target.vocab.marker("traj_future_start")
+    limits = PlanLimits(max_reasoning_tokens=40, tokens_per_future=8)
+    (plain,) = target.plans(GREEDY, limits)
+    # a draft equal to the plain reasoning with a <|cot_end|> inside the last block, then the stop and more
+    cont = [*plain.reasoning_token_ids, start, cot_end, 5, 6, 7, 8]
+    (spec,) = target.plans(GREEDY, limits, Oracle([cont], block_size=8))
+    assert spec.reasoning_token_ids == plain.reasoning_token_ids
+    assert spec.future_token_ids == plain.future_token_ids
+
+
+# ------------------------------------------------------------------ sampling keeps the distribution
+def test_rejection_sampling_keeps_the_first_two_tokens_distribution(demo_checkpoint):
+    """Many rows (independent seeds) of plain sampling vs. sampling with a draft that always proposes the
+    same likely second token; chi-square two-sample test per position at significance 0.001. Accepting the
+    drafted token greedily (iff it is the argmax) would make it nearly always or never chosen: the test
+    would reject."""
+    from scipy.stats import chi2_contingency
+
+    model = TextModel.from_checkpoint(demo_checkpoint)
+    model.head.weight.mul_(6.0)  # a peaked random target: its few likely tokens make the test sharp
+    t = Target(model, demo_checkpoint)
+    sampling, rows, limits = Sampling(temperature=0.6, top_p=0.98), 600, PlanLimits(2, 1)
+    plain = t.plans(TokenSampler.for_request(sampling, 7, rows), limits, trajectory_tokens=False)
+    firsts = Counter(p.reasoning_token_ids[0] for p in plain)
+    seconds = Counter(p.reasoning_token_ids[1] for p in plain)
+    likely = seconds.most_common(1)[0][0]
+
+    class Fixed(Draft):
+        def propose(self, generated, limits):
+            return [[likely] * n for n in limits]
+
+    spec = t.plans(TokenSampler.for_request(sampling, 8, rows), limits, Fixed(2), trajectory_tokens=False)
+    for pos, ref in ((0, firsts), (1, seconds)):
+        got = Counter(p.reasoning_token_ids[pos] for p in spec)
+        keys = [k for k in ref if ref[k] + got[k] >= 10]
+        table = [[ref[k] for k in keys] + [rows - sum(ref[k] for k in keys)]]
+        table.append([got[k] for k in keys] + [rows - sum(got[k] for k in keys)])
+        table = np.array(table)
+        table = table[:, table.sum(0) > 0]
+        assert len(keys) >= 3, f"position {pos}: too few likely tokens for a sharp test: {ref.most_common(5)}"
+        p_value = chi2_contingency(table)[1]
+        assert p_value > 1e-3, f"position {pos}: p = {p_value:.2e}, counts {table.tolist()}"
+
+
+# ------------------------------------------------------------------ DFlash
+def test_dflash_block_logits_equal_the_transformers_composition(tmp_path, demo_checkpoint):
+    path = tmp_path / "dense"
+    save_checkpoint(path, text_config(vocab_size=load_config(demo_checkpoint).text.vocab_size), seed=5)
+    target = TextModel.from_checkpoint(path)
+    cfg = dflash_config(target.text_cfg, block_size=6, target_layer_ids=[0, 1])
+    weights = save_dflash(tmp_path / "draft", cfg, seed=1)
+    draft = DFlashDraft.load(tmp_path / "draft", target)
+    ids = torch.randint(0, 300, (17,), generator=torch.Generator().manual_seed(0))
+    target.setup_cache(64, 1)
+    target.prefill_hidden(ids, capture=draft.capture)
+    feats = torch.cat(target.captured, -1)
+    hf = load_hf(path)
+    with torch.no_grad():
+        out = hf.model.language_model(input_ids=ids[None], output_hidden_states=True)
+        ref_feats = torch.cat(
+            [out.hidden_states[i + 1] for i in cfg["dflash_config"]["target_layer_ids"]], -1
+        )
+        torch.testing.assert_close(feats[None], ref_feats, atol=1e-4, rtol=1e-4)
+        block = torch.tensor([42] + [cfg["dflash_config"]["mask_token_id"]] * 5)
+        noise = hf.model.language_model.embed_tokens(block)[None]
+        ref = reference_block_logits(cfg, weights, ref_feats, noise, hf.lm_head)[0]
+    got = draft.block_logits(draft.project_context(feats), 42)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_zlab_config_field_names_load(tmp_path, demo_checkpoint):
+    target = load_config(demo_checkpoint).text
+    cfg = dflash_config(target, block_size=16, input_embedding_scale=2.0, output_multiplier=0.5)
+    cfg["final_logit_softcapping"] = 30.0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    got = read_config(tmp_path)
+    assert (got.block_size, got.mask_token_id, got.target_layer_ids) == (16, target.vocab_size - 1, (0, 2, 3))
+    assert (got.input_embedding_scale, got.output_multiplier, got.final_logit_softcapping) == (2.0, 0.5, 30.0)
+    assert got.text.num_hidden_layers == 2 and got.text.head_dim == 32
+
+
+BAD = {
+    "hidden": (dict(hidden_size=96), r"hidden_size 96 != the target's 128"),
+    "vocab": (dict(vocab_size=1000), r"vocab_size 1000 != the target's 4566"),
+    "layers": (dict(target_layer_ids=[1, 9]), r"target_layer_ids \[9\] beyond the target's layers \[0, 4\)"),
+    "mask": (dict(mask_token_id=None), r"mask_token_id is missing"),
+    "block0": (dict(block_size=0), r"block_size must be an integer in \[2, 32\], got 0"),
+    "dflash2": (dict(architectures=["DFlash2DraftModel"]), r"DFlash2DraftModel \(DFlash2 .*not supported"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_drafts_are_refused_before_any_weight_is_read(case, tmp_path, demo_checkpoint):
+    over, message = BAD[case]
+    model = TextModel.from_checkpoint(demo_checkpoint)
+    cfg = dflash_config(model.text_cfg, **over)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"not read")  # reading any weight would fail differently
+    with pytest.raises(DraftConfigError, match=message):
+        load_draft(f"dflash:{tmp_path}", model)
+
+
+def test_previous_without_a_stream_and_unknown_kinds_are_refused(demo_checkpoint):
+    with pytest.raises(ValueError, match="draft 'previous' needs a stream to draw on"):
+        PreviousDraft(8).begin(DraftContext([1, 2], 1, None))
+    with pytest.raises(
+        ValueError, match=r"draft must be one of none, lookup, previous, dflash:DIR, got 'ngram'"
+    ):
+        check_draft_spec("ngram")
+    with pytest.raises(ValueError, match="is not a directory"):
+        check_draft_spec("dflash:/nonexistent/draft")
+
+
+# ------------------------------------------------------------------ runtime, records, node config
+@pytest.mark.parametrize("decoder", ["tokens", "expert"])
+def test_predictions_with_a_draft_equal_plain_ones_and_carry_accepted_lengths(demo_checkpoint, decoder):
+    """The greedy prediction (reasoning, then the trajectory tokens) is unchanged. With the action expert the
+    reasoning is unchanged but its waypoints are not yet bit-equal: the cache's reasoning K/V come from block
+    verifies instead of one-token decodes (rounding), and the expert's output moved by up to 0.37 m on the
+    demo checkpoint; open, see the round's report."""
+    from alpamayo.runtime import AlpamayoVLA
+    from tests.test_runtime import frames_at, straight_history
+
+    frames, times = frames_at(3)
+    ego = straight_history()
+    plain = AlpamayoVLA.from_checkpoint(
+        demo_checkpoint, sampling=Sampling(), max_reasoning_tokens=12, decoder=decoder
+    )
+    ref = plain.predict(frames, ego, frame_times_ns=times)
+    assert (ref.draft, ref.accepted_lengths, ref.mean_accepted_length) == ("none", [], None)
+    for kind in ("lookup", "previous"):
+        vla = AlpamayoVLA.from_checkpoint(
+            demo_checkpoint, max_reasoning_tokens=12, decoder=decoder, draft=kind
+        )
+        for _ in range(2):  # `previous`: the second prediction of the stream drafts from the first
+            tracer_mark = vla.tracer.mark()
+            got = vla.predict(frames, ego, frame_times_ns=times, stream="front")
+        assert got.best.reasoning_token_ids == ref.best.reasoning_token_ids
+        assert got.best.token_ids == ref.best.token_ids
+        if decoder == "tokens":  # the trajectory tokens' waypoints; the expert's are an open point (below)
+            np.testing.assert_array_equal(got.best.xyz, ref.best.xyz)
+        assert got.draft == kind and len(got.accepted_lengths) == 1
+        assert sum(got.accepted_lengths[0]) == len(ref.best.reasoning_token_ids)
+        assert {"draft", "verify"} <= set(vla.tracer.totals_ms(tracer_mark))
+        if kind == "previous":
+            assert got.mean_accepted_length > 2
+
+
+def test_the_node_config_checks_model_draft(tmp_path):
+    from alpamayo.errors import ConfigError
+    from bridges.config import ModelSection
+
+    assert ModelSection(draft="lookup").draft == "lookup"
+    assert ModelSection(draft=f"dflash:{tmp_path}").draft == f"dflash:{tmp_path}"
+    with pytest.raises(
+        ConfigError, match=r"model.draft = 'eagle' is invalid; allowed: none, lookup, previous"
+    ):
+        ModelSection(draft="eagle")
