@@ -28,13 +28,12 @@ import numpy as np
 
 from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
 from alpamayo.expert.model import ActionExpert
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise
 from alpamayo.expert.weights import has_expert_weights, validate_expert_tensors
-from alpamayo.families.loader import model_tokenizer
+from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
@@ -162,7 +161,7 @@ class AlpamayoVLA:
         guidance. The expert is checked against the VLM and its tensors against its config before any weight
         is read.
         """
-        cfg = load_config(directory, base_model)
+        cfg = load_model_config(directory, base_model)
         ckpt = Checkpoint(directory, cfg.weight_prefix)
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)

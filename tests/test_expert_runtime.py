@@ -13,12 +13,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from alpamayo.config import load_config, parse_config
+from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
-from alpamayo.demo_checkpoint import make_demo_checkpoint
+from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.expert.config import RELEASE_10B_EXPERT, expert_config_of
 from alpamayo.expert.decoding import choose_decoder
 from alpamayo.expert.sampler import FlowSettings
+from alpamayo.families.loader import load_model_config
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from alpamayo.tt.memory import plan_memory
@@ -126,8 +127,8 @@ def test_the_demo_layout_carries_the_expert_under_the_1_5_names(demo_checkpoint,
     expert by default and parses to the same expert as the 1.5 layout of the same seed."""
     raw = json.loads((demo_checkpoint / "config.json").read_text())
     assert {"expert_cfg", "action_in_proj_cfg", "action_out_proj_cfg", "diffusion_cfg"} <= set(raw)
-    demo_cfg = expert_config_of(load_config(demo_checkpoint))
-    release_cfg = expert_config_of(load_config(release[0]))
+    demo_cfg = expert_config_of(load_model_config(demo_checkpoint))
+    release_cfg = expert_config_of(load_model_config(release[0]))
     assert (demo_cfg.layout, demo_cfg.prefixes) == (release_cfg.layout, release_cfg.prefixes)
     assert (demo_cfg.text, demo_cfg.in_proj) == (release_cfg.text, release_cfg.in_proj)
     assert demo_cfg.num_inference_steps == 10 and demo_cfg.out_proj_bias

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP
 from alpamayo.commands.make_demo_drive import parse_size
-from alpamayo.config import ModelConfig, load_config
+from alpamayo.config import ModelConfig
 from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
 from alpamayo.expert.config import ExpertConfig, expert_config_of
+from alpamayo.families.loader import load_model_config
 from alpamayo.moe.config import model_block_config
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import decode_estimate, expert_estimate, prefill_estimate, vision_estimate
@@ -56,7 +57,7 @@ def resolve_config(spec: str, base_model: str | None = None) -> tuple[ModelConfi
     """A checkpoint directory's config (R1 / 1.5: with its base model) and action expert, or a built-in config
     (or Alpamayo release) by name."""
     if Path(spec).exists():
-        cfg = load_config(spec, base_model)
+        cfg = load_model_config(spec, base_model)
         return cfg, expert_config_of(cfg)
     if spec in NAMES:
         return builtin_config(spec), None

@@ -53,7 +53,6 @@ from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, validate_text_tensors
-from alpamayo.tt import dryrun
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, DeviceSpec, round_up
@@ -68,7 +67,13 @@ from alpamayo.tt.program_config import (
     TextPlan,
     plan_text,
 )
-from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
+from alpamayo.tt.runtime import (
+    close_device,
+    device_unavailable_reason,
+    dry_run_active,
+    import_ttnn,
+    open_device,
+)
 from alpamayo.tt.weight_cache import upload_weights
 from alpamayo.tt.weights import TEXT_GROUPS, LayerGroups, residual_norm_eps, text_weight_specs
 
@@ -120,7 +125,7 @@ class TTTextModel(DeviceIO):
         self.reserved_rows = 0
         self._trace: dict[str, Any] | None = None
         self._inputs: dict[str, Any] | None = None
-        self.dry_run, self._dry_run_noticed = dryrun.active(), False
+        self.dry_run, self._dry_run_noticed = dry_run_active(), False
         t = cfg.text
         self.scale = t.head_dim**-0.5
         self.hidden_padded = plan.hidden_padded
