@@ -61,8 +61,9 @@ def test_expert_is_the_default_decoder_and_is_recorded(release):
     )
     assert "expert" in pred.timings_ms
     # generation stopped once <|traj_future_start|> was in the cache: cache = prompt + longest reasoning + 1
+    (prompt,) = [s.args["tokens"] for s in vla.tracer.spans[mark:] if s.name == "prefill"]
     longest = max(len(s.reasoning_token_ids) for s in pred.samples)
-    assert longest <= REASONING_CAP
+    assert vla.vlm.text.cache_len == prompt + longest + 1
     # the node's output message carries the decoder (trajectory message version 2)
     msg = TrajectoryMessage(0, 1, True, [], decoder=pred.decoder, token_ids=pred.best.token_ids)
     back = decode_trajectory(encode_trajectory(msg))
