@@ -155,9 +155,9 @@ def load_expert_decoder(
             TTActionExpert.from_checkpoint(source, text, expert, options.tt_cache), settings
         )
     from alpamayo.expert.decoding import ExpertDecoder
-    from alpamayo.expert.model import ActionExpert
+    from alpamayo.expert.weights import load_expert
 
-    model = ActionExpert.from_checkpoint(
+    model = load_expert(
         source,
         expert,
         cfg.text,

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from alpamayo.config import ModelConfig, load_config
+from alpamayo.config import ModelConfig
 from alpamayo.errors import CheckpointError
+from alpamayo.families.loader import load_model_config
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -272,7 +273,7 @@ def open_checkpoint(
     config: `cfg` if given, else the directory's config.json."""
     ckpt = source if isinstance(source, Checkpoint) else None
     directory = ckpt.directory if ckpt is not None else Path(source)
-    cfg = cfg or load_config(directory)
+    cfg = cfg or load_model_config(directory)
     return ckpt or Checkpoint(directory, cfg.weight_prefix), cfg
 
 

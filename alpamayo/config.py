@@ -324,7 +324,7 @@ def parse_config(
         if base_vlm is None:
             raise ConfigError(
                 f"{source}: an {family.title} config.json carries no Qwen3-VL config; it comes from the base "
-                "model 'vlm_name_or_path' (load the checkpoint directory with load_config)"
+                "model 'vlm_name_or_path' (load the checkpoint directory with load_model_config)"
             )
         vlm = Fields(base_vlm, "", f"{source} (base model {base_model})")
     else:
@@ -371,12 +371,3 @@ def generation_eos(directory: Path) -> tuple[int, ...]:
     if not path.is_file():
         return ()
     return _eos_ids(Fields(read_json(path), "", str(path)).data.get("eos_token_id"))
-
-
-def load_config(path: str | Path, base_model: str | Path | None = None) -> ModelConfig:
-    """Read `config.json` (and the EOS ids of `generation_config.json`) from a checkpoint directory (or the
-    path of a config file itself). R1 / 1.5 checkpoints also read their base model (`base_model`, else the
-    one `vlm_name_or_path` names; see `alpamayo.families.base_model`)."""
-    from alpamayo.families.loader import load_model_config  # it builds on parse_config
-
-    return load_model_config(path, base_model)

@@ -1,5 +1,6 @@
 """The embedded demo checkpoint: a tiny random-weight model, built offline, in the project's layout or in the
-layout of a released Alpamayo (`layout=` "r1", "alpamayo1.5", "super": `alpamayo.demo_release`).
+layout of a released Alpamayo (`layout=` "r1", "alpamayo1.5", "super": `alpamayo.demo_release`, whose
+`make_demo_checkpoint` is the entry point for every layout).
 
 `make_demo_checkpoint(out, seed)` writes, byte-for-byte the same for a given seed (on one software install):
   config.json              the project's layout: the Qwen3-VL config under `vlm_config`, trajectory settings on top,
@@ -32,13 +33,11 @@ import torch
 
 from alpamayo.expert.config import ExpertConfig, parse_expert_config
 from alpamayo.families.registry import MARKERS_1_5
-from alpamayo.families.vocabulary import extend_tokenizer
+from alpamayo.families.vocabulary import bin_token, extend_tokenizer
 from alpamayo.tokenizer import qwen3vl_chat_template
 from planner.settings import PlannerSettings
-from planner.tokenizers import bin_token
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-LAYOUTS = ("demo", "r1", "alpamayo1.5", "super")  # the project's, then each release's as NVIDIA ships it
 CORPUS = ASSETS / "demo_corpus.txt"
 
 BPE_VOCAB_SIZE = 512  # the corpus supports ~580 merges at min_frequency 2; 512 keeps the layout fixed
@@ -338,22 +337,9 @@ def check_output_dir(out: Path, what: str = "the demo checkpoint") -> None:
         raise ValueError(f"{out}: {what} needs a new or empty directory; this one is not empty")
 
 
-def make_demo_checkpoint(
-    out: str | Path, seed: int = 0, layout: str = "demo", base_model_out: str | Path | None = None
-) -> Path:
-    """Write the demo checkpoint into `out` (a new or empty directory) in `layout` (`LAYOUTS`); returns its
-    path. R1 / 1.5 layouts also write their base model, into `base_model_out` (default: `<out>-base` beside
-    `out`), which config.json's `vlm_name_or_path` names relative to `out`."""
-    out = Path(out)
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown demo checkpoint layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
-    check_output_dir(out)
-    if not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
-    if layout != "demo":
-        from alpamayo.demo_release import make_release_checkpoint
-
-        return make_release_checkpoint(out, seed, layout, base_model_out)
+def write_demo_layout(out: Path, seed: int) -> Path:
+    """Write the demo checkpoint in the project's layout into `out` (checked by
+    `alpamayo.demo_release.make_demo_checkpoint`, the entry point for every layout); returns `out`."""
     from safetensors.torch import save_file
 
     tokenizer = build_tokenizer()

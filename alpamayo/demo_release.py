@@ -45,13 +45,14 @@ from alpamayo.demo_checkpoint import (
     generation_config,
     model_weights,
     vlm_config,
+    write_demo_layout,
     write_json,
 )
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, MARKERS_R1, R1, RELEASE_IDS, SUPER
+from alpamayo.families.vocabulary import bin_token, marker
 from alpamayo.tt.device_spec import round_up
 from planner.settings import PlannerSettings
-from planner.tokenizers import bin_token, marker
 
 NUM_SHARDS = 3
 # Python package of each release's classes, for the Hydra `_target_` strings (read as data, never imported).
@@ -231,6 +232,26 @@ def write_base_model(directory: Path) -> Any:
     write_json(directory / "preprocessor_config.json", BASE_PREPROCESSOR)
     write_json(directory / "generation_config.json", generation_config(tokenizer))
     return tokenizer
+
+
+LAYOUTS = ("demo", "r1", "alpamayo1.5", "super")  # the project's, then each release's as NVIDIA ships it
+
+
+def make_demo_checkpoint(
+    out: str | Path, seed: int = 0, layout: str = "demo", base_model_out: str | Path | None = None
+) -> Path:
+    """Write the demo checkpoint into `out` (a new or empty directory) in `layout` (`LAYOUTS`); returns its
+    path. R1 / 1.5 layouts also write their base model, into `base_model_out` (default: `<out>-base` beside
+    `out`), which config.json's `vlm_name_or_path` names relative to `out`."""
+    out = Path(out)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown demo checkpoint layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
+    check_output_dir(out)
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    if layout == "demo":
+        return write_demo_layout(out, seed)
+    return make_release_checkpoint(out, seed, layout, base_model_out)
 
 
 def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: str | Path | None) -> Path:

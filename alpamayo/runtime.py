@@ -29,7 +29,6 @@ import torch
 
 from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
 from alpamayo.drafts import Draft, DraftContext, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
 from alpamayo.expert.config import expert_config_of
@@ -37,7 +36,7 @@ from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_pro
 from alpamayo.expert.model import ActionExpert
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise
 from alpamayo.expert.weights import has_expert_weights, stored_action_statistics, validate_expert_tensors
-from alpamayo.families.loader import model_tokenizer
+from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
@@ -172,7 +171,7 @@ class AlpamayoVLA:
         dflash:DIR), a DFlash draft checked against the text backbone before any weight is read.
         """
         check_draft_spec(draft)
-        cfg = load_config(directory, base_model)
+        cfg = load_model_config(directory, base_model)
         if draft != "none" and options.backend != "torch":
             raise ValueError(f"draft {draft!r}: speculative decoding runs on the torch backend only for now")
         if draft.startswith("dflash:"):

@@ -23,9 +23,9 @@ import torch
 
 from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig, load_config
+from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
-from alpamayo.families.loader import check_checkpoint
+from alpamayo.families.loader import check_checkpoint, load_model_config
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from alpamayo.profiling import Tracer
 from vision.encoder import VisionEncoder
@@ -68,7 +68,7 @@ class VisionLanguageModel:
         the directory's files and `cfg` replaces its config.json (e.g. `alpamayo.tt.quantized.
         QuantizedCheckpoint` and its `config`: the model as a precision recipe rounds it).
         """
-        cfg = cfg or load_config(directory, base_model)
+        cfg = cfg or load_model_config(directory, base_model)
         if cfg.vision is None or cfg.image_token_id is None:
             raise ConfigError(f"{cfg.source}: a vision-language model needs vision_config and image_token_id")
         pre = PreprocessConfig.from_checkpoint(cfg.base_model or directory).with_pixel_bounds(

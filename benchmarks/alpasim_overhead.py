@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image
 from scipy.spatial.transform import Rotation
 
-from alpamayo.demo_checkpoint import make_demo_checkpoint
+from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.runtime import AlpamayoVLA
 from bridges.alpasim.client import AlpasimDriverClient, EgoDynamics, EgoPose
 from bridges.alpasim.service import DEFAULT_CAMERAS, EgodriverService, serve

@@ -28,8 +28,8 @@ from pathlib import Path
 import ray
 import torch
 
-from alpamayo.demo_checkpoint import make_demo_checkpoint
 from alpamayo.demo_drive import make_demo_drive
+from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.eval.clips import collect_clips
 from alpamayo.eval.ray_workers import start_local_ray
 from alpamayo.eval.report import EvalRun

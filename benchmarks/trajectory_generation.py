@@ -27,10 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alpamayo.config import load_config
-from alpamayo.demo_checkpoint import make_demo_checkpoint
+from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.devices import resolve_device
-from alpamayo.families.loader import model_tokenizer
+from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.text import TextModel
@@ -83,7 +82,7 @@ def main() -> None:
 
 
 def run(path: Path, k: int, reasoning: int, rounds: int, device: torch.device) -> None:
-    cfg = load_config(path)
+    cfg = load_model_config(path)
     tokenizer = model_tokenizer(cfg)
     planner = Planner.from_config(cfg, tokenizer)
     model = TextModel.from_checkpoint(path, cfg, device=device)

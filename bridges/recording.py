@@ -30,9 +30,9 @@ from mcap.records import Channel, Message, Metadata, Schema
 from mcap.stream_reader import StreamReader
 from PIL import Image, UnidentifiedImageError
 
+from alpamayo.rotations import slerp
 from bridges.mcap_messages import MessageDecoder, MessageError, timestamp_ns
 from bridges.protocol import ALPAMAYO_CAMERAS
-from bridges.window import slerp
 
 IMAGE_SCHEMAS = ("foxglove.CompressedImage", "foxglove.RawImage")
 POSE_SCHEMA = "foxglove.PoseInFrame"

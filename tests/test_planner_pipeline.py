@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from alpamayo.config import load_config
+from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.text import TextModel
@@ -18,7 +18,7 @@ from planner.pipeline import Planner
 
 @pytest.fixture(scope="module")
 def planner(demo_checkpoint):
-    return Planner.from_config(load_config(demo_checkpoint), load_tokenizer(demo_checkpoint))
+    return Planner.from_config(load_model_config(demo_checkpoint), load_tokenizer(demo_checkpoint))
 
 
 def world_history(speed: float, yaw: float) -> EgoHistory:

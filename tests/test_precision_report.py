@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from alpamayo.cli import main
-from alpamayo.config import load_config
 from alpamayo.demo_drive import make_demo_drive
+from alpamayo.families.loader import load_model_config
 from alpamayo.tt.memory import plan_memory
 from alpamayo.tt.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS
 
@@ -58,7 +58,7 @@ def test_presets_on_the_demo_checkpoint_and_drive(demo_checkpoint, drive, tmp_pa
     report = json.loads(out.read_text())
     recipes = {r["recipe"]["name"]: r for r in report["recipes"]}
     assert list(recipes) == ["accuracy", "performance"]
-    layers = load_config(demo_checkpoint).text.num_hidden_layers
+    layers = load_model_config(demo_checkpoint).text.num_hidden_layers
     for name, r in recipes.items():
         assert len(r["layer_pcc"]) == layers and all(0.9 < p <= 1 for p in r["layer_pcc"])
         assert 0 <= r["top1_agreement"] <= 1 and 0.9 < r["vision_pcc"] <= 1
@@ -71,7 +71,7 @@ def test_presets_on_the_demo_checkpoint_and_drive(demo_checkpoint, drive, tmp_pa
         assert len(expert["velocity_pcc"]) == 10 and expert["velocity_pcc_min"] == min(expert["velocity_pcc"])
         assert 0.9 < expert["velocity_pcc_min"] <= 1 and expert["ade_drift_m"] >= 0
         record_figure(f"{name} expert velocity PCC min", expert["velocity_pcc_min"])
-        plan = plan_memory(load_config(demo_checkpoint), PRESETS[name], 2048)
+        plan = plan_memory(load_model_config(demo_checkpoint), PRESETS[name], 2048)
         assert r["dram"]["total_gb"] == plan.total / 1e9 and r["dram"]["fits"]
         for key in ("logits_pcc", "top1_agreement", "vision_pcc"):
             record_figure(f"{name} {key}", r[key])
@@ -116,7 +116,7 @@ def test_an_alpamayo_1_5_checkpoint_takes_its_base_model_from_base_model(bf16_re
     rounded recipe's checkpoint and the tokenizer all read it)."""
     import shutil
 
-    from alpamayo.demo_checkpoint import make_demo_checkpoint
+    from alpamayo.demo_release import make_demo_checkpoint
 
     release = make_demo_checkpoint(tmp_path / "release", seed=0, layout="alpamayo1.5")
     moved = tmp_path / "elsewhere" / "release"

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from alpamayo.config import load_config
 from alpamayo.errors import ConfigError
+from alpamayo.families.loader import load_model_config
 from alpamayo.tokenizer import load_tokenizer
 from planner.prompt import PromptSettings, build_prompt
 from planner.tokenizers import TrajectoryVocab
@@ -103,7 +103,7 @@ def test_bad_prompt_inputs_are_rejected(tokenizer, vocab, kwargs, message):
 
 
 def test_label_settings_come_from_config_json(demo_checkpoint):
-    cfg = load_config(demo_checkpoint)
+    cfg = load_model_config(demo_checkpoint)
     assert PromptSettings.from_config(cfg) == PromptSettings(camera_labels=True, frame_labels=True)
     no_frames = dataclasses.replace(cfg, extra=dict(cfg.extra, include_frame_nums=False))
     assert PromptSettings.from_config(no_frames) == PromptSettings(camera_labels=True, frame_labels=False)

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
-from alpamayo.demo_checkpoint import make_demo_checkpoint
+from alpamayo.families.loader import load_model_config
+from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.errors import CheckpointError
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.weights import ACTION_STATISTICS, stored_action_statistics
@@ -62,7 +62,7 @@ def r1_pair(tmp_path_factory):
 
 def test_the_stored_bf16_statistics_un_normalise_the_experts_actions(r1_pair):
     f32, bf16 = r1_pair
-    config = load_config(f32).extra["action_space_cfg"]
+    config = load_model_config(f32).extra["action_space_cfg"]
     stored = {k: float(torch.tensor(config[k]).to(torch.bfloat16)) for k in ACTION_STATISTICS}
     assert stored["accel_std"] != config["accel_std"]  # bf16 rounding moves every statistic
     frames, ego = inputs()
@@ -94,7 +94,7 @@ def test_the_stored_bf16_statistics_un_normalise_the_experts_actions(r1_pair):
 
 def test_alpamayo_1_5_stores_none_and_the_config_serves(tmp_path):
     path = make_demo_checkpoint(tmp_path / "r15", seed=0, layout="alpamayo1.5")
-    cfg = load_config(path)
+    cfg = load_model_config(path)
     assert stored_action_statistics(Checkpoint(path, cfg.weight_prefix), expert_config_of(cfg)) is None
 
 
@@ -105,9 +105,9 @@ def test_a_partial_or_bad_set_of_stored_statistics_is_refused(r1_pair, tmp_path)
     config["vlm_name_or_path"] = str((r1_pair[0].parent / "r1-base").resolve())
     (broken / "config.json").write_text(json.dumps(config))
     rewrite_statistics(broken, lambda t: t.update({"action_space.accel_std": torch.tensor(0.0)}))
-    cfg = load_config(broken)
+    cfg = load_model_config(broken)
     with pytest.raises(CheckpointError, match=r"action_space\.accel_std = 0\.0; expected a finite value"):
         stored_action_statistics(Checkpoint(broken, cfg.weight_prefix), expert_config_of(cfg))
     rewrite_statistics(broken, lambda t: t.pop("action_space.curvature_std"))
     with pytest.raises(CheckpointError, match=r"are stored but not \['action_space\.curvature_std'\]"):
-        stored_action_statistics(Checkpoint(broken, load_config(broken).weight_prefix), expert_config_of(cfg))
+        stored_action_statistics(Checkpoint(broken, load_model_config(broken).weight_prefix), expert_config_of(cfg))

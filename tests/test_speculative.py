@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from alpamayo.config import load_config
+from alpamayo.families.loader import load_model_config
 from alpamayo.drafts import Draft, DraftContext, LookupDraft, PreviousDraft, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import DFlashDraft, DraftConfigError, read_config
 from alpamayo.generation import Sampling, TokenSampler
@@ -34,7 +34,7 @@ class Target:
     """A torch text model with the demo checkpoint's tokenizer and trajectory vocabulary."""
 
     def __init__(self, model: TextModel, demo_path, hf_dir=None):
-        self.cfg = load_config(demo_path)
+        self.cfg = load_model_config(demo_path)
         tok = load_tokenizer(demo_path)
         self.vocab = TrajectoryVocab.from_tokenizer(tok, vocab_size=self.cfg.text.vocab_size)
         self.model, self.hf_dir = model, hf_dir
@@ -68,7 +68,7 @@ class Target:
 def target(request, demo_checkpoint, tmp_path_factory):
     if request.param == "demo":
         return Target(TextModel.from_checkpoint(demo_checkpoint), demo_checkpoint)
-    vocab = load_config(demo_checkpoint).text.vocab_size
+    vocab = load_model_config(demo_checkpoint).text.vocab_size
     path = tmp_path_factory.mktemp(request.param)
     save_checkpoint(path, text_config(vocab_size=vocab, hidden_size=64), moe=request.param == "moe", seed=3)
     return Target(TextModel.from_checkpoint(path), demo_checkpoint, path)
@@ -255,7 +255,7 @@ def test_rejection_sampling_keeps_the_first_two_tokens_distribution(demo_checkpo
 # ------------------------------------------------------------------ DFlash
 def test_dflash_block_logits_equal_the_transformers_composition(tmp_path, demo_checkpoint):
     path = tmp_path / "dense"
-    save_checkpoint(path, text_config(vocab_size=load_config(demo_checkpoint).text.vocab_size), seed=5)
+    save_checkpoint(path, text_config(vocab_size=load_model_config(demo_checkpoint).text.vocab_size), seed=5)
     target = TextModel.from_checkpoint(path)
     cfg = dflash_config(target.text_cfg, block_size=6, target_layer_ids=[0, 1])
     weights = save_dflash(tmp_path / "draft", cfg, seed=1)
@@ -280,7 +280,7 @@ def test_dflash_block_logits_equal_the_transformers_composition(tmp_path, demo_c
 
 
 def test_zlab_config_field_names_load(tmp_path, demo_checkpoint):
-    target = load_config(demo_checkpoint).text
+    target = load_model_config(demo_checkpoint).text
     cfg = dflash_config(target, block_size=16, input_embedding_scale=2.0, output_multiplier=0.5)
     cfg["final_logit_softcapping"] = 30.0
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alpamayo.config import load_config
+from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler, nucleus_logits, row_seeds
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text import TextModel
@@ -22,7 +22,7 @@ PROMPT = (
 
 class Demo:
     def __init__(self, path):
-        self.cfg = load_config(path)
+        self.cfg = load_model_config(path)
         self.tokenizer = load_tokenizer(path)
         self.vocab = TrajectoryVocab.from_tokenizer(self.tokenizer, vocab_size=self.cfg.text.vocab_size)
         self.model = TextModel.from_checkpoint(path, self.cfg)

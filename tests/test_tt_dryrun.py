@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from alpamayo.tt import dryrun
-from alpamayo.tt.runtime import RUNTIME_ROOT_ENV, SFPI_COMPILER, device_unavailable_reason
+from alpamayo.tt.runtime import RUNTIME_ROOT_ENV, SFPI_COMPILER, device_unavailable_reason, dry_run_active
 
 pytestmark = pytest.mark.dryrun
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +47,8 @@ def test_runtime_root_mirrors_the_installed_ttnn_with_symlinks(root, ttnn_dir):
             assert (root / entry.name).resolve() == entry.resolve()
     assert (root / "runtime" / "hw").resolve() == (ttnn_dir / "runtime" / "hw").resolve()
     assert os.access(root / SFPI_COMPILER, os.X_OK)
-    assert dryrun.active({RUNTIME_ROOT_ENV: str(root), "TT_METAL_MOCK_CLUSTER_DESC_PATH": "p150.yaml"})
-    assert not dryrun.active(
+    assert dry_run_active({RUNTIME_ROOT_ENV: str(root), "TT_METAL_MOCK_CLUSTER_DESC_PATH": "p150.yaml"})
+    assert not dry_run_active(
         {RUNTIME_ROOT_ENV: str(ttnn_dir), "TT_METAL_MOCK_CLUSTER_DESC_PATH": "p150.yaml"}
     )
     with pytest.raises(FileExistsError, match="not empty"):
@@ -141,9 +141,7 @@ def test_availability_accepts_the_dry_run_but_the_blackhole_tests_need_a_card(dr
 
 
 def test_script_runs_a_command_under_a_fresh_dry_run_and_removes_it(tmp_path, ttnn_dir):
-    code = (
-        f"import os; from alpamayo.tt import dryrun; print(dryrun.active(), os.environ[{RUNTIME_ROOT_ENV!r}])"
-    )
+    code = f"import os; from alpamayo.tt.runtime import dry_run_active; print(dry_run_active(), os.environ[{RUNTIME_ROOT_ENV!r}])"
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
     env.pop(RUNTIME_ROOT_ENV, None)
     proc = subprocess.run(

@@ -15,7 +15,7 @@ import sys
 import pytest
 from PIL import Image
 
-from alpamayo.tt import dryrun
+from alpamayo.tt.runtime import dry_run_active
 from tests.test_runtime import frames_at, predict_argv, straight_history, write_prediction_inputs
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 
@@ -43,7 +43,7 @@ def generate(checkpoint, cache, *extra: str) -> subprocess.CompletedProcess:
 
 
 def test_generate_json_keeps_stdout_to_the_json_and_caches_the_packed_weights(checkpoint, tmp_path):
-    assert dryrun.active()
+    assert dry_run_active()
     cache = tmp_path / "cache"
     proc = generate(checkpoint, cache, "--json")
     out = json.loads(proc.stdout)  # tt-metal's device lines went to stderr, not into the JSON
@@ -75,7 +75,7 @@ def test_predict_backend_ttnn_on_the_demo_checkpoint(dryrun_device, demo_checkpo
 def test_predict_backend_ttnn_decodes_with_the_device_expert(dryrun_device, tmp_path):
     """On an Alpamayo 1.5 checkpoint (the demo's 1.5 layout, with its tiny expert) `--backend ttnn` predicts
     with the action expert on the device (`alpamayo.tt.expert`): 64 waypoints and no trajectory tokens."""
-    from alpamayo.demo_checkpoint import make_demo_checkpoint
+    from alpamayo.demo_release import make_demo_checkpoint
 
     checkpoint = make_demo_checkpoint(tmp_path / "r15", 0, layout="alpamayo1.5")
     write_prediction_inputs(tmp_path, *frames_at(5), straight_history())

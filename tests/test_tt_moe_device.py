@@ -20,7 +20,7 @@ import os
 import pytest
 import torch
 
-from alpamayo.config import load_config
+from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import max_abs_error, pcc
 from alpamayo.text import TextModel
 from alpamayo.tt.quantized import QuantizedCheckpoint
@@ -48,7 +48,7 @@ def case(request, device, tmp_path_factory):
 
     if request.param == "real":
         path = os.environ.get(REAL_ENV)
-        if not path or load_config(path).text.moe is None:
+        if not path or load_model_config(path).text.moe is None:
             pytest.skip(f"set {REAL_ENV} to a Qwen3-VL-MoE checkpoint directory to check its MoE layers")
         recipe, dtype = real_recipe(), torch.bfloat16
     else:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
 from alpamayo.expert.config import expert_config_of
+from alpamayo.families.loader import load_model_config
 from alpamayo.moe.weights import DOWN, EXPERT_DOWN, EXPERT_GATE, EXPERT_UP, GATE_UP, ExpertView
 from alpamayo.text import TextModel
 from alpamayo.text.weights import EMBED, LM_HEAD
@@ -36,7 +36,7 @@ def checkpoints(tmp_path_factory, demo_checkpoint):
 
 def _through_ttnn(ttnn, directory, recipe: str) -> dict[str, torch.Tensor]:
     """name -> tensor: each spec packed by ttnn's host packer in the recipe dtype, restored (experts as views)."""
-    cfg = load_config(directory)
+    cfg = load_model_config(directory)
     ckpt = Checkpoint(directory, cfg.weight_prefix)
     get = ExpertView(cfg.text, ckpt.get)
     precision = PRESETS[recipe]
@@ -71,7 +71,7 @@ def test_every_weight_reads_back_as_ttnns_packer_rounds_it(ttnn_host, checkpoint
         assert torch.equal(q.get(source), want), source
         compared.add(source)
     # every device weight of the VLM; the demo checkpoint's action expert is no text- or vision-tower weight
-    expert = expert_config_of(load_config(directory))
+    expert = expert_config_of(load_model_config(directory))
     not_vlm = set(expert.weight_shapes()) if expert is not None else set()
     assert compared == set(plain.names()) - {EMBED, "visual.pos_embed.weight"} - not_vlm
 
@@ -79,7 +79,7 @@ def test_every_weight_reads_back_as_ttnns_packer_rounds_it(ttnn_host, checkpoint
 def test_a_tied_head_is_untied_into_its_own_dtype_and_the_embedding_stays_bf16(tmp_path):
     save_tt_checkpoint(tmp_path, "gqa8-tied", seed=4)
     q = QuantizedCheckpoint(tmp_path, "performance")
-    assert load_config(tmp_path).tie_word_embeddings and not q.config.tie_word_embeddings
+    assert load_model_config(tmp_path).tie_word_embeddings and not q.config.tie_word_embeddings
     plain = Checkpoint(tmp_path, q.weight_prefix)
     embed = plain.get(EMBED)
     assert LM_HEAD not in plain and LM_HEAD in q

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from alpamayo.cli import main
-from alpamayo.tt import dryrun, runtime
+from alpamayo.tt import runtime
 from tests.hf_checkpoints import save_checkpoint, text_config
 
 
@@ -152,5 +152,5 @@ def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch,
     (root / runtime.SFPI_COMPILER).touch()
     monkeypatch.setenv(runtime.RUNTIME_ROOT_ENV, str(root))
     assert runtime.device_unavailable_reason() is None
-    (root / dryrun.MARKER).touch()
+    (root / runtime.DRY_RUN_MARKER).touch()
     assert "dry-run root whose stand-in compiler builds no kernels" in runtime.device_unavailable_reason()

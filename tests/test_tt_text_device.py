@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from alpamayo.config import load_config
+from alpamayo.families.loader import load_model_config
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.profiling import Tracer
@@ -52,7 +52,7 @@ def device():
     trace = 64 << 20  # the tiny models' plans need ~10 MiB
     if os.environ.get(REAL_ENV):
         recipe = load_precision(real_recipe())
-        trace = max(trace, plan_text(load_config(os.environ[REAL_ENV]), recipe).trace_region_bytes)
+        trace = max(trace, plan_text(load_model_config(os.environ[REAL_ENV]), recipe).trace_region_bytes)
     dev = open_device(trace)
     yield dev
     close_device(dev)

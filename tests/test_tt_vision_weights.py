@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
 from alpamayo.configs import NAMES, builtin_config
 from alpamayo.errors import ConfigError
+from alpamayo.families.loader import load_model_config
 from alpamayo.text.rope import apply_rotary
 from alpamayo.tt.program_config import VISION_GELU, plan_vision
 from alpamayo.tt.vision import padded_rotary
@@ -34,7 +34,7 @@ def checkpoints(tmp_path_factory, demo_checkpoint):
     save_tt_checkpoint(path, "gqa2", seed=5, vision=VISION_72)
     out = {}
     for name, directory in (("demo", demo_checkpoint), ("heads-72", path)):
-        cfg = load_config(directory)
+        cfg = load_model_config(directory)
         out[name] = (cfg, Checkpoint(directory, cfg.weight_prefix))
     return out
 

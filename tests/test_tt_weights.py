@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import load_config
+from alpamayo.families.loader import load_model_config
 from alpamayo.moe.weights import ExpertView
 from alpamayo.numerics import pcc
 from alpamayo.text.weights import layer_prefix
@@ -35,7 +35,7 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("tt-weights")
     spec = TT_TINY["gqa2"]
     save_checkpoint(path, spec["text"], tie=spec["tie"], seed=31)
-    cfg = load_config(path)
+    cfg = load_model_config(path)
     return cfg, Checkpoint(path, cfg.weight_prefix)
 
 
@@ -124,7 +124,7 @@ def test_block_float_weights_stay_within_the_stated_block_error(ttnn_host, tiny,
 
 def test_a_residual_stream_off_the_dram_banks_is_zero_padded_and_its_norms_are_exact(demo_checkpoint):
     """Hidden 128 is padded to 256 columns (8 DRAM banks); the norms over 256 give the model's RMSNorm."""
-    cfg = load_config(demo_checkpoint)
+    cfg = load_model_config(demo_checkpoint)
     ckpt = Checkpoint(demo_checkpoint, cfg.weight_prefix)
     t = cfg.text
     assert (t.hidden_size, padded_hidden(t, 8)) == (128, 256)
@@ -155,7 +155,7 @@ def moe_layouts(tmp_path_factory):
         save_tt_checkpoint(path, "moe", seed=9)
         if layout == "hub":
             rewrite_hub_layout(path)
-        cfg = load_config(path)
+        cfg = load_model_config(path)
         out[layout] = (cfg, Checkpoint(path, cfg.weight_prefix))
     return out
 

@@ -12,8 +12,8 @@ import argparse
 from pathlib import Path
 
 from alpamayo.commands.make_demo_drive import parse_size
-from alpamayo.demo_checkpoint import make_demo_checkpoint
 from alpamayo.demo_drive import make_demo_drive
+from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.replay.session import run_replay, summary
 from alpamayo.replay.settings import ReplaySettings
 

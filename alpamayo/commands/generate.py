@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 from alpamayo.commands.common import add_model_args, backend_options, text_model
-from alpamayo.config import ModelConfig, load_config
-from alpamayo.families.loader import model_tokenizer
+from alpamayo.config import ModelConfig
+from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.generation import greedy_continue
 from alpamayo.tokenizer import chat_prompt_ids
 from alpamayo.vlm import VisionLanguageModel
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     images = load_images(args.image)
-    cfg = load_config(args.checkpoint, args.base_model)
+    cfg = load_model_config(args.checkpoint, args.base_model)
     tokenizer = model_tokenizer(cfg)
     if images:
         content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]

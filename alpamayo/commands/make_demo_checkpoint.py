@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from alpamayo.config import load_config
-from alpamayo.demo_checkpoint import LAYOUTS, make_demo_checkpoint, token_layout
-from alpamayo.families.loader import model_tokenizer
+from alpamayo.demo_checkpoint import token_layout
+from alpamayo.demo_release import LAYOUTS, make_demo_checkpoint
+from alpamayo.families.loader import load_model_config, model_tokenizer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = make_demo_checkpoint(args.out, args.seed, args.layout, args.base_model_out)
-    cfg = load_config(out)
+    cfg = load_model_config(out)
     print(f"wrote the demo checkpoint ({cfg.family.title} layout, seed {args.seed}) to {out}")
     if cfg.base_model is not None:
         print(f"  base model (vlm_name_or_path): {cfg.base_model}")

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alpamayo.config import ModelConfig, load_config, parse_config
+from alpamayo.config import ModelConfig, parse_config
 from alpamayo.expert.config import ExpertConfig, expert_config_of
+from alpamayo.families.loader import load_model_config
 from alpamayo.json_fields import read_json
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -27,7 +28,7 @@ def builtin_config(name: str) -> ModelConfig:
     path = CONFIG_DIR / f"{name}.json"
     if not path.is_file():
         raise ValueError(f"unknown built-in config {name!r}; available: {NAMES}")
-    return load_config(path)
+    return load_model_config(path)
 
 
 def builtin_expert(name: str) -> tuple[ModelConfig, ExpertConfig]:

@@ -1,7 +1,7 @@
 """The action expert: a Qwen3-VL text decoder without token embeddings whose 64 action tokens attend over the
 VLM's KV cache, between an input projection of (noisy actions, flow time) and a linear velocity head.
 
-    expert = ActionExpert.from_checkpoint(ckpt, expert_cfg, vlm.config.text, dtype=torch.bfloat16)
+    expert = load_expert(ckpt, expert_cfg, vlm.config.text, dtype=torch.bfloat16)   # alpamayo.expert.weights
     ctx = expert.context(vlm.text.cache, offsets=[...], rope_delta=vlm.text.rope_delta, cache_len=...)
     v = expert.velocity(x, t, ctx)            # x [K, 64, 2] float32, t [K] -> v [K, 64, 2]
 
@@ -75,13 +75,6 @@ class ActionExpert(nn.Module):
         self.n_tokens = n_tokens  # action tokens per row: the action space's waypoints (64)
         self.dtype, self.device = norm.weight.dtype, norm.weight.device
         self.rope = MRope(cfg.text, self.device)
-
-    @classmethod
-    def from_checkpoint(cls, *args, **kwargs) -> ActionExpert:
-        """See `alpamayo.expert.weights.load_expert` (validates every tensor before reading one)."""
-        from alpamayo.expert.weights import load_expert
-
-        return load_expert(*args, **kwargs)
 
     def context(
         self,

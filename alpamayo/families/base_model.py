@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alpamayo.configs import CONFIG_DIR
 from alpamayo.errors import ConfigError
 from alpamayo.json_fields import read_json
 
 # The bases of the released R1 / 1.5 checkpoints; both are Qwen3-VL-8B (Cosmos-Reason2-8B is a fine-tune).
 KNOWN_8B_BASES = ("nvidia/Cosmos-Reason2-8B", "Qwen/Qwen3-VL-8B-Instruct")
-BUNDLED_8B = CONFIG_DIR / "qwen3-vl-8b.json"
+# One of `alpamayo.configs`' files, found by path: that package reads configs through this one's loader.
+BUNDLED_8B = Path(__file__).resolve().parents[1] / "configs" / "qwen3-vl-8b.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
 

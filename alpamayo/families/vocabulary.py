@@ -14,7 +14,16 @@ from typing import Any
 
 from alpamayo.errors import CheckpointError
 from alpamayo.families.registry import TRAJ_MARKERS
-from planner.tokenizers import bin_token, marker
+
+
+def marker(name: str) -> str:
+    """`<|name|>`, the spelling of an Alpamayo marker token."""
+    return f"<|{name}|>"
+
+
+def bin_token(index: int) -> str:
+    """`<i{index}>`, the spelling of trajectory bin token `index` (future bins first, then history bins)."""
+    return f"<i{index}>"
 
 
 def extend_tokenizer(

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig, load_config
+from alpamayo.config import ModelConfig
 from alpamayo.demo_checkpoint import CORPUS
-from alpamayo.families.loader import model_tokenizer
+from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
@@ -217,7 +217,7 @@ def evaluation_ids(cfg: ModelConfig, prompt_tokens: int) -> torch.Tensor:
 def reference(
     directory: Path, cfg: ModelConfig, settings: Settings, ticks: Sequence[Any], progress: Progress
 ) -> Reference:
-    """Everything the unrounded float32 model (`cfg`, as `load_config` read it) contributes to the comparison;
+    """Everything the unrounded float32 model (`cfg`, as `load_model_config` read it) contributes to the comparison;
     `progress` hears of each stage."""
     progress("float32 reference: teacher-forced logits and per-layer inputs")
     model = TextModel.from_checkpoint(directory, cfg)
@@ -267,7 +267,7 @@ def evaluate_recipe(
     progress: Progress = lambda message: None,
 ) -> RecipeReport:
     """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan; `base_model`
-    as `load_config` takes it (R1 / 1.5); `progress` hears of each stage."""
+    as `load_model_config` takes it (R1 / 1.5); `progress` hears of each stage."""
     progress(f"recipe {precision.name}: rounded weights, per-layer and logit PCC")
     weights = QuantizedCheckpoint(directory, precision, base_model=base_model)
     cfg = weights.config
@@ -407,11 +407,11 @@ def precision_report(
 ) -> PrecisionReport:
     """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path, with a
     YAML topic `layout` where its topics are not the default ones, or `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
-    `alpamayo.config.load_config`)."""
+    `alpamayo.families.loader.load_model_config`)."""
     settings.validate()
     directory = Path(directory)
     precisions = [load_precision(r) for r in recipes]
-    cfg = load_config(directory, base_model)
+    cfg = load_model_config(directory, base_model)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
     ticks = drive_ticks(drive, settings.ticks, warn, layout, pai_dir, cameras) if drive is not None else []

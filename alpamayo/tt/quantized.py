@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from alpamayo.checkpoint import Checkpoint, Getter
-from alpamayo.config import load_config
 from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.expert.weights import has_expert_weights
+from alpamayo.families.loader import load_model_config
 from alpamayo.moe.weights import (
     DOWN,
     EXPERT_DOWN,
@@ -81,7 +81,7 @@ class QuantizedCheckpoint(Checkpoint):
         dram_banks: int = P150.dram_banks,
         base_model: str | Path | None = None,
     ):
-        cfg = load_config(directory, base_model)
+        cfg = load_model_config(directory, base_model)
         super().__init__(directory, cfg.weight_prefix)
         self.precision = load_precision(recipe)
         self.config = replace(cfg, tie_word_embeddings=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ SYSTEM_SFPI = Path("/opt/tenstorrent/sfpi")
 MOCK_DESCRIPTOR = Path(__file__).resolve().with_name("p150_mock_cluster.yaml")
 # The Tenstorrent kernel driver (tt-kmd) creates one character device per card here.
 DEVICE_DIR = Path("/dev/tenstorrent")
+# The file that marks a runtime root as the dry run's (`alpamayo.tt.dryrun` writes it).
+DRY_RUN_MARKER = "alpamayo-dryrun"
 INSTALL_HINT = (
     "install the 'tt' extra (pip install -e '.[tt]'); ttnn 0.81.1 has wheels for CPython 3.10 and 3.12 "
     "on x86_64 Linux"
@@ -64,19 +67,30 @@ def import_ttnn() -> Any:
     return ttnn
 
 
+def is_dry_run_root(root: str | Path | None) -> bool:
+    """`root` (a `TT_METAL_RUNTIME_ROOT` value) is a dry-run runtime root (it holds the `DRY_RUN_MARKER` file).
+
+    Here rather than in `alpamayo.tt.dryrun`, which builds such roots on top of this module: the runtime only
+    needs to recognise one."""
+    return bool(root) and (Path(root) / DRY_RUN_MARKER).is_file()
+
+
+def dry_run_active(environ: Mapping[str, str] = os.environ) -> bool:
+    """ttnn in this environment opens the dry run's mock p150 (a dry-run root and the mock descriptor)."""
+    return bool(environ.get(MOCK_ENV)) and is_dry_run_root(environ.get(RUNTIME_ROOT_ENV))
+
+
 def device_unavailable_reason(dry_run: bool = True) -> str | None:
     """None when a ttnn model can run here; otherwise why not (ttnn missing, or no Blackhole device).
 
     The dry run's mock p150 (`alpamayo.tt.dryrun`) counts as a device unless `dry_run` is False (the
     `blackhole` tests, which check numbers that the mock does not compute)."""
-    from alpamayo.tt import dryrun
-
     try:
         import_ttnn()
     except BackendUnavailable as e:
         return str(e)
     root = os.environ.get(RUNTIME_ROOT_ENV)
-    if dryrun.active():
+    if dry_run_active():
         if dry_run:
             return None
         return f"the ttnn dry run ({RUNTIME_ROOT_ENV}={root}) opens a mock p150 that runs no kernels"
@@ -93,7 +107,7 @@ def device_unavailable_reason(dry_run: bool = True) -> str | None:
     elif mock := os.environ.get(MOCK_ENV):
         return f"{MOCK_ENV}={mock} makes ttnn open a mock device; unset it to use the card"
     target = f"ttsim ({simulator})" if simulator else "the card"
-    if dryrun.is_root(root):
+    if is_dry_run_root(root):
         return f"{RUNTIME_ROOT_ENV}={root} is a dry-run root whose stand-in compiler builds no kernels for {target}"
     if sfpi_compiler() is None:
         return (

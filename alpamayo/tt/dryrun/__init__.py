@@ -26,18 +26,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from alpamayo.errors import BackendUnavailable
-from alpamayo.tt.runtime import INSTALL_HINT, MOCK_DESCRIPTOR, MOCK_ENV, RUNTIME_ROOT_ENV, SFPI_COMPILER
+from alpamayo.tt.runtime import (
+    DRY_RUN_MARKER,
+    INSTALL_HINT,
+    MOCK_DESCRIPTOR,
+    MOCK_ENV,
+    RUNTIME_ROOT_ENV,
+    SFPI_COMPILER,
+)
 
 JIT_CACHE_ENV = "TT_METAL_CACHE"
 # tt-metal writes `generated/` (fabric maps, watcher kernel lists) here, else into the working directory.
 LOGS_ENV = "TT_METAL_LOGS_PATH"
-# A file in the root saying it is a dry-run root (what `active()` checks), naming the ttnn it mirrors.
-MARKER = "alpamayo-dryrun"
 LINKER = Path(__file__).resolve().with_name("link.py")
 VERSION = "15.1.0"  # what the stand-in's `-dumpversion` answers; tt-metal only checks that it runs
 
@@ -115,7 +120,7 @@ def build_runtime_root(directory: Path, ttnn_dir: Path | None = None) -> Path:
         STAND_IN.format(version=VERSION, python=sys.executable, linker=LINKER, cache=root / "link-cache")
     )
     compiler.chmod(0o755)
-    (root / MARKER).write_text(f"ttnn runtime root for the alpamayo dry run, mirroring {ttnn_dir}\n")
+    (root / DRY_RUN_MARKER).write_text(f"ttnn runtime root for the alpamayo dry run, mirroring {ttnn_dir}\n")
     return root
 
 
@@ -136,16 +141,6 @@ def prepare(directory: Path) -> dict[str, str]:
     env = environment(directory)
     build_runtime_root(Path(env[RUNTIME_ROOT_ENV]))
     return env
-
-
-def is_root(root: str | Path | None) -> bool:
-    """`root` (a `TT_METAL_RUNTIME_ROOT` value) is a dry-run runtime root (it holds the `MARKER` file)."""
-    return bool(root) and (Path(root) / MARKER).is_file()
-
-
-def active(environ: Mapping[str, str] = os.environ) -> bool:
-    """ttnn in this environment opens the dry run's mock p150 (a dry-run root and the mock descriptor)."""
-    return bool(environ.get(MOCK_ENV)) and is_root(environ.get(RUNTIME_ROOT_ENV))
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from alpamayo.tt import dryrun
+from alpamayo.tt.runtime import dry_run_active
 
 # Trace capture crashes the dry run's mock device (alpamayo.tt.dryrun): there the decode runs untraced.
 DRY_RUN_NOTICE = "ttnn dry run: trace capture is card-only (it crashes the mock p150); decoding untraced"
@@ -20,7 +20,7 @@ class TraceSwitch:
     """Whether a requested trace is captured in this process: not under a dry run (said once on stderr)."""
 
     def __init__(self) -> None:
-        self.dry_run = dryrun.active()
+        self.dry_run = dry_run_active()
         self._noticed = False
 
     def traced(self, requested: bool) -> bool:
