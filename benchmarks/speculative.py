@@ -122,8 +122,8 @@ def target_side(args: argparse.Namespace) -> dict:
 
 
 def drafts_on_drive(args: argparse.Namespace) -> dict:
-    from alpamayo.demo_release import make_demo_checkpoint
     from alpamayo.demo_drive import make_demo_drive
+    from alpamayo.demo_release import make_demo_checkpoint
     from alpamayo.replay.report import mean_accepted_length
     from alpamayo.replay.session import run_replay
     from alpamayo.replay.settings import ReplaySettings

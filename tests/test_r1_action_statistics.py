@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.families.loader import load_model_config
 from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.errors import CheckpointError
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.weights import ACTION_STATISTICS, stored_action_statistics
+from alpamayo.families.loader import load_model_config
 from alpamayo.runtime import AlpamayoVLA
 from tests.test_expert_runtime import inputs
 
@@ -110,4 +110,6 @@ def test_a_partial_or_bad_set_of_stored_statistics_is_refused(r1_pair, tmp_path)
         stored_action_statistics(Checkpoint(broken, cfg.weight_prefix), expert_config_of(cfg))
     rewrite_statistics(broken, lambda t: t.pop("action_space.curvature_std"))
     with pytest.raises(CheckpointError, match=r"are stored but not \['action_space\.curvature_std'\]"):
-        stored_action_statistics(Checkpoint(broken, load_model_config(broken).weight_prefix), expert_config_of(cfg))
+        stored_action_statistics(
+            Checkpoint(broken, load_model_config(broken).weight_prefix), expert_config_of(cfg)
+        )

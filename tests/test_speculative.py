@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from alpamayo.families.loader import load_model_config
 from alpamayo.drafts import Draft, DraftContext, LookupDraft, PreviousDraft, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import DFlashDraft, DraftConfigError, read_config
+from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text import TextModel
