@@ -24,6 +24,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.checkpoint",
         "alpamayo.prediction",
         "alpamayo.generation",
+        "alpamayo.drafts.base",  # the Draft interface the generation loop consumes; the drafts sit with the models
         "alpamayo.tokenizer",
         "alpamayo.rotations",
         "alpamayo.devices",
