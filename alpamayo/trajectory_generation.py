@@ -118,7 +118,6 @@ def _speculate(
     the kept prefix. Drafts stop before `<|traj_future_start|>`, so it is always emitted by the target and
     the cap (`limits.max_reasoning_tokens`) forces it at the same count as plain decoding."""
     k = len(plans)
-    k = len(plans)
     cap, sampling, gens = limits.max_reasoning_tokens, sampler.sampling, sampler.generators
     capture = tuple(draft.capture)
     pending: list[int] = [0] * k

@@ -13,7 +13,7 @@ attention; the ratios are read against the bandwidth floor printed beside them).
   * `lookup` and `previous` on a replayed demo drive (demo checkpoint, lock-step): their real mean accepted
     lengths and the reasoning_decode time against `--draft none`.
 
-    nice python benchmarks/speculative.py [--layers 2] [--context 1024] [--blocks 8] [--drive-seconds 2.5]
+    python benchmarks/speculative.py [--layers 2] [--context 1024] [--blocks 8] [--drive-seconds 2.5]
 """
 
 from __future__ import annotations

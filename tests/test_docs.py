@@ -3,8 +3,9 @@ drift from the code it describes.
 
 A file's runnable blocks run in order, each as its own process (`bash -e -o pipefail -c` / `python -c`), in
 one fresh temporary directory that holds `demo/` exactly as `alpamayo demo --out demo` leaves it (built once
-per session) and `.venv` linked to this interpreter's prefix, so `.venv/bin/alpamayo` and `.venv/bin/python`
-work there (and `alpamayo` is on PATH), with this checkout first on PYTHONPATH. A block that cannot run here
+per session), `.venv` linked to this interpreter's prefix, so `.venv/bin/alpamayo` and `.venv/bin/python`
+work there (and `alpamayo` is on PATH), and `scripts` linked to the checkout's (`scripts/ttnn-dryrun`), with
+this checkout first on PYTHONPATH. A block that cannot run here
 has `<!-- doc-test: skip (REASON) -->` on the line right before its opening fence; a usage synopsis with
 placeholders is fenced ```text, and other languages (```text, ```yaml, ...) are not run.
 """
@@ -151,5 +152,6 @@ def test_doc_blocks_run(path, demo_dir, tmp_path):
         pytest.skip(f"{path.name} has no runnable block")
     shutil.copytree(demo_dir / "demo", tmp_path / "demo")
     (tmp_path / ".venv").symlink_to(sys.prefix)
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")
     for block in runnable:
         run_block(block, tmp_path)
