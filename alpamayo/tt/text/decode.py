@@ -9,52 +9,32 @@ run, so the step can be captured as a trace (`alpamayo.tt.text.trace`) and repla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from alpamayo.config import TextConfig
-from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_decode_room, check_token_ids
-from alpamayo.text.rope import MRope
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.moe import TTMoE
-from alpamayo.tt.program_config import SDPA_DECODE_K_CHUNK, DecodeMatmul, TextPlan
+from alpamayo.tt.program_config import SDPA_DECODE_K_CHUNK, DecodeMatmul
+from alpamayo.tt.text.state import TextState
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 
 MAX_ROWS = TILE  # decode rows per program: one tile, so every decode matmul reads its weights once for all
 
 
-class TextDecode(DeviceIO):
-    """Decode half of `TTTextModel` (a mixin: the attributes below are the model's)."""
+class TextDecode(TextState):
+    """Decode half of `TTTextModel` (a mixin: the attributes below and `TextState`'s are the model's)."""
 
-    text_cfg: TextConfig
-    plan: TextPlan
-    tracer: Tracer
-    rope: MRope
-    ck: dict[str, Any]
-    weights: dict[str, Any]
-    layer_weights: list[dict[str, Any]]
-    moe: dict[int, TTMoE]
-    scale: float
-    hidden_padded: int
-    residual_eps: float
     embed_table: torch.Tensor
-    cache_len: int
-    rope_delta: int
-    max_seq_len: int
     max_batch: int
-    kv_cache: list[tuple[Any, Any]]
     trace_switch: TraceSwitch
     _trace: DecodeTrace
     _inputs: dict[tuple[int, bool], dict[str, Any]]
     _traces: dict[tuple[int, bool, tuple[int, ...]], DecodeTrace]
     lengths: list[int]
     batch: int
-    _require_cache: Callable[[], None]
 
     def _decode_setup(self) -> None:
         """Memory and program configs of the decode step (fixed per model)."""

@@ -16,39 +16,19 @@ from typing import Any
 import torch
 
 from alpamayo.config import TextConfig
-from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_prefill, prompt_hidden, rope_delta
-from alpamayo.text.rope import MRope
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.moe import TTMoE
-from alpamayo.tt.program_config import TextPlan
+from alpamayo.tt.text.state import TextState
 from alpamayo.tt.weights import TEXT_GROUPS, LayerGroups
 
 
-class TextPrefill(DeviceIO):
-    """Prefill half of `TTTextModel` (a mixin: the attributes below are the model's)."""
+class TextPrefill(TextState):
+    """Prefill half of `TTTextModel` (a mixin: the attributes below and `TextState`'s are the model's)."""
 
-    text_cfg: TextConfig
-    plan: TextPlan
-    tracer: Tracer
-    rope: MRope
-    ck: dict[str, Any]
-    weights: dict[str, Any]
-    layer_weights: list[dict[str, Any]]
-    moe: dict[int, TTMoE]
-    scale: float
-    hidden_padded: int
-    residual_eps: float
-    cache_len: int
-    rope_delta: int
-    max_seq_len: int
-    kv_cache: list[tuple[Any, Any]]
     captured: list[torch.Tensor]
     embed: Callable[[torch.Tensor], torch.Tensor]
     reset: Callable[[], None]
-    _require_cache: Callable[[], None]
 
     def _mm(self, x: Any, w: Any, op: str) -> Any:
         """Prefill matmul [1, 1, M, K] x [K, N] -> bf16 DRAM interleaved."""
