@@ -35,12 +35,15 @@ def test_the_secret_key_is_never_readable_by_others(tmp_path, monkeypatch):
         return write(directory, name)
 
     monkeypatch.setattr(zmq.auth, "create_certificates", watched)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    keys.chmod(0o755)  # a shared directory, as /etc/alpamayo would be
     old = os.umask(0o022)
     try:
-        public, secret = create_keys(tmp_path, "node")
+        public, secret = create_keys(keys, "node")
     finally:
         os.umask(old)
     assert seen and all(mode & 0o077 == 0 for mode in seen), [oct(m) for m in seen]
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["node.key", "node.key_secret"]
+    assert sorted(p.name for p in keys.iterdir()) == ["node.key", "node.key_secret"]
     assert load_key_file(public)[1] is None and load_key_file(secret, secret=True)[1] is not None
