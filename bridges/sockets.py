@@ -7,6 +7,8 @@ disconnected by libzmq before the message is buffered.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +136,11 @@ def create_keys(directory: str | Path, name: str, overwrite: bool = False) -> tu
             "old public key: pass --force to replace it, or choose another --name"
         )
     out.mkdir(parents=True, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(str(out), name)
-    Path(secret).chmod(0o600)
-    return Path(public), Path(secret)
+    # pyzmq writes the secret with the process umask (often world-readable) and a chmod after it leaves a
+    # window: write the pair inside a private (0700) directory, restrict the secret, then move both in.
+    with tempfile.TemporaryDirectory(dir=out, prefix=f".{name}.") as private:
+        public, secret = map(Path, zmq.auth.create_certificates(private, name))
+        secret.chmod(0o600)
+        os.replace(public, out / public.name)
+        os.replace(secret, out / secret.name)
+    return out / public.name, out / secret.name

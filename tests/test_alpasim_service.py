@@ -14,6 +14,8 @@ import pytest
 from PIL import Image
 from scipy.spatial.transform import Rotation
 
+from alpamayo.cli import build_parser
+from alpamayo.commands.common import load_vla
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from bridges.alpasim.client import AlpasimDriverClient, EgoDynamics, EgoPose, trajectory_arrays
@@ -245,3 +247,17 @@ def test_history_validation_is_failed_precondition(driver):
     status = client.get_status()
     assert status["rejected"]["ego_history_short"] >= 1 and status["rejected"]["ego_history_stale"] >= 1
     client.close_session("h")
+
+
+def test_command_line_loads_the_draft_and_refuses_seed(demo_checkpoint):
+    """`alpamayo alpasim-driver --draft lookup` serves with that draft (it was parsed and then dropped), and
+    `--seed` is refused: each drive's seed is the session's random_seed plus its drive count."""
+    parser = build_parser()
+    args = parser.parse_args(["alpasim-driver", "--checkpoint", str(demo_checkpoint), "--draft", "lookup"])
+    vla = load_vla(args)
+    try:
+        assert vla.draft_name == "lookup" and vla.draft is not None
+    finally:
+        vla.close()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["alpasim-driver", "--checkpoint", str(demo_checkpoint), "--seed", "3"])

@@ -17,7 +17,6 @@ cars' paths over the scene, and where the ego first collided or left the road.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,31 +25,14 @@ import numpy as np
 from alpamayo.closed_loop.rollout import make_world
 from alpamayo.closed_loop.scene import T0_S, Scene
 from alpamayo.demo_drive.world import LANE_WIDTH_M, ROAD_HALF_WIDTH_M
+from alpamayo.eval.results import RunOutcome
 from alpamayo.profiling.plots import _figure, _label_panel
 
 REPORT_SCHEMA = "alpamayo.closed-loop-report/1"
 
 
-@dataclass
-class ClosedLoopRun:
-    """A run's outcome: every scene's record (None: not run), skipped (done earlier), the ids this run
-    evaluated, the workers' ready() answers, wall time, run info and report.json once written."""
-
-    records: list[dict[str, Any] | None]
-    skipped: int
-    evaluated: set[str]
-    workers: list[dict[str, Any]]
-    wall_s: float
-    info: dict[str, Any]
-    document: dict[str, Any] | None = None
-
-    @property
-    def done(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r is not None and r["status"] == "done"]
-
-    @property
-    def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r is not None and r["status"] == "failed"]
+class ClosedLoopRun(RunOutcome):
+    """A closed-loop run's outcome (`RunOutcome`, over scenes)."""
 
 
 def aggregate(done: list[dict[str, Any]]) -> dict[str, Any]:

@@ -146,13 +146,6 @@ def run_closed_loop(settings: ClosedLoopSettings) -> ClosedLoopRun:
     scenes = settings.scene_list()
     run_dir = RunDir.open(settings.out, settings)
     pending = evaluate_pending(settings, run_dir, scenes, SceneRunner, unit="scene")
-    run = ClosedLoopRun(
-        records=[pending.results.get(s.clip_id) for s in scenes],
-        skipped=pending.skipped,
-        evaluated=pending.evaluated,
-        workers=pending.pool.workers,
-        wall_s=pending.pool.wall_s,
-        info=run_info(settings),
-    )
+    run = pending.outcome(ClosedLoopRun, scenes, run_info(settings))
     run.document = write_report(run, run_dir.path)
     return run

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from alpamayo.backends import check_num_samples
-from alpamayo.commands.common import add_model_args, add_sampling_args, backend_options, flow_settings
-from alpamayo.runtime import AlpamayoVLA
+from alpamayo.commands.common import add_model_args, add_sampling_args, load_vla
 from bridges.alpasim.selection import SELECTIONS
 from bridges.alpasim.service import DEFAULT_CAMERAS, EgodriverService, Limits, serve
 
@@ -20,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--listen", default="127.0.0.1:6789", help="HOST:PORT or unix:PATH (default 127.0.0.1:6789)"
     )
-    add_sampling_args(p)
+    # No --seed: each drive's seed is the AlpaSim session's random_seed plus its drive count.
+    add_sampling_args(p, seed=False)
     p.add_argument(
         "--selection",
         choices=SELECTIONS,
@@ -40,16 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint)
-    vla = AlpamayoVLA.from_checkpoint(
-        args.checkpoint,
-        backend_options(args),
-        max_reasoning_tokens=args.max_reasoning_tokens,
-        base_model=args.base_model,
-        decoder=args.decoder,
-        flow=flow_settings(args),
-    )
-    vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
+    vla = load_vla(args)
     limits = Limits(max_sessions=args.max_sessions, frames_per_camera=args.frames_per_camera)
     service = EgodriverService(
         vla, vla.model_line(), args.samples, args.selection, tuple(args.cameras.split(",")), limits

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from alpamayo.backends import BACKENDS, BackendOptions, close_model, load_text_model
+from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples, close_model, load_text_model
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.devices import DTYPES
@@ -15,6 +15,7 @@ from alpamayo.expert.decoding import DECODERS
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.families.loader import check_checkpoint
 from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
+from alpamayo.runtime import AlpamayoVLA
 from bridges.sockets import CurveClientKeys
 
 RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
@@ -94,9 +95,9 @@ def text_model(args: argparse.Namespace, cfg: ModelConfig, max_seq_len: int) -> 
         close_model(model)
 
 
-def add_sampling_args(parser: argparse.ArgumentParser, samples: bool = True) -> None:
+def add_sampling_args(parser: argparse.ArgumentParser, samples: bool = True, seed: bool = True) -> None:
     """How tokens are sampled: `--temperature`, `--top-p`, `--top-k` (each defaulting to the model family's:
-    alpamayo.families), `--seed`; with `samples` also `--samples` and `--max-reasoning-tokens`."""
+    alpamayo.families), with `seed` `--seed`; with `samples` also `--samples` and `--max-reasoning-tokens`."""
     if samples:
         parser.add_argument("--samples", type=int, default=1, help="trajectory samples sharing one prefill")
     parser.add_argument(
@@ -114,7 +115,8 @@ def add_sampling_args(parser: argparse.ArgumentParser, samples: bool = True) -> 
     parser.add_argument(
         "--top-k", type=int, default=None, help="keep the k most probable tokens (default: all)"
     )
-    parser.add_argument("--seed", type=int, help="sampling seed (reproducible samples)")
+    if seed:
+        parser.add_argument("--seed", type=int, help="sampling seed (reproducible samples)")
     if samples:
         parser.add_argument("--max-reasoning-tokens", type=int, default=256)
         add_decoder_args(parser)
@@ -155,6 +157,23 @@ def add_decoder_args(parser: argparse.ArgumentParser) -> None:
 def flow_settings(args: argparse.Namespace) -> FlowSettings:
     """The action expert's settings from `add_decoder_args`' flags (ValueError naming a bad one)."""
     return FlowSettings(args.flow_steps, args.flow_temperature, args.nav_guidance)
+
+
+def load_vla(args: argparse.Namespace) -> AlpamayoVLA:
+    """The model that `add_model_args` and `add_sampling_args` (with samples) ask for, the sampling overrides
+    applied; ValueError before any load for a --samples that the backend or the temperature cannot give."""
+    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint)
+    vla = AlpamayoVLA.from_checkpoint(
+        args.checkpoint,
+        backend_options(args),
+        max_reasoning_tokens=args.max_reasoning_tokens,
+        base_model=args.base_model,
+        decoder=args.decoder,
+        flow=flow_settings(args),
+        draft=args.draft,
+    )
+    vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
+    return vla
 
 
 def model_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from alpamayo.backends import check_num_samples
-from alpamayo.commands.common import add_model_args, add_sampling_args, backend_options, flow_settings
+from alpamayo.commands.common import add_model_args, add_sampling_args, load_vla
 from alpamayo.inputs import read_ego_csv, read_frames
-from alpamayo.runtime import AlpamayoVLA
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,19 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint)
     frames, times = read_frames(args.frames)
     ego = read_ego_csv(args.ego)
-    vla = AlpamayoVLA.from_checkpoint(
-        args.checkpoint,
-        backend_options(args),
-        max_reasoning_tokens=args.max_reasoning_tokens,
-        base_model=args.base_model,
-        decoder=args.decoder,
-        flow=flow_settings(args),
-        draft=args.draft,
-    )
-    vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
+    vla = load_vla(args)
     try:
         pred = vla.predict(
             frames, ego, route=args.route, num_samples=args.samples, seed=args.seed, frame_times_ns=times

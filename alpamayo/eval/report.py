@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from alpamayo.eval import plots as eval_plots
+from alpamayo.eval.results import RunOutcome
 from alpamayo.profiling import Span
 from alpamayo.profiling import plots as plotting
 from alpamayo.profiling.stats import stage_table
@@ -37,26 +37,8 @@ REPORT_SCHEMA = "alpamayo.eval-report/1"
 HEADLINE = error_key("min_ade", HORIZONS_S[-1])  # minADE_K at 6.4 s, the published figure
 
 
-@dataclass
-class EvalRun:
-    """One evaluation's outcome: the record of every clip of the list (None: not evaluated), how many were
-    skipped as already done, the workers that ran (their ready() answers) and the evaluation's wall time."""
-
-    records: list[dict[str, Any] | None]
-    skipped: int
-    evaluated: set[str]  # ids of the clips this run evaluated
-    workers: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    document: dict[str, Any] = field(default_factory=dict)  # report.json, once written
-
-    @property
-    def done(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r is not None and r["status"] == "done"]
-
-    @property
-    def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r is not None and r["status"] == "failed"]
+class EvalRun(RunOutcome):
+    """One evaluation's outcome (`RunOutcome`, over clips), with the clips it could score."""
 
     @property
     def scored(self) -> list[dict[str, Any]]:

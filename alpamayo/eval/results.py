@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,29 @@ from alpamayo.eval.settings import EvalSettings
 
 RUN_SCHEMA = "alpamayo.eval-run/1"
 CLIP_SCHEMA = "alpamayo.eval-clip/1"
+
+
+@dataclass
+class RunOutcome:
+    """What one run over its units (eval clips, closed-loop scenes) did: the record of every unit of the list
+    (None: not run), how many were skipped as done by an earlier run, the ids this run evaluated, the workers
+    that ran (their ready() answers), the run's wall time, its run info, and report.json once written."""
+
+    records: list[dict[str, Any] | None]
+    skipped: int
+    evaluated: set[str]
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    document: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r is not None and r["status"] == "done"]
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r is not None and r["status"] == "failed"]
 
 
 def failed_record(clip: Clip, reason: str, trace: str | None = None) -> dict[str, Any]:

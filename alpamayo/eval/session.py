@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -15,10 +15,12 @@ from alpamayo.eval.clips import Clip
 from alpamayo.eval.evaluator import ClipEvaluator
 from alpamayo.eval.ray_workers import WorkerPool, evaluate_on_ray
 from alpamayo.eval.report import EvalRun, write_report
-from alpamayo.eval.results import RunDir
+from alpamayo.eval.results import RunDir, RunOutcome
 from alpamayo.eval.settings import EvalSettings
 from alpamayo.profiling.environment import hardware, software, source_commit
 from bridges.recording import require_recording_file
+
+R = TypeVar("R", bound=RunOutcome)
 
 
 def run_info(settings: EvalSettings) -> dict[str, Any]:
@@ -56,6 +58,17 @@ class Pending:
     evaluated: set[str]
     skipped: int
     pool: WorkerPool
+
+    def outcome(self, run_type: type[R], items: Sequence[Any], info: dict[str, Any]) -> R:
+        """The run's outcome as `run_type`, with the records in the order of `items`."""
+        return run_type(
+            records=[self.results.get(c.clip_id) for c in items],
+            skipped=self.skipped,
+            evaluated=self.evaluated,
+            workers=self.pool.workers,
+            wall_s=self.pool.wall_s,
+            info=info,
+        )
 
 
 def evaluate_pending(
@@ -114,14 +127,7 @@ def run_eval(settings: EvalSettings, clips: Sequence[Clip]) -> EvalRun:
     check_sources(settings, clips)
     run_dir = RunDir.open(settings.out, settings)
     pending = evaluate_pending(settings, run_dir, clips)
-    run = EvalRun(
-        records=[pending.results.get(c.clip_id) for c in clips],
-        skipped=pending.skipped,
-        evaluated=pending.evaluated,
-        workers=pending.pool.workers,
-        wall_s=pending.pool.wall_s,
-        info=run_info(settings),
-    )
+    run = pending.outcome(EvalRun, clips, run_info(settings))
     run_dir.write_table([r for r in run.records if r is not None])
     run.document = write_report(run, run_dir.path, settings.worst)
     return run
