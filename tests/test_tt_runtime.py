@@ -157,3 +157,15 @@ def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch,
     assert runtime.device_unavailable_reason() is None
     (root / runtime.DRY_RUN_MARKER).touch()
     assert "dry-run root whose stand-in compiler builds no kernels" in runtime.device_unavailable_reason()
+
+
+def test_a_dflash_draft_with_backend_ttnn_is_refused_before_the_device(demo_checkpoint, tmp_path):
+    """Model-free drafts verify on the device; a DFlash draft's layers run in torch only, so it is refused with
+    ttnn, naming the drafts that run there, before any weight is read or a device is opened."""
+    from alpamayo.backends import BackendOptions
+    from alpamayo.runtime import AlpamayoVLA
+
+    draft = tmp_path / "dflash"
+    draft.mkdir()
+    with pytest.raises(ValueError, match="the DFlash draft's layers run on the torch backend only for now; "):
+        AlpamayoVLA.from_checkpoint(demo_checkpoint, BackendOptions("ttnn"), draft=f"dflash:{draft}")
