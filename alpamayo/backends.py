@@ -70,16 +70,19 @@ TORCH_CPU = BackendOptions()  # the default everywhere: the torch reference, flo
 def check_num_samples(
     backend: str, num_samples: int, temperature: float | None, checkpoint: str | Path | None = None
 ) -> None:
-    """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: ttnn decodes
-    one sequence per prediction, and with greedy decoding (temperature 0; None: the default of `checkpoint`'s
-    model family, read from its config.json) they would all be one sample. Callers check before loading:
-    otherwise the refusal comes after the weights are loaded (and, on ttnn, uploaded)."""
+    """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: with greedy
+    decoding (temperature 0; None: the default of `checkpoint`'s model family, read from its config.json)
+    they would all be one sample, and ttnn decodes at most 16 (the device expert's samples per step; the K
+    rows of its decode program are one tile of 32). Callers check before loading: otherwise the refusal
+    comes after the weights are loaded (and, on ttnn, uploaded)."""
     if num_samples <= 1:
         return
-    if backend == "ttnn":
+    from alpamayo.tt.program_config import MAX_EXPERT_SAMPLES  # plans only: no ttnn import
+
+    if backend == "ttnn" and num_samples > MAX_EXPERT_SAMPLES:
         raise ValueError(
-            f"--samples {num_samples} with --backend ttnn: the ttnn backend decodes one sequence per "
-            "prediction; allowed: 1"
+            f"--samples {num_samples} with --backend ttnn: the device action expert runs 1.."
+            f"{MAX_EXPERT_SAMPLES} samples per step; allowed: 1..{MAX_EXPERT_SAMPLES}"
         )
     if temperature is None and checkpoint is not None:
         temperature = checkpoint_family(checkpoint).sampling.temperature  # config.json only

@@ -161,8 +161,9 @@ class AlpamayoVLA:
         family's default (the released models: temperature 0.6, top_p 0.98; the project's layouts: greedy).
 
         The torch backend runs on `options.device` in `options.dtype`; ttnn runs the vision tower and the text
-        backbone on one Blackhole p150 with the precision `options.recipe` (one sample per prediction). Either
-        way only frames not seen before are encoded (`FeatureCache`).
+        backbone on one Blackhole p150 with the precision `options.recipe` (K samples as K rows of one
+        decode program, each in its own cache slot). Either way only frames not seen before are encoded
+        (`FeatureCache`).
 
         `decoder`: "expert" or "tokens" (`alpamayo.expert.decoding.choose_decoder`; None: the expert whenever
         the checkpoint has expert weights); `flow`: the expert's steps, noise temperature and navigation
@@ -172,8 +173,11 @@ class AlpamayoVLA:
         """
         check_draft_spec(draft)
         cfg = load_model_config(directory, base_model)
-        if draft != "none" and options.backend != "torch":
-            raise ValueError(f"draft {draft!r}: speculative decoding runs on the torch backend only for now")
+        if draft.startswith("dflash:") and options.backend != "torch":
+            raise ValueError(
+                f"draft {draft!r}: the DFlash draft's layers run on the torch backend only for now; with "
+                "--backend ttnn use --draft lookup or previous"
+            )
         if draft.startswith("dflash:"):
             read_config(draft[len("dflash:") :]).check_target(cfg.text, draft[len("dflash:") :])
         ckpt = Checkpoint(directory, cfg.weight_prefix)

@@ -84,9 +84,11 @@ class _Masks:
 
 class SpeculativeLM(ForkableLM):
     """A `ForkableLM` that verifies blocks: `verify(ids [B, T], capture) -> logits [B, T, V]` (and the captured
-    layer outputs), `rollback(lengths)` and per-row `lengths` (`alpamayo.text.model.TextModel`)."""
+    layer outputs), `rollback(lengths)`, per-row `lengths` and `max_verify_rows`, the most B x T one verify
+    runs (None: no bound; ttnn: 32, one tile) (`alpamayo.text.model.TextModel`)."""
 
     lengths: list[int]
+    max_verify_rows: int | None
 
     def verify(
         self, tokens: torch.Tensor, capture: Sequence[int] = ()
@@ -116,9 +118,16 @@ def _speculate(
     step would (cap, bias, `verify_token`), and the row keeps drafted tokens while the target agrees, then
     the target's own token (correction or bonus) becomes the next pending one. The cache is rolled back to
     the kept prefix. Drafts stop before `<|traj_future_start|>`, so it is always emitted by the target and
-    the cap (`limits.max_reasoning_tokens`) forces it at the same count as plain decoding."""
+    the cap (`limits.max_reasoning_tokens`) forces it at the same count as plain decoding. A target that
+    verifies at most `max_verify_rows` rows x tokens gets blocks of up to max_verify_rows // K tokens (the
+    draft proposes fewer; which tokens are kept does not depend on it)."""
     k = len(plans)
     cap, sampling, gens = limits.max_reasoning_tokens, sampler.sampling, sampler.generators
+    block = (
+        draft.block_size
+        if model.max_verify_rows is None
+        else min(draft.block_size, model.max_verify_rows // k)
+    )
     capture = tuple(draft.capture)
     pending: list[int] = [0] * k
     done = [False] * k
@@ -143,7 +152,7 @@ def _speculate(
     while not all(done):
         t0 = time.perf_counter_ns()
         room = [
-            0 if done[r] else max(0, min(draft.block_size - 1, cap - len(p.reasoning_token_ids)))
+            0 if done[r] else max(0, min(block - 1, cap - len(p.reasoning_token_ids)))
             for r, p in enumerate(plans)
         ]
         proposed = draft.propose([p.reasoning_token_ids for p in plans], room)

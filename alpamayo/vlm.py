@@ -194,6 +194,11 @@ class VisionLanguageModel:
         """Per active row, the positions filled in its cache row (`TextModel.lengths`)."""
         return self.text.lengths
 
+    @property
+    def max_verify_rows(self) -> int | None:
+        """Rows x tokens one `verify` can run (the text model's; None: no bound)."""
+        return self.text.max_verify_rows
+
     def verify(
         self, tokens: torch.Tensor, capture: Sequence[int] = ()
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -151,12 +151,6 @@ class ModelSection:
             self.num_samples,
             "1 with greedy decoding (set model.temperature > 0 to draw several samples)",
         )
-        _check(
-            self.num_samples == 1 or self.backend == "torch",
-            "model.num_samples",
-            self.num_samples,
-            "1 with backend ttnn (it decodes one sequence per prediction)",
-        )
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,6 @@ def test_file_then_overrides(tmp_path):
             {"model": {"recipe": "fastest"}},
             "model.recipe = 'fastest' is invalid; allowed: accuracy, performance or an existing recipe YAML",
         ),
-        (
-            {"model": {"backend": "ttnn", "num_samples": 4, "temperature": 0.6}},
-            "model.num_samples = 4 is invalid; allowed: 1 with backend ttnn",
-        ),
     ],
 )
 def test_invalid_values_name_key_value_and_range(data, message):

@@ -314,8 +314,9 @@ def test_settings_refuse_what_this_build_cannot_run(tmp_path):
         EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray="drive0.mcap").validate()
     for address in ("auto", "ray://head.example:10001", "10.0.0.5:6379"):
         EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray=address).validate()
-    with pytest.raises(ValueError, match=r"--samples 6 with --backend ttnn"):
-        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", backend="ttnn").validate()
+    EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", backend="ttnn").validate()  # K = 6 on the device
+    with pytest.raises(ValueError, match=r"--samples 17 with --backend ttnn: .* allowed: 1\.\.16"):
+        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", backend="ttnn", num_samples=17).validate()
     RunDir.open(tmp_path / "run", EvalSettings(checkpoint=tmp_path, out=tmp_path / "run"))
     with pytest.raises(ValueError, match=r"holds results of other settings.*'seed': \(0, 1\)"):
         RunDir.open(tmp_path / "run", EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", seed=1))

@@ -180,6 +180,26 @@ def test_ragged_rows_each_equal_their_plain_decode(target):
     assert lengths[0] != lengths[1] and lengths[1] != lengths[2] and set(lengths[1]) == {1}
 
 
+def test_a_bounded_verify_gets_blocks_of_its_width_and_the_same_tokens(target, monkeypatch):
+    """A target that verifies at most 32 rows x tokens (ttnn: one tile) with K = 6 rows gets blocks of 32 // 6
+    = 5 tokens from a block-8 draft: every verify fits, and each row's tokens equal plain decoding."""
+    limits = PlanLimits(max_reasoning_tokens=30, tokens_per_future=8)
+    (plain,) = target.plans(GREEDY, limits)
+    c = continuation(plain, target.vocab)
+    monkeypatch.setattr(target.model, "max_verify_rows", 32)
+    widths = []
+    verify = target.model.verify
+    monkeypatch.setattr(target.model, "verify", lambda ids, *a: widths.append(ids.shape) or verify(ids, *a))
+    sampler = TokenSampler.for_request(Sampling(), None, 6)
+    plans = target.plans(sampler, limits, Oracle([c] * 6, wrong_at=[None, 0, 3, None, 7, 11], block_size=8))
+    for p in plans:
+        assert p.reasoning_token_ids == plain.reasoning_token_ids
+        assert p.future_token_ids == plain.future_token_ids
+        assert max(p.accepted_lengths) <= 5
+    assert widths and all(rows * width <= 32 for rows, width in widths)
+    assert max(width for _, width in widths) == 5  # the oracle rows fill the bounded blocks
+
+
 def test_expert_mode_leaves_each_rows_marker_where_plain_decoding_does(target):
     """Without trajectory tokens, every row's <|traj_future_start|> is in the cache at prompt + reasoning."""
     limits = PlanLimits(max_reasoning_tokens=24, tokens_per_future=8)

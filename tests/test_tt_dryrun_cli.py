@@ -85,3 +85,31 @@ def test_predict_backend_ttnn_decodes_with_the_device_expert(dryrun_device, tmp_
     assert out["decoder"] == "expert" and out["flow"]["steps"] == 2
     assert len(sample["xyz"]) == 64 and sample["trajectory_token_ids"] == []
     assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1
+
+
+@pytest.mark.parametrize("samples, draft", [(3, "none"), (6, "lookup")])
+def test_predict_backend_ttnn_draws_k_samples_as_rows_of_one_program(
+    dryrun_device, demo_checkpoint, tmp_path, samples, draft
+):
+    """K samples on the device, with and without a draft (eval's default K = 6): the prompt forked into K
+    cache slots, the K rows decoded (or verified, B x T <= 32) in one program per step, and the device
+    expert sampling every row over its own slot. With `lookup`, each row's accepted lengths add up to its
+    reasoning (the start token is fed after the last block). What the mock's zero logits draw decides whether
+    a block holds drafts; the K-row blocks themselves are pinned in tests/test_tt_dryrun_rows.py."""
+    write_prediction_inputs(tmp_path, *frames_at(5), straight_history())
+    argv = [*predict_argv(demo_checkpoint, tmp_path), "--backend", "ttnn", "--json", "--flow-steps", "2"]
+    sampling = ["--samples", str(samples), "--temperature", "0.6", "--seed", "3", "--draft", draft]
+    proc = alpamayo(*argv, *sampling)
+    out = json.loads(proc.stdout)
+    assert out["decoder"] == "expert" and out["draft"] == draft
+    assert len(out["samples"]) == samples
+    for sample in out["samples"]:
+        assert len(sample["xyz"]) == 64 and sample["trajectory_token_ids"] == []
+        assert 1 <= len(sample["reasoning_token_ids"]) <= 4
+    if draft == "none":
+        assert out["accepted_lengths"] == []
+    else:
+        rows = out["accepted_lengths"]
+        assert [sum(r) for r in rows] == [len(s["reasoning_token_ids"]) for s in out["samples"]]
+        assert {"draft", "verify"} <= set(out["timings_ms"])  # the blocks ran through the device verify
+    assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1

@@ -2,8 +2,8 @@
 `dryrun`; see `alpamayo.tt.dryrun`). No numbers are checked: the mock runs no kernels and reads back zeros.
 
 Up to 32 rows (one tile) run as one program, each at its own cache index: K samples as rows of one batch
-(each its own cache slot, forked from the prompt's on the device, ragged after a rollback) and a verify block
-of T tokens of one sequence (the rows share its slot). Cases: the tiny GQA 2:1 and 8:1 tied-head checkpoints,
+(each its own cache slot, forked from the prompt's on the device, ragged after a rollback) and verify blocks
+of T tokens per row (row b's T program rows share its slot through a page table), B x T <= 32. Cases: the tiny GQA 2:1 and 8:1 tied-head checkpoints,
 the demo checkpoint (32-wide heads, padded residual) and the published 8B config with two layers.
 """
 
@@ -95,7 +95,7 @@ def test_verify_runs_a_block_on_one_slot_and_rolls_back(model, block):
     model.rollback([PROMPT_LEN + 1])
     inputs = model._write_inputs(
         model._decode_host_inputs(
-            tokens[0].tolist(), list(range(PROMPT_LEN + 1, PROMPT_LEN + 1 + block)), shared=True
+            tokens[0].tolist(), list(range(PROMPT_LEN + 1, PROMPT_LEN + 1 + block)), [0] * block
         )
     )
     with Capture(ttnn) as step:
@@ -107,11 +107,55 @@ def test_verify_runs_a_block_on_one_slot_and_rolls_back(model, block):
     model.setup_cache(MAX_SEQ_LEN, max_batch=SLOTS)
 
 
+@pytest.mark.parametrize("rows, block", [(2, 4), (3, 8), (3, 10), (SLOTS, 5)])
+def test_verify_runs_a_block_per_row_on_its_own_slot_ragged(model, rows, block):
+    """K ragged rows verify T tokens each in one program of K x T rows; row b's block reads and writes slot b
+    (the page table maps its T program rows there), then each row rolls back to its own accepted prefix."""
+    ttnn, vocab = model.ttnn, model.text_cfg.vocab_size
+    model.prefill(prompt(model))
+    model.fork(rows)
+    model.rollback([PROMPT_LEN - b for b in range(rows)])  # ragged, as after earlier blocks
+    before = list(model.lengths)
+    tokens = (torch.arange(rows * block).reshape(rows, block) * 7) % vocab
+    logits = model.verify(tokens)
+    assert logits.shape == (rows, block, vocab) and logits.dtype == torch.float32
+    assert model.lengths == [n + block for n in before]
+    kept = [n + 1 + b % block for b, n in enumerate(before)]
+    model.rollback(kept)
+    assert model.lengths == kept
+    from alpamayo.tt.text.decode import program_rows
+
+    pad = program_rows(rows * block) - rows * block  # what verify pads with: the last row again
+    positions = [n + j for n in kept for j in range(block)] + [kept[-1] + block - 1] * pad
+    pages = [b for b in range(rows) for _ in range(block)] + [rows - 1] * pad
+    ids = tokens.reshape(-1).tolist() + [int(tokens[-1, -1])] * pad
+    inputs = model._write_inputs(model._decode_host_inputs(ids, positions, pages))
+    with Capture(ttnn) as step:
+        out = model._decode_graph(inputs)
+    assert step.host_transfers() == []
+    assert tuple(out.shape) == (1, 1, rows * block + pad, model.plan.head.n_padded)
+    model._free(out)
+
+
+def test_nine_to_31_rows_run_as_the_next_multiple_of_8(model):
+    """Flash-decode SDPA refuses 9..31 rows but multiples of 8 (`program_rows`): a cache of 9 slots has 16,
+    and 9 active rows decode in the 16-row program (a verify's padding rows are tested above: 3 x 10)."""
+    from alpamayo.tt.text.decode import program_rows
+
+    assert [program_rows(n) for n in (1, 6, 8, 9, 16, 17, 30, 32)] == [1, 6, 8, 16, 16, 24, 32, 32]
+    model.setup_cache(MAX_SEQ_LEN, max_batch=9)
+    assert model.max_batch == 16 and model.kv_cache[0][0].shape[0] == 16
+    model.prefill(prompt(model))
+    model.fork(9)
+    assert model.decode(torch.arange(9)).shape == (9, model.text_cfg.vocab_size)
+    model.setup_cache(MAX_SEQ_LEN, max_batch=SLOTS)
+
+
 def test_what_the_program_cannot_run_is_refused_before_the_device(model):
     model.prefill(prompt(model))
     model.fork(2)
-    with pytest.raises(ValueError, match=f"verify of 4 tokens with {SLOTS} cache slots"):
-        model.verify(torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"verify of 2 row\(s\) x 17 tokens = 34 program rows.*T <= 16"):
+        model.verify(torch.zeros(2, 17, dtype=torch.long))
     with pytest.raises(ValueError, match=r"row 1 length 200 must be in \[1, 126\]"):
         model.rollback([126, 200])
     with pytest.raises(ValueError, match=f"fork\\({SLOTS + 1}\\)"):
@@ -119,15 +163,13 @@ def test_what_the_program_cannot_run_is_refused_before_the_device(model):
         model.fork(SLOTS + 1)
     model.setup_cache(MAX_SEQ_LEN, max_batch=1)
     model.prefill(prompt(model))
-    with pytest.raises(ValueError, match=r"1\.\.32 rows"):
+    with pytest.raises(ValueError, match=r"1\.\.32 \(one tile\)"):
         model.verify(torch.zeros(1, 33, dtype=torch.long))
     model.cache_len = MAX_SEQ_LEN - 4  # as after generating up to there
     with pytest.raises(RuntimeError, match="KV cache full"):
         model.verify(torch.zeros(1, 8, dtype=torch.long))
     with pytest.raises(ValueError, match=r"max_batch must be in 1\.\.32"):
         model.setup_cache(MAX_SEQ_LEN, max_batch=33)
-    with pytest.raises(ValueError, match="action expert reads one sequence"):
-        model.setup_cache(MAX_SEQ_LEN, max_batch=2, reserve_rows=128)
     model.setup_cache(MAX_SEQ_LEN, max_batch=SLOTS)
 
 
@@ -150,7 +192,7 @@ def test_verify_and_prefill_leave_the_captured_layers_a_draft_reads(model):
     model.prefill_hidden(prompt(model), capture=layers)
     assert [tuple(c.shape) for c in model.captured] == [(PROMPT_LEN, t.hidden_size)] * len(layers)
     ttnn = model.ttnn
-    inputs = model._write_inputs(model._decode_host_inputs([1, 2, 3], [126, 127, 128], shared=True))
+    inputs = model._write_inputs(model._decode_host_inputs([1, 2, 3], [126, 127, 128], [0, 0, 0]))
     with Capture(ttnn) as step:
         outs = model._decode_graph(inputs, layers)
     assert step.host_transfers() == []  # the captured layers stay on the device inside the step

@@ -7,7 +7,8 @@ same prompt and frames. The device must produce the torch backend's trajectory t
 so are the agreement and drift of the `performance` recipe, whose bfp4 MLP moves these random weights further
 (its rounding cost is what `alpamayo precision` reports). The second tick must encode only each camera's new
 frame: the per-frame feature cache works the same on both backends. The device stages land in the
-runtime's tracer, so each prediction's timings carry them beside the pipeline stages.
+runtime's tracer, so each prediction's timings carry them beside the pipeline stages. K = 6 expert samples
+(plain and with the lookup draft) run in one device pass and are compared with the torch backend's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from alpamayo.backends import BackendOptions
+from alpamayo.generation import Sampling
 from alpamayo.runtime import AlpamayoVLA
 from planner.metrics import ade
 from tests.test_runtime import CAMERAS, frames_at, straight_history
@@ -71,3 +73,66 @@ def test_device_trajectory_tokens_match_the_torch_backend(
     assert {"tt.decode_trace_execute", "tt.device_to_host"} <= stages  # tick 4 adds one new frame per camera
     if recipe == "accuracy":
         assert min(agreement) >= TOKEN_AGREEMENT, f"trajectory token agreement {agreement}"
+
+
+K_SAMPLES = 6  # eval's default K
+# top_k = 1 makes sampling deterministic (the argmax) while K > 1 stays allowed: the K rows then reason alike on
+# each backend, the device's tokens can be compared with the torch backend's, and each row's flow-matching
+# noise (seeded per row) still gives K different trajectories.
+ARGMAX = Sampling(temperature=0.6, top_p=0.98, top_k=1)
+
+
+@pytest.fixture(scope="module")
+def torch_k_predictions(demo_checkpoint):
+    """The torch backend's K = 6 expert predictions of tick 3, plain and with the lookup draft; its verify is
+    bounded as the device's (32 rows x tokens: blocks of 5 for 6 rows), so the blocks are the same."""
+    from alpamayo.tt.text.decode import MAX_ROWS
+
+    out = {}
+    for draft in ("none", "lookup"):
+        vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=REASONING_CAP, draft=draft)
+        vla.vlm.text.max_verify_rows = MAX_ROWS
+        frames, times = frames_at(3)
+        out[draft] = vla.predict(
+            frames, straight_history(), num_samples=K_SAMPLES, seed=0, frame_times_ns=times, sampling=ARGMAX
+        )
+    return out
+
+
+@pytest.mark.parametrize("draft", ["none", "lookup"])
+def test_k_samples_on_the_device_match_the_torch_backend(
+    demo_checkpoint, torch_k_predictions, draft, record_figure
+):
+    """K = 6 samples in one device pass (K rows of one decode program, with or without the lookup draft's
+    K-row verify blocks, then one expert step over the K cache slots) against the torch backend: reasoning
+    tokens as the trajectory-token test (>= 95% equal, recipe `accuracy`), accepted lengths equal to torch's
+    wherever the row's reasoning is (acceptance under top_k = 1 is the argmax), and each row's waypoint drift
+    recorded (the expert's own bound is tests/test_tt_expert_device.py's)."""
+    expected = torch_k_predictions[draft]
+    vla = AlpamayoVLA.from_checkpoint(
+        demo_checkpoint,
+        BackendOptions("ttnn", recipe="accuracy"),
+        max_reasoning_tokens=REASONING_CAP,
+        draft=draft,
+    )
+    try:
+        frames, times = frames_at(3)
+        got = vla.predict(
+            frames, straight_history(), num_samples=K_SAMPLES, seed=0, frame_times_ns=times, sampling=ARGMAX
+        )
+    finally:
+        vla.close()
+    assert got.decoder == "expert" and len(got.samples) == K_SAMPLES
+    agreement, drift = [], []
+    for b, (e, g) in enumerate(zip(expected.samples, got.samples, strict=True)):
+        n = max(len(e.reasoning_token_ids), len(g.reasoning_token_ids))
+        same = sum(x == y for x, y in zip(e.reasoning_token_ids, g.reasoning_token_ids, strict=False))
+        agreement.append(same / n)
+        drift.append(float(ade(g.xyz, e.xyz)))
+        if draft != "none" and e.reasoning_token_ids == g.reasoning_token_ids:
+            assert got.accepted_lengths[b] == expected.accepted_lengths[b], f"row {b}"
+    record_figure(f"K={K_SAMPLES} draft {draft}: reasoning tokens equal to torch's per row", str(agreement))
+    record_figure(f"K={K_SAMPLES} draft {draft}: waypoint ADE to torch per row, metres", str(drift))
+    if draft != "none":
+        record_figure(f"K={K_SAMPLES} lookup: mean accepted length", got.mean_accepted_length)
+    assert min(agreement) >= TOKEN_AGREEMENT, f"reasoning token agreement {agreement}"

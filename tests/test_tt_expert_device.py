@@ -1,8 +1,9 @@
 """The ttnn action expert on a Blackhole p150 against the torch expert (marked `blackhole`).
 
 A tiny VLM (`TT_TINY["gqa2"]`) prefills a 100-token prompt on the device and in the torch reference; the tiny
-expert (`tests.tt_expert_cases`) then samples K = 1 and K = 3 trajectories from a fixed noise on each, in both
-presets. The torch expert runs in float32 on the recipe-rounded weights (`alpamayo.tt.quantized`, bit-exact with
+expert (`tests.tt_expert_cases`) then samples K = 1, 3 and 6 trajectories from a fixed noise on each, in both
+presets: the prompt forked into K cache slots, three decode steps and a rollback leave the rows ragged, and
+sample b reads slot b at its own offset. The torch expert runs in float32 on the recipe-rounded weights (`alpamayo.tt.quantized`, bit-exact with
 ttnn's packer) over the torch text model's recipe-rounded cache, so the thresholds measure the device
 implementation; the drift from the unrounded float32 expert is recorded beside them.
 
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.blackhole
 
 VELOCITY_PCC, ADE_FACTOR, ADE_FLOOR_M = 0.99, 4.0, 0.5
 PROMPT_LEN, MAX_SEQ_LEN, V0 = 100, 256, 10.0
-CASES = [f"{recipe}-K{k}" for recipe in ("accuracy", "performance") for k in (1, 3)]
+CASES = [f"{recipe}-K{k}" for recipe in ("accuracy", "performance") for k in (1, 3, 6)]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,7 @@ class Case:
         self.samples, self.precision = samples, load_precision(recipe)
         self.tt_text = TTTextModel.from_checkpoint(vlm, precision=self.precision, device=device)
         self.tt = TTActionExpert.from_checkpoint(expert_dir, self.tt_text, self.cfg)
-        rows = self.tt.plan_for(MAX_SEQ_LEN, samples).rows
-        self.tt_text.setup_cache(MAX_SEQ_LEN, reserve_rows=rows)
+        self.tt_text.setup_cache(MAX_SEQ_LEN, max_batch=samples)  # reserves the expert's rows per slot
         rounded = QuantizedCheckpoint(vlm, self.precision)
         self.ref_text = TextModel.from_checkpoint(rounded, rounded.config)
         self.ref_text.kv_store = kv_store(self.precision)
@@ -81,14 +81,17 @@ class Case:
         self.ref = load_expert(tmp_path, self.cfg, vlm_text)
         self.fp32 = load_expert(expert_dir, self.cfg, vlm_text)
         prompt = torch.randint(0, 256, (PROMPT_LEN,), generator=torch.Generator().manual_seed(3))
-        self.tt_text.prefill(prompt)
-        self.ref_text.prefill(prompt)
-        self.ref_text.fork(samples)
-        self.offset, self.rope_delta = PROMPT_LEN, self.tt_text.rope_delta
-        self.ctx = self.ref.context(self.ref_text.cache, [self.offset] * samples, self.rope_delta, PROMPT_LEN)
-        self.ctx_fp32 = self.fp32.context(
-            self.ref_text.cache, [self.offset] * samples, self.rope_delta, PROMPT_LEN
-        )
+        steps = torch.randint(0, 256, (3, samples), generator=torch.Generator().manual_seed(4))
+        for text in (self.tt_text, self.ref_text):
+            text.prefill(prompt)
+            text.fork(samples)
+            for ids in steps:  # each row its own tokens
+                text.decode(ids)
+            text.rollback([PROMPT_LEN + 1 + b % 3 for b in range(samples)])  # ragged rows
+        self.offset, self.rope_delta = list(self.tt_text.lengths), self.tt_text.rope_delta
+        filled = max(self.offset)
+        self.ctx = self.ref.context(self.ref_text.cache, self.offset, self.rope_delta, filled)
+        self.ctx_fp32 = self.fp32.context(self.ref_text.cache, self.offset, self.rope_delta, filled)
         self.noise = torch.randn(samples, 64, 2, generator=torch.Generator().manual_seed(11))
 
     def close(self):

@@ -24,11 +24,11 @@ MAX_SEQ_LEN = 512
 STEPS = 2  # the loop and the step's programs are what the dry run checks; ten steps only repeat them
 
 
-def filled(text: Any, **reserve: int) -> Any:
-    """`text` with a fresh cache whose MAX_SEQ_LEN positions count as prefilled (on the mock whatever a prefill
-    wrote reads back as zeros)."""
-    text.setup_cache(MAX_SEQ_LEN, **reserve)
-    text.cache_len = MAX_SEQ_LEN
+def filled(text: Any, slots: int = 1, **reserve: int) -> Any:
+    """`text` with a fresh cache of `slots` slots whose MAX_SEQ_LEN positions count as prefilled in every
+    active row (on the mock whatever a prefill and a fork wrote reads back as zeros)."""
+    text.setup_cache(MAX_SEQ_LEN, max_batch=slots, **reserve)
+    text.lengths = [MAX_SEQ_LEN] * slots
     return text
 
 
@@ -63,26 +63,42 @@ def case(request, dryrun_device, tmp_path_factory):
     text.close()
 
 
-@pytest.mark.parametrize("samples", [1, 3])
+@pytest.mark.parametrize("samples", [1, 3, 6])
 def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
+    """K samples over K cache slots (the K decoded rows), each at its own offset: the mask and the SDPA are
+    batched over the slots, the action stream is one [1, 1, 64 K, 32]."""
     text, expert = case
     plan = expert.plan_for(MAX_SEQ_LEN, samples)
-    filled(text, reserve_rows=plan.rows)
-    assert text.kv_cache[0][0].shape[-2] == plan.cache_rows
+    assert text.reserved_rows == plan.region_rows == 64
+    filled(text, samples)
+    assert [tuple(k.shape)[0::2] for k, _ in text.kv_cache] == [(samples, plan.cache_rows)] * len(
+        text.kv_cache
+    )
     noise = torch.randn(samples, 64, 2, generator=torch.Generator().manual_seed(samples))
-    actions = expert.sample(noise, offset=300, rope_delta=-40, steps=STEPS, traced=False)
+    offsets = [300 + 7 * b for b in range(samples)]  # ragged reasoning lengths
+    actions = expert.sample(noise, offsets, rope_delta=-40, steps=STEPS, traced=False)
     assert actions.shape == (samples, 64, 2) and actions.dtype == torch.float32
     b = expert._state["buffers"]
-    assert list(b["mask"].shape) == [1, 1, plan.rows, plan.cache_rows]
+    assert list(b["mask"].shape) == [samples, 1, 64, plan.cache_rows]
     assert list(b["cos"].shape) == [1, 1, plan.rows, expert.cfg.text.head_dim]
     assert list(b["x"].shape) == [1, 1, plan.rows, 32]
 
 
+def test_fewer_samples_than_slots_run_the_slots_step_and_read_back_their_own(case):
+    """K = 2 active rows of a 3-slot cache: the step runs the 3 slots (as the decode runs idle slots), the
+    idle one attending to its own region only; 2 samples come back."""
+    text, expert = case
+    filled(text, 3)
+    text.lengths = [400, 350]  # two active rows
+    actions = expert.sample(torch.zeros(2, 64, 2), [400, 350], rope_delta=0, steps=STEPS, traced=False)
+    assert actions.shape == (2, 64, 2)
+    assert expert._state["samples"] == 3 and list(expert._state["buffers"]["x"].shape) == [1, 1, 192, 32]
+
+
 def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in_place(case, record_figure):
     text, expert = case
-    plan = expert.plan_for(MAX_SEQ_LEN, 1)
-    filled(text, reserve_rows=plan.rows)
-    expert.sample(torch.zeros(1, 64, 2), offset=200, rope_delta=0, steps=STEPS, traced=False)
+    filled(text)
+    expert.sample(torch.zeros(1, 64, 2), 200, rope_delta=0, steps=STEPS, traced=False)
     state = expert._state
     address = state["buffers"]["x"].buffer_address()
     with Capture(expert.ttnn) as step:
@@ -96,14 +112,11 @@ def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in
 
 def test_a_prediction_moves_only_the_noise_in_and_the_actions_out(case):
     text, expert = case
-    plan = expert.plan_for(MAX_SEQ_LEN, 3)
-    filled(text, reserve_rows=plan.rows)
+    filled(text, 3)
     noise = torch.zeros(3, 64, 2)
-    expert.sample(
-        noise, offset=250, rope_delta=-10, steps=STEPS, traced=False
-    )  # allocates the persistent state
+    expert.sample(noise, [250, 240, 230], rope_delta=-10, steps=STEPS, traced=False)  # allocates the state
     with Capture(expert.ttnn) as prediction:
-        expert.sample(noise, offset=260, rope_delta=-12, steps=STEPS, traced=False)
+        expert.sample(noise, [260, 300, 255], rope_delta=-12, steps=STEPS, traced=False)
     with Capture(expert.ttnn) as noise_in:
         expert._write_noise(expert._state, noise)
     with Capture(expert.ttnn) as actions_out:
@@ -116,14 +129,20 @@ def test_bad_predictions_are_refused_with_the_allowed_range(case):
     text, expert = case
     filled(text, reserve_rows=0)  # no rows for the expert's K/V
     with pytest.raises(RuntimeError, match=r"call text.setup_cache\(512, reserve_rows=64\)"):
-        expert.sample(torch.zeros(1, 64, 2), offset=100, rope_delta=0, steps=STEPS, traced=False)
-    filled(text, reserve_rows=64)
-    with pytest.raises(ValueError, match=r"offset 600 must be in \[1, cache_len=512\]"):
-        expert.sample(torch.zeros(1, 64, 2), offset=600, rope_delta=0, steps=STEPS, traced=False)
+        expert.sample(torch.zeros(1, 64, 2), 100, rope_delta=0, steps=STEPS, traced=False)
+    filled(text, 2)
+    text.lengths = [512, 300]
+    with pytest.raises(ValueError, match=r"row 1: offset 400 must be in \[1, its length 300\]"):
+        expert.sample(torch.zeros(2, 64, 2), [100, 400], rope_delta=0, steps=STEPS, traced=False)
+    with pytest.raises(ValueError, match="1 offsets for 2 samples"):
+        expert.sample(torch.zeros(2, 64, 2), [100], rope_delta=0, steps=STEPS, traced=False)
+    with pytest.raises(ValueError, match=r"3 samples over a KV cache of 2 slot\(s\): sample b reads slot b"):
+        expert.sample(torch.zeros(3, 64, 2), 100, rope_delta=0, steps=STEPS, traced=False)
+    filled(text)
     with pytest.raises(ValueError, match="initial noise must be finite"):
-        expert.sample(torch.full((1, 64, 2), float("nan")), offset=100, rope_delta=0, traced=False)
+        expert.sample(torch.full((1, 64, 2), float("nan")), 100, rope_delta=0, traced=False)
     with pytest.raises(ValueError, match=r"initial noise must have shape \[1, 64, 2\]"):
-        expert.sample(torch.zeros(1, 32, 2), offset=100, rope_delta=0, traced=False)
+        expert.sample(torch.zeros(1, 32, 2), 100, rope_delta=0, traced=False)
 
 
 def test_the_ttnn_backend_loads_the_device_expert_decoder_over_its_text_model(dryrun_device, tmp_path):
@@ -145,8 +164,19 @@ def test_the_ttnn_backend_loads_the_device_expert_decoder_over_its_text_model(dr
         text.prefill(torch.arange(44) % 200)  # prompt (40), reasoning (3), <|traj_future_start|>
         plan = GeneratedPlan([7, 8, 9], False, np.zeros(0, np.int64), [])
         ctx = decoder.context(text, 40, [plan])
-        assert (ctx.offset, ctx.rows) == (44, 1)
+        assert (ctx.offsets, ctx.rows) == ((44,), 1)
         assert decoder.sample(ctx, seed=0).shape == (1, 64, 2)
+        text.setup_cache(MAX_SEQ_LEN, max_batch=3)  # K = 3 rows, ragged reasoning: each its own offset
+        text.prefill(torch.arange(40) % 200)
+        text.fork(3)
+        plans = [GeneratedPlan(r, False, np.zeros(0, np.int64), []) for r in ([7], [7, 8, 9], [])]
+        text.decode(torch.tensor([7, 7, 5]))
+        text.decode(torch.tensor([5, 8, 6]))
+        text.decode(torch.tensor([6, 9, 6]))
+        text.decode(torch.tensor([6, 5, 6]))  # row 1's <|traj_future_start|> (5) enters its cache last
+        ctx = decoder.context(text, 40, plans)
+        assert (ctx.offsets, ctx.rows) == ((42, 44, 41), 3)
+        assert decoder.sample(ctx, seed=0).shape == (3, 64, 2)
     finally:
         decoder.close()
         text.close()

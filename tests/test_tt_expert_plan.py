@@ -73,7 +73,7 @@ def test_the_expert_adds_its_weights_kv_region_and_trace_to_the_dram_budget(rele
     cfg, expert = release
     precision = PRESETS[recipe]
     alone = plan_memory(replace(cfg, extra={}), precision, 4096)  # no expert fields: the VLM alone
-    both = plan_memory(cfg, precision, 4096, samples=3)  # the config's own expert
+    both = plan_memory(cfg, precision, 4096, samples=3)  # the config's own expert, sample b in cache slot b
     specs = expert_weight_specs(expert)
     assert both.weights["expert"] == sum(
         spec_bytes(s, weight_dtype(s, precision)) for s in specs if s.group == "expert"
@@ -82,8 +82,8 @@ def test_the_expert_adds_its_weights_kv_region_and_trace_to_the_dram_budget(rele
         spec_bytes(s, weight_dtype(s, precision)) for s in specs
     )
     step = plan_expert(cfg, expert, precision, 4096, samples=3)
-    assert step.rows == 192 and step.cache_rows == TextPlan.cache_length(4096 + 192)
-    assert both.kv_cache / alone.kv_cache == step.cache_rows / TextPlan.cache_length(4096)
+    assert step.rows == 192 and step.cache_rows == TextPlan.cache_length(4096 + 64)
+    assert both.kv_cache / alone.kv_cache == 3 * step.cache_rows / TextPlan.cache_length(4096)
     assert both.trace_region == alone.trace_region + step.trace_region_bytes
     assert both.fits
 
@@ -92,7 +92,8 @@ def test_the_step_plan_puts_the_expert_region_at_the_cache_tail_on_whole_tiles(r
     cfg, expert = release
     for samples in (1, 3, 16):
         plan = plan_expert(cfg, expert, PRESETS["performance"], 3000, samples)
-        assert plan.region_start + plan.rows == plan.cache_rows
+        assert plan.region_rows == 64 and plan.rows == 64 * samples  # one 64-row region per cache slot
+        assert plan.region_start + plan.region_rows == plan.cache_rows
         assert plan.region_start >= 3000 and plan.region_start % 32 == 0
         assert plan.rows % plan.q_chunk == 0 and plan.cache_rows % plan.k_chunk == 0
 

@@ -101,22 +101,25 @@ def test_a_mock_descriptor_is_refused_when_a_card_is_present(ttnn_host, monkeypa
 
 
 @pytest.mark.parametrize("command", ["predict", "replay"])
-def test_several_samples_with_backend_ttnn_are_refused_before_anything_is_read(
+def test_samples_the_ttnn_backend_cannot_draw_are_refused_before_anything_is_read(
     command, demo_checkpoint, tmp_path, capsys
 ):
-    """The ttnn backend decodes one sequence per prediction. Refused first, so the frames, ego poses and
-    drive named here (which do not exist) are never opened and no model is loaded (serve: model.num_samples
-    in its config, tests/test_bridge_config.py). Without --temperature the family's default decides (the
-    demo layout's is greedy), read from config.json alone."""
+    """The ttnn backend draws K samples as rows of one decode program and one expert step, at most 16 (the
+    device expert's bound). Refused first, so the frames, ego poses and drive named here (which do not
+    exist) are never opened and no model is loaded (serve: model.num_samples in its config,
+    tests/test_bridge_config.py). Without --temperature the family's default decides (the demo layout's is
+    greedy), read from config.json alone."""
     missing = str(tmp_path / "missing")
     inputs = ["--frames", missing, "--ego", missing] if command == "predict" else [missing, "--out", missing]
-    sampling = ["--samples", "2", "--temperature", "0.6"]
+    sampling = ["--samples", "17", "--temperature", "0.6"]
     argv = [command, *inputs, "--checkpoint", missing, "--backend", "ttnn", *sampling]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert f"alpamayo {command}: error: --samples 2 with --backend ttnn: the ttnn backend decodes one" in err
-    assert "allowed: 1" in err and "Traceback" not in err
-    greedy = [*argv[:-2], "--backend", "torch", "--checkpoint", str(demo_checkpoint)]
+    assert (
+        f"alpamayo {command}: error: --samples 17 with --backend ttnn: the device action expert runs" in err
+    )
+    assert "allowed: 1..16" in err and "Traceback" not in err
+    greedy = [*argv[:-3], "2", "--backend", "torch", "--checkpoint", str(demo_checkpoint)]
     assert main(greedy) == 2  # greedy (no --temperature: the demo family's default): also refused first
     err = capsys.readouterr().err
     assert (
@@ -154,3 +157,15 @@ def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch,
     assert runtime.device_unavailable_reason() is None
     (root / runtime.DRY_RUN_MARKER).touch()
     assert "dry-run root whose stand-in compiler builds no kernels" in runtime.device_unavailable_reason()
+
+
+def test_a_dflash_draft_with_backend_ttnn_is_refused_before_the_device(demo_checkpoint, tmp_path):
+    """Model-free drafts verify on the device; a DFlash draft's layers run in torch only, so it is refused with
+    ttnn, naming the drafts that run there, before any weight is read or a device is opened."""
+    from alpamayo.backends import BackendOptions
+    from alpamayo.runtime import AlpamayoVLA
+
+    draft = tmp_path / "dflash"
+    draft.mkdir()
+    with pytest.raises(ValueError, match="the DFlash draft's layers run on the torch backend only for now; "):
+        AlpamayoVLA.from_checkpoint(demo_checkpoint, BackendOptions("ttnn"), draft=f"dflash:{draft}")

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
                     "family": vla.family.name,
                     "decoder": pred.decoder,
                     "flow": pred.flow,
+                    "draft": pred.draft,
+                    "accepted_lengths": pred.accepted_lengths,
                     "t_s": pred.t_s.round(3).tolist(),
                     "samples": [
                         {

@@ -46,6 +46,8 @@ from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, build_layer, valid
 class TextModel(nn.Module):
     """Embeddings, decoder layers, final RMSNorm and LM head, plus the generation state (cache, positions)."""
 
+    max_verify_rows: int | None = None  # rows x tokens of one `verify`: no bound (ttnn: one tile)
+
     def __init__(
         self,
         cfg: ModelConfig,

@@ -4,17 +4,18 @@ Same weights (every family's names, `ExpertConfig.prefixes`) and tensor contract
 `alpamayo.expert.ActionExpert`; it runs on the device of a `TTTextModel` and reads that model's KV cache:
 
     expert = TTActionExpert.from_checkpoint(ckpt, text, expert_cfg)   # text: a TTTextModel
-    text.setup_cache(max_seq_len, reserve_rows=expert.plan_for(max_seq_len, K).rows)
-    ... prefill + reasoning decode up to and including <|traj_future_start|> at cache index offset - 1 ...
-    actions = expert.sample(noise, offset, text.rope_delta)          # noise [K, 64, 2] -> [K, 64, 2] float32
+    text.setup_cache(max_seq_len, max_batch=K)                        # reserves the expert's rows per slot
+    ... prefill, fork(K), reasoning decode of row b up to and including its <|traj_future_start|> at cache
+    index offsets[b] - 1 of slot b ...
+    actions = expert.sample(noise, offsets, text.rope_delta)         # noise [K, 64, 2] -> [K, 64, 2] float32
 
 Per prediction (`sample`), host transfers are the initial noise in and the final actions out, nothing else:
 
-  * on the device, once per prediction: the attention mask (`ExpertPlan`: cache columns [0, offset) for every
-    row plus the row's own sample block of the expert region; built with `where(cols < offset, 0, own)` from
-    column indices and the own-block mask uploaded with the weights) and cos/sin of positions
-    arange(64) + rope_delta + offset on all three M-RoPE rows (a slice of rope tables uploaded with the weights,
-    repeated for the K samples);
+  * on the device, once per prediction: the attention mask [S, 1, 64, cache rows] (`ExpertPlan`: sample b
+    attends to cache slot b's columns [0, offsets[b]) plus its own expert region; built per slot with
+    `where(cols < offsets[b], 0, own)` from column indices and the own-region mask uploaded with the step's
+    inputs) and cos/sin of positions arange(64) + rope_delta + offsets[b] on all three M-RoPE rows (slices of
+    rope tables uploaded with the step's inputs, one per sample);
   * the Euler step, captured once per sample count as a trace whose persistent inputs are x (float32
     [1, 1, 64K, 32], columns 0-1 the normalised (accel, curvature)), the step's t features, cos, sin and the
     mask: Fourier features of x, the in-projection MLP, every expert layer (the text backbone's
@@ -31,10 +32,12 @@ reduced exactly: u = x * f in float32 (a matmul would round x to the FPU's 10-bi
 at |f x| ~ 300), then frac, a quarter-period phase for the cosines, and sin of at most 2.5 pi. The t features
 are one row per step, computed on the host with the reference's own `fourier_features` once per step count.
 
-Attention (`ExpertPlan`): each layer writes its 64K K/V at the fixed cache rows [region_start, cache_rows) and
-runs SDPA over the whole layer cache in place with the mask: the VLM's cache is never copied, and no step
-depends on the prompt length. The K samples share the one decoded sequence's cache (the ttnn text backbone
-decodes one sequence), each with its own noise.
+Attention (`ExpertPlan`): sample b reads cache slot b, where the text backbone decoded row b of the K rows
+(each its own length). Each layer writes sample b's 64 K/V rows into slot b at the fixed cache rows
+[region_start, cache_rows) and runs SDPA batched over the S cache slots, over each whole slot in place with the
+mask: the VLM's cache is never copied, and no step depends on the prompt or reasoning lengths. The step runs
+one sample per cache slot (S = the text model's `max_batch`, as its decode runs every slot): with K < S
+active rows the idle samples attend to their own region only and are not read back.
 
 The traced step is card-only (trace capture segfaults on the mock p150); `sample(traced=False)` runs the same
 step graph eagerly, which the dry run exercises.
@@ -112,7 +115,7 @@ class TTActionExpert(DeviceIO):
         validate_expert_tensors(ckpt, cfg, text.text_cfg)
         # refuses what the device cannot run, before any upload
         plan = plan_expert(text.cfg, cfg, text.precision, 1, samples, text.plan.device)
-        text.reserved_rows = plan.rows
+        text.reserved_rows = plan.region_rows
         banks = text.plan.device.dram_banks
         weights = upload_weights(
             expert_weight_specs(cfg), text.precision, text.device, ckpt.get, cache_dir, banks
@@ -162,9 +165,9 @@ class TTActionExpert(DeviceIO):
         }
 
     def _setup(self, samples: int, steps: int) -> dict[str, Any]:
-        """Persistent step inputs for `samples` samples and `steps` Euler steps over the text model's current
-        cache (allocated once and reused; a new cache, set up since, means new inputs and a new trace, which
-        binds the cache's buffers)."""
+        """Persistent step inputs for `samples` (the cache's slots) samples and `steps` Euler steps over the
+        text model's current cache (allocated once and reused; a new cache, set up since, means new inputs
+        and a new trace, which binds the cache's buffers)."""
         text = self.text
         state = self._state
         if (
@@ -179,17 +182,12 @@ class TTActionExpert(DeviceIO):
         if text.kv_cache[0][0].shape[-2] != plan.cache_rows:
             raise RuntimeError(
                 f"the text model's KV cache has {text.kv_cache[0][0].shape[-2]} rows, the expert needs "
-                f"{plan.cache_rows} for {samples} sample(s): call text.setup_cache({text.max_seq_len}, "
-                f"reserve_rows={plan.rows})"
+                f"{plan.cache_rows}: call text.setup_cache({text.max_seq_len}, reserve_rows={plan.region_rows})"
             )
-        rows, cols = plan.rows, plan.cache_rows
-        own = torch.full((1, 1, rows, cols), float("-inf"))
-        for s in range(samples):
-            block = slice(s * FUTURE_STEPS, (s + 1) * FUTURE_STEPS)
-            own[
-                0, 0, block, plan.region_start + s * FUTURE_STEPS : plan.region_start + (s + 1) * FUTURE_STEPS
-            ] = 0
-        index = torch.arange(cols, dtype=torch.float32).expand(1, 1, rows, cols).contiguous()
+        rows, cols, block = plan.rows, plan.cache_rows, plan.region_rows
+        own = torch.full((1, 1, block, cols), float("-inf"))  # every sample's own region, in its own slot
+        own[..., plan.region_start : plan.region_start + block] = 0
+        index = torch.arange(cols, dtype=torch.float32).expand(1, 1, block, cols).contiguous()
         hd = self.cfg.text.head_dim
         width = round_up(self.cfg.in_proj.num_features, TILE)
         buffers = {
@@ -198,7 +196,7 @@ class TTActionExpert(DeviceIO):
             "t": self._upload(torch.zeros(1, 1, 1, width), ttnn.float32),
             "cos": self._upload(torch.zeros(1, 1, rows, hd)),
             "sin": self._upload(torch.zeros(1, 1, rows, hd)),
-            "mask": self._upload(torch.zeros(1, 1, rows, cols)),
+            "mask": self._upload(torch.zeros(samples, 1, block, cols)),
             "own": self._upload(own, ttnn.float32),
             "columns": self._upload(index, ttnn.float32),
             **self._rope_tables(),
@@ -216,26 +214,42 @@ class TTActionExpert(DeviceIO):
         return self._state
 
     # ------------------------------------------------------------------ per prediction (device only)
-    def _prepare(self, state: dict[str, Any], offset: int, rope_delta: int) -> None:
-        """Mask and cos/sin of one prediction, built on the device into the persistent inputs."""
-        ttnn, b = self.ttnn, state["buffers"]
-        base, filled, last = rope_delta + offset, self.text.cache_len, self.text.max_seq_len
-        if not 1 <= offset <= filled or not 0 <= base <= last:
-            raise ValueError(
-                f"offset {offset} must be in [1, cache_len={filled}] (after <|traj_future_start|>) and "
-                f"rope_delta + offset = {base} in [0, {last}]"
-            )
-        visible = ttnn.lt(b["columns"], float(offset))
-        mask = ttnn.where(visible, 0.0, b["own"])
+    def _prepare(self, state: dict[str, Any], offsets: Sequence[int], rope_delta: int) -> None:
+        """Mask and cos/sin of one prediction (sample b: cache slot b, `offsets[b]`), built on the device into
+        the persistent inputs; the slots past len(offsets) see their own region only, at offsets[0]'s
+        positions."""
+        ttnn, b, text = self.ttnn, state["buffers"], self.text
+        last = text.max_seq_len
+        if len(offsets) > text.batch:
+            raise ValueError(f"{len(offsets)} offsets for the text model's {text.batch} active row(s)")
+        for row, offset in enumerate(offsets):
+            base, filled = rope_delta + offset, text.lengths[row]
+            if not 1 <= offset <= filled or not 0 <= base <= last:
+                raise ValueError(
+                    f"row {row}: offset {offset} must be in [1, its length {filled}] (after "
+                    f"<|traj_future_start|>) and rope_delta + offset = {base} in [0, {last}]"
+                )
+        slots = state["samples"]
+        masks = []
+        for offset in [*offsets, *[0] * (slots - len(offsets))]:
+            visible = ttnn.lt(b["columns"], float(offset))
+            masks.append(ttnn.where(visible, 0.0, b["own"]))
+            self._free(visible)
+        mask = ttnn.concat(masks, dim=0) if slots > 1 else masks[0]
         self._into(ttnn.typecast(mask, ttnn.bfloat16), b["mask"])
-        self._free(visible, mask)
+        self._free(*masks, *([mask] if slots > 1 else []))
+        bases = [rope_delta + o for o in offsets] + [rope_delta + offsets[0]] * (slots - len(offsets))
         for name in ("cos", "sin"):
-            end = [1, 1, base + FUTURE_STEPS, self.cfg.text.head_dim]
-            rows = ttnn.slice(b[f"{name}_table"], [0, 0, base, 0], end)
-            rep = ttnn.repeat(rows, (1, 1, state["samples"], 1)) if state["samples"] > 1 else rows
-            tiled = ttnn.to_layout(rep, ttnn.TILE_LAYOUT)
+            parts = [
+                ttnn.slice(
+                    b[f"{name}_table"], [0, 0, base, 0], [1, 1, base + FUTURE_STEPS, self.cfg.text.head_dim]
+                )
+                for base in bases
+            ]
+            rows = ttnn.concat(parts, dim=2) if slots > 1 else parts[0]
+            tiled = ttnn.to_layout(rows, ttnn.TILE_LAYOUT)
             self._into(tiled, b[name])
-            self._free(rows, *([rep] if rep is not rows else []))
+            self._free(*parts, *([rows] if slots > 1 else []))
 
     def _into(self, src: Any, dst: Any) -> None:
         """dst <- src on the device (src freed)."""
@@ -312,15 +326,25 @@ class TTActionExpert(DeviceIO):
         return out
 
     def _attend(self, i: int, plan: ExpertPlan, mask: Any):
-        """Layer i's attention: own K/V into the cache region, SDPA over the cache in place with the mask."""
+        """Layer i's attention: sample b's K/V into slot b's cache region, then SDPA batched over the slots,
+        sample b's 64 query rows over slot b in place with the mask [S, 1, 64, cache rows]."""
         ttnn, text = self.ttnn, self.text
+        slots, block = plan.samples, plan.region_rows
 
         def attend(q: Any, k: Any, v: Any) -> Any:
             cache_k, cache_v = text.kv_cache[i]
-            text._fill_cache(cache_k, k, plan.rows, plan.region_start)
-            text._fill_cache(cache_v, v, plan.rows, plan.region_start)
-            return ttnn.transformer.scaled_dot_product_attention(
-                q,
+            for cache, x in ((cache_k, k), (cache_v, v)):
+                for slot in range(slots):
+                    end = [1, x.shape[1], (slot + 1) * block, x.shape[3]]
+                    rows = ttnn.slice(x, [0, 0, slot * block, 0], end) if slots > 1 else x
+                    text._fill_cache(cache, rows, block, plan.region_start, batch=slot)
+                    if slots > 1:
+                        self._free(rows)
+            # [1, heads, S x 64, hd] -> [S, heads, 64, hd]: one batch entry per cache slot (slices and a
+            # concat, new tensors each: the caller frees q)
+            qb = self._by_slot(q, slots, block) if slots > 1 else q
+            a = ttnn.transformer.scaled_dot_product_attention(
+                qb,
                 cache_k,
                 cache_v,
                 attn_mask=mask,
@@ -329,8 +353,25 @@ class TTActionExpert(DeviceIO):
                 program_config=cfgs.sdpa(ttnn, plan.grid, plan.q_chunk, plan.k_chunk),
                 compute_kernel_config=text.ck["sdpa_prefill"],
             )
+            if slots == 1:
+                return a
+            self._free(qb)
+            end = [a.shape[1], a.shape[2], a.shape[3]]
+            parts = [ttnn.slice(a, [s, 0, 0, 0], [s + 1, *end]) for s in range(slots)]
+            self._free(a)
+            out = ttnn.concat(parts, dim=2)
+            self._free(*parts)
+            return out
 
         return attend
+
+    def _by_slot(self, x: Any, slots: int, block: int) -> Any:
+        """[1, n, slots x block, d] -> [slots, n, block, d] (a new tensor; x is kept)."""
+        ttnn, n, d = self.ttnn, x.shape[1], x.shape[3]
+        parts = [ttnn.slice(x, [0, 0, s * block, 0], [1, n, (s + 1) * block, d]) for s in range(slots)]
+        out = ttnn.concat(parts, dim=0)
+        self._free(*parts)
+        return out
 
     def _velocity(self, state: dict[str, Any]) -> Any:
         """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, mask."""
@@ -367,6 +408,7 @@ class TTActionExpert(DeviceIO):
 
     # ------------------------------------------------------------------ public
     def _write_noise(self, state: dict[str, Any], noise: torch.Tensor) -> None:
+        """x <- `noise` [K, 64, 2] in its first K x 64 rows (idle slots' rows: zeros)."""
         x = torch.zeros(1, 1, state["plan"].rows, X_WIDTH)
         x[0, 0, : noise.shape[0] * FUTURE_STEPS, :ACTION_DIMS] = noise.reshape(-1, ACTION_DIMS)
         ttnn = self.ttnn
@@ -382,35 +424,47 @@ class TTActionExpert(DeviceIO):
         out = self._download(rows)[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
         return out.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
 
-    def _check(self, noise: torch.Tensor) -> torch.Tensor:
+    def _check(self, noise: torch.Tensor, offsets: int | Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+        """(noise, one offset per sample: an int is every sample's) after the checks the host can make."""
         if not self.text.kv_cache:
             raise RuntimeError("the text model has no KV cache: setup_cache, prefill and decode first")
-        return check_noise(noise, noise.shape[0] if noise.dim() else 0, FUTURE_STEPS)
+        noise = check_noise(noise, noise.shape[0] if noise.dim() else 0, FUTURE_STEPS)
+        k = noise.shape[0]
+        offsets = [int(offsets)] * k if isinstance(offsets, int) else [int(o) for o in offsets]
+        if len(offsets) != k:
+            raise ValueError(f"{len(offsets)} offsets for {k} samples: one per sample (its cache slot's)")
+        if k > self.text.max_batch:
+            raise ValueError(
+                f"{k} samples over a KV cache of {self.text.max_batch} slot(s): sample b reads slot b; call "
+                f"text.setup_cache({self.text.max_seq_len}, max_batch={k}) and fork({k}) the prompt"
+            )
+        return noise, offsets
 
     def sample(
         self,
         noise: torch.Tensor,
-        offset: int,
+        offsets: int | Sequence[int],
         rope_delta: int,
         steps: int | None = None,
         traced: bool = True,
     ) -> torch.Tensor:
         """Integrate `noise` [K, 64, 2] (float32, normalised) over `steps` Euler steps (the config's by
-        default) against the text model's cache -> [K, 64, 2] float32 normalised (accel, curvature).
+        default), sample b against cache slot b -> [K, 64, 2] float32 normalised (accel, curvature).
 
-        `offset`: cache index of `<|traj_future_start|>` plus 1; `rope_delta`: the text model's M-RoPE delta.
-        Traced (default; card only, a dry run falls back to untraced): step 0 compiles the step eagerly, the
-        step is captured once per sample count and replayed for the rest; untraced: every step runs eagerly."""
-        noise = self._check(torch.as_tensor(noise))
+        `offsets`: per sample, its slot's cache index of `<|traj_future_start|>` plus 1 (an int: every
+        sample's); `rope_delta`: the text model's M-RoPE delta. Traced (default; card only, a dry run falls
+        back to untraced): step 0 compiles the step eagerly, the step is captured once per slot count and
+        replayed for the rest; untraced: every step runs eagerly."""
+        noise, offsets = self._check(torch.as_tensor(noise), offsets)
         steps = steps or self.cfg.num_inference_steps
         samples = noise.shape[0]
         traced = self.text.trace_switch.traced(traced)
         ttnn = self.ttnn
-        state = self._setup(samples, steps)
+        state = self._setup(self.text.max_batch, steps)
         b = state["buffers"]
         with self.tracer.span("tt.expert_prepare"):
             self._write_noise(state, noise)
-            self._prepare(state, offset, rope_delta)
+            self._prepare(state, offsets, rope_delta)
         for k in range(steps):
             ttnn.copy(state["t_rows"][k], b["t"])
             with self.tracer.span("expert_step", step=k, traced=traced):
@@ -435,17 +489,19 @@ class TTActionExpert(DeviceIO):
         ttnn.synchronize_device(self.device)
         state["trace"] = trace
 
-    def velocity(self, x: torch.Tensor, t: float, offset: int, rope_delta: int, steps: int) -> torch.Tensor:
+    def velocity(
+        self, x: torch.Tensor, t: float, offsets: int | Sequence[int], rope_delta: int, steps: int
+    ) -> torch.Tensor:
         """One untraced velocity v(x, t) [K, 64, 2] float32 (tests: per-step PCC against the torch expert);
         t must be one of the `steps`-step schedule's times."""
-        x = self._check(torch.as_tensor(x))
+        x, offsets = self._check(torch.as_tensor(x), offsets)
         times = step_times(steps)
         k = int(torch.argmin((times - t).abs()))
         if abs(float(times[k]) - t) > 1e-6:
             raise ValueError(f"t = {t} is not a time of the {steps}-step schedule {times.tolist()}")
-        state = self._setup(x.shape[0], steps)
+        state = self._setup(self.text.max_batch, steps)
         self._write_noise(state, x)
-        self._prepare(state, offset, rope_delta)
+        self._prepare(state, offsets, rope_delta)
         self.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
         v = self._velocity(state)
         out = self._download_actions(v, x.shape[0])
@@ -487,17 +543,17 @@ def t_feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor], steps: int)
 
 @dataclass(frozen=True)
 class TTExpertContext:
-    """Where one sampling reads the device cache: `offset` (cache index of `<|traj_future_start|>` plus 1),
-    the text model's `rope_delta` and the number of sample rows."""
+    """Where one sampling reads the device cache: per sample row b, `offsets[b]` (cache index of its
+    `<|traj_future_start|>` in slot b, plus 1), the text model's `rope_delta` and the number of sample rows."""
 
-    offset: int
+    offsets: tuple[int, ...]
     rope_delta: int
     rows: int
 
 
 class TTExpertDecoder(ExpertDecoder):
     """`alpamayo.expert.decoding.ExpertDecoder` on the device: the same `context` / `sample` / `record`
-    contract over a `TTTextModel` (one decoded sequence, so every row shares its cache and offset)."""
+    contract over a `TTTextModel` (row b of its K decoded rows in cache slot b, at its own offset)."""
 
     def __init__(self, expert: TTActionExpert, settings: FlowSettings = DEFAULT_FLOW):
         if settings.guidance is not None:
@@ -511,12 +567,8 @@ class TTExpertDecoder(ExpertDecoder):
         self.expert.close()
 
     def context(self, text: TTTextModel, prompt_len: int, plans: Sequence[GeneratedPlan]) -> TTExpertContext:
-        offsets = set(offsets_after_reasoning(prompt_len, plans))
-        if len(offsets) != 1:
-            raise ValueError(
-                f"the ttnn backend decodes one sequence: its rows share one offset, got {sorted(offsets)}"
-            )
-        return TTExpertContext(offsets.pop(), text.rope_delta, len(plans))
+        offsets = tuple(offsets_after_reasoning(prompt_len, plans))
+        return TTExpertContext(offsets, text.rope_delta, len(plans))
 
     def sample(
         self,
@@ -532,4 +584,4 @@ class TTExpertDecoder(ExpertDecoder):
         x0 = noise_for(ctx.rows, FUTURE_STEPS, self.settings, seed, noise)
         if tracer is not None:
             self.expert.tracer = tracer
-        return self.expert.sample(x0, ctx.offset, ctx.rope_delta, self.steps)
+        return self.expert.sample(x0, ctx.offsets, ctx.rope_delta, self.steps)

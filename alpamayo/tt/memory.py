@@ -148,7 +148,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """DRAM bytes of `cfg` in `precision` with a KV cache of `max_seq_len` positions for each of `slots`
     sequences, and with the action expert (`expert`, default the config's own) running `samples` samples per
-    step (no check of the total)."""
+    step, sample b over cache slot b (so at least `samples` slots; no check of the total)."""
     expert = expert if expert is not None else expert_config_of(cfg)
     if max_seq_len < 1:
         raise ConfigError(f"max_seq_len must be >= 1, got {max_seq_len}")
@@ -165,7 +165,7 @@ def plan_memory(
     cache_rows = TextPlan.cache_length(max_seq_len)
     if expert is not None:
         step = plan_expert(cfg, expert, precision, max_seq_len, samples, device)
-        cache_rows = step.cache_rows
+        cache_rows, slots = step.cache_rows, max(slots, samples)
         activations = max(activations, _expert_activation_bytes(expert, step))
         trace += step.trace_region_bytes
     kv = slots * t.num_hidden_layers * kv_bytes(t, cache_rows, precision.dtype("kv_cache"))

@@ -543,18 +543,21 @@ def plan_vision(vision: VisionConfig, device: DeviceSpec = P150, source: str = "
 class ExpertPlan:
     """The action expert's Euler step on the device (prefill-style: all 64 x K action rows at once).
 
-    The K samples' action rows form one [1, 1, rows, H_p] stream. Each layer writes its own K/V into the VLM
-    cache at the fixed tile-aligned rows [region_start, region_start + rows) behind every prompt position
-    (`TextPlan.cache_length(max_seq_len + rows)` rows in all), so the captured step never depends on the
-    prompt length; SDPA then reads the cache in place with an explicit mask built once per prediction:
-    columns [0, offset) for every row, plus the row's own sample block of the region (non-causal). NVIDIA's
-    expert appends its K/V to the cache and crops them away again, which is the same computation."""
+    The K samples' action rows form one [1, 1, rows, H_p] stream; sample b reads cache slot b (the text
+    model's K rows decode as K slots, each at its own length). Each layer writes sample b's 64 K/V rows into
+    slot b of the VLM cache at the fixed tile-aligned rows [region_start, region_start + region_rows) behind
+    every prompt position (`TextPlan.cache_length(max_seq_len + 64)` rows per slot), so the captured step
+    never depends on the prompt lengths; SDPA then runs batched over the K slots, reading the cache in place
+    with an explicit mask [K, 1, 64, cache_rows] built once per prediction: columns [0, offset_b) of slot b
+    plus its own region (non-causal). NVIDIA's expert appends its K/V to the cache and crops them away
+    again, which is the same computation."""
 
     samples: int
     rows: int  # action rows per step: FUTURE_STEPS x samples, whole tiles
     hidden_padded: int
-    cache_rows: int  # rows of each layer's K / V, expert region included
+    cache_rows: int  # rows of each layer's K / V per cache slot, expert region included
     region_start: int
+    region_rows: int  # one sample's action rows, kept behind max_seq_len in every slot
     grid: CoreGrid
     q_chunk: int
     k_chunk: int
@@ -564,8 +567,9 @@ class ExpertPlan:
         return [
             f"expert step: {self.samples} sample(s) x {FUTURE_STEPS} action rows = {self.rows} rows, residual "
             f"{self.hidden_padded} wide, minimal_matmul on {self.grid}",
-            f"expert attention: non-causal SDPA with mask over the VLM cache in place ({self.cache_rows} rows per "
-            f"layer; own K/V at rows {self.region_start}..{self.region_start + self.rows - 1}), q_chunk "
+            f"expert attention: non-causal SDPA with mask over the VLM cache in place, sample b in slot b "
+            f"({self.cache_rows} rows per layer and slot; own K/V at rows {self.region_start}.."
+            f"{self.region_start + self.region_rows - 1}), q_chunk "
             f"{self.q_chunk} k_chunk {self.k_chunk}; step trace region {self.trace_region_bytes / 2**20:.0f} MiB",
         ]
 
@@ -601,15 +605,16 @@ def plan_expert(
         raise PlanError(
             f"samples = {samples}: the device expert runs 1..{MAX_EXPERT_SAMPLES} samples per batch"
         )
-    rows = expert_rows(samples)
-    cache_rows = TextPlan.cache_length(max_seq_len + rows)
+    rows, region = expert_rows(samples), expert_rows(1)
+    cache_rows = TextPlan.cache_length(max_seq_len + region)
     grid = CoreGrid(*_device_grid(device, PREFILL_MAX_GRID))
     return ExpertPlan(
         samples=samples,
         rows=rows,
         hidden_padded=padded_hidden(t, EXPERT_BANKS),
         cache_rows=cache_rows,
-        region_start=cache_rows - rows,
+        region_start=cache_rows - region,
+        region_rows=region,
         grid=grid,
         q_chunk=FUTURE_STEPS,  # one sample's block: divides every row count
         k_chunk=TextPlan.prefill_sdpa_chunk(cache_rows),

@@ -22,10 +22,21 @@ from alpamayo.tt.text.state import TextState
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 
 MAX_ROWS = TILE  # decode rows per program: one tile, so every decode matmul reads its weights once for all
+# Flash-decode SDPA (paged or not) validates 1..8 rows and multiples of 8 only: 9..31 others fail "bad
+# optional access" in ttnn 0.81.1 (measured on the dry run, every count 2..32; the heads are sharded one
+# row per core over 8 columns, so those counts leave a ragged last core row).
+ROW_GROUP = 8
+
+
+def program_rows(rows: int) -> int:
+    """The decode program's row count for `rows` real rows: `rows` up to 8, else the next multiple of 8."""
+    return rows if rows <= ROW_GROUP else round_up(rows, ROW_GROUP)
 
 
 class TextDecode(TextState):
     """Decode half of `TTTextModel` (a mixin: the attributes below and `TextState`'s are the model's)."""
+
+    max_verify_rows = MAX_ROWS  # rows x tokens of one `verify` (a speculative block is capped to fit)
 
     embed_table: torch.Tensor
     max_batch: int
@@ -100,10 +111,10 @@ class TextDecode(TextState):
     def _layer_decode(self, i: int, x: Any, cos: Any, sin: Any, pos: Any, page: Any = None) -> Any:
         """One decoder layer for B rows: x [1, 1, 32, H_p] (freed; rows 0..B-1 real) width-sharded on the
         residual grid, cos/sin [1, B, 32(1), head_dim] one row per core, pos [B] int32 (row b's cache index)
-        -> x in the same layout; writes row b's K/V at pos[b] of cache slot b. With `page` (a verify block:
-        the rows are one sequence's consecutive tokens) every row reads and writes slot 0 instead: the
-        one-slot cache [1, n_kv, S, hd] is read as a paged cache of one block of S rows, and `page` [B, 1]
-        int32 zeros maps every row to it (ttnn's `share_cache` wants a one-slot cache too, and its SDPA
+        -> x in the same layout; writes row b's K/V at pos[b] of cache slot b. With `page` (verify blocks:
+        consecutive rows are one sequence's consecutive tokens) row r reads and writes slot page[r] instead:
+        the cache [slots, n_kv, S, hd] is read as a paged cache of `slots` blocks of S rows, and `page`
+        [B, 1] int32 maps row r to its block (ttnn's `share_cache` wants a one-slot cache, and its SDPA
         returns one user's rows: measured on the dry run)."""
         ttnn, t, plan, w = self.ttnn, self.text_cfg, self.plan, self.layer_weights[i]
         rows = pos.shape[0]
@@ -210,19 +221,19 @@ class TextDecode(TextState):
         return [logits, *(taken[i] for i in capture)] if capture else logits
 
     def _decode_host_inputs(
-        self, tokens: Sequence[int], positions: Sequence[int], shared: bool = False
+        self, tokens: Sequence[int], positions: Sequence[int], pages: Sequence[int] | None = None
     ) -> dict[str, torch.Tensor]:
         """Host values of the persistent decode inputs: row b holds `tokens[b]` at cache index
-        `positions[b]` (rope position `positions[b] + rope_delta`); `shared`: the rows share slot 0 (the
-        page table of `_layer_decode`)."""
+        `positions[b]` (rope position `positions[b] + rope_delta`); `pages`: row b's cache slot (the page
+        table of `_layer_decode`; None: row b in slot b)."""
         t, rows = self.text_cfg, len(tokens)
         x = torch.zeros(1, 1, TILE, self.hidden_padded, dtype=torch.bfloat16)
         x[0, 0, :rows, : t.hidden_size] = self.embed_table[torch.tensor(tokens, dtype=torch.long)]
         pos = torch.tensor(positions, dtype=torch.int32)
         cos, sin = self.rope.cos_sin_1d(pos.long() + self.rope_delta, torch.bfloat16)
         values = {"x": x, "cos": cos.view(1, rows, 1, -1), "sin": sin.view(1, rows, 1, -1), "pos": pos}
-        if shared:
-            values["page"] = torch.zeros(rows, 1, dtype=torch.int32)
+        if pages is not None:
+            values["page"] = torch.tensor(pages, dtype=torch.int32).view(rows, 1)
         return values
 
     def _write_inputs(self, values: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -268,18 +279,19 @@ class TextDecode(TextState):
         self,
         tokens: Sequence[int],
         positions: Sequence[int],
-        shared: bool,
+        pages: Sequence[int] | None,
         traced: bool,
         capture: Sequence[int] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the decode program of len(tokens) rows -> (float32 logits [B, V], the `capture` layers'
-        outputs concatenated [B, len(capture) x H] bf16, or None). Traced: the first call per (row count,
-        shared, capture) compiles the program, captures it and returns the compile run's results (the
-        capture rewrites the same K/V rows: idempotent); later calls replay it."""
+        """Run the decode program of len(tokens) rows (`pages`: each row's cache slot, None: row b in slot
+        b) -> (float32 logits [B, V], the `capture` layers' outputs concatenated [B, len(capture) x H] bf16,
+        or None). Traced: the first call per (row count, paged, capture) compiles the program, captures it
+        and returns the compile run's results (the capture rewrites the same K/V rows: idempotent); later
+        calls replay it (the page table is a persistent input, rewritten like the others)."""
         traced = self.trace_switch.traced(traced)
         capture = tuple(capture)
-        inputs = self._write_inputs(self._decode_host_inputs(tokens, positions, shared))
-        key = (len(tokens), shared, capture)
+        inputs = self._write_inputs(self._decode_host_inputs(tokens, positions, pages))
+        key = (len(tokens), pages is not None, capture)
         trace = self._traces.get(key)
         rows = len(tokens)
         if not traced:
@@ -325,7 +337,7 @@ class TextDecode(TextState):
         # paged_update_cache wants a row per cache slot ("Expect batch in input tensor match the batch in cache
         # tensor"): idle slots get token 0 at their position 0, unread until a fork rewrites them
         idle = self.max_batch - len(positions)
-        logits, _ = self._run_rows(ids.tolist() + [0] * idle, positions + [0] * idle, False, traced)
+        logits, _ = self._run_rows(ids.tolist() + [0] * idle, positions + [0] * idle, None, traced)
         self.lengths = [n + 1 for n in positions]
         return logits[0] if single else logits[: len(positions)]
 
@@ -335,33 +347,40 @@ class TextDecode(TextState):
         """Append T tokens to each active row in one forward, causal among them (ids [B, T]) -> float32
         logits [B, T, V]: logits[b, j] follow tokens[b, :j + 1]; with `capture` (layer indices) also the
         concatenated outputs of those layers [B, T, len(capture) x H] bf16 (a DFlash draft's context
-        features; the last layer's normed), as the torch `TextModel.verify`. The T tokens of a row run as
-        T rows of the decode program sharing the row's cache slot (`_layer_decode`), row j at cache index
-        lengths[b] + j, so a block of up to 32 reads the weights once. T > 1 needs a one-slot cache (the
-        slot is read as a paged cache of one block); K ragged rows with a block each would need a paged
-        cache of blocks. T = 1 runs the rows on their own slots, as `decode`."""
+        features; the last layer's normed), as the torch `TextModel.verify`. Row b's T tokens run as T
+        consecutive rows of the decode program on row b's cache slot (`_layer_decode`'s page table), token j
+        at cache index lengths[b] + j (ragged rows allowed), so B x T <= 32 rows read the weights once
+        (`max_verify_rows`). T = 1 runs the rows on their own slots, as `decode`."""
         ids = torch.as_tensor(tokens)
         if ids.dim() != 2 or ids.shape[0] != self.batch or ids.shape[1] < 1:
             raise ValueError(f"verify takes ids [{self.batch}, T >= 1], got shape {list(ids.shape)}")
         length = ids.shape[1]
-        if length > 1 and self.max_batch != 1:
+        if self.batch * length > self.max_verify_rows:
             raise ValueError(
-                f"verify of {length} tokens with {self.max_batch} cache slots ({self.batch} active rows): "
-                "the block's rows share one slot, read as one page of a one-slot cache; allowed: "
-                "setup_cache(max_batch=1), or T = 1"
+                f"verify of {self.batch} row(s) x {length} tokens = {self.batch * length} program rows: the "
+                f"ttnn decode program runs 1..{self.max_verify_rows} (one tile); allowed: T <= "
+                f"{self.max_verify_rows // self.batch} for {self.batch} row(s)"
             )
         if length == 1:
             positions = list(self.lengths)
             self._check_rows(ids, positions)
             idle = self.max_batch - len(positions)
-            run_tokens, run_positions, shared = ids[:, 0].tolist() + [0] * idle, positions + [0] * idle, False
+            run_tokens, run_positions, pages = ids[:, 0].tolist() + [0] * idle, positions + [0] * idle, None
         else:
-            start = self.lengths[0]
-            run_positions = list(range(start, start + length))
-            self._check_rows(ids, run_positions)
-            run_tokens, shared = ids[0].tolist(), True
-        logits, feats = self._run_rows(run_tokens, run_positions, shared, traced, capture)
-        rows = self.batch * length  # row-major: (row b, token j) is program row b * T + j
+            # row-major: (row b, token j) is program row b * T + j
+            run_positions = [n + j for n in self.lengths for j in range(length)]
+            self._check_rows(ids.reshape(-1), run_positions)
+            run_tokens = ids.reshape(-1).tolist()
+            pages = [b for b in range(self.batch) for _ in range(length)]
+            # padding rows repeat the last real row: the same K/V written to the same place, logits unread
+            pad = program_rows(len(run_tokens)) - len(run_tokens)
+            run_tokens, run_positions = (
+                run_tokens + run_tokens[-1:] * pad,
+                run_positions + run_positions[-1:] * pad,
+            )
+            pages += pages[-1:] * pad
+        logits, feats = self._run_rows(run_tokens, run_positions, pages, traced, capture)
+        rows = self.batch * length
         self.lengths = [n + length for n in self.lengths]
         logits = logits[:rows].reshape(self.batch, length, -1)
         if feats is None:

@@ -29,7 +29,7 @@ from alpamayo.tt.moe import TTMoE
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import PREFILL_PAD, TextPlan, plan_text
 from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
-from alpamayo.tt.text.decode import MAX_ROWS, TextDecode
+from alpamayo.tt.text.decode import MAX_ROWS, TextDecode, program_rows
 from alpamayo.tt.text.prefill import TextPrefill
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 from alpamayo.tt.text.upload import layer_weights, upload_text_weights
@@ -151,20 +151,18 @@ class TTTextModel(TextPrefill, TextDecode):
     def setup_cache(self, max_seq_len: int, max_batch: int = 1, reserve_rows: int | None = None) -> None:
         """Allocate the KV cache for `max_seq_len` positions (prompt + generated) in each of `max_batch` slots
         (1..32: the rows of one decode program); refused if it cannot fit. `reserve_rows` (default
-        `reserved_rows`, which a `TTActionExpert` sets) more rows are kept behind them for the action
-        expert's K/V (`ExpertPlan`), which reads one sequence's cache: then `max_batch` must be 1."""
+        `reserved_rows`, which a `TTActionExpert` sets) more rows are kept behind them in every slot for the
+        action expert's K/V (`ExpertPlan`: sample b's in slot b). Above 8 the slots are rounded up to a
+        multiple of 8 (`program_rows`: every slot is a row of the decode program), so `max_batch` may exceed
+        the count asked for."""
         reserve_rows = self.reserved_rows if reserve_rows is None else reserve_rows
         if not 1 <= max_batch <= MAX_ROWS:
             raise ValueError(
                 f"max_batch must be in 1..{MAX_ROWS} (the rows of one decode tile), got {max_batch}"
             )
-        if max_batch > 1 and reserve_rows:
-            raise ValueError(
-                f"max_batch {max_batch} with the action expert's {reserve_rows} reserved cache rows: the ttnn "
-                "action expert reads one sequence's cache; allowed: max_batch 1"
-            )
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        max_batch = program_rows(max_batch)
         check_fits(self.cfg, self.precision, max_seq_len, self.plan.device, slots=max_batch)
         self._release_trace()
         self._free_cache()
