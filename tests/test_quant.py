@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import alpamayo.quant.weights as quant_weights
 from alpamayo.backends import BackendOptions
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
@@ -233,3 +234,17 @@ def test_serve_at_int8_from_the_node_yaml_streams_trajectories(demo_checkpoint, 
     assert entries and all(".int8." in name for name in entries)
     assert any(name.startswith("layers.0.") for name in entries)  # text backbone (and expert) layers
     assert any(name.startswith("blocks.0.") for name in entries)  # the vision tower
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_the_dense_path_in_several_chunks_equals_the_kernel(monkeypatch, mode):
+    """Prefill-sized calls dequantise `DENSE_CHUNK` output channels at a time; with a chunk of 64 a 200-row
+    weight takes four chunks (int4: padded to 256) and still equals the weight-only kernel's result."""
+    monkeypatch.setattr(quant_weights, "DENSE_CHUNK", 64)
+    w = _weight(200, 256)
+    q = Int8Weight.quantise(w) if mode == "int8" else quantise_weight(w, QuantRecipe("int4", 64), "x")
+    x = torch.randn(DEQUANTISE_FROM_ROWS[mode] + 1, 256)
+    y = q.matmul(x)
+    reference = q.kernel_matmul(x)[:, :200]
+    assert y.shape == (x.shape[0], 200)
+    _close(y, reference.float(), torch.float32)

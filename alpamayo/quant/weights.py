@@ -24,9 +24,16 @@ from alpamayo.quant.kernels import CUDA_INNER_K_TILES, INT4_OUT_MULTIPLE, check_
 from alpamayo.quant.recipe import QuantRecipe
 
 # Rows (x flattened to [M, K]) from which a CPU call dequantises the weight and runs the dense matmul instead
-# of the weight-only kernel. Measured with `benchmarks/quantised_decode.py --kernels` at the 8B MLP shape
-# (12288 x 4096, bf16, 2 cores): SEE_DOCS.
-DEQUANTISE_FROM_ROWS = {"int8": 16, "int4": 16}
+# of the weight-only kernel. Measured by `benchmarks/quantised_decode.py` (section 1) at the 8B MLP shape
+# (12288 x 4096, bf16, 1 thread, shared 2-core machine, docs/quantisation.md): int8 kernel / dense 82 / 87 ms
+# at 16 rows, 166 / 92 at 32, 340 / 161 at 64 (bf16 100); int4 kernel / dense 251 / 562 ms at 64 rows: the
+# kernel costs ~3.9 ms a row, the dequantising ~0.5 s a call, so int4 switches only at 256 rows.
+DEQUANTISE_FROM_ROWS = {"int8": 16, "int4": 256}
+# Output channels dequantised at a time on that path: the temporary slice (512 x 4096 float32, 8 MB) stays in
+# the cache and in the allocator's reused heap, where a whole weight's temporary (the 8B head's would be
+# 2.5 GB) is a fresh mapping each call whose page faults cost more than the matmul; oneDNN stays efficient
+# at N = 512.
+DENSE_CHUNK = 512
 
 
 class Int8Weight:
@@ -50,12 +57,27 @@ class Int8Weight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if flat.shape[0] >= DEQUANTISE_FROM_ROWS["int8"] and self.q.device.type == "cpu":
-            # per-output-channel scales commute with the matmul: x @ (q * s)^T = (x @ q^T) * s, and the codes
-            # (|q| <= 127) are exact in every activation dtype, so only the output is rounded (twice in bf16)
-            y = F.linear(flat, self.q.to(flat.dtype)) * self.scales
+            y = self.dense_matmul(flat)
         else:
-            y = torch._weight_int8pack_mm(flat, self.q, self.scales)
+            y = self.kernel_matmul(flat)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def kernel_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """[M, K] -> [M, N] by `aten._weight_int8pack_mm` (reads the int8 codes: the decode path)."""
+        return torch._weight_int8pack_mm(flat, self.q, self.scales)
+
+    def dense_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """[M, K] -> [M, N] by the dense matmul of `flat`'s dtype on the codes converted, `DENSE_CHUNK` output
+        channels at a time. The per-channel scales commute with the matmul, x @ (q * s)^T = (x @ q^T) * s, and
+        the codes (|q| <= 127) are exact in every activation dtype: only the output is rounded (twice in
+        bf16)."""
+        n = self.out_features
+        buf = torch.empty(min(n, DENSE_CHUNK), self.in_features, dtype=flat.dtype)  # reused by every slice
+        parts = []
+        for i in range(0, n, DENSE_CHUNK):
+            codes = self.q[i : i + DENSE_CHUNK]
+            parts.append(F.linear(flat, buf[: codes.shape[0]].copy_(codes)))
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).mul_(self.scales)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"q": self.q, "scales": self.scales}
@@ -95,24 +117,45 @@ class Int4Weight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self.packed.device.type == "cuda":
-            y = torch._weight_int4pack_mm(flat, self.packed, self.group, self.scales_and_zeros)
-        elif flat.shape[0] >= DEQUANTISE_FROM_ROWS["int4"] and cpu_int4_layout_known():
-            y = flat @ self.dequantised_t(flat.dtype)
+        cpu = self.packed.device.type == "cpu"
+        if cpu and flat.shape[0] >= DEQUANTISE_FROM_ROWS["int4"] and cpu_int4_layout_known():
+            y = self.dense_matmul(flat)
         else:
-            y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)
+            y = self.kernel_matmul(flat)
         if y.shape[-1] != self.out_features:
             y = y[:, : self.out_features]
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def dequantised_t(self, dtype: torch.dtype) -> torch.Tensor:
-        """The CPU-packed weight dequantised, transposed: [K, N'] in `dtype`, (c - 8) * scale + zero as the
-        kernel computes it (in float32, then rounded once to `dtype`). Needs `cpu_int4_layout_known()`."""
-        codes = unpack_cpu_int4(self.packed, self.in_features)  # uint8 [K, N']
+    def kernel_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """[M, K] -> [M, N'] by the int4 weight-only kernel of the device (reads the packed codes)."""
+        if self.packed.device.type == "cuda":
+            return torch._weight_int4pack_mm(flat, self.packed, self.group, self.scales_and_zeros)
+        return torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)
+
+    def dense_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """[M, K] -> [M, N'] by the dense matmul of `flat`'s dtype on the CPU-packed weight dequantised
+        `DENSE_CHUNK` output channels at a time, (c - 8) * scale + zero as the kernel computes it (in float32,
+        then rounded once to the dtype). Needs `cpu_int4_layout_known()`."""
+        k, g, half = self.in_features, self.group, CPU_INT4_BLOCK // 2
+        blocks = self.packed.view(-1, k, half)
         sz = self.scales_and_zeros.float()  # [K/group, N', 2]
-        k, n = codes.shape
-        w = codes.view(k // self.group, self.group, n).to(torch.float32).sub_(8).mul_(sz[:, None, :, 0])
-        return w.add_(sz[:, None, :, 1]).view(k, n).to(dtype)
+        step = min(DENSE_CHUNK // CPU_INT4_BLOCK, blocks.shape[0])
+        # reused by every slice: the codes unpacked and dequantised in float32, and rounded to the dtype
+        wide = torch.empty(k, step * CPU_INT4_BLOCK)
+        narrow = torch.empty(k, step * CPU_INT4_BLOCK, dtype=flat.dtype)
+        parts = []
+        for b in range(0, blocks.shape[0], step):
+            src = blocks[b : b + step].transpose(0, 1)  # [K, nb, 32]: byte j holds rows j and j + 32
+            nb = src.shape[1]
+            n0, n = b * CPU_INT4_BLOCK, nb * CPU_INT4_BLOCK
+            w = wide[:, :n]
+            lo_hi = w.view(k, nb, 2, half)
+            lo_hi[:, :, 0].copy_(src & 15)
+            lo_hi[:, :, 1].copy_(src >> 4)
+            grouped = w.view(k // g, g, n)
+            grouped.sub_(8).mul_(sz[:, None, n0 : n0 + n, 0]).add_(sz[:, None, n0 : n0 + n, 1])
+            parts.append(flat @ narrow[:, :n].copy_(w))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"packed": self.packed, "scales_and_zeros": self.scales_and_zeros}
@@ -144,7 +187,8 @@ CPU_INT4_BLOCK = 64
 
 
 def unpack_cpu_int4(packed: torch.Tensor, in_features: int) -> torch.Tensor:
-    """`_convert_weight_to_int4pack_for_cpu`'s output (N' rows, a multiple of 64) -> codes uint8 [K, N']."""
+    """`_convert_weight_to_int4pack_for_cpu`'s output for N' rows (a multiple of 64; or a slice of its
+    [N'/64, K, 32] blocks) -> codes uint8 [K, N']."""
     blocks = packed.view(-1, in_features, CPU_INT4_BLOCK // 2)
     codes = torch.cat([blocks & 15, blocks >> 4], dim=-1)  # [N'/64, K, 64]: rows j, then j + 32
     return codes.transpose(0, 1).reshape(in_features, -1)
