@@ -8,9 +8,10 @@ group's min and max are represented exactly (up to the scale's rounding to the a
 
 Each weight keeps only what its kernel reads; a device or dtype without a kernel is refused (`check_kernel`),
 never served by a dequantising fallback. On the CPU a call with many rows (prefill, the expert's K samples x
-64 tokens) instead dequantises the weight to the activation dtype once per call and runs the dense oneDNN
-matmul, which is compute-bound there and several times faster per row than the weight-only kernels
-(`DEQUANTISE_FROM_ROWS`); both read the same codes, scales and zeros.
+64 tokens) instead dequantises the weight to the activation dtype, slice by slice, once per call, and runs the
+dense oneDNN matmul, which is compute-bound there while the weight-only kernels cost about a decode call per
+row (int8 from 16 rows, int4 from 256: `DEQUANTISE_FROM_ROWS`); both paths read the same codes, scales and
+zeros.
 """
 
 from __future__ import annotations
