@@ -22,6 +22,7 @@ from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
 from alpamayo.families.loader import checkpoint_family
 from alpamayo.prediction import FUTURE_STEPS
+from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 
 BACKENDS = ("torch", "ttnn")
@@ -32,7 +33,8 @@ class BackendOptions:
     """backend: "torch" or "ttnn"; dtype/device: the torch backend's; recipe: the ttnn precision recipe
     (`accuracy`, `performance` or a YAML file); tt_cache: directory of the ttnn packed-weight cache;
     moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`); quant: the
-    torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`)."""
+    torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`);
+    quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load)."""
 
     backend: str = "torch"
     dtype: torch.dtype | str = torch.float32
@@ -41,6 +43,7 @@ class BackendOptions:
     tt_cache: str | Path | None = None
     moe_config: str | Path | None = None
     quant: QuantRecipe = NO_QUANT
+    quant_cache: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -50,6 +53,12 @@ class BackendOptions:
                 f"--quant {self.quant.mode} is the torch backend's; with --backend ttnn choose the precision "
                 "with --recipe (accuracy, performance or a recipe YAML: bfp8 / bfp4 weights)"
             )
+
+    def packed_weight_cache(self) -> PackedWeightCache | None:
+        """The torch backend's packed-weight cache in `quant_cache` (None without one or without `quant`)."""
+        if self.quant_cache is None or not self.quant.enabled:
+            return None
+        return PackedWeightCache(self.quant_cache)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -116,7 +125,12 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
     from alpamayo.text import TextModel
 
     return TextModel.from_checkpoint(
-        source, cfg, options.torch_dtype, resolve_device(options.device), options.quant
+        source,
+        cfg,
+        options.torch_dtype,
+        resolve_device(options.device),
+        options.quant,
+        options.packed_weight_cache(),
     )
 
 
@@ -131,7 +145,12 @@ def load_vision_encoder(source: Checkpoint, cfg: ModelConfig, options: BackendOp
     from vision.encoder import VisionEncoder
 
     return VisionEncoder.from_checkpoint(
-        source, cfg, options.torch_dtype, resolve_device(options.device), options.quant
+        source,
+        cfg,
+        options.torch_dtype,
+        resolve_device(options.device),
+        options.quant,
+        options.packed_weight_cache(),
     )
 
 
@@ -168,6 +187,7 @@ def load_expert_decoder(
         resolve_device(options.device),
         n_tokens,
         quant=options.quant,
+        quant_cache=options.packed_weight_cache(),
     )
     return ExpertDecoder(model, settings)
 

@@ -88,7 +88,7 @@ def fill_cache(model: TextModel, rows: int, prefix: int) -> None:
     g = torch.Generator().manual_seed(1)
     for buf in (*model.cache.k, *model.cache.v):
         buf.copy_(torch.randn(buf.shape, generator=g).to(buf.device, buf.dtype))
-    model.cache_len, model.batch, model.rope_delta = prefix, rows, -900
+    model.lengths, model.rope_delta = [prefix] * rows, -900  # every row holds the prefix
 
 
 def hf_expert(cfg, weights: dict, dtype: torch.dtype, device: torch.device) -> Qwen3VLTextModel:

@@ -1,12 +1,19 @@
-"""Weight-only int8 / int4 against bf16 on this CPU: decode ms/token against each recipe's bandwidth floor,
-and prefill tokens/s, at the Qwen3-VL-2B and -8B text shapes with the layers cut.
+"""Weight-only int8 / int4 against bf16 on this CPU, in one run:
 
-A random-weight checkpoint of each shape (vision shrunk, `--layers` decoder layers) is written once in bf16;
-every recipe loads it (`TextModel.from_checkpoint(..., quant=...)`, quantised at load). The floor of a recipe
-is the bytes one decode step reads (each linear's stored bytes: bf16, or int8 codes + scales, or packed int4
-+ scales and zeros; the head stays bf16) over the STREAM-copy bandwidth measured in the same process.
+1. kernels: one 8B-shape linear (default the MLP's 12288 x 4096) at M rows, each path against its bandwidth
+   floor (the bytes it must read / the STREAM-copy bandwidth): bf16 (oneDNN packed), the int8 and int4
+   weight-only kernels (`aten._weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and the dense path
+   (dequantise, then the oneDNN matmul) that `alpamayo.quant.weights` switches to from
+   `DEQUANTISE_FROM_ROWS` rows; "GB/s" is the weight bytes each path reads per call over its time;
+2. decode ms/token (against each recipe's floor) and prefill tokens/s at the Qwen3-VL-2B and -8B text
+   shapes with `--layers` decoder layers (random bf16 checkpoint, quantised at load; the head stays bf16
+   unless `--quant-head`);
+3. the action expert's flow step at K samples (default 6) over the 8B VLM's cache of `--expert-prefix`
+   positions, its linears bf16 / int8 / int4.
 
-    python benchmarks/quantised_decode.py [--layers 4] [--prompt 128] [--new 16]
+    python benchmarks/quantised_decode.py [--layers 4] [--prompt 128] [--new 16] [--rows 1 4 16 64 256]
+        [--shape 12288 4096] [--samples 6] [--expert-prefix 1024] [--quant-head] [--threads N]
+        [--skip kernels|models|expert ...]
 """
 
 from __future__ import annotations
@@ -14,21 +21,46 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from action_expert import fill_cache, vlm_model
 from text_backbone import bench_model, copy_bandwidth_gbs, save_random_checkpoint
 
-from alpamayo.quant import QuantRecipe
+from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
+from alpamayo.expert.decoding import ExpertDecoder
+from alpamayo.expert.demo import random_expert_weights
+from alpamayo.expert.sampler import FlowSettings
+from alpamayo.expert.weights import load_expert
+from alpamayo.quant import QuantRecipe, quantise_weight
+from alpamayo.quant.weights import DEQUANTISE_FROM_ROWS, Int4Weight, Int8Weight
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
 
-RECIPES = {"bf16": QuantRecipe(), "int8": QuantRecipe("int8"), "int4-g128": QuantRecipe("int4", 128)}
+
+def recipes(head: bool, group: int = 128) -> dict[str, QuantRecipe]:
+    return {
+        "bf16": QuantRecipe(),
+        "int8": QuantRecipe("int8", head=head),
+        "int4": QuantRecipe("int4", group, head=head),
+    }
 
 
-def decode_bytes(model: TextModel) -> int:
+def best_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
+def decode_bytes(model: torch.nn.Module) -> int:
     """Bytes one decode step reads: every linear's stored weight (quantised or not) once."""
     total = 0
     for m in model.modules():
@@ -37,22 +69,63 @@ def decode_bytes(model: TextModel) -> int:
     return total
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=1)
-    args = ap.parse_args()
-    bw = copy_bandwidth_gbs()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, copy bandwidth {bw:.1f} GB/s")
+def rotating(fn_of_copy, copies: list):
+    """A call that runs `fn_of_copy(copy, x)` on the next of `copies` each time (defeats the 32 MB L3)."""
+    state = {"i": 0}
+
+    def call(x):
+        state["i"] = (state["i"] + 1) % len(copies)
+        return fn_of_copy(copies[state["i"]], x)
+
+    return call
+
+
+def bench_kernels(n: int, k: int, rows: list[int], bw: float) -> None:
+    w = (torch.randn(n, k, generator=torch.Generator().manual_seed(0)) / k**0.5).bfloat16()
+    dense = [Linear(w.clone()) for _ in range(2)]
+    for lin in dense:
+        lin.pack()
+    q8 = quantise_weight(w, QuantRecipe("int8"), "w")
+    q4 = quantise_weight(w, QuantRecipe("int4", 128), "w")
+    # enough copies of each that one round reads >= 128 MB, so no call finds its weight in the cache
+    n8, n4 = -(-(128 << 20) // q8.nbytes), -(-(128 << 20) // q4.nbytes)
+    c8 = [Int8Weight(q8.q.clone(), q8.scales.clone()) for _ in range(n8)]
+    c4 = [Int4Weight(q4.packed.clone(), q4.scales_and_zeros.clone(), 128, (n, k)) for _ in range(n4)]
+    paths = {
+        "bf16 oneDNN": (rotating(lambda lin, x: lin(x), dense), n * k * 2),
+        "int8 kernel": (rotating(Int8Weight.kernel_matmul, c8), q8.nbytes),
+        "int8 dense": (rotating(Int8Weight.dense_matmul, c8), q8.nbytes),
+        "int4 kernel": (rotating(Int4Weight.kernel_matmul, c4), q4.nbytes),
+        "int4 dense": (rotating(Int4Weight.dense_matmul, c4), q4.nbytes),
+    }
+    print(f"\n1. kernels: one {n} x {k} linear, bf16 activations; floor = weight bytes / {bw:.1f} GB/s")
+    print("rows  path          ms/call  floor ms  of floor    GB/s  vs bf16  (the model uses)")
+    for m in rows:
+        x = torch.randn(m, k).bfloat16()
+        reps = 5 if m <= 16 else 2
+        base = None
+        for name, (fn, nbytes) in paths.items():
+            ms = best_ms(lambda: fn(x), reps)  # noqa: B023
+            base = base or ms
+            floor = nbytes / (bw * 1e9) * 1e3
+            mode = name.split()[0]
+            used = mode == "bf16" or (name.endswith("dense") == (m >= DEQUANTISE_FROM_ROWS[mode]))
+            print(
+                f"{m:4d}  {name:<12} {ms:8.2f} {floor:9.2f} {floor / ms:9.0%} {nbytes / ms / 1e6:7.1f} "
+                f"{base / ms:7.2f}x  {'*' if used else ''}",
+                flush=True,
+            )
+
+
+def bench_models(args: argparse.Namespace, bw: float) -> None:
+    print(f"\n2. text backbone, {args.layers} layers, prompt {args.prompt}, {args.new} decode steps")
     print("shape  recipe     weights GB  decode ms/tok  floor ms  of floor  vs bf16  prefill tok/s  vs bf16")
     g = torch.Generator().manual_seed(0)
     for config in ("qwen3-vl-2b", "qwen3-vl-8b"):
         with tempfile.TemporaryDirectory() as tmp:
             save_random_checkpoint(config, Path(tmp), torch.bfloat16, {"num_hidden_layers": args.layers})
             base = None
-            for name, recipe in RECIPES.items():
+            for name, recipe in recipes(args.quant_head).items():
                 model = TextModel.from_checkpoint(tmp, dtype=torch.bfloat16, quant=recipe)
                 vocab = model.cfg.text.vocab_size
                 ids = torch.randint(0, vocab, (args.prompt,), generator=g)
@@ -63,12 +136,67 @@ def main() -> None:
                 tps = args.prompt / r["prefill_s"]
                 base = base or (r["decode_ms"], tps)
                 print(
-                    f"{config.removeprefix('qwen3-vl-'):<6} {name:<10} {nbytes / 1e9:10.3f} {r['decode_ms']:14.1f} {floor:9.1f} "
-                    f"{floor / r['decode_ms']:9.0%} {base[0] / r['decode_ms']:8.2f}x {tps:14.0f} "
-                    f"{tps / base[1]:8.2f}x",
+                    f"{config.removeprefix('qwen3-vl-'):<6} {recipe.name or name:<10} {nbytes / 1e9:10.3f} "
+                    f"{r['decode_ms']:14.1f} {floor:9.1f} {floor / r['decode_ms']:9.0%} "
+                    f"{base[0] / r['decode_ms']:8.2f}x {tps:14.0f} {tps / base[1]:8.2f}x",
                     flush=True,
                 )
                 del model
+
+
+def bench_expert(args: argparse.Namespace) -> None:
+    vlm = vlm_model(args.layers, torch.bfloat16, torch.device("cpu"))
+    cfg = parse_expert_config(RELEASE_10B_EXPERT, vlm.cfg.raw_text_config)
+    weights = {k: v.to(torch.bfloat16) for k, v in random_expert_weights(cfg, seed=0).items()}
+    k = args.samples
+    fill_cache(vlm, k, args.expert_prefix)
+    x0 = torch.randn(k, 64, 2, generator=torch.Generator().manual_seed(2))
+    print(
+        f"\n3. action expert (2.3B shape, {args.layers} layers), one flow step at K = {k} "
+        f"({k} x 64 tokens), over a {args.expert_prefix}-position cache"
+    )
+    print("recipe     linears GB  ms/step  vs bf16")
+    base = None
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(weights, Path(tmp) / "model.safetensors")
+        # the released expert's MLP is 8256 wide: 128 does not divide it, 64 does
+        for name, recipe in recipes(args.quant_head, group=64).items():
+            expert = load_expert(tmp, cfg, vlm.text_cfg, torch.bfloat16, "cpu", quant=recipe)
+            decoder = ExpertDecoder(expert, FlowSettings(steps=1))
+            offsets = [args.expert_prefix - 3 * i for i in range(k)]
+            ctx = expert.context(vlm.cache, offsets, vlm.rope_delta, vlm.cache_len)
+            ms = best_ms(lambda: decoder.sample(ctx, noise=x0), args.rounds)  # noqa: B023
+            base = base or ms
+            print(
+                f"{recipe.name or name:<10} {decode_bytes(expert) / 1e9:10.3f} {ms:8.1f} {base / ms:7.2f}x",
+                flush=True,
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--shape", type=int, nargs=2, default=[12288, 4096], metavar=("N", "K"))
+    ap.add_argument("--samples", type=int, default=6, help="expert: K samples")
+    ap.add_argument("--expert-prefix", type=int, default=1024, help="expert: cached VLM positions")
+    ap.add_argument("--quant-head", action="store_true", help="quantise the heads too")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--skip", nargs="+", default=[], choices=["kernels", "models", "expert"])
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bw = copy_bandwidth_gbs()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, copy bandwidth {bw:.1f} GB/s")
+    if "kernels" not in args.skip:
+        bench_kernels(*args.shape, args.rows, bw)
+    if "models" not in args.skip:
+        bench_models(args, bw)
+    if "expert" not in args.skip:
+        bench_expert(args)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ class ModelSection:
     quant: str = "none"  # torch backend: weight-only none / int8 / int4 (alpamayo.quant); ttnn uses recipe
     quant_group: int = DEFAULT_GROUP_SIZE  # quant int4: input columns per scale and zero (32, 64, 128)
     quant_head: bool = False  # quant: the LM head too
+    quant_cache: str | None = None  # quant: directory of the packed-weight cache (alpamayo.quant.cache)
     route: str | None = None  # navigation text passed to every prediction
     num_samples: int = 1
     seed: int | None = None

@@ -22,6 +22,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.moe.config",
         "alpamayo.families",
         "alpamayo.checkpoint",
+        "alpamayo.cache_files",
         "alpamayo.prediction",
         "alpamayo.generation",
         "alpamayo.drafts.base",  # the Draft interface the generation loop consumes; the drafts sit with the models

@@ -10,14 +10,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import alpamayo.quant.weights as quant_weights
 from alpamayo.backends import BackendOptions
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.errors import ConfigError
 from alpamayo.quant import GROUP_SIZES, Int4Weight, Int8Weight, QuantRecipe, int4_codes, quantise_weight
+from alpamayo.quant.weights import DEQUANTISE_FROM_ROWS, cpu_int4_layout_known, unpack_cpu_int4
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear, pack_linears
+from bridges.client import TrajectorySubscriber
 from bridges.config import ModelSection
+from tests.bridge_nodes import answering_window, wait_until
+from tests.test_bridge_serve import camera_sim, start_serve, stop
 from tests.test_runtime import frames_at, predict_argv, straight_history, write_prediction_inputs
 
 # Output rounding of the kernels: float32 accumulates in another order than F.linear (a few ulps of the
@@ -35,11 +40,16 @@ def _close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     assert err <= TOLERANCE[dtype] * ref.abs().max().item(), err
 
 
+# Rows on each side of the CPU switch from the weight-only kernel to dequantise + dense matmul.
+ROWS = {mode: (1, 3, rows, rows + 5) for mode, rows in DEQUANTISE_FROM_ROWS.items()}
+
+
+@pytest.mark.parametrize("rows", ROWS["int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_kernel_equals_dequantise_then_linear_on_the_same_codes(dtype):
+def test_int8_kernel_equals_dequantise_then_linear_on_the_same_codes(dtype, rows):
     w = _weight(dtype=dtype)
     q = Int8Weight.quantise(w)
-    x = torch.randn(2, 5, 256).to(dtype)
+    x = torch.randn(rows, 1, 256).to(dtype)
     reference = F.linear(x.float(), q.q.float() * q.scales.float()[:, None])  # independent dequantisation
     _close(q.matmul(x), reference, dtype)
     # the codes are the nearest: at most half a step from the weight, per output channel
@@ -47,21 +57,33 @@ def test_int8_kernel_equals_dequantise_then_linear_on_the_same_codes(dtype):
     assert ((q.q.float() * step - w.float()).abs() <= step / 2 * (1 + 1e-3)).all()
 
 
+@pytest.mark.parametrize("rows", ROWS["int4"])
 @pytest.mark.parametrize("group", GROUP_SIZES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int4_kernel_equals_dequantise_then_linear_on_the_same_codes(dtype, group):
-    w = _weight(100, 256, dtype)  # 100 rows: the CPU packer pads them to 112
+def test_int4_kernel_equals_dequantise_then_linear_on_the_same_codes(dtype, group, rows):
+    w = _weight(100, 256, dtype)  # 100 rows: padded to 128, two blocks of the CPU packer
     codes, sz = int4_codes(w, group)
     packed = Int4Weight.from_codes(codes, sz, group)
     scale = sz[..., 0].float().t().repeat_interleave(group, dim=1)  # [N, K]
     zero = sz[..., 1].float().t().repeat_interleave(group, dim=1)
     dequantised = (codes.float() - 8) * scale + zero  # tinygemm's rule, written out here
-    x = torch.randn(3, 256).to(dtype)
+    x = torch.randn(rows, 256).to(dtype)
     _close(packed.matmul(x), F.linear(x.float(), dequantised), dtype)
     assert int(codes.max()) <= 15
     # every weight within half a step (plus the scale's and zero's rounding to the dtype) of its code
     slack = 0.5 + (1e-3 if dtype == torch.float32 else 2**-6 * 16)
     assert ((dequantised - w.float()).abs() <= scale * slack).all()
+
+
+def test_this_cpu_int4_layout_is_read_back_exactly_by_the_dequantising_path():
+    """On an AVX512 build (this machine) the packed layout is the one `unpack_cpu_int4` reads, so prefill-sized
+    calls dequantise; elsewhere the probe says no and the kernel serves them (the tests above hold either way)."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip(f"CPU capability {torch.backends.cpu.get_cpu_capability()}: the kernel serves every call")
+    assert cpu_int4_layout_known()
+    codes = torch.randint(0, 16, (192, 64), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    assert torch.equal(unpack_cpu_int4(packed, 64), codes.t())
 
 
 def test_int4_error_shrinks_with_the_group_and_int8_is_finer_still():
@@ -109,6 +131,7 @@ def test_pack_linears_quantises_the_body_and_keeps_head_and_router_unless_asked(
     root = torch.nn.ModuleList([body, head, router])
     pack_linears(root, quant=QuantRecipe("int8"))
     assert isinstance(body.quantised, Int8Weight) and body.weight is None
+    assert body._packed is None  # the quantised linear holds only its codes and scales, no bf16 copy
     assert head.quantised is None and router.quantised is None
     head = Linear(w.clone(), torch.ones(64), role="head")
     pack_linears(torch.nn.ModuleList([head]), quant=QuantRecipe("int4", 32, head=True))
@@ -185,3 +208,43 @@ def test_node_yaml_model_quant_is_validated_and_reaches_the_recipe():
         ModelSection(quant="int4", quant_group=48)
     with pytest.raises(ConfigError, match=r"model\.quant = .int8.* with model\.recipe"):
         ModelSection(backend="ttnn", quant="int8")
+
+
+def test_serve_at_int8_from_the_node_yaml_streams_trajectories(demo_checkpoint, tmp_path):
+    """The ZeroMQ node on loopback with `model.quant: int8` in its YAML: camera-sim frames in, trajectories
+    out; the packed-weight cache it was given fills with int8 entries (the served model is the quantised one)."""
+    cache = tmp_path / "packed"
+    config = tmp_path / "node.yaml"
+    config.write_text(
+        f"model:\n  checkpoint: {demo_checkpoint}\n  quant: int8\n  quant_cache: {cache}\n"
+        "  max_reasoning_tokens: 4\nwarmup:\n  runs: 0\ntiming:\n  stale_after_ms: 600000\n"
+        "  shutdown_timeout_s: 0.5\n"
+    )
+    serve, endpoints = start_serve("--config", str(config))
+    sim = None
+    try:
+        with TrajectorySubscriber(endpoints["output"]) as sub:
+            sim = camera_sim(endpoints["input"][0], 3.0, "--speedup", "10")
+            msg = wait_until(lambda: answering_window(sub.recv(0.5)), 300.0, "a trajectory")
+            assert msg.valid and len(msg.x) == 64 and np.isfinite(msg.x).all()
+            assert sim.wait(30) == 0
+    finally:
+        stop(serve, sim)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert entries and all(".int8." in name for name in entries)
+    assert any(name.startswith("layers.0.") for name in entries)  # text backbone (and expert) layers
+    assert any(name.startswith("blocks.0.") for name in entries)  # the vision tower
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_the_dense_path_in_several_chunks_equals_the_kernel(monkeypatch, mode):
+    """Prefill-sized calls dequantise `DENSE_CHUNK` output channels at a time; with a chunk of 64 a 200-row
+    weight takes four chunks (int4: padded to 256) and still equals the weight-only kernel's result."""
+    monkeypatch.setattr(quant_weights, "DENSE_CHUNK", 64)
+    w = _weight(200, 256)
+    q = Int8Weight.quantise(w) if mode == "int8" else quantise_weight(w, QuantRecipe("int4", 64), "x")
+    x = torch.randn(DEQUANTISE_FROM_ROWS[mode] + 1, 256)
+    y = q.matmul(x)
+    reference = q.kernel_matmul(x)[:, :200]
+    assert y.shape == (x.shape[0], 200)
+    _close(y, reference.float(), torch.float32)

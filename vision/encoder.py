@@ -21,6 +21,7 @@ from torch import nn
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
 from alpamayo.quant import QuantRecipe
+from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.linear import Linear, pack_linears
 from vision.block import PatchMerger, VisionBlock
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin
@@ -64,9 +65,11 @@ class VisionEncoder(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         quant: QuantRecipe | None = None,
+        quant_cache: PackedWeightCache | None = None,
     ) -> VisionEncoder:
         """Build from a checkpoint directory (or an open `Checkpoint`), validating every `visual.*` tensor first;
-        `quant`: weight-only quantisation of the linears at load (see `alpamayo.quant`)."""
+        `quant`: weight-only quantisation of the linears at load (see `alpamayo.quant`), through `quant_cache`
+        when given."""
         ckpt, cfg = open_checkpoint(source, cfg)
         v = validate_vision_tensors(ckpt, cfg)
         get = ckpt.getter(dtype, device)
@@ -78,7 +81,7 @@ class VisionEncoder(nn.Module):
             build_merger(MERGER, False, get),
             [build_merger(deepstack_prefix(k), True, get) for k in range(len(v.deepstack_visual_indexes))],
         )
-        pack_linears(encoder, quant=quant)
+        pack_linears(encoder, quant=quant, cache=quant_cache)
         return encoder.eval()
 
     @torch.inference_mode()

@@ -72,13 +72,25 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quant-head", action="store_true", help="--quant: quantise the LM head too (default: model dtype)"
     )
+    parser.add_argument(
+        "--quant-cache",
+        default=None,
+        help="--quant: directory for the packed-weight cache, so the next load skips quantising",
+    )
 
 
 def backend_options(args: argparse.Namespace) -> BackendOptions:
     """BackendOptions from `add_model_args`' flags; ValueError for --quant with --backend ttnn."""
     quant = QuantRecipe(args.quant, args.quant_group, args.quant_head)
     return BackendOptions(
-        args.backend, args.dtype, args.device, args.recipe, args.tt_cache, args.moe_config, quant
+        args.backend,
+        args.dtype,
+        args.device,
+        args.recipe,
+        args.tt_cache,
+        args.moe_config,
+        quant,
+        args.quant_cache,
     )
 
 
@@ -196,6 +208,7 @@ def model_fields(args: argparse.Namespace) -> dict[str, Any]:
         tt_cache=args.tt_cache,
         moe_config=args.moe_config,
         quant=QuantRecipe(args.quant, args.quant_group, args.quant_head),
+        quant_cache=args.quant_cache,
     )
 
 

@@ -180,7 +180,9 @@ def load_model(config: NodeConfig) -> AlpamayoVLA:
     m = config.model
     vla = AlpamayoVLA.from_checkpoint(
         m.checkpoint,
-        BackendOptions(m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config, m.quant_recipe),
+        BackendOptions(
+            m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config, m.quant_recipe, m.quant_cache
+        ),
         max_reasoning_tokens=m.max_reasoning_tokens,
         base_model=m.base_model,
         decoder=m.decoder,

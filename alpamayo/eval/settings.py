@@ -68,6 +68,7 @@ class EvalSettings:
     tt_cache: Path | None = None
     moe_config: Path | None = None
     quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
+    quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     layout: Path | None = None
     pai_dir: Path | None = None
     cameras: tuple[int, ...] | None = None  # PhysicalAI-AV cameras (None: Alpamayo's 0, 1, 2, 6)
@@ -104,6 +105,7 @@ class EvalSettings:
             tt_cache=self.tt_cache,
             moe_config=self.moe_config,
             quant=self.quant,
+            quant_cache=self.quant_cache,
             layout=self.layout,
             pai_dir=self.pai_dir,
             cameras=self.cameras,

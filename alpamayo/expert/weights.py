@@ -19,6 +19,7 @@ from alpamayo.expert.in_proj import ActionInProj, default_freqs
 from alpamayo.expert.model import ActionExpert
 from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.quant import QuantRecipe
+from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm
 from alpamayo.text.weights import build_layer
@@ -94,11 +95,13 @@ def load_expert(
     n_tokens: int = FUTURE_STEPS,
     weight_prefix: str = "",
     quant: QuantRecipe | None = None,
+    quant_cache: PackedWeightCache | None = None,
 ) -> ActionExpert:
     """The expert of checkpoint `source` (a directory, or a `Checkpoint` shared with the VLM), validated first.
 
     `n_tokens`: action tokens per sample (the action space's waypoints). The in-projection's Fourier
     frequencies are R1's stored buffers where present, else NVIDIA's bfloat16-rounded table (`default_freqs`).
+    `quant`: weight-only quantisation of the linears, through `quant_cache` (`alpamayo.quant.cache`) when given.
     """
     ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source, weight_prefix)
     validate_expert_tensors(ckpt, cfg, vlm)
@@ -125,5 +128,5 @@ def load_expert(
         Linear(get(f"{p.out_proj}weight"), out_bias, role="head"),
         n_tokens,
     )
-    pack_linears(expert, quant=quant)
+    pack_linears(expert, quant=quant, cache=quant_cache)
     return expert.eval()

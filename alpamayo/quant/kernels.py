@@ -5,7 +5,8 @@ Checked on torch 2.14 (`torch._C._dispatch_has_kernel_for_dispatch_key` and runs
   float16 with scales of x's dtype; any N and K.
 - int4 on CPU `aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros [K/group, N, 2])` after
   `_convert_weight_to_int4pack_for_cpu(int32 [N, K], 1)`: float32, bfloat16 or float16; N a multiple of 16
-  (other N are padded with zero rows, `alpamayo.quant.weights.Int4Weight.from_codes`).
+  (other N are padded with zero rows to a multiple of 64, the AVX512 packer's block,
+  `alpamayo.quant.weights.Int4Weight.from_codes`).
 - int4 on CUDA `aten._weight_int4pack_mm` after `_convert_weight_to_int4pack(uint8 [N, K/2], inner_k_tiles)`
   (tinygemm): bfloat16 only, N a multiple of 8, K a multiple of `inner_k_tiles` x 16 (8 x 16 = 128 here).
 """
@@ -20,8 +21,9 @@ _DTYPES: dict[tuple[str, str], tuple[torch.dtype, ...]] = {
     ("int4", "cpu"): (torch.float32, torch.bfloat16, torch.float16),
     ("int4", "cuda"): (torch.bfloat16,),
 }
-# Multiples of N and of K the int4 packers require (beyond the group size dividing K); N is padded to its.
-INT4_OUT_MULTIPLE = {"cpu": 16, "cuda": 8}
+# Multiples of N and of K the int4 packers require (beyond the group size dividing K); N is padded to its
+# (on the CPU to 64, whole blocks of the packed layout that `weights.unpack_cpu_int4` reads).
+INT4_OUT_MULTIPLE = {"cpu": 64, "cuda": 8}
 INT4_IN_MULTIPLE = {"cpu": 1, "cuda": 128}
 CUDA_INNER_K_TILES = 8
 

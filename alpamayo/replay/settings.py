@@ -56,6 +56,7 @@ class ReplaySettings:
     device: str = "cpu"
     dtype: str = "float32"
     quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
+    quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     recipe: str = "performance"  # ttnn precision recipe
     tt_cache: Path | None = None
     moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
@@ -72,7 +73,14 @@ class ReplaySettings:
 
     def backend_options(self) -> BackendOptions:
         return BackendOptions(
-            self.backend, self.dtype, self.device, self.recipe, self.tt_cache, self.moe_config, self.quant
+            self.backend,
+            self.dtype,
+            self.device,
+            self.recipe,
+            self.tt_cache,
+            self.moe_config,
+            self.quant,
+            self.quant_cache,
         )
 
     def validate(self) -> None:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from alpamayo.quant import QuantRecipe, QuantWeight, quantise_weight
+from alpamayo.quant.cache import PackedWeightCache
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -43,21 +44,30 @@ class Linear(nn.Module):
         self._packed: torch.Tensor | None = None
         self.quantised: QuantWeight | None = None
 
-    def pack(self, keep_plain: bool = False, quant: QuantRecipe | None = None, name: str = "linear") -> None:
+    def pack(
+        self,
+        keep_plain: bool = False,
+        quant: QuantRecipe | None = None,
+        name: str = "linear",
+        cache: PackedWeightCache | None = None,
+    ) -> None:
         """Switch to the packed (or, where `quant` applies to this role, quantised) layout; the last step after
-        the weights reached their device. `name` is the layer named in quantisation errors.
+        the weights reached their device. `name` is the layer named in quantisation errors (and its file in
+        `cache`, which keeps the quantised form on disk for the next load).
 
         The plain weight is released unless `keep_plain` (a tied head shares it with the embedding table).
         """
         if self.weight is None:
             return
         if quant is not None and quant.applies_to(self.role):
-            self.quantised = quantise_weight(self.weight, quant, name)
+            if cache is None:
+                self.quantised = quantise_weight(self.weight, quant, name)
+            else:
+                self.quantised = cache.quantised(self.weight, quant, name)
         elif can_pack(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
         else:
             return
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
         if not keep_plain:
             self.weight = None
 
@@ -73,12 +83,15 @@ class Linear(nn.Module):
 
 
 def pack_linears(
-    root: nn.Module, keep_plain: torch.Tensor | None = None, quant: QuantRecipe | None = None
+    root: nn.Module,
+    keep_plain: torch.Tensor | None = None,
+    quant: QuantRecipe | None = None,
+    cache: PackedWeightCache | None = None,
 ) -> None:
-    """`Linear.pack` every linear under `root` (quantised by `quant` where it applies to the linear's role),
-    the last step once the weights are on their device; one whose weight is `keep_plain` (a head tied to the
-    embedding table) keeps the plain weight as well."""
+    """`Linear.pack` every linear under `root` (quantised by `quant` where it applies to the linear's role,
+    through `cache` when given), the last step once the weights are on their device; one whose weight is
+    `keep_plain` (a head tied to the embedding table) keeps the plain weight as well."""
     for name, module in root.named_modules():
         if isinstance(module, Linear):
             tied = keep_plain is not None and module.weight is keep_plain
-            module.pack(keep_plain=tied, quant=quant, name=name)
+            module.pack(keep_plain=tied, quant=quant, name=name, cache=cache)

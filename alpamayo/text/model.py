@@ -34,6 +34,7 @@ from torch import nn
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.quant import QuantRecipe
+from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer
@@ -77,15 +78,23 @@ class TextModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         quant: QuantRecipe | None = None,
+        quant_cache: PackedWeightCache | None = None,
     ) -> TextModel:
         """Build from a checkpoint directory (or an open `Checkpoint`), validating every text tensor first;
-        `quant`: weight-only quantisation of the linears at load (see `alpamayo.quant`)."""
+        `quant`: weight-only quantisation of the linears at load (see `alpamayo.quant`), through `quant_cache`
+        (`alpamayo.quant.cache`) when given."""
         ckpt, cfg = open_checkpoint(source, cfg)
         validate_text_tensors(ckpt, cfg)
-        return cls.from_weights(cfg, ckpt.getter(dtype, device), quant)
+        return cls.from_weights(cfg, ckpt.getter(dtype, device), quant, quant_cache)
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, get: Getter, quant: QuantRecipe | None = None) -> TextModel:
+    def from_weights(
+        cls,
+        cfg: ModelConfig,
+        get: Getter,
+        quant: QuantRecipe | None = None,
+        quant_cache: PackedWeightCache | None = None,
+    ) -> TextModel:
         """Build from tensors by canonical name (`get(name)`, already in the model's dtype and device; not
         validated: `from_checkpoint` validates the checkpoint first)."""
         t = cfg.text
@@ -93,7 +102,7 @@ class TextModel(nn.Module):
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
         head = Linear(embed if cfg.tie_word_embeddings else get(LM_HEAD), role="head")
         model = cls(cfg, embed, layers, RMSNorm(get(FINAL_NORM), t.rms_norm_eps), head)
-        pack_linears(model, keep_plain=embed, quant=quant)
+        pack_linears(model, keep_plain=embed, quant=quant, cache=quant_cache)
         return model.eval()
 
     # ------------------------------------------------------------------ state

@@ -8,21 +8,21 @@ The fingerprint is a BLAKE2b digest of every source tensor's bytes, dtype and sh
 turns them into the device tensor (transform, shapes, layout, dtype, the ttnn version that packed it and the
 preparation format version). A changed checkpoint or recipe therefore gets a new file and never reuses a stale
 one; the price is reading and hashing each source tensor on every load (the expensive step saved is the
-block-float packing). Files are written to a temporary name and renamed, so a crash leaves no torn file.
+block-float packing). Files are written to a temporary name and renamed, so a crash leaves no torn file
+(both shared with the torch backend's packed-weight cache: `alpamayo.cache_files`).
 Memory placement (DRAM-sharded or interleaved) is applied when the host tensor is moved to the device, so it
 is not part of the key.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from alpamayo.cache_files import atomic_write, content_digest
 from alpamayo.checkpoint import Getter
 from alpamayo.tt.precision import Precision
 from alpamayo.tt.runtime import import_ttnn
@@ -42,7 +42,6 @@ def _ttnn_version() -> str:
 
 def fingerprint(spec: WeightSpec, dtype: str, sources: list[torch.Tensor]) -> str:
     """16 hex digits identifying the prepared tensor: source contents plus recipe."""
-    h = hashlib.blake2b(digest_size=8)
     recipe = (
         PREPARE_VERSION,
         _ttnn_version(),
@@ -55,12 +54,7 @@ def fingerprint(spec: WeightSpec, dtype: str, sources: list[torch.Tensor]) -> st
         spec.heads,
         dtype,
     )
-    h.update(repr(recipe).encode())
-    for t in sources:
-        t = t.detach().cpu().contiguous()
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-    return h.hexdigest()
+    return content_digest(recipe, sources)
 
 
 def file_name(spec: WeightSpec, dtype: str, digest: str) -> str:
@@ -100,9 +94,7 @@ class WeightCache:
         host = to_host_tensor(self.ttnn, prepare(spec, sources.__getitem__), dtype, spec.layout)
         self.built += 1
         if path is not None:
-            tmp = path.with_name(f"{path.stem}.tmp-{os.getpid()}{path.suffix}")  # ttnn wants .tensorbin
-            self.ttnn.dump_tensor(str(tmp), host)
-            os.replace(tmp, path)
+            atomic_write(path, lambda tmp: self.ttnn.dump_tensor(str(tmp), host))  # ttnn wants .tensorbin
         return host
 
 
