@@ -54,6 +54,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
     )
     parser.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
+    add_quant_args(parser)
+
+
+def add_quant_args(parser: argparse.ArgumentParser) -> None:
+    """`--quant`, `--quant-group`, `--quant-head`: the torch backend's weight-only recipe."""
     parser.add_argument(
         "--quant",
         choices=QUANT_MODES,
