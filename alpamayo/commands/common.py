@@ -78,6 +78,13 @@ def add_quant_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_quant_backend(args: argparse.Namespace) -> None:
+    """ValueError for `add_quant_args`' --quant with --backend ttnn (use --recipe), raised before a command
+    reads any input, so every command refuses it alike; a no-op for commands without both flags."""
+    if isinstance(getattr(args, "quant", None), str) and hasattr(args, "backend"):
+        BackendOptions(args.backend, quant=QuantRecipe(args.quant, args.quant_group, args.quant_head))
+
+
 def backend_options(args: argparse.Namespace) -> BackendOptions:
     """BackendOptions from `add_model_args`' flags; ValueError for --quant with --backend ttnn."""
     quant = QuantRecipe(args.quant, args.quant_group, args.quant_head)

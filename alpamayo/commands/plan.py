@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from alpamayo.backends import BACKENDS, BackendOptions
+from alpamayo.backends import BACKENDS
 from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP, add_quant_args
 from alpamayo.commands.make_demo_drive import parse_size
 from alpamayo.config import ModelConfig
@@ -252,8 +252,6 @@ def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig 
 
 
 def run(args: argparse.Namespace) -> int:
-    # the same refusal as every model-loading command: --quant is the torch backend's, ttnn takes --recipe
-    BackendOptions(args.backend, quant=QuantRecipe(args.quant, args.quant_group, args.quant_head))
     cfg, expert = resolve_config(args.checkpoint, args.base_model)
     print(f"model family: {cfg.family.title} ({cfg.family.name})")
     if args.backend == "torch":

@@ -487,7 +487,7 @@ class PrecisionReport:
         for r in self.recipes:
             row = [
                 r.recipe["name"],
-                "torch" if r.recipe["backend"] == "torch" else "ttnn (emulated)",
+                r.recipe["backend"],
                 f"{min(r.layer_pcc):.6f}",
                 f"{r.logits_pcc:.6f}",
                 f"{100 * r.top1_agreement:.1f}%",
@@ -550,10 +550,10 @@ class PrecisionReport:
             )
         lines += [
             "reference: the unrounded checkpoint in float32 on the CPU (torch reference).",
-            "ttnn (emulated): weights rounded bit-exactly as the p150 stores them (alpamayo.tt.block_float), "
+            "ttnn: emulated, weights rounded bit-exactly as the p150 stores them (alpamayo.tt.block_float), "
             "K/V to the recipe's kv_cache dtype, run by the torch reference in float32 (no card); memory: "
             "the p150 DRAM plan (alpamayo plan), fits on: the p150.",
-            "torch: the torch backend's --quant linears (PyTorch's weight-only kernels "
+            "torch: run, the torch backend's --quant linears (PyTorch's weight-only kernels "
             "_weight_int8pack_mm / _weight_int4pack_mm_for_cpu) with float32 activations on the CPU; memory: "
             f"the bfloat16 GPU plan at K={s.eval_samples} (alpamayo plan --backend torch), fits on: the "
             "smallest common GPU.",
