@@ -15,7 +15,7 @@ from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.weights import load_expert
 from alpamayo.families.loader import load_model_config
 from alpamayo.quant import QuantRecipe
-from alpamayo.quant.memory import GPUS_GB, kv_cache_nbytes, plan_gpu_memory, weight_counts
+from alpamayo.quant.memory import GPUS_GB, kv_cache_nbytes, packed_nbytes, plan_gpu_memory, weight_counts
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
 from vision.encoder import VisionEncoder
@@ -107,3 +107,12 @@ def test_plan_torch_bad_arguments_are_named(capsys):
     assert "max_seq_len and samples must be >= 1, got 3328 and 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([*argv, "--quant", "int3"])
+
+
+@pytest.mark.parametrize("recipe", [QuantRecipe("int8"), QuantRecipe("int4", 32)], ids=str)
+def test_a_quantised_bfloat16_linear_keeps_only_its_packed_tensors(recipe):
+    """What the plan counts is all a quantised linear holds: no plain weight and no oneDNN copy of it."""
+    linear = Linear(torch.randn(64, 128).bfloat16())
+    linear.pack(quant=recipe)
+    assert linear.weight is None and linear._packed is None
+    assert _packed_bytes(linear) == packed_nbytes(64, 128, recipe, torch.bfloat16, "cpu")

@@ -57,7 +57,6 @@ class Linear(nn.Module):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
         else:
             return
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
         if not keep_plain:
             self.weight = None
 
