@@ -133,3 +133,14 @@ def test_quant_with_ttnn_is_refused_the_same_way_on_every_command(command, demo_
     assert "--quant int8 is the torch backend's; with --backend ttnn choose the precision with --recipe" in (
         capsys.readouterr().err
     )
+
+
+def test_every_command_that_loads_a_torch_model_takes_quant():
+    """`serve` takes it from the node YAML (`model.quant`, tests/test_quant.py)."""
+    from alpamayo.cli import build_parser
+    from tests.test_families import MODEL_COMMANDS
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    takes = [*MODEL_COMMANDS, "closed-loop", "alpasim-driver"]
+    missing = [c for c in takes if c != "serve" and "--quant" not in commands[c]._option_string_actions]
+    assert missing == []

@@ -18,9 +18,9 @@ with them in float32 beside the unrounded model:
     (`alpamayo.tt.expert_precision`);
   * the DRAM footprint of the recipe on one p150 (`alpamayo.tt.memory.plan_memory`);
   * with a recorded drive, the minADE difference as `alpamayo eval` computes it for the drive's clip (its
-    first tick, `eval_samples` samples at the family's sampling, the clip's seed `clip_seed(id, 0)`, the
-    checkpoint's trajectory decoder): min over samples of the ADE to the recorded future at 6.4 s, of the
-    recipe less that of the unrounded model (sampled, so one clip's difference includes sampling noise
+    first tick, `eval_samples` samples at eval's protocol sampling (temperature 0.6, top-p 0.98), the clip's
+    seed `clip_seed(id, 0)`, the checkpoint's trajectory decoder): min over samples of the ADE to the
+    recorded future at 6.4 s, of the recipe less that of the unrounded model (sampled, so one clip's difference includes sampling noise
     wherever the two models' reasoning tokens part).
 
 The torch backend's weight-only recipes (`alpamayo.quant`: int8, int4 with its group size) get the same
@@ -52,6 +52,7 @@ from alpamayo.demo_checkpoint import CORPUS
 from alpamayo.eval.clips import clip_seed, drive_clip
 from alpamayo.expert.config import expert_config_of
 from alpamayo.families.loader import load_model_config, model_tokenizer
+from alpamayo.families.registry import REFERENCE_SAMPLING
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.quant import QuantRecipe
@@ -222,7 +223,8 @@ def eval_min_ade(
     options: BackendOptions = TORCH_CPU,
 ) -> float | None:
     """minADE @ 6.4 s of `tick` as `alpamayo eval` scores a clip (`alpamayo.replay.accuracy.tick_errors` over
-    `settings.eval_samples` samples from `seed`, the family's sampling, the checkpoint's trajectory decoder);
+    `settings.eval_samples` samples from `seed` at eval's protocol sampling `REFERENCE_SAMPLING`, the
+    checkpoint's trajectory decoder);
     None where the recording ends before the tick's future does."""
     from alpamayo.replay.accuracy import error_key, tick_errors
     from alpamayo.runtime import AlpamayoVLA
@@ -241,6 +243,7 @@ def eval_min_ade(
         num_samples=settings.eval_samples,
         seed=seed,
         frame_times_ns=tick.frame_times_ns,
+        sampling=REFERENCE_SAMPLING,
     )
     progress(f"{label}: eval tick, {settings.eval_samples} samples in {time.perf_counter() - start:.1f} s")
     errors = tick_errors(np.stack([s.xyz for s in prediction.samples]), tick.future[0])
@@ -545,7 +548,7 @@ class PrecisionReport:
         if min_ade:
             lines.append(
                 f"minADE m: as alpamayo eval scores the drive's clip (first tick, K={s.eval_samples} samples at "
-                "the family's sampling, the clip's seed, the checkpoint's trajectory decoder): min over samples "
+                "temperature 0.6, top-p 0.98, the clip's seed, the checkpoint's trajectory decoder): min over samples "
                 "of the ADE at 6.4 s (the unrounded model's in parentheses); minADE diff m: recipe less unrounded"
             )
         lines += [
