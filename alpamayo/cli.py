@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     results_only_on_stdout()
     try:
+        from alpamayo.commands.common import check_quant_backend  # loaded with the command modules
+
+        check_quant_backend(args)
         return int(args.handler(args) or 0)
     except (ConfigError, CheckpointError, ValueError, BackendUnavailable) as e:
         print(f"alpamayo {args.command}: error: {e}", file=sys.stderr)

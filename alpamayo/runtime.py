@@ -29,6 +29,7 @@ import torch
 
 from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
+from alpamayo.config import ModelConfig
 from alpamayo.drafts import Draft, DraftContext, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
 from alpamayo.expert.config import expert_config_of
@@ -154,6 +155,8 @@ class AlpamayoVLA:
         decoder: str | None = None,
         flow: FlowSettings = DEFAULT_FLOW,
         draft: str = "none",
+        weights: Checkpoint | None = None,
+        cfg: ModelConfig | None = None,
     ) -> AlpamayoVLA:
         """Load a checkpoint directory of any family (`alpamayo.families`): an Alpamayo release (R1, 1.5,
         2 Super), the project's layout, or a plain Qwen3-VL plus trajectory vocabulary. `base_model`: the
@@ -170,9 +173,11 @@ class AlpamayoVLA:
         guidance. The expert is checked against the VLM and its tensors against its config before any weight
         is read. `draft`: the speculative draft of the reasoning (`alpamayo.drafts`: none, lookup, previous,
         dflash:DIR), a DFlash draft checked against the text backbone before any weight is read.
+        `weights` serves the tensors instead of the directory's files and `cfg` replaces its config (as in
+        `VisionLanguageModel.from_checkpoint`: `alpamayo precision` runs a recipe's rounded weights so).
         """
         check_draft_spec(draft)
-        cfg = load_model_config(directory, base_model)
+        cfg = cfg or load_model_config(directory, base_model)
         if draft.startswith("dflash:") and options.backend != "torch":
             raise ValueError(
                 f"draft {draft!r}: the DFlash draft's layers run on the torch backend only for now; with "
@@ -180,7 +185,7 @@ class AlpamayoVLA:
             )
         if draft.startswith("dflash:"):
             read_config(draft[len("dflash:") :]).check_target(cfg.text, draft[len("dflash:") :])
-        ckpt = Checkpoint(directory, cfg.weight_prefix)
+        ckpt = weights or Checkpoint(directory, cfg.weight_prefix)
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
         decoder = choose_decoder(decoder, expert_cfg, has_weights, cfg.source)

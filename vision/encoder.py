@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from alpamayo.checkpoint import Checkpoint, open_checkpoint
+from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
 from alpamayo.quant import QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
@@ -72,7 +72,12 @@ class VisionEncoder(nn.Module):
         when given."""
         ckpt, cfg = open_checkpoint(source, cfg)
         v = validate_vision_tensors(ckpt, cfg)
-        get = ckpt.getter(dtype, device)
+        return cls.from_weights(v, ckpt.getter(dtype, device), quant)
+
+    @classmethod
+    def from_weights(cls, v: VisionConfig, get: Getter, quant: QuantRecipe | None = None) -> VisionEncoder:
+        """Build from tensors by canonical name (`get(name)`, in the model's dtype and device; not validated:
+        `from_checkpoint` validates first), the linears packed (quantised by `quant` where it applies)."""
         encoder = cls(
             v,
             build_patch_embed(v, get),

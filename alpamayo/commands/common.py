@@ -55,6 +55,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
     )
     parser.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
+    add_quant_args(parser)
+
+
+def add_quant_args(parser: argparse.ArgumentParser) -> None:
+    """`--quant`, `--quant-group`, `--quant-head`: the torch backend's weight-only recipe."""
     parser.add_argument(
         "--quant",
         choices=QUANT_MODES,
@@ -77,6 +82,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="--quant: directory for the packed-weight cache, so the next load skips quantising",
     )
+
+
+def check_quant_backend(args: argparse.Namespace) -> None:
+    """ValueError for `add_quant_args`' --quant with --backend ttnn (use --recipe), raised before a command
+    reads any input, so every command refuses it alike; a no-op for commands without both flags."""
+    if isinstance(getattr(args, "quant", None), str) and hasattr(args, "backend"):
+        BackendOptions(args.backend, quant=QuantRecipe(args.quant, args.quant_group, args.quant_head))
 
 
 def backend_options(args: argparse.Namespace) -> BackendOptions:

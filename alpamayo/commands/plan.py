@@ -1,5 +1,6 @@
 """`alpamayo plan`: DRAM budget, grid plan and estimated stage times of the ttnn backend on one Blackhole p150
-(no device).
+(no device); with `--backend torch` the GPU memory of the torch backend per weight-only recipe (`--quant`,
+`alpamayo.quant.memory`) and the smallest common GPU each fits.
 
 With an Alpamayo checkpoint that carries an action expert (or a built-in release such as `alpamayo-1.5-10b`),
 the expert joins the DRAM budget and the grid plan, every preset is checked for fit, and the stages of one
@@ -13,13 +14,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP
+from alpamayo.backends import BACKENDS
+from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP, add_quant_args
 from alpamayo.commands.make_demo_drive import parse_size
 from alpamayo.config import ModelConfig
 from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
+from alpamayo.devices import DTYPES
 from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.families.loader import load_shape_config
 from alpamayo.moe.config import model_block_config
+from alpamayo.quant import GROUP_SIZES, QuantRecipe
+from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
+from alpamayo.runtime import CACHE_STEP
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import (
     decode_estimate,
@@ -30,7 +36,8 @@ from alpamayo.tt.estimate import (
 )
 from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory
 from alpamayo.tt.precision import PRESETS, Precision, load_precision
-from alpamayo.tt.program_config import plan_expert, plan_text
+from alpamayo.tt.program_config import model_name, plan_expert, plan_text
+from planner.settings import PlannerSettings
 
 # Alpamayo's driving prompt besides its image tokens: chat template, 48 ego-history tokens and instructions,
 # ~190 tokens (prompt ~3.07k tokens with 16 images at 320x576, ../shared/reference/alpamayo-code-audit.md B.11).
@@ -39,7 +46,9 @@ TEXT_TOKENS = 192
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "plan", help="DRAM and grid plan (and estimated stage times) of the ttnn backend on a Blackhole p150"
+        "plan",
+        help="DRAM and grid plan (and estimated stage times) of the ttnn backend on a Blackhole p150, or the "
+        "torch backend's GPU memory per --quant recipe",
     )
     p.add_argument(
         "--checkpoint",
@@ -47,10 +56,40 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"checkpoint directory, or a built-in config name ({', '.join(NAMES + EXPERT_NAMES)})",
     )
     p.add_argument("--base-model", default=None, help=BASE_MODEL_HELP)
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="ttnn",
+        help="ttnn: the p150 DRAM plan (default); torch: GPU memory per weight-only recipe",
+    )
     p.add_argument("--recipe", default="performance", help=RECIPE_HELP)
-    p.add_argument("--max-seq-len", type=int, default=8192, help="KV cache positions (prompt + generated)")
+    add_quant_args(p)
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="bfloat16",
+        help="--backend torch: the model dtype (default bfloat16, as on a GPU)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="--backend torch: whose int4 packing rules apply (default cuda)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="KV cache positions (prompt + generated; default: ttnn 8192, torch the runtime's cache for the "
+        "stage-estimate prompt plus --reasoning-tokens and the trajectory tokens)",
+    )
     p.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
-    p.add_argument("--samples", type=int, default=1, help="action expert: trajectory samples K per step")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="action expert: trajectory samples K per step (default: ttnn 1; torch 6, alpamayo eval's)",
+    )
     p.add_argument("--images", type=int, default=16, help="stage estimate: images per prompt")
     p.add_argument("--image-size", default="320x576", help="stage estimate: image HEIGHTxWIDTH in pixels")
     p.add_argument(
@@ -130,9 +169,95 @@ def _estimates(
     return lines
 
 
+def prompt_tokens(args: argparse.Namespace, cfg: ModelConfig) -> tuple[int, int]:
+    """(prompt tokens, patches of one image) of the stage-estimate prompt: `--images` at `--image-size`."""
+    hw = image_size(args.image_size)
+    if cfg.vision is None or not args.images:
+        return TEXT_TOKENS, 0
+    v = cfg.vision
+    patches = (hw[0] // v.patch_size) * (hw[1] // v.patch_size)
+    return TEXT_TOKENS + args.images * patches // v.spatial_merge_size**2, patches
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def _fits(plan: GpuPlan, total: int) -> str:
+    if plan.refused:
+        return "cannot load"
+    return next((f"{g} GB" for g in GPUS_GB if total <= g * 1e9), f"none (> {GPUS_GB[-1]} GB)")
+
+
+def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig | None) -> int:
+    """`--backend torch`: the GPU memory table of every recipe (the chosen one marked), its weights by part,
+    and why an int4 recipe cannot load where a layer's width refuses it; 2 when the chosen one cannot."""
+    chosen = QuantRecipe(args.quant, args.quant_group, args.quant_head)
+    dtype = DTYPES[args.dtype]
+    samples = 6 if args.samples is None else args.samples
+    prompt, patches = prompt_tokens(args, cfg)
+    generated = args.reasoning_tokens + PlannerSettings.from_config(cfg).tokens_per_future
+    context = args.max_seq_len or -(-(prompt + generated) // CACHE_STEP) * CACHE_STEP
+    guidance = expert is not None and expert.supports_guidance
+    recipes = [QuantRecipe(), QuantRecipe("int8", head=args.quant_head)]
+    recipes += [QuantRecipe("int4", g, args.quant_head) for g in GROUP_SIZES]
+    plans = {
+        r: plan_gpu_memory(cfg, expert, r, dtype, context, samples, prompt, patches, guidance, args.device)
+        for r in recipes
+    }
+    with_expert = f", action expert at K={samples} samples" if expert is not None else ""
+    length = (
+        "--max-seq-len" if args.max_seq_len else f"prompt {prompt} + {generated} generated tokens, rounded up"
+    )
+    print(
+        f"GPU memory plan, torch backend ({args.dtype} on {args.device}): {model_name(cfg)}{with_expert}, "
+        f"KV cache of {samples} x {context} positions ({length})"
+    )
+    cols = ["recipe", "weights GB", "KV cache GB", "activations GB (ESTIMATE)", "total GB", "smallest GPU"]
+    if guidance:
+        cols += ["+ unguided cache GB", "total with --nav-guidance GB", "smallest GPU"]
+    rows = [cols]
+    for r, plan in plans.items():
+        base = plan.total - plan.unguided_cache
+        row = [("* " if r == chosen else "  ") + plan.recipe, _gb(plan.weight_bytes), _gb(plan.kv_cache)]
+        row += [_gb(plan.activations), _gb(base), _fits(plan, base)]
+        if guidance:
+            row += [_gb(plan.unguided_cache), _gb(plan.total), _fits(plan, plan.total)]
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    print(
+        "\n".join(
+            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        )
+    )
+    plan = plans.get(chosen) or plan_gpu_memory(
+        cfg, expert, chosen, dtype, context, samples, prompt, patches, guidance, args.device
+    )
+    print(f"weights of {plan.recipe} by part (quantised linears + tensors at {args.dtype}):")
+    for part, count in plan.weights.items():
+        print(f"  {part:<8} {_gb(count.quantised):>7} + {_gb(count.plain):>7} GB")
+    print(
+        f"GB = 1e9 bytes; not counted: the CUDA context and allocator slack. Embeddings, norms, biases, routers "
+        f"and the expert's in-projection stay {args.dtype}, the head too unless --quant-head."
+    )
+    for other in plans.values():
+        if other.refused:
+            print(
+                f"{other.recipe} cannot load on {args.device}: {len(other.refused)} linear(s) refused, e.g. {other.refused[0]}"
+            )
+    if plan.refused:
+        print(f"alpamayo plan: --quant {plan.recipe} cannot load: {plan.refused[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     cfg, expert = resolve_config(args.checkpoint, args.base_model)
     print(f"model family: {cfg.family.title} ({cfg.family.name})")
+    if args.backend == "torch":
+        return torch_plan(args, cfg, expert)
+    args.max_seq_len = 8192 if args.max_seq_len is None else args.max_seq_len
+    args.samples = 1 if args.samples is None else args.samples
     precision = load_precision(args.recipe)
     # the block config a ttnn run would take, so its one-chip refusals (mesh, shared experts, bias) show here
     block = model_block_config(cfg.text, args.moe_config)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from alpamayo.checkpoint import Checkpoint, Shape
+from alpamayo.checkpoint import Checkpoint, Getter, Shape
 from alpamayo.config import TextConfig
 from alpamayo.errors import CheckpointError
 from alpamayo.expert.config import ExpertConfig, validate_against_vlm
@@ -105,13 +105,25 @@ def load_expert(
     """
     ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source, weight_prefix)
     validate_expert_tensors(ckpt, cfg, vlm)
-    get = ckpt.getter(dtype, device)
-    t, p, c = cfg.text, cfg.prefixes, cfg.in_proj
-    layers = [build_layer(t, i, get, f"{p.expert}layers.{i}.") for i in range(t.num_hidden_layers)]
     freqs = [
-        ckpt.get(name, torch.float32, device) if name in ckpt else default_freqs(c).to(device)
+        ckpt.get(name, torch.float32, device) if name in ckpt else default_freqs(cfg.in_proj).to(device)
         for name in cfg.freqs_keys()
     ]
+    return build_expert(cfg, ckpt.getter(dtype, device), freqs, n_tokens, quant)
+
+
+def build_expert(
+    cfg: ExpertConfig,
+    get: Getter,
+    freqs: list[torch.Tensor],
+    n_tokens: int = FUTURE_STEPS,
+    quant: QuantRecipe | None = None,
+) -> ActionExpert:
+    """The expert from tensors by checkpoint name (`get(name)`, in the model's dtype and device; not
+    validated: `load_expert` validates first) and its Fourier `freqs` (one [num_freqs] table per
+    `cfg.freqs_keys()` entry), its linears packed (quantised by `quant` where it applies)."""
+    t, p, c = cfg.text, cfg.prefixes, cfg.in_proj
+    layers = [build_layer(t, i, get, f"{p.expert}layers.{i}.") for i in range(t.num_hidden_layers)]
     trunk, pairs = f"{p.in_proj}encoder.trunk.", c.trunk_layers()
     in_proj = ActionInProj(
         freqs,

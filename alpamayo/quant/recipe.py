@@ -49,5 +49,20 @@ class QuantRecipe:
         base = self.mode if self.mode == "int8" else f"int4-g{self.group_size}"
         return base + ("+head" if self.head else "")
 
+    @classmethod
+    def parse(cls, spec: str, head: bool = False) -> QuantRecipe:
+        """The recipe `name` writes ("int8", "int4-g32", "int4-g128+head"), or "int4" for the default group
+        size; `head` also quantises the head. ValueError naming `spec` and the allowed forms."""
+        body, plus, suffix = spec.partition("+")
+        mode, _, group = body.partition("-g")
+        allowed = ", ".join(["int8", "int4", *(f"int4-g{g}" for g in GROUP_SIZES)])
+        if (plus and suffix != "head") or mode not in ("int8", "int4") or (group and mode != "int4"):
+            raise ValueError(f"quant recipe {spec!r} unknown; allowed: {allowed} (each optionally +head)")
+        if group and (not group.isdigit() or int(group) not in GROUP_SIZES):
+            raise ValueError(
+                f"quant recipe {spec!r}: group size {group!r} not one of {list(GROUP_SIZES)}; allowed: {allowed}"
+            )
+        return cls(mode, int(group) if group else DEFAULT_GROUP_SIZE, head or bool(plus))
+
 
 NO_QUANT = QuantRecipe()

@@ -30,6 +30,7 @@ from alpamayo.expert.sampler import euler_sample, initial_noise
 from alpamayo.expert.weights import has_expert_weights, load_expert
 from alpamayo.numerics import pcc
 from alpamayo.prediction import FUTURE_STEPS
+from alpamayo.quant import QuantRecipe
 from planner.action_space import UnicycleActionSpace
 from planner.metrics import ade
 
@@ -51,14 +52,20 @@ def _waypoints(actions: torch.Tensor) -> np.ndarray:
 
 
 def expert_run(
-    source: Checkpoint, cfg: ModelConfig, text: Any, length: int, reference: ExpertRun | None = None
+    source: Checkpoint,
+    cfg: ModelConfig,
+    text: Any,
+    length: int,
+    reference: ExpertRun | None = None,
+    quant: QuantRecipe | None = None,
 ) -> tuple[ExpertRun, list[float]] | None:
     """The checkpoint's expert sampling over `text`'s cache of `length` rows (None without an expert), and,
-    given the `reference` run, this expert's velocity PCC at the reference's x_k of every step."""
+    given the `reference` run, this expert's velocity PCC at the reference's x_k of every step; `quant`: the
+    torch backend's weight-only recipe of the expert's linears."""
     expert_cfg = expert_config_of(cfg)
     if expert_cfg is None or not has_expert_weights(source, expert_cfg):
         return None
-    expert = load_expert(source, expert_cfg, cfg.text)
+    expert = load_expert(source, expert_cfg, cfg.text, quant=quant)
     ctx = expert.context(text.cache, [length], text.rope_delta, length)
     seen: list[tuple[torch.Tensor, float, torch.Tensor]] = []
 

@@ -16,7 +16,17 @@ with them in float32 beside the unrounded model:
     adds) and each model's ADE to the recorded future;
   * with an action expert in the checkpoint, its per-step velocity PCC and waypoint drift
     (`alpamayo.tt.expert_precision`);
-  * the DRAM footprint of the recipe on one p150 (`alpamayo.tt.memory.plan_memory`).
+  * the DRAM footprint of the recipe on one p150 (`alpamayo.tt.memory.plan_memory`);
+  * with a recorded drive, the minADE difference as `alpamayo eval` computes it for the drive's clip (its
+    first tick, `eval_samples` samples at eval's protocol sampling (temperature 0.6, top-p 0.98), the clip's
+    seed `clip_seed(id, 0)`, the checkpoint's trajectory decoder): min over samples of the ADE to the
+    recorded future at 6.4 s, of the recipe less that of the unrounded model (sampled, so one clip's difference includes sampling noise
+    wherever the two models' reasoning tokens part).
+
+The torch backend's weight-only recipes (`alpamayo.quant`: int8, int4 with its group size) get the same
+figures from the torch backend's own quantised linears (`--quant`, PyTorch's weight-only kernels, float32
+activations) on the unrounded checkpoint, and their memory is the torch backend's bfloat16 GPU plan at
+`eval_samples` rows (`alpamayo.quant.memory.plan_gpu_memory`, as `alpamayo plan --backend torch` prints it).
 
 No ttnn and no card are needed. Activations stay float32, so the figures isolate the weights' rounding, which
 is what a recipe chooses; the device's bf16 activations and math fidelity add the error the device tests
@@ -35,17 +45,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from alpamayo.backends import TORCH_CPU, BackendOptions
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.demo_checkpoint import CORPUS
+from alpamayo.eval.clips import clip_seed, drive_clip
+from alpamayo.expert.config import expert_config_of
 from alpamayo.families.loader import load_model_config, model_tokenizer
+from alpamayo.families.registry import REFERENCE_SAMPLING
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
+from alpamayo.quant import QuantRecipe
+from alpamayo.quant.memory import GpuPlan, plan_gpu_memory, weight_counts
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
 from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_run
 from alpamayo.tt.memory import MemoryPlan, plan_memory
-from alpamayo.tt.precision import Precision, load_precision
+from alpamayo.tt.precision import TENSOR_GROUPS, Precision, load_precision
 from alpamayo.tt.program_config import model_name
 from alpamayo.tt.quantized import QuantizedCheckpoint, round_to
 from planner.metrics import ade
@@ -57,16 +73,19 @@ FRAME_GRID = (1, 20, 36)  # one 320 x 576 frame in 16-pixel patches: Alpamayo's 
 @dataclass(frozen=True)
 class Settings:
     """prompt_tokens: corpus tokens before the continuation; tokens: greedy continuation length; ticks,
-    max_reasoning_tokens: drive predictions; max_seq_len: KV cache positions of the DRAM plan."""
+    max_reasoning_tokens: drive predictions; max_seq_len: KV cache positions of the memory plans; eval_samples:
+    samples of the eval-style minADE (alpamayo eval's default K) and rows of the torch GPU plan."""
 
     prompt_tokens: int = 64
     tokens: int = 32
     ticks: int = 3
     max_reasoning_tokens: int = 16
     max_seq_len: int = 4096
+    eval_samples: int = 6
 
     def validate(self) -> None:
-        for name in ("prompt_tokens", "tokens", "ticks", "max_reasoning_tokens", "max_seq_len"):
+        names = ("prompt_tokens", "tokens", "ticks", "max_reasoning_tokens", "max_seq_len", "eval_samples")
+        for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
@@ -92,18 +111,20 @@ class Reference:
     vision: list[torch.Tensor] | None  # image embeds, then each DeepStack level
     drive: DriveRun | None
     expert: ExpertRun | None = None
+    min_ade: float | None = None  # eval-style minADE @ 6.4 s on the drive's first tick, metres
 
 
 @dataclass
 class RecipeReport:
-    recipe: dict[str, Any]  # Precision.to_dict()
+    recipe: dict[str, Any]  # Precision.to_dict(); a torch recipe: name, backend "torch", dtypes by group
     layer_pcc: list[float]
     logits_pcc: float
     top1_agreement: float
     vision_pcc: float | None  # worst of the embeds and DeepStack levels
     drive: dict[str, float] | None  # token_agreement, ade_drift_m, ade_reference_m, ade_recipe_m, ticks
-    dram: dict[str, Any]  # weights_gb, kv_cache_gb, total_gb, capacity_gb, fits, by group
+    dram: dict[str, Any]  # weights_gb, kv_cache_gb, total_gb, fits, fits_on; ttnn: capacity_gb, by group
     expert: dict[str, Any] | None = None  # velocity_pcc per step, velocity_pcc_min, ade_drift_m, v0_mps
+    min_ade: dict[str, float] | None = None  # min_ade_m, reference_m, difference_m (eval-style, see above)
 
 
 @torch.inference_mode()
@@ -171,16 +192,68 @@ def _vla(
     cfg: ModelConfig,
     settings: Settings,
     store: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    options: BackendOptions = TORCH_CPU,
 ) -> Any:
-    """The torch AlpamayoVLA (float32, CPU) on the directory's weights, or on `weights` with K/V `store`."""
+    """The torch AlpamayoVLA (float32, CPU; `options` may quantise it) on the directory's weights, or on
+    `weights` with K/V `store`; it decodes the trajectory tokens."""
     from alpamayo.runtime import AlpamayoVLA
     from alpamayo.vlm import VisionLanguageModel
     from planner.pipeline import Planner
 
-    vlm = VisionLanguageModel.from_checkpoint(directory, weights=weights, cfg=cfg)
+    vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=weights, cfg=cfg)
     vlm.text.kv_store = store
     planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
+
+
+EVAL_SEED = 0  # alpamayo eval's default --seed
+EVAL_HORIZON_S = 6.4
+
+
+def eval_min_ade(
+    directory: Path,
+    cfg: ModelConfig,
+    settings: Settings,
+    tick: Any,
+    seed: int,
+    label: str,
+    progress: Progress,
+    weights: QuantizedCheckpoint | None = None,
+    store: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    options: BackendOptions = TORCH_CPU,
+) -> float | None:
+    """minADE @ 6.4 s of `tick` as `alpamayo eval` scores a clip (`alpamayo.replay.accuracy.tick_errors` over
+    `settings.eval_samples` samples from `seed` at eval's protocol sampling `REFERENCE_SAMPLING`, the
+    checkpoint's trajectory decoder);
+    None where the recording ends before the tick's future does."""
+    from alpamayo.replay.accuracy import error_key, tick_errors
+    from alpamayo.runtime import AlpamayoVLA
+
+    if tick.future is None:
+        return None
+    vla = AlpamayoVLA.from_checkpoint(
+        directory, options, max_reasoning_tokens=settings.max_reasoning_tokens, weights=weights, cfg=cfg
+    )
+    vla.vlm.text.kv_store = store
+    start = time.perf_counter()
+    frames = {c: [f.rgb() for f in fs] for c, fs in tick.frames.items()}
+    prediction = vla.predict(
+        frames,
+        tick.ego_history,
+        num_samples=settings.eval_samples,
+        seed=seed,
+        frame_times_ns=tick.frame_times_ns,
+        sampling=REFERENCE_SAMPLING,
+    )
+    progress(f"{label}: eval tick, {settings.eval_samples} samples in {time.perf_counter() - start:.1f} s")
+    errors = tick_errors(np.stack([s.xyz for s in prediction.samples]), tick.future[0])
+    return None if errors is None else errors[error_key("min_ade", EVAL_HORIZON_S)]
+
+
+def _min_ade_figures(ref: Reference, got: float | None) -> dict[str, float] | None:
+    if ref.min_ade is None or got is None:
+        return None
+    return {"min_ade_m": got, "reference_m": ref.min_ade, "difference_m": got - ref.min_ade}
 
 
 def drive_ticks(
@@ -215,7 +288,12 @@ def evaluation_ids(cfg: ModelConfig, prompt_tokens: int) -> torch.Tensor:
 
 
 def reference(
-    directory: Path, cfg: ModelConfig, settings: Settings, ticks: Sequence[Any], progress: Progress
+    directory: Path,
+    cfg: ModelConfig,
+    settings: Settings,
+    ticks: Sequence[Any],
+    progress: Progress,
+    eval_seed: int = EVAL_SEED,
 ) -> Reference:
     """Everything the unrounded float32 model (`cfg`, as `load_model_config` read it) contributes to the comparison;
     `progress` hears of each stage."""
@@ -231,12 +309,13 @@ def reference(
     expert = expert_run(Checkpoint(directory, cfg.weight_prefix), cfg, model, ids.numel())
     del model
     vision = _vision(VisionEncoder.from_checkpoint(directory, cfg)) if cfg.vision is not None else None
-    drive = (
-        _drive_run(_vla(directory, None, cfg, settings), ticks, "float32 reference", progress)
-        if ticks
-        else None
+    drive = min_ade = None
+    if ticks:
+        drive = _drive_run(_vla(directory, None, cfg, settings), ticks, "float32 reference", progress)
+        min_ade = eval_min_ade(directory, cfg, settings, ticks[0], eval_seed, "float32 reference", progress)
+    return Reference(
+        ids, continuation, io, logits, vision, drive, None if expert is None else expert[0], min_ade
     )
-    return Reference(ids, continuation, io, logits, vision, drive, None if expert is None else expert[0])
 
 
 def _drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
@@ -265,22 +344,17 @@ def evaluate_recipe(
     ticks: Sequence[Any],
     base_model: str | None = None,
     progress: Progress = lambda message: None,
+    eval_seed: int = EVAL_SEED,
 ) -> RecipeReport:
     """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan; `base_model`
-    as `load_model_config` takes it (R1 / 1.5); `progress` hears of each stage."""
+    as `load_model_config` takes it (R1 / 1.5); `progress` hears of each stage; `eval_seed` the drive clip's
+    sampling seed."""
     progress(f"recipe {precision.name}: rounded weights, per-layer and logit PCC")
     weights = QuantizedCheckpoint(directory, precision, base_model=base_model)
     cfg = weights.config
     model = TextModel.from_checkpoint(weights, cfg)
     model.kv_store = kv_store(precision)
-    layer_pcc = []
-    model.setup_cache(ref.ids.numel())
-    cos, sin = model.rope.cos_sin_1d(torch.arange(ref.ids.numel()), model.dtype)
-    with torch.inference_mode():
-        for layer, (x, y) in zip(model.layers, ref.layer_io, strict=True):
-            layer_pcc.append(pcc(y, layer(x[None], cos, sin, model.cache, 0)[0]))
-    logits = _continuation_logits(model, ref.ids, settings.tokens)
-    top1 = float((logits.argmax(-1) == torch.tensor(ref.continuation)).float().mean())
+    layer_pcc, logits_pcc, top1 = _text_figures(model, ref, settings)
     expert = None
     if ref.expert is not None:
         run, pccs = expert_run(weights, cfg, model, ref.ids.numel(), ref.expert)
@@ -290,21 +364,94 @@ def evaluate_recipe(
     if ref.vision is not None:
         got = _vision(VisionEncoder.from_checkpoint(weights, cfg))
         vision = min(pcc(a, b) for a, b in zip(ref.vision, got, strict=True))
-    drive = None
+    drive = min_ade = None
     if ref.drive is not None:
-        vla = _vla(directory, weights, cfg, settings, kv_store(precision))
-        drive = _drive_figures(ref.drive, _drive_run(vla, ticks, f"recipe {precision.name}", progress))
+        label, store = f"recipe {precision.name}", kv_store(precision)
+        vla = _vla(directory, weights, cfg, settings, store)
+        drive = _drive_figures(ref.drive, _drive_run(vla, ticks, label, progress))
+        got = eval_min_ade(directory, cfg, settings, ticks[0], eval_seed, label, progress, weights, store)
+        min_ade = _min_ade_figures(ref, got)
     dram = {
         "weights_gb": memory.weight_bytes / 1e9,
         "kv_cache_gb": memory.kv_cache / 1e9,
         "total_gb": memory.total / 1e9,
         "capacity_gb": memory.capacity / 1e9,
         "fits": memory.fits,
+        "fits_on": "p150" if memory.fits else "NO",
         "weights_by_group_gb": {g: b / 1e9 for g, b in memory.weights.items()},
     }
-    return RecipeReport(
-        precision.to_dict(), layer_pcc, pcc(ref.logits, logits), top1, vision, drive, dram, expert
-    )
+    recipe = {**precision.to_dict(), "backend": "ttnn"}
+    return RecipeReport(recipe, layer_pcc, logits_pcc, top1, vision, drive, dram, expert, min_ade)
+
+
+def _text_figures(model: TextModel, ref: Reference, settings: Settings) -> tuple[list[float], float, float]:
+    """(per-layer PCC, continuation logit PCC, teacher-forced top-1 agreement) of `model` against `ref`."""
+    layer_pcc = []
+    model.setup_cache(ref.ids.numel())
+    cos, sin = model.rope.cos_sin_1d(torch.arange(ref.ids.numel()), model.dtype)
+    with torch.inference_mode():
+        for layer, (x, y) in zip(model.layers, ref.layer_io, strict=True):
+            layer_pcc.append(pcc(y, layer(x[None], cos, sin, model.cache, 0)[0]))
+    logits = _continuation_logits(model, ref.ids, settings.tokens)
+    top1 = float((logits.argmax(-1) == torch.tensor(ref.continuation)).float().mean())
+    return layer_pcc, pcc(ref.logits, logits), top1
+
+
+def quant_dtypes(quant: QuantRecipe) -> dict[str, str]:
+    """What a torch recipe holds per tensor group of the dtypes table (the reference's float32 elsewhere)."""
+    base = quant.name.removesuffix("+head")
+    return {
+        **dict.fromkeys(TENSOR_GROUPS, base),
+        "lm_head": base if quant.head else "float32",
+        "kv_cache": "float32",
+    }
+
+
+def evaluate_quant(
+    directory: Path,
+    cfg: ModelConfig,
+    quant: QuantRecipe,
+    memory: GpuPlan,
+    ref: Reference,
+    settings: Settings,
+    ticks: Sequence[Any],
+    progress: Progress = lambda message: None,
+    eval_seed: int = EVAL_SEED,
+) -> RecipeReport:
+    """The figures of the torch backend's weight-only recipe `quant` (its quantised linears at load, float32
+    activations on the CPU) against `ref`; `memory` is its GPU plan."""
+    label, options = f"recipe {quant.name} (torch)", BackendOptions(quant=quant)
+    progress(f"{label}: quantised linears, per-layer and logit PCC")
+    model = TextModel.from_checkpoint(directory, cfg, quant=quant)
+    layer_pcc, logits_pcc, top1 = _text_figures(model, ref, settings)
+    expert = None
+    if ref.expert is not None:
+        source = Checkpoint(directory, cfg.weight_prefix)
+        run, pccs = expert_run(source, cfg, model, ref.ids.numel(), ref.expert, quant)
+        expert = expert_figures(ref.expert, run, pccs)
+    del model
+    vision = None
+    if ref.vision is not None:
+        got = _vision(VisionEncoder.from_checkpoint(directory, cfg, quant=quant))
+        vision = min(pcc(a, b) for a, b in zip(ref.vision, got, strict=True))
+    drive = min_ade = None
+    if ref.drive is not None:
+        vla = _vla(directory, None, cfg, settings, options=options)
+        drive = _drive_figures(ref.drive, _drive_run(vla, ticks, label, progress))
+        got = eval_min_ade(directory, cfg, settings, ticks[0], eval_seed, label, progress, options=options)
+        min_ade = _min_ade_figures(ref, got)
+    smallest = memory.smallest_gpu_gb
+    dram = {
+        "weights_gb": memory.weight_bytes / 1e9,
+        "kv_cache_gb": memory.kv_cache / 1e9,
+        "total_gb": memory.total / 1e9,
+        "fits": smallest is not None,
+        "fits_on": "cannot load on cuda"
+        if memory.refused
+        else ("NO" if smallest is None else f"{smallest} GB GPU"),
+    }
+    recipe = {"name": quant.name, "backend": "torch", "dtypes": quant_dtypes(quant)}
+    return RecipeReport(recipe, layer_pcc, logits_pcc, top1, vision, drive, dram, expert, min_ade)
 
 
 @dataclass
@@ -328,19 +475,22 @@ class PrecisionReport:
         s = self.settings
         head = (
             f"precision plan: {self.model}, prompt {s.prompt_tokens} + {s.tokens} greedy tokens, "
-            f"DRAM at max_seq_len {s.max_seq_len}"
+            f"memory at max_seq_len {s.max_seq_len}"
         )
         if self.drive is not None:
             head += f", drive {Path(self.drive).name} ({self.recipes[0].drive['ticks']} ticks)"
-        cols = ["recipe", "layer PCC min", "logits PCC", "top-1", "vision PCC"]
+        cols = ["recipe", "backend", "layer PCC min", "logits PCC", "top-1", "vision PCC"]
         cols += ["traj tokens", "ADE drift m", "ADE m"] if self.drive is not None else []
         expert = self.recipes[0].expert is not None
         cols += ["expert v PCC min", "expert ADE drift m"] if expert else []
-        cols += ["DRAM GB", "fits"]
+        min_ade = any(r.min_ade is not None for r in self.recipes)
+        cols += [f"minADE m (K={s.eval_samples})", "minADE diff m"] if min_ade else []
+        cols += ["memory GB", "fits on"]
         rows = []
         for r in self.recipes:
             row = [
                 r.recipe["name"],
+                r.recipe["backend"],
                 f"{min(r.layer_pcc):.6f}",
                 f"{r.logits_pcc:.6f}",
                 f"{100 * r.top1_agreement:.1f}%",
@@ -354,7 +504,17 @@ class PrecisionReport:
                 ]
             if r.expert is not None:
                 row += [f"{r.expert['velocity_pcc_min']:.6f}", f"{r.expert['ade_drift_m']:.3f}"]
-            row += [f"{r.dram['total_gb']:.3f}", "yes" if r.dram["fits"] else "NO"]
+            if min_ade:
+                m = r.min_ade
+                row += (
+                    ["-", "-"]
+                    if m is None
+                    else [
+                        f"{m['min_ade_m']:.3f} ({m['reference_m']:.3f})",
+                        f"{m['difference_m']:+.3f}",
+                    ]
+                )
+            row += [f"{r.dram['total_gb']:.3f}", r.dram["fits_on"]]
             rows.append(row)
         lines = [head, *_columns([cols, *rows])]
         lines.append("per-layer PCC (each layer on the unrounded model's input to it):")
@@ -385,6 +545,22 @@ class PrecisionReport:
             lines.append(
                 "ADE m: the recipe's ADE to the recorded future (the unrounded model's in parentheses)"
             )
+        if min_ade:
+            lines.append(
+                f"minADE m: as alpamayo eval scores the drive's clip (first tick, K={s.eval_samples} samples at "
+                "temperature 0.6, top-p 0.98, the clip's seed, the checkpoint's trajectory decoder): min over samples "
+                "of the ADE at 6.4 s (the unrounded model's in parentheses); minADE diff m: recipe less unrounded"
+            )
+        lines += [
+            "reference: the unrounded checkpoint in float32 on the CPU (torch reference).",
+            "ttnn: emulated, weights rounded bit-exactly as the p150 stores them (alpamayo.tt.block_float), "
+            "K/V to the recipe's kv_cache dtype, run by the torch reference in float32 (no card); memory: "
+            "the p150 DRAM plan (alpamayo plan), fits on: the p150.",
+            "torch: run, the torch backend's --quant linears (PyTorch's weight-only kernels "
+            "_weight_int8pack_mm / _weight_int4pack_mm_for_cpu) with float32 activations on the CPU; memory: "
+            f"the bfloat16 GPU plan at K={s.eval_samples} (alpamayo plan --backend torch), fits on: the "
+            "smallest common GPU.",
+        ]
         return "\n".join(lines)
 
 
@@ -404,21 +580,55 @@ def precision_report(
     cameras: Sequence[int] | None = None,
     base_model: str | Path | None = None,
     progress: Progress = lambda message: None,
+    quants: Sequence[str | QuantRecipe] = (),
 ) -> PrecisionReport:
     """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path, with a
     YAML topic `layout` where its topics are not the default ones, or `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
-    `alpamayo.families.loader.load_model_config`)."""
+    `alpamayo.families.loader.load_model_config`). `quants`: the torch backend's weight-only recipes to
+    compare too (`QuantRecipe.parse` names: int8, int4, int4-g32, ...)."""
     settings.validate()
     directory = Path(directory)
     precisions = [load_precision(r) for r in recipes]
+    quant_recipes = [q if isinstance(q, QuantRecipe) else QuantRecipe.parse(q) for q in quants]
+    if not precisions and not quant_recipes:
+        raise ValueError("no recipe to compare: give --recipe and/or --quant")
+    for q in quant_recipes:
+        if not q.enabled:
+            raise ValueError("--quant none is the reference itself; give int8, int4 or int4-gGROUP")
     cfg = load_model_config(directory, base_model)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
+    expert_cfg = expert_config_of(cfg)
+    for q in quant_recipes:  # and a layer the int4 kernel cannot pack, before any model runs
+        refused = [
+            r for w in weight_counts(cfg, expert_cfg, q, torch.float32, "cpu").values() for r in w.refused
+        ]
+        if refused:
+            raise ValueError(f"{refused[0]} ({len(refused)} linear(s) refused)")
+    gpu_plans = [
+        plan_gpu_memory(
+            cfg,
+            expert_cfg,
+            q,
+            torch.bfloat16,
+            settings.max_seq_len,
+            settings.eval_samples,
+            settings.prompt_tokens,
+            0,
+            False,
+        )
+        for q in quant_recipes
+    ]
     ticks = drive_ticks(drive, settings.ticks, warn, layout, pai_dir, cameras) if drive is not None else []
-    ref = reference(directory, cfg, settings, ticks, progress)
+    seed = clip_seed(drive_clip(drive).clip_id, EVAL_SEED) if drive is not None else EVAL_SEED
+    ref = reference(directory, cfg, settings, ticks, progress, seed)
     reports = [
-        evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model, progress)
+        evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model, progress, seed)
         for p, plan in zip(precisions, plans, strict=True)
+    ]
+    reports += [
+        evaluate_quant(directory, cfg, q, plan, ref, settings, ticks, progress, seed)
+        for q, plan in zip(quant_recipes, gpu_plans, strict=True)
     ]
     return PrecisionReport(
         str(directory), model_name(cfg), settings, None if drive is None else str(drive), reports

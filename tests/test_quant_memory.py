@@ -1,0 +1,118 @@
+"""The torch backend's GPU memory plan (`alpamayo plan --backend torch`, alpamayo.quant.memory), checked
+against the bytes of real tensors: the packed weights of the actually quantised demo model, the checkpoint's
+own tensors (read from the safetensors headers), and a real KV cache."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+
+from alpamayo.cli import main
+from alpamayo.expert.config import expert_config_of
+from alpamayo.expert.weights import load_expert
+from alpamayo.families.loader import load_model_config
+from alpamayo.quant import QuantRecipe
+from alpamayo.quant.memory import GPUS_GB, kv_cache_nbytes, packed_nbytes, plan_gpu_memory, weight_counts
+from alpamayo.text import TextModel
+from alpamayo.text.linear import Linear
+from vision.encoder import VisionEncoder
+
+DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4}
+
+
+def _packed_bytes(root: torch.nn.Module) -> int:
+    """Bytes of every quantised linear's packed tensors, measured from the tensors themselves."""
+    return sum(
+        t.numel() * t.element_size()
+        for m in root.modules()
+        if isinstance(m, Linear) and m.quantised is not None
+        for t in m.quantised.tensors().values()
+    )
+
+
+@pytest.mark.parametrize(
+    "recipe", [QuantRecipe("int8"), QuantRecipe("int8", head=True), QuantRecipe("int4", 32)], ids=str
+)
+def test_planned_packed_weight_bytes_equal_the_quantised_demo_models(demo_checkpoint, recipe):
+    cfg = load_model_config(demo_checkpoint)
+    expert_cfg = expert_config_of(cfg)
+    planned = weight_counts(cfg, expert_cfg, recipe, torch.float32, "cpu")
+    real = {
+        "text": TextModel.from_checkpoint(demo_checkpoint, cfg, quant=recipe),
+        "vision": VisionEncoder.from_checkpoint(demo_checkpoint, cfg, quant=recipe),
+        "expert": load_expert(demo_checkpoint, expert_cfg, cfg.text, quant=recipe),
+    }
+    assert set(planned) == set(real)
+    for part, model in real.items():
+        assert planned[part].refused == []
+        assert planned[part].quantised == _packed_bytes(model) > 0, part
+
+
+def test_planned_plain_weight_bytes_equal_the_checkpoints_tensors(demo_checkpoint):
+    """Without quantisation, the three parts hold every model tensor of the checkpoint, at the model dtype."""
+    cfg = load_model_config(demo_checkpoint)
+    planned = weight_counts(cfg, expert_config_of(cfg), QuantRecipe(), torch.float32, "cpu")
+    elements = 0
+    for path in demo_checkpoint.glob("*.safetensors"):
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                n = 1
+                for d in entry["shape"]:
+                    n *= d
+                elements += n
+    assert sum(c.total for c in planned.values()) == elements * 4
+    assert all(c.quantised == 0 for c in planned.values())
+
+
+def test_planned_kv_bytes_equal_a_real_cache_of_three_samples(demo_checkpoint):
+    cfg = load_model_config(demo_checkpoint)
+    model = TextModel.from_checkpoint(demo_checkpoint, cfg)
+    model.setup_cache(300, 3)
+    real = sum(t.numel() * t.element_size() for t in (*model.cache.k, *model.cache.v))
+    assert kv_cache_nbytes(cfg, 3, 300, torch.float32) == real
+    plan = plan_gpu_memory(cfg, expert_config_of(cfg), QuantRecipe("int8"), torch.float32, 300, 3, 100, 720)
+    assert plan.kv_cache == plan.unguided_cache == real  # the demo expert supports navigation guidance
+
+
+def test_plan_torch_names_each_recipes_smallest_gpu_and_refuses_int4_where_a_width_forbids(capsys):
+    argv = ["plan", "--backend", "torch", "--checkpoint", "alpamayo-1.5-10b"]
+    assert main([*argv, "--quant", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU memory plan, torch backend (bfloat16 on cuda): alpamayo-1.5-10b, action expert at K=6" in out
+    table = [
+        line.split()[-11:] for line in out.splitlines() if line.endswith(" GB") and len(line.split()) >= 11
+    ]
+    rows = {fields[0]: fields[1:] for fields in table}
+    assert list(rows) == ["bfloat16", "int8"]  # the int4 rows cannot load: "cannot load", not a GPU size
+    for weights, kv, activations, total, gpu, _, unguided, guided, gpu_guided, _ in rows.values():
+        assert float(total) == pytest.approx(float(weights) + float(kv) + float(activations), abs=0.011)
+        assert float(guided) == pytest.approx(float(total) + float(unguided), abs=0.011)
+        for size, need in ((gpu, total), (gpu_guided, guided)):
+            assert int(size) == next(g for g in GPUS_GB if float(need) <= g)
+    # the vision tower's MLP is 4304 wide: no int4 group divides it, so every int4 recipe is refused at load
+    assert main([*argv, "--quant", "int4"]) == 2
+    printed = capsys.readouterr()
+    assert "int4-g128 cannot load on cuda" in printed.out and "input width 4304" in printed.err
+
+
+def test_plan_torch_bad_arguments_are_named(capsys):
+    argv = ["plan", "--backend", "torch", "--checkpoint", "alpamayo-1.5-10b"]
+    assert main([*argv, "--samples", "0"]) == 2
+    assert "max_seq_len and samples must be >= 1, got 3328 and 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--quant", "int3"])
+
+
+@pytest.mark.parametrize("recipe", [QuantRecipe("int8"), QuantRecipe("int4", 32)], ids=str)
+def test_a_quantised_bfloat16_linear_keeps_only_its_packed_tensors(recipe):
+    """What the plan counts is all a quantised linear holds: no plain weight and no oneDNN copy of it."""
+    linear = Linear(torch.randn(64, 128).bfloat16())
+    linear.pack(quant=recipe)
+    assert linear.weight is None and linear._packed is None
+    assert _packed_bytes(linear) == packed_nbytes(64, 128, recipe, torch.bfloat16, "cpu")
