@@ -2,11 +2,12 @@
 
 Why the expert's waypoints once moved (up to 0.37 m on the demo checkpoint) although the reasoning tokens were
 equal: a verify computed its block's attention in one masked kernel, which rounds differently from the
-one-token decode kernel, so the reasoning's K/V in the cache differed by a rounding step (fp32: 3e-6; bf16:
-one ulp, which also flipped a greedy token of the demo checkpoint 24 tokens in). The expert's offsets, action
-positions and mask were the same, the prompt's K/V bit-equal, the noise drawn from its own seed stream; the
-demo's random expert then amplified the difference (velocity 8.6e-7 apart at step 0, x 0.19 apart after 10 Euler
-steps: the chaotic field `tests/test_expert_golden.py` documents). Verify now attends stepwise
+one-token decode kernel, so the reasoning's K/V in the cache differed (float32: up to 4.3e-6, with MKL's GEMM
+rounding below; bfloat16: up to 0.034, which also flipped a greedy token of the demo checkpoint 24 tokens in).
+The expert's offsets, action positions and mask were the same, the prompt's K/V bit-equal, its noise drawn
+from its own seed stream; the demo's random expert then amplified the difference (float32 velocity 8.6e-7
+apart at step 0, x 0.19 apart after 10 Euler steps; a 1e-6 change of the initial noise moves it as much:
+the chaotic field `tests/test_expert_golden.py` documents). Verify now attends stepwise
 (`alpamayo.text.attention.Attention._stepwise`), so:
   * bfloat16 on CPU, whose oneDNN linears give each row the same result whatever the number of rows: the
     cache's K/V and the expert's waypoints are bit-equal to plain decoding;
