@@ -55,25 +55,36 @@ class Attention(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int | list[int]
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int | list[int],
+        stepwise: bool = False,
     ) -> torch.Tensor:
         """x [B, T, H] at cache positions [start, start+T) -> [B, T, H]. `start` an int: every row starts
         there, cos/sin [T, head_dim]; a list (one per row, ragged rows): row i at [start[i], start[i]+T), each
-        query sees its row's first start[i] positions and the block up to itself, cos/sin [B, 1, T, head_dim]."""
+        query sees its row's first start[i] positions and the block up to itself, cos/sin [B, 1, T, head_dim].
+
+        `stepwise` (a speculative verify's block, and every one-token decode): each query attends exactly as a
+        one-token decode step at its position would (`_stepwise`), so the block's outputs and K/V are the ones
+        decoding it token by token gives. Otherwise (a prompt, a replayed continuation) one masked kernel
+        serves the whole block."""
+        b, t, _ = x.shape
+        if t == 1 or stepwise:
+            q, k, v = self.project(x, cos, sin)
+            if isinstance(start, int):
+                cache.write(self.layer, k, v, start)
+            else:
+                cache.write_rows(self.layer, k, v, start)
+            return self.o_proj(self._stepwise(q, cache, start).reshape(b, t, self.n_heads * self.head_dim))
         if not isinstance(start, int):
             return self._ragged(x, cos, sin, cache, start)
-        b, t, _ = x.shape
         d = self.head_dim
         q, k, v = self.project(x, cos, sin)
         cache.write(self.layer, k, v, start)
         keys, values = cache.read(self.layer, b, start + t)
-        if t == 1:
-            # One query per head: fold each kv group's query heads into the query-length dim, so plain SDPA
-            # runs per kv head. 6x faster on CPU than enable_gqa: 146 vs 908 us per layer at 512 cached
-            # positions, 791 vs 5807 us at 3000 (2B shape, 2 cores). Equal to it up to rounding, not bitwise:
-            # max abs 6.1e-5 in bf16 (2 of 20 random draws differ) and 1.8e-7 in fp32, at 512 positions.
-            out = F.scaled_dot_product_attention(q.view(b, self.n_kv, -1, d), keys, values, scale=self.scale)
-            return self.o_proj(out.reshape(b, 1, self.n_heads * d))
         mask = None
         if start > 0:  # appending tokens: causal among them, full view of the cached prefix
             q_pos = torch.arange(start, start + t, device=x.device)[:, None]
@@ -82,6 +93,34 @@ class Attention(nn.Module):
             q, keys, values, attn_mask=mask, is_causal=start == 0, scale=self.scale, enable_gqa=True
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * d))
+
+    def _stepwise(self, q: torch.Tensor, cache: KVCache, start: int | list[int]) -> torch.Tensor:
+        """q [B, nh, T, D] of tokens already written at [start, start+T) -> attention [B, T, nh, D], query j
+        of row i computed by the one-token decode kernel over exactly its row's first start_i + j + 1 keys.
+
+        One kernel call per query position (per row when rows are ragged), never one masked call for the block:
+        a block's masked kernel rounds differently from T one-token calls (measured on the demo checkpoint's
+        reasoning after a block verify: cache K/V up to 0.034 apart in bf16, which flipped a greedy token 24
+        tokens in; 3.4e-7 per attention output in fp32), while each call here is the decode step's own, bit for
+        bit. The price is reading the row's cached K/V once per query instead of once per block.
+
+        One query per head: each kv group's query heads are folded into the query-length dim, so plain SDPA
+        runs per kv head. 6x faster on CPU than enable_gqa: 146 vs 908 us per layer at 512 cached positions,
+        791 vs 5807 us at 3000 (2B shape, 2 cores). Equal to it up to rounding, not bitwise: max abs 6.1e-5
+        in bf16 (2 of 20 random draws differ) and 1.8e-7 in fp32, at 512 positions."""
+        b, _, t, d = q.shape
+        out = q.new_empty(b, t, self.n_heads, d)
+        rows = [(0, b, start)] if isinstance(start, int) else [(i, i + 1, s) for i, s in enumerate(start)]
+        for lo, hi, s in rows:
+            for j in range(t):
+                keys, values = (
+                    cache.k[self.layer][lo:hi, :, : s + j + 1],
+                    cache.v[self.layer][lo:hi, :, : s + j + 1],
+                )
+                step = q[lo:hi, :, j].reshape(hi - lo, self.n_kv, -1, d)
+                att = F.scaled_dot_product_attention(step, keys, values, scale=self.scale)
+                out[lo:hi, j] = att.reshape(hi - lo, self.n_heads, d)
+        return out
 
     def _ragged(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, starts: list[int]

@@ -19,10 +19,17 @@ class DecoderLayer(nn.Module):
         self.input_norm, self.post_norm = input_norm, post_norm
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int | list[int]
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int | list[int],
+        stepwise: bool = False,
     ) -> torch.Tensor:
-        """x [B, T, H] at cache positions from `start` (one int, or one per row: `Attention.forward`)."""
-        h = x + self.attn(self.input_norm(x), cos, sin, cache, start)
+        """x [B, T, H] at cache positions from `start` (one int, or one per row) and `stepwise` as in
+        `Attention.forward`."""
+        h = x + self.attn(self.input_norm(x), cos, sin, cache, start, stepwise)
         return h + self.mlp(self.post_norm(h))
 
     def over_prefix(

@@ -204,15 +204,17 @@ class TextModel(nn.Module):
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
         capture: Sequence[int] = (),
+        stepwise: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """h [B, T, H] through every layer -> (final-normed hidden [B, T, H], the outputs [B, T, H] of the
         layers in `capture`, in that order: transformers' `hidden_states[i + 1]`, the normed output for the
-        last layer). `start`: the rows' common cache index, or one per row (ragged)."""
+        last layer). `start`: the rows' common cache index, or one per row (ragged); `stepwise`: every query
+        attends as a one-token decode would (`Attention.forward`)."""
         cache = self._require_cache()
         taken: dict[int, torch.Tensor] = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, cache, start)
+            h = layer(h, cos, sin, cache, start, stepwise)
             if deepstack is not None and i < len(deepstack):
                 h[0, visual_pos_mask] += deepstack[i].to(h.dtype)
             if i in capture and i != last:
@@ -298,19 +300,26 @@ class TextModel(nn.Module):
         lengths[i] + T - 1, causal among them. Returns float32 logits [B, T, V] (position j: the next-token
         logits after tokens[:, j]); with `capture` (layer indices) also the concatenated outputs of those
         layers [B, T, len(capture) * H] in the model dtype (a DFlash draft's context features). Every row's
-        length grows by T; `rollback` then keeps each row's accepted prefix."""
+        length grows by T; `rollback` then keeps each row's accepted prefix.
+
+        Each token's logits and K/V are bit for bit what a one-token `decode` at its position computes, where
+        the linears' kernels give every row the same result whatever the number of rows (CPU bfloat16's
+        oneDNN kernels do; CPU float32's MKL ones round differently, by ~1e-6, exactly as plain decoding with
+        K rows differs from K = 1): the attention runs stepwise (`Attention._stepwise`). So what reads the
+        cache after a speculative reasoning (the action expert) reads what plain decoding leaves."""
         if tokens.dim() != 2 or tokens.shape[0] != self.batch or tokens.shape[1] < 1:
             raise ValueError(f"verify takes ids [{self.batch}, T >= 1], got shape {list(tokens.shape)}")
         check_decode_room(self.cache_len, self._require_cache().max_seq_len, tokens.shape[1])
-        hidden, taken = self._append(tokens, capture)
+        hidden, taken = self._append(tokens, capture, stepwise=True)
         logits = self.logits(hidden)
         return (logits, torch.cat(taken, dim=-1)) if capture else logits
 
     def _append(
-        self, ids: torch.Tensor, capture: Sequence[int] = ()
+        self, ids: torch.Tensor, capture: Sequence[int] = (), stepwise: bool = False
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Ids [B, T], row i's at positions lengths[i] + rope_delta onwards (callers checked the room) ->
-        (final-normed hidden [B, T, H], captured layer outputs); every row then holds T more positions."""
+        (final-normed hidden [B, T, H], captured layer outputs); every row then holds T more positions.
+        `stepwise`: the attention of `Attention.forward` (a verify's block; a decode's one token always is)."""
         b, t = ids.shape
         steps = torch.arange(t)
         if len(set(self.lengths)) == 1:  # uniform rows: one scalar start, the plain decoding path
@@ -320,6 +329,6 @@ class TextModel(nn.Module):
             start = list(self.lengths)
             pos = torch.tensor(start)[:, None] + steps + self.rope_delta  # [B, T]
             cos, sin = (c.view(b, 1, t, -1) for c in self.rope.cos_sin_1d(pos.reshape(-1), self.dtype))
-        h, taken = self._layers(self.embed(ids), cos, sin, start, capture=capture)
+        h, taken = self._layers(self.embed(ids), cos, sin, start, capture=capture, stepwise=stepwise)
         self.lengths = [n + t for n in self.lengths]
         return h, taken
