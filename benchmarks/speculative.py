@@ -6,7 +6,13 @@ bf16 weights, decoder layers cut to `--layers` (the head is kept whole: it is 1/
 2 layers, so cutting layers makes verify *cheaper* relative to decode than the full model would be only in the
 attention; the ratios are read against the bandwidth floor printed beside them). In one run:
   * plain decode ms per token after a `--context`-token prompt;
-  * one `TextModel.verify` of T = 1, 2, 4, 8, 16 tokens (then rolled back);
+  * one `TextModel.verify` of T = 1, 2, 4, 8, 16 tokens (then rolled back), timed interleaved with the decode
+    step (one decode, one verify of each T, repeated) so the ratios share the machine's load;
+  * the physical floor of each: its bytes (weights + the context's K/V) at the measured bandwidth (STREAM
+    copy, and the packed bf16 head's own M = 1 read rate) and its FLOPs at the measured bf16 GEMM rate (the
+    packed linear on 256 rows), whichever is longer, so the table says whether a verify of T is bandwidth-
+    or compute-bound here; and where a verify's time goes against a decode step (torch.profiler, each op's
+    least self time over the repeats: linears, attention, the element-wise rest);
   * oracle drafts held at accepted length tau = 1, 2, 4, 6, 8: blocks of 8 = [pending, 7 drafted], the
     drafted tokens the target's true greedy continuation corrupted from index tau - 1 on, accepted by the
     greedy rule (`alpamayo.generation.verify_token`), cache rolled back; tokens per second vs plain decoding;
@@ -27,15 +33,20 @@ import time
 from pathlib import Path
 
 import torch
+from text_backbone import copy_bandwidth_gbs
+from torch.profiler import ProfilerActivity, profile
 
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
 from alpamayo.generation import Sampling, verify_token
 from alpamayo.text import TextModel
+from alpamayo.text.linear import Linear
 from alpamayo.text.weights import text_tensor_shapes
 
 BLOCK = 8
 TAUS = (1, 2, 4, 6, 8)
+VERIFY_T = (1, 2, 4, 8, 16)
+GOAL_T8 = 1.3  # issue 24: a verify of 8 costs <= 1.3x one decode step
 
 
 def random_8b_text(layers: int) -> TextModel:
@@ -64,14 +75,61 @@ def weight_bytes(model: TextModel) -> int:
     return 2 * (per_layer * t.num_hidden_layers + t.vocab_size * t.hidden_size)
 
 
-def median_ms(fn, reps: int) -> float:
+def kv_bytes_read(model: TextModel, context: int) -> int:
+    """K and V of `context` positions over every layer, as one forward reads them (bf16)."""
+    t = model.text_cfg
+    return 2 * 2 * t.num_hidden_layers * t.kv_dim * context
+
+
+def forward_flops(model: TextModel, context: int, tokens: int) -> float:
+    """FLOPs of one forward of `tokens` new tokens after `context` cached ones: 2 per weight per token (the
+    head included) plus the attention's q k^T and p v over the context and the block."""
+    t = model.text_cfg
+    attention = 4.0 * t.num_hidden_layers * t.q_dim * tokens * (context + tokens)
+    return 2.0 * tokens * weight_bytes(model) / 2 + attention
+
+
+def machine_rates(reps: int) -> dict:
+    """This machine's bandwidth (STREAM copy, GB/s), the packed bf16 linear's weight read rate at M = 1 on a
+    65536 x 4096 weight (GB/s, 0.5 GB: far past the caches; what a decode step can stream) and its bf16 GEMM rate on 256 rows of a
+    4096 x 4096 weight (GFLOP/s: the compute ceiling of a verify), each the best of `reps`."""
+    g = torch.Generator().manual_seed(2)
+    out = {"copy_gbs": copy_bandwidth_gbs(1 << 29, reps)}
+    for name, (n, k, m) in {"stream": (65_536, 4096, 1), "gemm": (4096, 4096, 256)}.items():
+        head = Linear(torch.randn(n, k, generator=g, dtype=torch.bfloat16), role="head")
+        head.pack()
+        x = torch.randn(m, k, generator=g, dtype=torch.bfloat16)
+        best = min_ms(lambda h=head, x=x: h(x), reps) / 1e3
+        out["stream_gbs" if name == "stream" else "gemm_gflops"] = (
+            2 * n * k / best / 1e9 if name == "stream" else 2 * m * n * k / best / 1e9
+        )
+        del head
+    return out
+
+
+def min_ms(fn, reps: int) -> float:
     fn()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return min(times)
+
+
+def op_breakdown(fn, reps: int) -> dict[str, float]:
+    """ms of one call of `fn` by op class (each op's least self CPU time over `reps` profiled calls): the
+    packed linears, the attention kernel, the rest (norms, rope, casts, cache writes, masks, argmax...)."""
+    best: dict[str, float] = {}
+    fn()
+    for _ in range(reps):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        for e in prof.key_averages():
+            best[e.key] = min(best.get(e.key, math.inf), e.self_cpu_time_total / 1e3)
+    linear = sum(v for k, v in best.items() if "linear" in k)
+    attention = sum(v for k, v in best.items() if "scaled_dot_product" in k)
+    return {"linears": linear, "attention": attention, "rest": sum(best.values()) - linear - attention}
 
 
 def target_side(args: argparse.Namespace) -> dict:
@@ -84,11 +142,31 @@ def target_side(args: argparse.Namespace) -> dict:
     for _ in range(n_cont):
         truth.append(int(model.decode(truth[-1]).argmax()))
     model.rollback([args.context])
-    decode_ms = median_ms(lambda: (model.decode(7), model.rollback([args.context])), args.reps)
-    verify_ms = {}
-    for t in (1, 2, 4, 8, 16):
-        block = torch.tensor([truth[:t]])
-        verify_ms[t] = median_ms(lambda b=block: (model.verify(b), model.rollback([args.context])), args.reps)
+
+    def step() -> None:
+        model.decode(7)
+        model.rollback([args.context])
+
+    def verify(t: int) -> None:
+        model.verify(torch.tensor([truth[:t]]))
+        model.rollback([args.context])
+
+    # interleaved: each round times one decode step and one verify of every T, so a load spike on the shared
+    # machine lands on all of them; the median over rounds
+    step()
+    verify(16)
+    rounds: dict[int, list[float]] = {t: [] for t in (0, *VERIFY_T)}  # 0: the decode step
+    for _ in range(args.reps):
+        for t in rounds:
+            t0 = time.perf_counter()
+            step() if t == 0 else verify(t)
+            rounds[t].append((time.perf_counter() - t0) * 1e3)
+    decode_ms = statistics.median(rounds[0])
+    verify_ms = {t: statistics.median(rounds[t]) for t in VERIFY_T}
+    breakdown = {
+        "decode": op_breakdown(step, args.reps),
+        "verify 8": op_breakdown(lambda: verify(8), args.reps),
+    }
     greedy = Sampling()
     oracle = {}
     for tau in TAUS:
@@ -115,8 +193,11 @@ def target_side(args: argparse.Namespace) -> dict:
         "layers": args.layers,
         "context": args.context,
         "weight_gb": weight_bytes(model) / 1e9,
+        "bytes": weight_bytes(model) + kv_bytes_read(model, args.context),
+        "flops": {t: forward_flops(model, args.context, t) for t in (1, *VERIFY_T)},
         "decode_ms": decode_ms,
         "verify_ms": verify_ms,
+        "breakdown": breakdown,
         "oracle": oracle,
     }
 
@@ -162,16 +243,46 @@ def main() -> None:
     p.add_argument("--drive-seconds", type=float, default=2.5)
     args = p.parse_args()
     torch.manual_seed(0)
+    rates = machine_rates(args.reps)
     t = target_side(args)
     d = t["decode_ms"]
     print(
         f"Qwen3-VL-8B text shape, {t['layers']} layers + head ({t['weight_gb']:.2f} GB bf16), context {t['context']}, "
         f"{torch.get_num_threads()} threads"
     )
-    print(f"plain decode: {d:.1f} ms/token ({1e3 / d:.2f} tokens/s)")
-    print(f"{'verify T':>9} {'ms':>9} {'x decode':>9}")
+    print(
+        f"machine: STREAM copy {rates['copy_gbs']:.1f} GB/s, packed bf16 linear M=1 weight stream "
+        f"{rates['stream_gbs']:.1f} GB/s, bf16 GEMM (256 x 4096 x 4096) {rates['gemm_gflops']:.0f} GFLOP/s"
+    )
+    bw = max(rates["copy_gbs"], rates["stream_gbs"]) * 1e9
+
+    def floor_ms(n: int) -> tuple[float, str]:
+        read, compute = t["bytes"] / bw, t["flops"][n] / (rates["gemm_gflops"] * 1e9)
+        return 1e3 * max(read, compute), "bandwidth" if read >= compute else "compute"
+
+    f1 = floor_ms(1)[0]
+    print(
+        f"plain decode: {d:.1f} ms/token ({1e3 / d:.2f} tokens/s); floor {f1:.1f} ms ({t['bytes'] / 1e9:.2f} GB)"
+    )
+    print(
+        f"{'verify T':>9} {'ms':>9} {'x decode':>9} {'floor ms':>9} {'x floor1':>9}  bound   (medians, interleaved)"
+    )
     for n, ms in t["verify_ms"].items():
-        print(f"{n:>9} {ms:>9.1f} {ms / d:>9.2f}")
+        fl, bound = floor_ms(n)
+        print(f"{n:>9} {ms:>9.1f} {ms / d:>9.2f} {fl:>9.1f} {fl / f1:>9.2f}  {bound}")
+    f8, bound8 = floor_ms(8)
+    ratio8 = t["verify_ms"][8] / d
+    verdict = "met" if ratio8 <= GOAL_T8 else "missed"
+    print(
+        f"goal T=8 <= {GOAL_T8}x a decode step: {verdict} ({ratio8:.2f}x); the physical floor allows "
+        f"{f8 / f1:.2f}x ({bound8}-bound: {t['flops'][8] / 1e9:.1f} GFLOP at {rates['gemm_gflops']:.0f} GFLOP/s "
+        f"= {1e3 * t['flops'][8] / (rates['gemm_gflops'] * 1e9):.1f} ms against {f1:.1f} ms of reads)"
+    )
+    print(
+        f"{'where it goes':>14} {'linears':>9} {'attention':>10} {'rest':>8}   (ms, least self time per op)"
+    )
+    for name, b in t["breakdown"].items():
+        print(f"{name:>14} {b['linears']:>9.1f} {b['attention']:>10.1f} {b['rest']:>8.1f}")
     print(f"{'tau':>5} {'measured':>9} {'tokens/s':>9} {'x plain':>8}   (oracle drafts, blocks of {BLOCK})")
     for tau, r in t["oracle"].items():
         print(
