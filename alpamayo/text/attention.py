@@ -11,6 +11,7 @@ from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.linear import Linear
 from alpamayo.text.norm import RMSNorm
 from alpamayo.text.rope import apply_rotary
+from alpamayo.text.threads import wide
 
 
 class Attention(nn.Module):
@@ -89,9 +90,10 @@ class Attention(nn.Module):
         if start > 0:  # appending tokens: causal among them, full view of the cached prefix
             q_pos = torch.arange(start, start + t, device=x.device)[:, None]
             mask = torch.arange(start + t, device=x.device) <= q_pos
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=start == 0, scale=self.scale, enable_gqa=True
-        )
+        with wide():
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=start == 0, scale=self.scale, enable_gqa=True
+            )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * d))
 
     def _stepwise(self, q: torch.Tensor, cache: KVCache, start: int | list[int]) -> torch.Tensor:
@@ -118,7 +120,8 @@ class Attention(nn.Module):
                     cache.v[self.layer][lo:hi, :, : s + j + 1],
                 )
                 step = q[lo:hi, :, j].reshape(hi - lo, self.n_kv, -1, d)
-                att = F.scaled_dot_product_attention(step, keys, values, scale=self.scale)
+                with wide():
+                    att = F.scaled_dot_product_attention(step, keys, values, scale=self.scale)
                 out[lo:hi, j] = att.reshape(hi - lo, self.n_heads, d)
         return out
 
@@ -134,9 +137,10 @@ class Attention(nn.Module):
         # j; the stale K/V past a shorter row's length sit beyond that bound (or were just overwritten)
         q_pos = torch.tensor(starts, device=x.device)[:, None] + torch.arange(t, device=x.device)  # [B, T]
         mask = (torch.arange(end, device=x.device) <= q_pos[..., None]).unsqueeze(1)  # [B, 1, T, end]
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
-        )
+        with wide():
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
     def over_prefix(

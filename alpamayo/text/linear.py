@@ -16,6 +16,7 @@ from torch import nn
 
 from alpamayo.quant import QuantRecipe, QuantWeight, quantise_weight
 from alpamayo.quant.cache import PackedWeightCache
+from alpamayo.text.threads import wide
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -72,6 +73,10 @@ class Linear(nn.Module):
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with wide():  # every thread for the matmul, also inside a few-row forward (`alpamayo.text.threads`)
+            return self._matmul(x)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantised is not None:
             y = self.quantised.matmul(x)
             return y if self.bias is None else y + self.bias

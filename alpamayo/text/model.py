@@ -41,6 +41,7 @@ from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm
 from alpamayo.text.rope import MRope
+from alpamayo.text.threads import few_rows
 from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, build_layer, validate_text_tensors
 
 
@@ -329,6 +330,7 @@ class TextModel(nn.Module):
             start = list(self.lengths)
             pos = torch.tensor(start)[:, None] + steps + self.rope_delta  # [B, T]
             cos, sin = (c.view(b, 1, t, -1) for c in self.rope.cos_sin_1d(pos.reshape(-1), self.dtype))
-        h, taken = self._layers(self.embed(ids), cos, sin, start, capture=capture, stepwise=stepwise)
+        with few_rows(b * t, self.device):  # element-wise ops on one thread (`alpamayo.text.threads`)
+            h, taken = self._layers(self.embed(ids), cos, sin, start, capture=capture, stepwise=stepwise)
         self.lengths = [n + t for n in self.lengths]
         return h, taken
