@@ -173,13 +173,13 @@ def _vla(
     store: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Any:
     """The torch AlpamayoVLA (float32, CPU) on the directory's weights, or on `weights` with K/V `store`."""
-    from alpamayo.runtime import AlpamayoVLA
+    from alpamayo.runtime import AlpamayoVLA, planner_config
     from alpamayo.vlm import VisionLanguageModel
     from planner.pipeline import Planner
 
     vlm = VisionLanguageModel.from_checkpoint(directory, weights=weights, cfg=cfg)
     vlm.text.kv_store = store
-    planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
+    planner = Planner.from_config(planner_config(vlm.config), model_tokenizer(vlm.config))
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
 
 
