@@ -1,8 +1,9 @@
 """Lazy safetensors checkpoints: one file or a sharded `model.safetensors.index.json`.
 
-Opening a checkpoint reads only the safetensors headers. It checks every file for truncation (the header's
-data offsets must fit in the file) and every index entry against its shard. Tensors are read one at a time
-(memory-mapped) by `Checkpoint.get`, so peak host memory while building a model is about one copy of it.
+Opening a checkpoint reads only the safetensors headers (safetensors' own `safe_open`, which checks that the
+header's data offsets cover the file exactly; a truncated file is reported with its byte counts) and checks
+every index entry against its shard. Tensors are read one at a time (memory-mapped) by `Checkpoint.get`, so
+peak host memory while building a model is about one copy of it.
 
 Names are normalised to one canonical form, whatever the on-disk spelling:
     language_model.<...>   text decoder     (HF: model.language_model.<...>; Alpamayo: vlm.model.language_model.<...>)
@@ -38,25 +39,12 @@ _RENAMES = (
     ("model.visual.", "visual."),
     ("language_model.lm_head.", "lm_head."),
 )
-_DTYPE_BYTES = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "U16": 2,
-    "U32": 4,
-    "U64": 8,
-}
 
 Shape = tuple[int, ...]
+# Bytes per element of the safetensors dtypes a checkpoint holds: to name the tensor whose header entry
+# safetensors refuses (it says only "invalid shape, data type, or offset for tensor").
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
+_DTYPE_BYTES |= {f"{kind}{bits}": bits // 8 for kind in "IU" for bits in (8, 16, 32, 64)}
 Getter = Callable[[str], torch.Tensor]  # canonical tensor name -> tensor, what module builders read through
 
 
@@ -87,54 +75,67 @@ def canonical_name(key: str, weight_prefix: str = "") -> str | None:
 
 
 def read_header(path: Path) -> dict[str, TensorEntry]:
-    """Parse a safetensors header and check that the file holds every byte it promises."""
+    """The tensors of one safetensors file, read by safetensors itself (`safe_open`, which memory-maps the file
+    and checks that the header's data offsets tile the data exactly, and `get_slice` for shapes and dtypes); a
+    file it refuses raises CheckpointError saying what is wrong in the file's own byte counts."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(
-                    f"{path}: truncated safetensors file ({size} bytes, header length missing)"
+        entries = {}
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                tensor = f.get_slice(key)  # the header's view of it: nothing is read
+                entries[key] = TensorEntry(
+                    path, key, tuple(int(d) for d in tensor.get_shape()), tensor.get_dtype()
                 )
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise CheckpointError(
-                    f"{path}: truncated safetensors file: header claims {n} bytes but the file has {size} bytes"
-                )
-            raw = f.read(n)
+        return entries
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read safetensors file ({e})") from e
+    except Exception as e:  # safetensors' SafetensorError: it says what is wrong, not where nor by how much
+        raise CheckpointError(f"{path}: {_damage(path, e)}") from e
+
+
+def _damage(path: Path, error: Exception) -> str:
+    """Why safetensors refused `path`, from its size, its 8-byte little-endian header length and the data
+    extent its JSON header declares (safetensors reports a truncated file only as "incomplete metadata, file
+    not fully covered"); safetensors' own words when none of those is at fault."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"truncated safetensors file ({size} bytes, header length missing)"
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            return f"truncated safetensors file: header claims {n} bytes but the file has {size} bytes"
+        raw = f.read(n)
     try:
         header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from e
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+        return f"corrupt safetensors header ({e})"
     if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+        return "corrupt safetensors header (not a JSON object)"
     data_bytes = size - 8 - n
-    entries = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = (
-                info["dtype"],
-                tuple(int(d) for d in info["shape"]),
-                info["data_offsets"],
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: corrupt header entry for tensor '{key}' ({e})") from e
-        if dtype not in _DTYPE_BYTES or end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
-            raise CheckpointError(
-                f"{path}: corrupt header entry for tensor '{key}': dtype {dtype} shape {list(shape)} "
-                f"does not match its {end - begin} data bytes"
-            )
+    try:
+        entries = {
+            key: (info["dtype"], [int(d) for d in info["shape"]], [int(o) for o in info["data_offsets"]])
+            for key, info in header.items()
+            if key != "__metadata__"
+        }
+    except (KeyError, TypeError, ValueError) as e:
+        return f"corrupt safetensors header ({error}: {e!r})"
+    for key, (dtype, shape, (begin, end)) in entries.items():
         if end > data_bytes:
-            raise CheckpointError(
-                f"{path}: truncated safetensors file: tensor '{key}' ends at data byte {end} "
+            return (
+                f"truncated safetensors file: tensor '{key}' ends at data byte {end} "
                 f"but the file holds only {data_bytes} data bytes"
             )
-        entries[key] = TensorEntry(path, key, shape, dtype)
-    return entries
+        if dtype in _DTYPE_BYTES and end - begin != math.prod(shape) * _DTYPE_BYTES[dtype]:
+            return (
+                f"corrupt header entry for tensor '{key}': dtype {dtype} shape {shape} does not match its "
+                f"{end - begin} data bytes"
+            )
+    last = max((end for _, _, (_, end) in entries.values()), default=0)
+    if last < data_bytes:
+        return f"corrupt safetensors file: its tensors end at data byte {last} but it holds {data_bytes} data bytes"
+    return f"corrupt safetensors file ({error})"
 
 
 def _shard_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:

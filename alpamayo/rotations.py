@@ -1,26 +1,79 @@
-"""Quaternions (x, y, z, w) of planar ego poses from their yaw. Rotation matrices and the t0 ego frame are in
-planner.ego_frame, slerp here (the ego track's interpolation in bridges.window and bridges.recording). A pose quaternion gives the ego->world rotation."""
+"""Ego pose rotations, the one home of quaternion maths, on `scipy.spatial.transform.Rotation`.
+
+Quaternions are (x, y, z, w), scalar last: scipy's default and the layout of every pose here (`EgoHistory`, the
+wire protocol, MCAP / ROS 2 messages); AlpaSim's (w, x, y, z) fields are named one by one at its wire. A pose
+quaternion gives the ego->world rotation; frames are x forward, y left, z up, yaw about +z. Signs are kept as
+given (scipy does not canonicalise them: `as_quat()` returns q or -q as composed), so a track's quaternions
+stay continuous where their inputs were.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.spatial.transform import Rotation, Slerp
 
 
-def yaw_to_quat(yaw: np.ndarray) -> np.ndarray:
-    """[...] yaw angles (rad, about +z) -> [..., 4] quaternions (x, y, z, w)."""
-    half = 0.5 * np.asarray(yaw, dtype=np.float64)
-    zeros = np.zeros_like(half)
-    return np.stack([zeros, zeros, np.sin(half), np.cos(half)], axis=-1)
+def yaw_to_quat(yaw: np.ndarray | float) -> np.ndarray:
+    """[...] yaw angles (rad, about +z) -> [..., 4] quaternions (x, y, z, w); w = cos(yaw / 2), so a yaw beyond
+    +-pi gives w < 0 (the sign follows the angle, as an unwrapped heading track needs)."""
+    yaw = np.asarray(yaw, dtype=np.float64)
+    return Rotation.from_euler("z", yaw.reshape(-1, 1)).as_quat().reshape(*yaw.shape, 4)
 
 
-def slerp(q0: np.ndarray, q1: np.ndarray, u: float) -> np.ndarray:
-    """Spherical interpolation of unit quaternions (x, y, z, w) along the short arc; u outside [0, 1]
-    extrapolates along the same great circle."""
-    if np.dot(q0, q1) < 0.0:
-        q1 = -q1
-    # The angle between the unit vectors via atan2 stays accurate near 0, where arccos(dot) loses half the digits.
-    theta = 2.0 * np.arctan2(np.linalg.norm(q0 - q1), np.linalg.norm(q0 + q1))
-    if theta < 1e-12:
-        return q0.copy()
-    q = (np.sin((1 - u) * theta) * q0 + np.sin(u * theta) * q1) / np.sin(theta)
-    return q / np.linalg.norm(q)
+def heading(rot: np.ndarray) -> np.ndarray:
+    """Rotation matrices [..., 3, 3] -> [...] rad in (-pi, pi]: the direction of the rotated forward (+x) axis
+    in the xy plane, the yaw of a z-y-x (yaw, pitch, roll) decomposition."""
+    rot = np.asarray(rot, dtype=np.float64)
+    return np.arctan2(rot[..., 1, 0], rot[..., 0, 0])
+
+
+def compose(outer_xyzw: np.ndarray, inner_xyzw: np.ndarray) -> np.ndarray:
+    """outer * inner [..., 4] (broadcast): `inner` applied first, e.g. a link's rotation in its parent frame
+    composed below the parent's rotation in the world."""
+    outer, inner = np.broadcast_arrays(np.asarray(outer_xyzw, np.float64), np.asarray(inner_xyzw, np.float64))
+    q = Rotation.from_quat(outer.reshape(-1, 4)) * Rotation.from_quat(inner.reshape(-1, 4))
+    return q.as_quat().reshape(outer.shape)
+
+
+def to_frame(
+    origin_xyz: np.ndarray, origin_xyzw: np.ndarray, xyz: np.ndarray, quat_xyzw: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Poses in the frame of the pose (origin_xyz [3] m, origin_xyzw [4]): xyz_local [..., 3] = R0^-1 (xyz -
+    origin_xyz) and, when `quat_xyzw` [..., 4] is given, rotation matrices R0^-1 R [..., 3, 3] (else None)."""
+    r0_inv = Rotation.from_quat(np.asarray(origin_xyzw, np.float64)).inv()
+    xyz = np.asarray(xyz, dtype=np.float64)
+    local = r0_inv.apply((xyz - origin_xyz).reshape(-1, 3)).reshape(xyz.shape)
+    if quat_xyzw is None:
+        return local, None
+    quat = np.asarray(quat_xyzw, dtype=np.float64)
+    rot = (r0_inv * Rotation.from_quat(quat.reshape(-1, 4))).as_matrix().reshape(*quat.shape[:-1], 3, 3)
+    return local, rot
+
+
+def from_frame(origin_xyz: np.ndarray, origin_xyzw: np.ndarray, xyz_local: np.ndarray) -> np.ndarray:
+    """Points [..., 3] given in the frame of the pose (origin_xyz [3] m, origin_xyzw [4]) -> the parent frame:
+    R0 xyz_local + origin_xyz (the inverse of `to_frame`)."""
+    xyz_local = np.asarray(xyz_local, dtype=np.float64)
+    r0 = Rotation.from_quat(np.asarray(origin_xyzw, np.float64))
+    return r0.apply(xyz_local.reshape(-1, 3)).reshape(xyz_local.shape) + origin_xyz
+
+
+def slerp(q0: np.ndarray, q1: np.ndarray, u: np.ndarray | float) -> np.ndarray:
+    """Spherical interpolation of quaternions q0, q1 [..., 4] (x, y, z, w) at fractions u [...] (broadcast),
+    along the short arc: q0 * (q0^-1 q1)^u with the relative rotation taken at its angle in [0, pi] (the same
+    rotation whichever sign q1 has). u outside [0, 1] extrapolates along the same great circle, which scipy's
+    `Slerp` refuses; the result keeps q0's sign."""
+    q0, q1 = np.asarray(q0, np.float64), np.asarray(q1, np.float64)
+    u = np.asarray(u, dtype=np.float64)
+    shape = np.broadcast_shapes(q0.shape[:-1], q1.shape[:-1], u.shape)
+    r0 = Rotation.from_quat(np.broadcast_to(q0, (*shape, 4)).reshape(-1, 4))
+    r1 = Rotation.from_quat(np.broadcast_to(q1, (*shape, 4)).reshape(-1, 4))
+    step = (r0.inv() * r1).as_rotvec() * np.broadcast_to(u, shape).reshape(-1, 1)
+    return (r0 * Rotation.from_rotvec(step)).as_quat().reshape(*shape, 4)
+
+
+def slerp_track(times: np.ndarray, quat_xyzw: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """A track's rotations quat_xyzw [N, 4] at strictly increasing `times` [N] slerped at `at` [M] within
+    [times[0], times[-1]] (scipy's `Slerp`; ValueError outside) -> [M, 4]."""
+    track = Slerp(np.asarray(times, np.float64), Rotation.from_quat(np.asarray(quat_xyzw, np.float64)))
+    return track(np.asarray(at, np.float64)).as_quat()

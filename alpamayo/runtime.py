@@ -45,11 +45,18 @@ from alpamayo.profiling import Tracer
 from alpamayo.trajectory_generation import FILLER, generate_plans
 from alpamayo.vlm import ImageFeatures, VisionLanguageModel
 from planner.pipeline import Planner
+from planner.settings import PlannerConfig
 from vision.preprocess import check_image_size, preprocess_images
 
 # Cache positions are allocated in steps of this many, so a prompt that grows by a few tokens between ticks
 # (route text) does not reallocate the KV cache.
 CACHE_STEP = 256
+
+
+def planner_config(cfg: ModelConfig) -> PlannerConfig:
+    """What the planner reads of a checkpoint's config: its top-level Alpamayo keys, their file, its family and
+    its text vocabulary size (planner owns this type and reads no `ModelConfig`)."""
+    return PlannerConfig(cfg.extra, cfg.source, cfg.family, cfg.text.vocab_size)
 
 
 class FeatureCache:
@@ -196,7 +203,7 @@ class AlpamayoVLA:
         # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
         statistics = stored_action_statistics(ckpt, expert_cfg) if decoder == "expert" else None
         vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=ckpt, cfg=cfg)
-        planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config), statistics)
+        planner = Planner.from_config(planner_config(vlm.config), model_tokenizer(vlm.config), statistics)
         expert = None
         if decoder == "expert":  # on the VLM's device
             n = planner.settings.action_space.n_waypoints

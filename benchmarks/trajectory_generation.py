@@ -32,6 +32,7 @@ from alpamayo.devices import resolve_device
 from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
+from alpamayo.runtime import planner_config
 from alpamayo.text import TextModel
 from alpamayo.trajectory_generation import generate_plans
 from planner.pipeline import Planner
@@ -84,7 +85,7 @@ def main() -> None:
 def run(path: Path, k: int, reasoning: int, rounds: int, device: torch.device) -> None:
     cfg = load_model_config(path)
     tokenizer = model_tokenizer(cfg)
-    planner = Planner.from_config(cfg, tokenizer)
+    planner = Planner.from_config(planner_config(cfg), tokenizer)
     model = TextModel.from_checkpoint(path, cfg, device=device)
     ego = drive_history()
 

@@ -266,10 +266,7 @@ class PoseTrack:
         span = self.t_ns[hi] - self.t_ns[lo]
         w = (times_ns - self.t_ns[lo]) / span
         xyz = self.xyz[lo] + w[:, None] * (self.xyz[hi] - self.xyz[lo])
-        quat = [
-            slerp(self.quat_xyzw[a], self.quat_xyzw[b], float(u)) for a, b, u in zip(lo, hi, w, strict=True)
-        ]
-        return xyz, np.array(quat)
+        return xyz, slerp(self.quat_xyzw[lo], self.quat_xyzw[hi], w)
 
 
 def require_recording_file(path: str | Path) -> Path:

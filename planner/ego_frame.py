@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from alpamayo.prediction import HISTORY_STEPS, EgoHistory
+from alpamayo.rotations import heading, to_frame
 from planner.checks import require_finite, require_shape
 
 # Quaternions further than this from unit norm are rejected rather than silently renormalised: a norm of
@@ -28,7 +29,7 @@ class LocalHistory:
     @property
     def yaw(self) -> np.ndarray:
         """[16] rad, heading of each pose in the t0 frame, unwrapped so steps lie in (-pi, pi]."""
-        return unwrap(np.arctan2(self.rot[:, 1, 0], self.rot[:, 0, 0]))
+        return unwrap(heading(self.rot))
 
 
 def unwrap(angle: np.ndarray) -> np.ndarray:
@@ -36,19 +37,6 @@ def unwrap(angle: np.ndarray) -> np.ndarray:
     step = np.diff(angle, axis=-1)
     step = np.arctan2(np.sin(step), np.cos(step))
     return np.concatenate([angle[..., :1], angle[..., :1] + np.cumsum(step, axis=-1)], axis=-1)
-
-
-def quat_to_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
-    """Unit quaternions [..., 4] (x, y, z, w) -> rotation matrices [..., 3, 3]."""
-    x, y, z, w = np.moveaxis(quat_xyzw, -1, 0)
-    return np.stack(
-        [
-            np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
-            np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
-            np.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1),
-        ],
-        -2,
-    )
 
 
 def validate_history(history: EgoHistory) -> None:
@@ -85,6 +73,5 @@ def to_t0_frame(history: EgoHistory) -> LocalHistory:
     validate_history(history)
     xyz = np.asarray(history.xyz, dtype=np.float64)
     quat = np.asarray(history.quat_xyzw, dtype=np.float64)
-    rot = quat_to_matrix(quat / np.linalg.norm(quat, axis=-1, keepdims=True))
-    r_t0_inv = rot[-1].T
-    return LocalHistory(xyz=(xyz - xyz[-1]) @ r_t0_inv.T, rot=r_t0_inv @ rot)
+    local, rot = to_frame(xyz[-1], quat[-1], xyz, quat)
+    return LocalHistory(xyz=local, rot=rot)

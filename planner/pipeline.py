@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.config import ModelConfig
 from alpamayo.families.registry import DEMO, Family
 from alpamayo.families.vocabulary import marker
 from alpamayo.prediction import EgoHistory, TrajectorySample
@@ -23,7 +22,7 @@ from alpamayo.trajectory_generation import GeneratedPlan, PlanLimits
 from planner.action_space import UnicycleActionSpace
 from planner.ego_frame import LocalHistory, to_t0_frame
 from planner.prompt import DrivingPrompt, PromptSettings, build_prompt, build_vqa_prompt
-from planner.settings import PlannerSettings
+from planner.settings import PlannerConfig, PlannerSettings
 from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab
 
 
@@ -52,15 +51,15 @@ class Planner:
 
     @classmethod
     def from_config(
-        cls, cfg: ModelConfig, tokenizer: Any, expert_statistics: Mapping[str, float] | None = None
+        cls, cfg: PlannerConfig, tokenizer: Any, expert_statistics: Mapping[str, float] | None = None
     ) -> Planner:
-        """Settings from the checkpoint's config.json; token ids checked against its embedding table;
-        `expert_statistics` as in `__init__`."""
+        """Settings from the checkpoint's config.json (as `PlannerConfig`); token ids checked against its
+        embedding table; `expert_statistics` as in `__init__`."""
         return cls(
             tokenizer,
             PlannerSettings.from_config(cfg),
             PromptSettings.from_config(cfg),
-            cfg.text.vocab_size,
+            cfg.vocab_size,
             cfg.family,
             expert_statistics,
         )

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
 from alpamayo.families.vocabulary import marker
 from alpamayo.json_fields import Fields
 from alpamayo.tokenizer import chat_prompt_ids, qwen3vl_chat_template
 from planner.checks import require_bins
+from planner.settings import PlannerConfig
 from planner.tokenizers import TrajectoryVocab
 
 SYSTEM_PROMPT = "You are a driving assistant that generates safe and accurate actions."
@@ -63,7 +63,7 @@ class PromptSettings:
     route_tokens: bool = True
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> PromptSettings:
+    def from_config(cls, cfg: PlannerConfig) -> PromptSettings:
         """The family's policy (see the module docstring); "config" labels read `include_camera_ids` (default
         true) and `include_frame_nums` (default true) or, where the config has it, Super's `frame_label`."""
         family, extra = cfg.family, Fields(cfg.extra, "", cfg.source)

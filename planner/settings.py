@@ -16,14 +16,27 @@ Hydra `_target_` / `_recursive_` keys are ignored: the settings are read as data
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from alpamayo.config import ModelConfig
 from alpamayo.errors import ConfigError
 from alpamayo.families.registry import DEMO, Family
 from alpamayo.json_fields import Fields
 from alpamayo.prediction import DT_S, FUTURE_STEPS, HISTORY_STEPS
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """What planner reads of a checkpoint's config, and all it reads: the top-level Alpamayo keys (`extra`, see
+    the module docstring), the file they came from (named in errors), the family (key spellings, prompt policy)
+    and the text vocabulary size (trajectory token ids are checked against the embedding table; None: not
+    checked). The caller builds it from its `alpamayo.config.ModelConfig` (`alpamayo.runtime.planner_config`):
+    planner sits below the models and reads no model config."""
+
+    extra: dict[str, Any] = field(default_factory=dict)
+    source: str = "config.json"
+    family: Family = DEMO
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,7 @@ class PlannerSettings:
         return self.future.num_bins + self.history.num_bins
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> PlannerSettings:
+    def from_config(cls, cfg: PlannerConfig) -> PlannerSettings:
         return parse_planner_settings(cfg.extra, cfg.source, cfg.family)
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import struct
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from alpamayo.checkpoint import Checkpoint, expert_layout
@@ -127,6 +130,59 @@ def test_corrupt_header_is_reported(copy):
     data[9:13] = b"\xff\xfe{{"
     (copy / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"model.safetensors: corrupt safetensors header"):
+        Checkpoint(copy)
+
+
+def test_a_truncated_file_names_the_cut_tensor_and_the_byte_counts(copy):
+    """The tensor whose data runs past the end is the last one in data order (the header's offsets); the
+    counts are the tensors' own sizes (safetensors' reading of the intact file)."""
+    path = copy / "model.safetensors"
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = {k: v for k, v in json.loads(data[8 : 8 + n]).items() if k != "__metadata__"}
+    last = max(header, key=lambda k: header[k]["data_offsets"][1])
+    with safe_open(str(path), framework="pt") as f:
+        total = sum(f.get_tensor(k).nbytes for k in f.keys())  # noqa: SIM118 (a safe_open handle is not iterable)
+    path.write_bytes(data[:-1])
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{re.escape(str(path))}: truncated safetensors file: tensor '{re.escape(last)}' ends at data "
+        rf"byte {total} but the file holds only {total - 1} data bytes$",
+    ):
+        Checkpoint(copy)
+
+
+def test_bytes_after_the_last_tensor_are_reported_with_their_counts(copy):
+    path = copy / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data + b"\0" * 3)
+    (n,) = struct.unpack("<Q", data[:8])
+    with pytest.raises(
+        CheckpointError,
+        match=rf"model.safetensors: corrupt safetensors file: its tensors end at data byte {len(data) - 8 - n} "
+        rf"but it holds {len(data) - 5 - n} data bytes$",
+    ):
+        Checkpoint(copy)
+
+
+def test_a_header_entry_safetensors_refuses_is_reported_with_the_file(copy):
+    """A shape that does not match its data extent: the file, the tensor and the byte count (safetensors'
+    own message names none of them)."""
+    path = copy / "model.safetensors"
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    entry = header[LAYER0_UP]
+    entry["shape"][0] += 1
+    raw = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    assert len(raw) == n  # the edit fits in the header's padding, so only the entry is wrong
+    path.write_bytes(data[:8] + raw + data[8 + n :])
+    begin, end = entry["data_offsets"]
+    with pytest.raises(
+        CheckpointError,
+        match=rf"model.safetensors: corrupt header entry for tensor '{LAYER0_UP}': dtype {entry['dtype']} "
+        rf"shape \[{entry['shape'][0]}, {entry['shape'][1]}\] does not match its {end - begin} data bytes$",
+    ):
         Checkpoint(copy)
 
 

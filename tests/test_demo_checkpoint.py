@@ -14,6 +14,7 @@ from alpamayo.cli import main
 from alpamayo.demo_checkpoint import token_layout
 from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import max_abs_error, pcc
+from alpamayo.runtime import planner_config
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
 from planner.settings import PlannerSettings
@@ -100,7 +101,7 @@ def test_config_carries_the_trajectory_settings(demo_checkpoint):
     cfg = load_model_config(demo_checkpoint)
     assert cfg.is_alpamayo and cfg.vision is not None and cfg.text.gqa_groups == 2
     assert len(cfg.vision.deepstack_visual_indexes) == 3
-    assert PlannerSettings.from_config(cfg) == PlannerSettings()
+    assert PlannerSettings.from_config(planner_config(cfg)) == PlannerSettings()
     assert cfg.eos_token_ids == tuple(
         load_tokenizer(demo_checkpoint).convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     )

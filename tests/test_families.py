@@ -20,7 +20,7 @@ from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import MARKERS_1_5, MARKERS_R1, TRAJ_MARKERS
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.generation import Sampling
-from alpamayo.runtime import AlpamayoVLA
+from alpamayo.runtime import AlpamayoVLA, planner_config
 from alpamayo.vlm import VisionLanguageModel
 from planner.tokenizers import TrajectoryVocab
 from tests.hf_checkpoints import hf_image_processor, hf_plan_tokens
@@ -231,7 +231,7 @@ def test_prompt_token_sequence_is_pinned_per_family(releases, layout):
     tokenizer = model_tokenizer(cfg)
     from planner.pipeline import Planner
 
-    planner = Planner.from_config(cfg, tokenizer)
+    planner = Planner.from_config(planner_config(cfg), tokenizer)
     n_history = 45 if layout == "super" else 48
     bins = np.arange(n_history) * 20
     from planner.prompt import build_prompt
@@ -260,7 +260,7 @@ def test_vqa_prompt_prefills_the_answer_without_history(releases):
     tokenizer = model_tokenizer(cfg)
     from planner.pipeline import Planner
 
-    prompt = Planner.from_config(cfg, tokenizer).vqa_prompt([1], 1, "Is the light green?")
+    prompt = Planner.from_config(planner_config(cfg), tokenizer).vqa_prompt([1], 1, "Is the light green?")
     text = (
         f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nFront camera: frame 0 {IMAGE}"
         "<|question_start|>Is the light green?<|question_end|><|im_end|>\n<|im_start|>assistant\n<|answer_start|>"
@@ -606,6 +606,6 @@ def test_reasoning_text_follows_the_family(releases, layout, expected):
 
     cfg = load_model_config(releases[layout])
     tokenizer = model_tokenizer(cfg)
-    planner = Planner.from_config(cfg, tokenizer)
+    planner = Planner.from_config(planner_config(cfg), tokenizer)
     ids = tokenizer("Slow down<|cot_end|>then go", add_special_tokens=False)["input_ids"]
     assert planner.reasoning_text(ids) == expected

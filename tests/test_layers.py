@@ -72,6 +72,18 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "commands": ("alpamayo.commands", "alpamayo.cli"),
 }
+# Imports that the layers allow but the design does not: planner reads a checkpoint's config through the settings
+# type it owns (`planner.settings.PlannerConfig`, which the caller builds from its ModelConfig:
+# `alpamayo.runtime.planner_config`), never through the model configs or the loader that makes them.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "planner": (
+        "alpamayo.config",
+        "alpamayo.configs",
+        "alpamayo.expert.config",
+        "alpamayo.moe.config",
+        "alpamayo.families.loader",
+    ),
+}
 RANK = {prefix: rank for rank, prefixes in enumerate(LAYERS.values()) for prefix in prefixes}
 NAMES = list(LAYERS)
 
@@ -122,6 +134,22 @@ def layer(name: str) -> int:
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def forbidden(edges: dict[str, set[str]]) -> list[str]:
+    """`name imports target` for each import FORBIDDEN names (by prefix on both sides)."""
+
+    def under(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    return [
+        f"{name} imports {target} (forbidden to {importer})"
+        for importer, targets in FORBIDDEN.items()
+        for name, found in sorted(edges.items())
+        if under(name, importer)
+        for target in sorted(found)
+        if any(under(target, t) for t in targets)
+    ]
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -186,13 +214,23 @@ def test_imports_only_go_down():
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
+def test_planner_reads_no_model_config():
+    found = forbidden(graph())
+    assert not found, "imports the design forbids:\n" + "\n".join(found)
+
+
 def test_no_import_circle():
     found = circles(graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_the_check_finds_an_upward_import_and_a_circle():
-    """The checks themselves: a planner module importing a runtime one, and two modules importing each other."""
+    """The checks themselves: a planner module importing a runtime one or a model config, and two modules
+    importing each other."""
     assert layer("planner.prompt") < layer("alpamayo.runtime")
+    assert forbidden({"planner.prompt": {"alpamayo.config", "alpamayo.errors"}, "planner": set()}) == [
+        "planner.prompt imports alpamayo.config (forbidden to planner)"
+    ]
+    assert forbidden({"plannerx": {"alpamayo.config"}, "alpamayo.runtime": {"alpamayo.configs"}}) == []
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []

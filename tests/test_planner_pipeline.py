@@ -9,6 +9,7 @@ import torch
 from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
+from alpamayo.runtime import planner_config
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
 from alpamayo.trajectory_generation import GeneratedPlan, generate_plans
@@ -18,7 +19,9 @@ from planner.pipeline import Planner
 
 @pytest.fixture(scope="module")
 def planner(demo_checkpoint):
-    return Planner.from_config(load_model_config(demo_checkpoint), load_tokenizer(demo_checkpoint))
+    return Planner.from_config(
+        planner_config(load_model_config(demo_checkpoint)), load_tokenizer(demo_checkpoint)
+    )
 
 
 def world_history(speed: float, yaw: float) -> EgoHistory:

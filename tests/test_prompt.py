@@ -9,6 +9,7 @@ import pytest
 
 from alpamayo.errors import ConfigError
 from alpamayo.families.loader import load_model_config
+from alpamayo.runtime import planner_config
 from alpamayo.tokenizer import load_tokenizer
 from planner.prompt import PromptSettings, build_prompt
 from planner.tokenizers import TrajectoryVocab
@@ -104,11 +105,15 @@ def test_bad_prompt_inputs_are_rejected(tokenizer, vocab, kwargs, message):
 
 def test_label_settings_come_from_config_json(demo_checkpoint):
     cfg = load_model_config(demo_checkpoint)
-    assert PromptSettings.from_config(cfg) == PromptSettings(camera_labels=True, frame_labels=True)
+    assert PromptSettings.from_config(planner_config(cfg)) == PromptSettings(
+        camera_labels=True, frame_labels=True
+    )
     no_frames = dataclasses.replace(cfg, extra=dict(cfg.extra, include_frame_nums=False))
-    assert PromptSettings.from_config(no_frames) == PromptSettings(camera_labels=True, frame_labels=False)
+    assert PromptSettings.from_config(planner_config(no_frames)) == PromptSettings(
+        camera_labels=True, frame_labels=False
+    )
     bad = dataclasses.replace(cfg, extra=dict(cfg.extra, include_camera_ids="yes"))
     with pytest.raises(
         ConfigError, match=r"config.json: field 'include_camera_ids' must be true or false, got 'yes'"
     ):
-        PromptSettings.from_config(bad)
+        PromptSettings.from_config(planner_config(bad))

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, EgoHistory
+from alpamayo.rotations import heading, to_frame
 from bridges.recording import MAX_POSE_GAP_NS, CameraFrame, FrameError, PoseTrack, RecordingError, Warn
 from bridges.window import window_slots
-from planner.ego_frame import quat_to_matrix
 
 PERIOD_NS = round(DT_S * 1e9)
 FRAME_TOLERANCE_NS = PERIOD_NS // 2  # nearest frame within half a period: never the neighbouring slot's frame
@@ -72,9 +72,8 @@ def poses_in_t0_frame(
     if origin is None or at is None:
         return None
     (xyz0,), (quat0,) = origin
-    to_t0 = quat_to_matrix(quat0).T  # R_t0^-1
-    relative = to_t0 @ quat_to_matrix(at[1])
-    return (at[0] - xyz0) @ to_t0.T, np.arctan2(relative[:, 1, 0], relative[:, 0, 0])
+    xyz, rot = to_frame(xyz0, quat0, at[0], at[1])
+    return xyz, heading(rot)
 
 
 @dataclass

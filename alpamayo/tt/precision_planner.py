@@ -196,13 +196,13 @@ def _vla(
 ) -> Any:
     """The torch AlpamayoVLA (float32, CPU; `options` may quantise it) on the directory's weights, or on
     `weights` with K/V `store`; it decodes the trajectory tokens."""
-    from alpamayo.runtime import AlpamayoVLA
+    from alpamayo.runtime import AlpamayoVLA, planner_config
     from alpamayo.vlm import VisionLanguageModel
     from planner.pipeline import Planner
 
     vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=weights, cfg=cfg)
     vlm.text.kv_store = store
-    planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config))
+    planner = Planner.from_config(planner_config(vlm.config), model_tokenizer(vlm.config))
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
 
 

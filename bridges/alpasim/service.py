@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 from PIL import Image
-from scipy.spatial.transform import Rotation, Slerp
 
 from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory, Prediction, Predictor
+from alpamayo.rotations import compose, from_frame, slerp_track, to_frame, yaw_to_quat
 from bridges.alpasim.selection import select_sample
 from bridges.alpasim.v0 import (
     common_pb2,
@@ -403,22 +403,19 @@ class EgodriverService(
         grid = t0 - HISTORY_DT_US * np.arange(HISTORY_STEPS - 1, -1, -1, dtype=np.int64)
         xyz = np.stack([np.array([p[1] for p in s.poses])[:, i] for i in range(3)], axis=-1)
         xyz_g = np.stack([np.interp(grid, ts, xyz[:, i]) for i in range(3)], axis=-1)
-        rot = Slerp(ts.astype(np.float64), Rotation.from_quat(np.array([p[2] for p in s.poses])))(
-            grid.astype(np.float64)
-        )
-        return EgoHistory(xyz=xyz_g, quat_xyzw=rot.as_quat(), t_ns=grid * 1000)
+        quat = slerp_track(ts, np.array([p[2] for p in s.poses]), grid)
+        return EgoHistory(xyz=xyz_g, quat_xyzw=quat, t_ns=grid * 1000)
 
     def _response(
         self, s: Session, pred: Prediction, t0: int, ego: EgoHistory
     ) -> egodriver_pb2.DriveResponse:
-        r0 = Rotation.from_quat(ego.quat_xyzw[-1])
-        p0 = ego.xyz[-1]
+        p0, q0 = ego.xyz[-1], ego.quat_xyzw[-1]
         t_us = t0 + PLAN_DT_US * np.arange(1, len(pred.t_s) + 1, dtype=np.int64)
         cand = np.stack([smp.xyz for smp in pred.samples])  # [K, 64, 3] rig frame at t0
         prev_t = prev_rig = None
         if s.previous_plan is not None:
             prev_t, prev_local = s.previous_plan
-            prev_rig = r0.inv().apply(prev_local - p0)
+            prev_rig, _ = to_frame(p0, q0, prev_local)
         try:
             chosen = select_sample(self._selection, cand, t_us, prev_t, prev_rig)
         except ValueError:
@@ -426,15 +423,14 @@ class EgodriverService(
 
         def trajectory(k: int) -> common_pb2.Trajectory:
             smp = pred.samples[k]
-            local = r0.apply(smp.xyz) + p0
-            yaw_rot = r0 * Rotation.from_euler("z", np.asarray(smp.heading)[:, None])
-            q = yaw_rot.as_quat()  # xyzw
-            out = [_pose_at(t0, p0, ego.quat_xyzw[-1])]
+            local = from_frame(p0, q0, smp.xyz)
+            q = compose(q0, yaw_to_quat(smp.heading))
+            out = [_pose_at(t0, p0, q0)]
             out += [_pose_at(int(t), local[i], q[i]) for i, t in enumerate(t_us)]
             return common_pb2.Trajectory(poses=out)
 
         driven = trajectory(chosen)
-        s.previous_plan = (t_us, r0.apply(cand[chosen]) + p0)
+        s.previous_plan = (t_us, from_frame(p0, q0, cand[chosen]))
         debug = {
             "reasoning_text": pred.samples[chosen].reasoning,
             "reasoning_all": [smp.reasoning for smp in pred.samples],

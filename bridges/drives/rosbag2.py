@@ -26,8 +26,8 @@ from mcap.reader import SeekingReader
 from mcap.records import Channel, Message, Schema
 from mcap.stream_reader import StreamReader
 from mcap_ros2.decoder import DecoderFactory
-from scipy.spatial.transform import Rotation
 
+from alpamayo.rotations import compose, from_frame
 from bridges.mcap_messages import MessageError, pose, timestamp
 from bridges.recording import (
     READ_ERRORS,
@@ -324,10 +324,9 @@ def _at(
 
 def _compose(links: list[tuple[list[float], list[float]] | None]) -> tuple[np.ndarray, np.ndarray] | None:
     """world -> ... -> base_link transforms composed: (xyz [3], quat_xyzw [4]) of base_link in the world."""
-    xyz, rot = np.zeros(3), Rotation.identity()
+    xyz, quat = np.zeros(3), np.array([0.0, 0.0, 0.0, 1.0])
     for link in links:
         if link is None:
             return None
-        xyz = xyz + rot.apply(link[0])
-        rot = rot * Rotation.from_quat(link[1])
-    return xyz, rot.as_quat()
+        xyz, quat = from_frame(xyz, quat, link[0]), compose(quat, link[1])
+    return xyz, quat
