@@ -22,13 +22,13 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_expert_decoder
+from alpamayo.backends import TORCH_CPU, BackendOptions, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
+from alpamayo.contract import ImageFeatures, TrajectoryDecoder
 from alpamayo.drafts import Draft, DraftContext, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
 from alpamayo.expert.config import expert_config_of
@@ -41,8 +41,8 @@ from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
-from alpamayo.trajectory_generation import FILLER, generate_plans
-from alpamayo.vlm import ImageFeatures, VisionLanguageModel
+from alpamayo.trajectory_generation import FILLER, GeneratedPlan, generate_plans
+from alpamayo.vlm import VisionLanguageModel
 from planner.pipeline import Planner
 from vision.preprocess import check_image_size, preprocess_images
 
@@ -121,7 +121,7 @@ class AlpamayoVLA:
         sampling: Sampling | None = None,
         max_reasoning_tokens: int = 256,
         precision: str = "float32",
-        expert: ActionExpert | ExpertDecoder | None = None,
+        expert: ActionExpert | TrajectoryDecoder | None = None,
         flow: FlowSettings = DEFAULT_FLOW,
         draft: Draft | None = None,
         draft_name: str = "none",
@@ -131,7 +131,9 @@ class AlpamayoVLA:
         (`alpamayo.drafts.load_draft(draft_name, vlm.text)`; None: plain decoding)."""
         self.draft, self.draft_name = draft, draft_name if draft is not None else "none"
         self.vlm, self.planner = vlm, planner
-        self.expert = ExpertDecoder(expert, flow) if isinstance(expert, ActionExpert) else expert
+        self.expert: TrajectoryDecoder | None = (
+            ExpertDecoder(expert, flow) if isinstance(expert, ActionExpert) else expert
+        )
         # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
         self.tracer = tracer or Tracer(max_spans=10_000)
         vlm.trace_into(self.tracer)
@@ -226,7 +228,8 @@ class AlpamayoVLA:
 
     def close(self) -> None:
         """Release device resources (the ttnn backend's traces, the device expert's tensors, the device)."""
-        close_model(self.expert)
+        if self.expert is not None:
+            self.expert.close()
         self.vlm.close()
 
     @property
@@ -270,9 +273,10 @@ class AlpamayoVLA:
             raise ValueError(
                 "an initial noise is the action expert's input; this model decodes trajectory tokens"
             )
+        initial = None
         if self.expert is not None:
             if noise is not None:
-                noise = check_noise(noise, num_samples, self.expert.expert.n_tokens)
+                initial = check_noise(noise, num_samples, self.expert.n_tokens)
             if self.expert.settings.guidance is not None and route is None:
                 raise ValueError(
                     "navigation guidance needs a route: the unguided branch is the prompt without it"
@@ -312,7 +316,7 @@ class AlpamayoVLA:
         normalised = None
         if self.expert is not None:
             noise_seed = 0 if seed is None and sampling.greedy else seed
-            normalised = self._expert_actions(ids, features, plans, noise_seed, noise)
+            normalised = self._expert_actions(self.expert, ids, features, plans, noise_seed, initial)
         with self.tracer.span("rollout", samples=num_samples):
             samples = self.planner.samples(plans, history, normalised)
         return Prediction(
@@ -326,20 +330,27 @@ class AlpamayoVLA:
 
     def _expert_actions(
         self,
+        decoder: TrajectoryDecoder,
         ids: list[int],
         features: Sequence[ImageFeatures],
-        plans: Sequence,
+        plans: Sequence[GeneratedPlan],
         seed: int | None,
-        noise: Any,
+        noise: torch.Tensor | None,
     ) -> np.ndarray:
         """The action expert's [K, 64, 2] normalised actions after `generate_plans(trajectory_tokens=False)`."""
-        decoder, vocab = self.expert, self.planner.vocab
+        vocab = self.planner.vocab
         with self.tracer.span("expert", samples=len(plans), steps=decoder.steps):
             ctx = decoder.context(self.vlm.text, len(ids), plans)
             unguided = None
             if decoder.settings.guidance is not None:
+                branch = decoder.unguided
+                if branch is None:  # the decoder declares that it cannot build the unguided branch
+                    raise ValueError(
+                        f"navigation guidance: this backend's trajectory decoder ({type(decoder).__name__}) has "
+                        "no unguided branch; drop the guidance weight"
+                    )
                 plain = unguided_prompt(ids, vocab.marker("route_start"), vocab.marker("route_end"))
-                unguided = decoder.unguided_context(
+                unguided = branch(
                     self.vlm, plain, features, plans, vocab.marker("traj_future_start"), vocab.marker(FILLER)
                 )
             actions = decoder.sample(ctx, seed, noise, unguided, self.tracer)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from alpamayo.expert.config import ACTION_DIMS
+from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
 from alpamayo.generation import row_seeds
 from alpamayo.profiling.tracer import Tracer
 
@@ -42,6 +42,14 @@ class FlowSettings:
             raise ValueError(f"flow temperature must be a finite number > 0, got {self.temperature!r}")
         if self.guidance is not None and not math.isfinite(self.guidance):
             raise ValueError(f"navigation guidance weight must be a finite number, got {self.guidance!r}")
+
+    def steps_for(self, cfg: ExpertConfig) -> int:
+        """The Euler steps of a sampling with the expert of `cfg`: `steps`, else its `num_inference_steps`."""
+        return self.steps or cfg.num_inference_steps
+
+    def record(self, cfg: ExpertConfig) -> dict[str, float | int | None]:
+        """What a prediction records beside its trajectories (`Prediction.flow`) with the expert of `cfg`."""
+        return {"steps": self.steps_for(cfg), "temperature": self.temperature, "guidance": self.guidance}
 
 
 DEFAULT_FLOW = FlowSettings()

@@ -33,6 +33,7 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig
+from alpamayo.profiling.tracer import Tracer
 from alpamayo.quant import QuantRecipe
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
@@ -169,6 +170,13 @@ class TextModel(nn.Module):
         self.cache, lengths, self.rope_delta = state
         self.lengths = list(lengths)
 
+    def trace_into(self, tracer: Tracer) -> None:
+        """The torch backbone has no stages finer than the runtime's (`alpamayo.runtime`): nothing to record."""
+
+    def close(self) -> None:
+        """The torch backbone holds nothing but host or CUDA tensors, which go with the model: nothing to
+        release."""
+
     def _require_cache(self) -> KVCache:
         if self.cache is None:
             raise RuntimeError("call setup_cache(max_seq_len) before prefill/decode")
@@ -250,9 +258,10 @@ class TextModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
     ) -> torch.Tensor:
-        """`prefill_hidden`, then float32 logits [V] of the last prompt position."""
-        hidden = self.prefill_hidden(inputs, position_ids, visual_pos_mask, deepstack)
+        """`prefill_hidden` (with its `capture`), then float32 logits [V] of the last prompt position."""
+        hidden = self.prefill_hidden(inputs, position_ids, visual_pos_mask, deepstack, capture)
         with torch.inference_mode():
             return self.logits(hidden[-1])
 

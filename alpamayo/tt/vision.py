@@ -109,6 +109,10 @@ class TTVisionEncoder(DeviceIO):
         )
         return cls(v, precision, plan, device, weights, ckpt.get(POS_EMBED, torch.float32), tracer)
 
+    def trace_into(self, tracer: Tracer) -> None:
+        """Time the device forward (`tt.vision`) as spans of `tracer`."""
+        self.tracer = tracer
+
     def close(self) -> None:
         """Free the device weights (the device itself belongs to the text model)."""
         self._free(*self.w.values())

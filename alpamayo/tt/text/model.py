@@ -106,6 +106,11 @@ class TTTextModel(TextPrefill, TextDecode):
         for block in self.moe.values():
             block.tracer = tracer
 
+    def trace_into(self, tracer: Tracer) -> None:
+        """Time the device work (`tt.prefill_layers`, `tt.decode_trace_execute`, host <-> device copies) as
+        spans of `tracer`."""
+        self.tracer = tracer
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_checkpoint(

@@ -234,10 +234,12 @@ class TextPrefill(TextState):
         position_ids: torch.Tensor | None = None,
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
     ) -> torch.Tensor:
-        """Prefill a prompt; float32 logits [V] of its last position (only that row's tile reaches the head)."""
+        """Prefill a prompt; float32 logits [V] of its last position (only that row's tile reaches the head).
+        `capture` as in `prefill_hidden`."""
         ttnn = self.ttnn
-        normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack)
+        normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack, capture)
         with self.tracer.span("tt.prefill_head"):
             r0 = (length - 1) // TILE * TILE
             last = ttnn.slice(normed, [0, 0, r0, 0], [1, 1, r0 + TILE, self.hidden_padded])
