@@ -3,9 +3,8 @@
 Both backends satisfy these `Protocol`s structurally, without importing them: the torch reference
 (`alpamayo.text.TextModel`, `vision.encoder.VisionEncoder`, `alpamayo.expert.decoding.ExpertDecoder`) and ttnn
 (`alpamayo.tt.text.TTTextModel`, `alpamayo.tt.vision.TTVisionEncoder`, `alpamayo.tt.expert.TTExpertDecoder`).
-`alpamayo.backends` returns them typed as these protocols and `alpamayo.backends_conformance` binds each
-implementation to its protocol, so the type check (`tests/test_types.py`, mypy) fails when either backend
-drifts from the contract.
+`alpamayo.backends`' loaders return each implementation as its protocol, so the type check (mypy, run by
+`tests/test_types.py`) fails when either backend drifts from the contract.
 
 A capability that only one backend has is declared, not probed: the runtime reads the declaration before it
 calls (`TrajectoryDecoder.unguided`: None where the decoder cannot build navigation guidance's unguided branch).

@@ -182,12 +182,13 @@ class AlpamayoVLA:
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
         decoder = choose_decoder(decoder, expert_cfg, has_weights, cfg.source)
-        if decoder == "expert":
+        statistics = None
+        if decoder == "expert" and expert_cfg is not None:  # choose_decoder: the expert only where described
             validate_expert_tensors(ckpt, expert_cfg, cfg.text)
             ExpertDecoder.check_settings(expert_cfg, flow)
-        # R1 un-normalises the expert's actions with the statistics its checkpoint stores (bf16 in a bf16
-        # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
-        statistics = stored_action_statistics(ckpt, expert_cfg) if decoder == "expert" else None
+            # R1 un-normalises the expert's actions with the statistics its checkpoint stores (bf16 in a bf16
+            # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
+            statistics = stored_action_statistics(ckpt, expert_cfg)
         vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=ckpt, cfg=cfg)
         planner = Planner.from_config(vlm.config, model_tokenizer(vlm.config), statistics)
         expert = None

@@ -141,7 +141,10 @@ class VisionLanguageModel:
         positions, _ = mrope_position_ids(ids, _grids(features), self.config)
         if not features:
             return ids, positions, None, None
-        mask = ids == self.config.image_token_id
+        image_token = self.config.image_token_id
+        if image_token is None:
+            raise ConfigError(f"{self.config.source}: image features for a model without image_token_id")
+        mask = ids.eq(image_token)
         embeds = self.text.embed(ids)
         image_embeds = torch.cat([f.embeds for f in features])
         expected = (int(mask.sum()), embeds.shape[-1])

@@ -12,7 +12,7 @@ stays float32 whatever the expert's dtype (its velocity is added to a float32 st
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,7 +114,11 @@ def euler_sample(
 
 
 def noise_for(
-    rows: int, n_waypoints: int, settings: FlowSettings, seed: int | None, noise: Sequence | None = None
+    rows: int,
+    n_waypoints: int,
+    settings: FlowSettings,
+    seed: int | None,
+    noise: torch.Tensor | np.ndarray | None = None,
 ) -> torch.Tensor:
     """The initial noise of one sampling: `noise` when given (checked), else `initial_noise`."""
     if noise is not None:

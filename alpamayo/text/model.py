@@ -271,7 +271,7 @@ class TextModel(nn.Module):
         [B, V] for ids [B]."""
         check_decode_room(self.cache_len, self._require_cache().max_seq_len)
         single = isinstance(tokens, int)
-        ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
+        ids = torch.tensor([tokens]) if isinstance(tokens, int) else tokens.reshape(-1)
         if ids.numel() != self.batch:
             raise ValueError(f"decode got {ids.numel()} token(s) for {self.batch} active row(s)")
         logits = self.logits(self._append(ids[:, None])[0][:, 0])
@@ -312,11 +312,12 @@ class TextModel(nn.Module):
         b, t = ids.shape
         steps = torch.arange(t)
         if len(set(self.lengths)) == 1:  # uniform rows: one scalar start, the plain decoding path
-            start: int | list[int] = self.lengths[0]
-            cos, sin = self.rope.cos_sin_1d(steps + start + self.rope_delta, self.dtype)
+            first = self.lengths[0]
+            start: int | list[int] = first
+            cos, sin = self.rope.cos_sin_1d(steps + first + self.rope_delta, self.dtype)
         else:
-            start = list(self.lengths)
-            pos = torch.tensor(start)[:, None] + steps + self.rope_delta  # [B, T]
+            start = rows = list(self.lengths)
+            pos = torch.tensor(rows)[:, None] + steps + self.rope_delta  # [B, T]
             cos, sin = (c.view(b, 1, t, -1) for c in self.rope.cos_sin_1d(pos.reshape(-1), self.dtype))
         h, taken = self._layers(self.embed(ids), cos, sin, start, capture=capture)
         self.lengths = [n + t for n in self.lengths]

@@ -43,7 +43,7 @@ step graph eagerly, which the dry run exercises.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,7 +312,7 @@ class TTActionExpert(DeviceIO):
             out = padded
         return out
 
-    def _attend(self, i: int, plan: ExpertPlan, mask: Any):
+    def _attend(self, i: int, plan: ExpertPlan, mask: Any) -> Callable[[Any, Any, Any], Any]:
         """Layer i's attention: own K/V into the cache region, SDPA over the cache in place with the mask."""
         ttnn, text = self.ttnn, self.text
 

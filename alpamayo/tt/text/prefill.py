@@ -195,7 +195,7 @@ class TextPrefill(TextState):
         with self.tracer.span("tt.prefill_layers", layers=last + 1, rows=padded):
             for i in range(last + 1):
                 hidden = self._layer_prefill(i, hidden, cos, sin, length)
-                if deepstack is not None and i < len(deepstack):
+                if deepstack is not None and visual_pos_mask is not None and i < len(deepstack):
                     extra = self._deepstack_rows(deepstack[i], visual_pos_mask, padded)
                     added = ttnn.add(hidden, extra, memory_config=ttnn.DRAM_MEMORY_CONFIG)
                     self._free(hidden, extra)
