@@ -291,11 +291,3 @@ class TTVisionEncoder(DeviceIO):
             embeds = self._fetch(self._merger(x, "vision.merger", False), merged, out)
             self._free(x)
         return embeds, deepstack
-
-    @torch.inference_mode()
-    def block_forward(self, j: int, hidden: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """Block j alone on hidden [N, C] (the patches of `grid_thw`) -> [N, C] bf16 (tests: per-block PCC)."""
-        n = hidden.shape[0]
-        with self._inputs(grid_thw) as inputs:
-            x = self._rows(hidden, self.plan.padded_length(n), self.cfg.hidden_size)
-            return self._fetch(self._block(j, x, inputs), n, self.cfg.hidden_size)
