@@ -502,7 +502,7 @@ class TTExpertDecoder:
     offset. It holds the device expert and the flow settings; navigation guidance is not among its
     capabilities (`unguided` is None: its unguided branch needs a second prompt's cache on the device)."""
 
-    unguided = None
+    unguided: None = None  # the declared capability: no unguided branch on the device
 
     def __init__(self, expert: TTActionExpert, settings: FlowSettings = DEFAULT_FLOW):
         if settings.guidance is not None:
