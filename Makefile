@@ -30,4 +30,4 @@ bench: venv
 	$(PY) benchmarks/text_backbone.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

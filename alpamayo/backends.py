@@ -1,21 +1,22 @@
 """Which implementation runs the model: the torch reference (CPU/CUDA) or ttnn (one Blackhole p150).
 
-Both backends expose the same interfaces: the text backbone (`setup_cache`, `embed`, `prefill`,
-`prefill_hidden`, `decode`, `fork`) and the vision tower (`encode`). On ttnn both run on the one device the
-text model opens; everything else stays on the host and is shared. The ttnn backend is imported only when
-asked for.
+Both backends satisfy one typed contract (`alpamayo.contract`): the text backbone (`TextBackbone`), the
+vision tower (`VisionTower`) and the action expert's trajectory decoder (`TrajectoryDecoder`). On ttnn all
+three run on the one device the text model opens; everything else stays on the host and is shared. The ttnn
+backend is imported only when asked for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
+from alpamayo.contract import TextBackbone, TrajectoryDecoder, VisionTower
 from alpamayo.devices import parse_dtype, resolve_device
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
@@ -24,6 +25,9 @@ from alpamayo.families.loader import checkpoint_family
 from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
+
+if TYPE_CHECKING:
+    from alpamayo.tt.text import TTTextModel
 
 BACKENDS = ("torch", "ttnn")
 
@@ -102,7 +106,7 @@ def check_num_samples(
         )
 
 
-def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOptions) -> Any:
+def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOptions) -> TextBackbone:
     """The text backbone of `options.backend`, weights from `source` (validated against `cfg`). On ttnn the
     device it opens also gets the trace region of the checkpoint's action expert, if it has one."""
     if options.backend == "ttnn":
@@ -134,13 +138,15 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
     )
 
 
-def load_vision_encoder(source: Checkpoint, cfg: ModelConfig, options: BackendOptions, text: Any) -> Any:
+def load_vision_encoder(
+    source: Checkpoint, cfg: ModelConfig, options: BackendOptions, text: TextBackbone
+) -> VisionTower:
     """The vision tower of `options.backend`; on ttnn it shares the device of the loaded `text` backbone."""
     if options.backend == "ttnn":
         from alpamayo.tt.vision import TTVisionEncoder
 
         return TTVisionEncoder.from_checkpoint(
-            source, cfg, precision=options.recipe, device=text.device, cache_dir=options.tt_cache
+            source, cfg, precision=options.recipe, device=_tt_text(text).device, cache_dir=options.tt_cache
         )
     from vision.encoder import VisionEncoder
 
@@ -158,10 +164,10 @@ def load_expert_decoder(
     source: Checkpoint,
     cfg: ModelConfig,
     options: BackendOptions,
-    text: Any,
+    text: TextBackbone,
     settings: FlowSettings = DEFAULT_FLOW,
     n_tokens: int = FUTURE_STEPS,
-) -> Any:
+) -> TrajectoryDecoder:
     """The flow-matching trajectory decoder of `options.backend` over the loaded `text` backbone: the torch
     `ExpertDecoder`, or on ttnn a `TTExpertDecoder` whose expert shares the text model's device and cache
     (same `context(text, prompt_len, plans)` / `sample(ctx, seed, noise, unguided, tracer)` contract).
@@ -174,7 +180,7 @@ def load_expert_decoder(
         from alpamayo.tt.expert import TTActionExpert, TTExpertDecoder
 
         return TTExpertDecoder(
-            TTActionExpert.from_checkpoint(source, text, expert, options.tt_cache), settings
+            TTActionExpert.from_checkpoint(source, _tt_text(text), expert, options.tt_cache), settings
         )
     from alpamayo.expert.decoding import ExpertDecoder
     from alpamayo.expert.weights import load_expert
@@ -192,9 +198,12 @@ def load_expert_decoder(
     return ExpertDecoder(model, settings)
 
 
-def close_model(model: Any) -> None:
-    """Release what a loaded backbone or tower holds on its device (ttnn: weights, trace, the device itself);
-    torch models hold nothing to release and have no `close`."""
-    close = getattr(model, "close", None)
-    if close is not None:
-        close()
+def _tt_text(text: TextBackbone) -> TTTextModel:
+    """`text` as the ttnn backbone whose device the other ttnn models share; TypeError for a torch one."""
+    from alpamayo.tt.text import TTTextModel
+
+    if not isinstance(text, TTTextModel):
+        raise TypeError(
+            f"the ttnn models run on the device of a ttnn text backbone, got {type(text).__name__}"
+        )
+    return text

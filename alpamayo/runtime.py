@@ -22,14 +22,14 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_expert_decoder
+from alpamayo.backends import TORCH_CPU, BackendOptions, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
+from alpamayo.contract import ImageFeatures, TrajectoryDecoder
 from alpamayo.drafts import Draft, DraftContext, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
 from alpamayo.expert.config import expert_config_of
@@ -42,8 +42,8 @@ from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
-from alpamayo.trajectory_generation import FILLER, generate_plans
-from alpamayo.vlm import ImageFeatures, VisionLanguageModel
+from alpamayo.trajectory_generation import FILLER, GeneratedPlan, generate_plans
+from alpamayo.vlm import VisionLanguageModel
 from planner.pipeline import Planner
 from planner.settings import PlannerConfig
 from vision.preprocess import check_image_size, preprocess_images
@@ -129,7 +129,7 @@ class AlpamayoVLA:
         sampling: Sampling | None = None,
         max_reasoning_tokens: int = 256,
         precision: str = "float32",
-        expert: ActionExpert | ExpertDecoder | None = None,
+        expert: ActionExpert | TrajectoryDecoder | None = None,
         flow: FlowSettings = DEFAULT_FLOW,
         draft: Draft | None = None,
         draft_name: str = "none",
@@ -139,7 +139,9 @@ class AlpamayoVLA:
         (`alpamayo.drafts.load_draft(draft_name, vlm.text)`; None: plain decoding)."""
         self.draft, self.draft_name = draft, draft_name if draft is not None else "none"
         self.vlm, self.planner = vlm, planner
-        self.expert = ExpertDecoder(expert, flow) if isinstance(expert, ActionExpert) else expert
+        self.expert: TrajectoryDecoder | None = (
+            ExpertDecoder(expert, flow) if isinstance(expert, ActionExpert) else expert
+        )
         # Bounded by default: a node predicting at 10 Hz for hours records ~30 spans per prediction.
         self.tracer = tracer or Tracer(max_spans=10_000)
         vlm.trace_into(self.tracer)
@@ -196,12 +198,13 @@ class AlpamayoVLA:
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
         decoder = choose_decoder(decoder, expert_cfg, has_weights, cfg.source)
-        if decoder == "expert":
+        statistics = None
+        if decoder == "expert" and expert_cfg is not None:  # choose_decoder: the expert only where described
             validate_expert_tensors(ckpt, expert_cfg, cfg.text)
             ExpertDecoder.check_settings(expert_cfg, flow)
-        # R1 un-normalises the expert's actions with the statistics its checkpoint stores (bf16 in a bf16
-        # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
-        statistics = stored_action_statistics(ckpt, expert_cfg) if decoder == "expert" else None
+            # R1 un-normalises the expert's actions with the statistics its checkpoint stores (bf16 in a bf16
+            # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
+            statistics = stored_action_statistics(ckpt, expert_cfg)
         vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=ckpt, cfg=cfg)
         planner = Planner.from_config(planner_config(vlm.config), model_tokenizer(vlm.config), statistics)
         expert = None
@@ -242,7 +245,8 @@ class AlpamayoVLA:
 
     def close(self) -> None:
         """Release device resources (the ttnn backend's traces, the device expert's tensors, the device)."""
-        close_model(self.expert)
+        if self.expert is not None:
+            self.expert.close()
         self.vlm.close()
 
     @property
@@ -286,9 +290,10 @@ class AlpamayoVLA:
             raise ValueError(
                 "an initial noise is the action expert's input; this model decodes trajectory tokens"
             )
+        initial = None
         if self.expert is not None:
             if noise is not None:
-                noise = check_noise(noise, num_samples, self.expert.expert.n_tokens)
+                initial = check_noise(noise, num_samples, self.expert.n_tokens)
             if self.expert.settings.guidance is not None and route is None:
                 raise ValueError(
                     "navigation guidance needs a route: the unguided branch is the prompt without it"
@@ -328,7 +333,7 @@ class AlpamayoVLA:
         normalised = None
         if self.expert is not None:
             noise_seed = 0 if seed is None and sampling.greedy else seed
-            normalised = self._expert_actions(ids, features, plans, noise_seed, noise)
+            normalised = self._expert_actions(self.expert, ids, features, plans, noise_seed, initial)
         with self.tracer.span("rollout", samples=num_samples):
             samples = self.planner.samples(plans, history, normalised)
         return Prediction(
@@ -342,20 +347,27 @@ class AlpamayoVLA:
 
     def _expert_actions(
         self,
+        decoder: TrajectoryDecoder,
         ids: list[int],
         features: Sequence[ImageFeatures],
-        plans: Sequence,
+        plans: Sequence[GeneratedPlan],
         seed: int | None,
-        noise: Any,
+        noise: torch.Tensor | None,
     ) -> np.ndarray:
         """The action expert's [K, 64, 2] normalised actions after `generate_plans(trajectory_tokens=False)`."""
-        decoder, vocab = self.expert, self.planner.vocab
+        vocab = self.planner.vocab
         with self.tracer.span("expert", samples=len(plans), steps=decoder.steps):
             ctx = decoder.context(self.vlm.text, len(ids), plans)
             unguided = None
             if decoder.settings.guidance is not None:
+                branch = decoder.unguided
+                if branch is None:  # the decoder declares that it cannot build the unguided branch
+                    raise ValueError(
+                        f"navigation guidance: this backend's trajectory decoder ({type(decoder).__name__}) has "
+                        "no unguided branch; drop the guidance weight"
+                    )
                 plain = unguided_prompt(ids, vocab.marker("route_start"), vocab.marker("route_end"))
-                unguided = decoder.unguided_context(
+                unguided = branch(
                     self.vlm, plain, features, plans, vocab.marker("traj_future_start"), vocab.marker(FILLER)
                 )
             actions = decoder.sample(ctx, seed, noise, unguided, self.tracer)

@@ -15,39 +15,33 @@ of decoder layer k at the image positions. Decoding is the text model's (positio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from alpamayo.backends import TORCH_CPU, BackendOptions, close_model, load_text_model, load_vision_encoder
+from alpamayo.backends import TORCH_CPU, BackendOptions, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
+from alpamayo.contract import ImageFeatures, TextBackbone, VisionTower
 from alpamayo.errors import ConfigError
 from alpamayo.families.loader import check_checkpoint, load_model_config
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from alpamayo.profiling import Tracer
-from vision.encoder import VisionEncoder
 from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
 
-
-@dataclass(frozen=True)
-class ImageFeatures:
-    """What the language model needs from one image: embeds [n, H] and DeepStack features (one [n, H] per
-    level), n = t * h * w / merge^2 tokens for the patch grid `grid_thw` (t, h, w), in the model dtype."""
-
-    embeds: torch.Tensor
-    deepstack: tuple[torch.Tensor, ...]
-    grid_thw: tuple[int, int, int]
+__all__ = ["ImageFeatures", "VisionLanguageModel"]
 
 
 class VisionLanguageModel:
     """`.config` (ModelConfig), `.text` (the text backbone: `alpamayo.text.TextModel` or the ttnn one),
-    `.vision` (`VisionEncoder` or the ttnn `TTVisionEncoder`), `.preprocess` (PreprocessConfig)."""
+    `.vision` (`VisionEncoder` or the ttnn `TTVisionEncoder`), `.preprocess` (PreprocessConfig); the backends'
+    contract is `alpamayo.contract`."""
 
-    def __init__(self, text: Any, vision: VisionEncoder | Any, preprocess: PreprocessConfig):
-        self.config, self.text, self.vision, self.preprocess = text.cfg, text, vision, preprocess
+    def __init__(self, text: TextBackbone, vision: VisionTower, preprocess: PreprocessConfig):
+        self.config: ModelConfig = text.cfg
+        self.text: TextBackbone = text
+        self.vision: VisionTower = vision
+        self.preprocess = preprocess
 
     @classmethod
     def from_checkpoint(
@@ -87,23 +81,22 @@ class VisionLanguageModel:
         try:
             vision = load_vision_encoder(ckpt, cfg, options, text)
         except BaseException:
-            close_model(text)
+            text.close()
             raise
         return cls(text, vision, pre)
 
     def close(self) -> None:
         """Release the backends' device resources (ttnn: vision weights, then the text model and its device);
         a no-op for torch."""
-        close_model(self.vision)
-        close_model(self.text)
+        self.vision.close()
+        self.text.close()
 
     def trace_into(self, tracer: Tracer) -> None:
         """Record the backends' own stages in `tracer`: the ttnn models time device work (`tt.vision`,
         `tt.prefill_layers`, `tt.decode_trace_execute`, host<->device copies) as spans nested in the runtime's
-        stages; the torch models have no finer stages than the runtime's, so they take none."""
-        for part in (self.vision, self.text):
-            if hasattr(part, "tracer"):
-                part.tracer = tracer
+        stages; the torch models have no finer stages than the runtime's, so they record none."""
+        self.vision.trace_into(tracer)
+        self.text.trace_into(tracer)
 
     def __enter__(self) -> VisionLanguageModel:
         return self
@@ -148,7 +141,10 @@ class VisionLanguageModel:
         positions, _ = mrope_position_ids(ids, _grids(features), self.config)
         if not features:
             return ids, positions, None, None
-        mask = ids == self.config.image_token_id
+        image_token = self.config.image_token_id
+        if image_token is None:
+            raise ConfigError(f"{self.config.source}: image features for a model without image_token_id")
+        mask = ids.eq(image_token)
         embeds = self.text.embed(ids)
         image_embeds = torch.cat([f.embeds for f in features])
         expected = (int(mask.sum()), embeds.shape[-1])
@@ -175,11 +171,7 @@ class VisionLanguageModel:
     ) -> torch.Tensor:
         """Run the prompt (see `prefill_inputs`) and fill the cache -> float32 logits [V] of its last position.
         `capture`: text layers whose outputs [L, H] are left in `text.captured` (a DFlash draft's context)."""
-        if not capture:
-            return self.text.prefill(*self.prefill_inputs(input_ids, features))
-        hidden = self.text.prefill_hidden(*self.prefill_inputs(input_ids, features), capture=capture)
-        with torch.inference_mode():
-            return self.text.logits(hidden[-1])
+        return self.text.prefill(*self.prefill_inputs(input_ids, features), capture=capture)
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""

@@ -17,7 +17,7 @@ from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
 from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.expert.config import RELEASE_10B_EXPERT, expert_config_of
-from alpamayo.expert.decoding import choose_decoder
+from alpamayo.expert.decoding import ExpertDecoder, choose_decoder
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.families.loader import load_model_config
 from alpamayo.prediction import EgoHistory
@@ -110,6 +110,23 @@ def test_guidance_and_tokens_decoder_on_the_same_checkpoint(release):
     assert len(pred.best.token_ids) == 128
     with pytest.raises(ValueError, match="an initial noise is the action expert's input"):
         tokens.predict(frames, ego, noise=np.zeros((1, 64, 2)))
+
+
+class WithoutGuidance(ExpertDecoder):
+    """The torch decoder declaring, as the ttnn one does, that it cannot build the unguided branch."""
+
+    unguided = None
+
+
+def test_guidance_is_refused_by_a_decoder_that_declares_no_unguided_branch(release):
+    _, vla = release
+    frames, ego = inputs()
+    settings = FlowSettings(steps=3, guidance=1.5)
+    decoder = WithoutGuidance(vla.expert.expert, settings)
+    guided = AlpamayoVLA(vla.vlm, vla.planner, max_reasoning_tokens=REASONING_CAP, expert=decoder)
+    with pytest.raises(ValueError, match=r"trajectory decoder \(WithoutGuidance\) has no unguided branch"):
+        guided.predict(frames, ego, route="turn left", seed=0)
+    assert ExpertDecoder(vla.expert.expert, settings).unguided is not None
 
 
 def test_decoder_choice_rules():

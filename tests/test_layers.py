@@ -43,6 +43,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "planner": ("planner", "planner.navigation", "alpamayo.trajectory_generation"),
     "torch models": (
+        "alpamayo.contract",  # the backends' typed contract (Protocols) both the torch and the ttnn models meet
         "alpamayo.text",
         "vision",
         "alpamayo.moe",

@@ -20,7 +20,7 @@ from alpamayo.tt.ttnn_configs import ttnn_dtype
 from alpamayo.tt.weight_cache import placement
 from alpamayo.tt.weights import text_weight_specs, weight_dtype
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
-from tests.tt_text_seams import wrapped_decode_layers
+from tests.tt_text_seams import moe_rows, wrapped_decode_layers
 
 pytestmark = pytest.mark.dryrun
 
@@ -139,7 +139,7 @@ def test_moe_block_runs_its_decode_and_grouped_prefill_paths(model):
     ttnn, hidden = model.ttnn, model.text_cfg.hidden_size
     block = model.moe[min(model.moe)]
     for rows in (1, 33, 300):  # decode path (one row), grouped prefill (padded to 128 and to 384 rows)
-        out = block.forward(torch.randn(rows, hidden))
+        out = moe_rows(block, torch.randn(rows, hidden))
         assert out.shape == (rows, hidden) and out.dtype == torch.bfloat16
     x = model._rows(torch.randn(1, hidden), 32, model.plan.hidden_padded, ttnn.L1_MEMORY_CONFIG)
     with Capture(ttnn) as decode:

@@ -1,7 +1,7 @@
 """The one-chip MoE block on a Blackhole p150 against the torch reference block (marked `blackhole`).
 
 Every sparse layer of the tiny MoE checkpoint (`TT_TINY["moe"]`: 32 experts, top-4, hidden 128 on a 256-wide
-residual stream) runs alone on the device (`TTMoE.forward`) and in the torch reference (`SparseMoE` on the
+residual stream) runs alone on the device (`tests.tt_text_seams.moe_rows`) and in the torch reference (`SparseMoE` on the
 recipe-rounded weights of `QuantizedCheckpoint`, float32) on the same bf16 rows, for both presets:
 
   * prefill (expert-grouped sparse matmuls, 300 rows): PCC >= 0.99 per layer;
@@ -26,6 +26,7 @@ from alpamayo.text import TextModel
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.routing import NEAR_TIE, routing_margin
 from tests.tt_checkpoints import REAL_ENV, real_recipe, save_tt_checkpoint
+from tests.tt_text_seams import moe_rows
 
 pytestmark = pytest.mark.blackhole
 
@@ -78,7 +79,7 @@ def test_prefill_moe_layers_match_the_reference(case, record_figure):
         x = _rows(PREFILL_ROWS, ref.text_cfg.hidden_size, seed=i)
         with torch.inference_mode():
             expected = ref.layers[i].mlp(x.to(dtype))
-        got = tt.moe[i].forward(x)
+        got = moe_rows(tt.moe[i], x)
         p = pcc(expected, got)
         assert p >= LAYER_PCC, f"prefill MoE layer {i}: PCC {p}"
         worst, worst_abs = min(worst, p), max(worst_abs, max_abs_error(expected, got))
@@ -96,7 +97,7 @@ def test_decode_moe_layers_match_the_reference_token_by_token(case, record_figur
             with torch.inference_mode():
                 margin = float(routing_margin(block.router.proj(x.to(dtype)), block.router.k)[0])
                 expected = block(x.to(dtype))
-            got = tt.moe[i].forward(x)
+            got = moe_rows(tt.moe[i], x)
             if margin < NEAR_TIE:
                 ties += 1
                 continue

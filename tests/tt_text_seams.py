@@ -1,4 +1,5 @@
-"""Test access to one layer of a `TTTextModel` at a time (per-layer PCC on a card, op checks on the dry run).
+"""Test access to one layer of a `TTTextModel` (or one MoE block) at a time (per-layer PCC on a card, op checks
+on the dry run).
 
 These drive the model's own layer code with a reference's inputs; they are not part of the product.
 """
@@ -12,6 +13,8 @@ from typing import Any
 import torch
 
 from alpamayo.text.inputs import check_prefill, rope_delta
+from alpamayo.tt.device_spec import TILE
+from alpamayo.tt.program_config import TextPlan
 
 # layer(i, x, cos, sin, pos, page=None) -> x: as `TextDecode._layer_decode`
 DecodeLayer = Callable[..., Any]
@@ -46,6 +49,20 @@ def layer_decode(tt: Any, i: int, hidden: torch.Tensor, position: int) -> torch.
     out = tt._layer_decode(i, x, cos, sin, inputs["pos"])
     result = tt._download(out)[0, 0, 0, : t.hidden_size]
     tt._free(out, cos, sin)
+    return result
+
+
+def moe_rows(block: Any, x: torch.Tensor) -> torch.Tensor:
+    """A `TTMoE` block alone on host rows x [T, H] -> [T, H] bf16 (layer PCC). One row runs the traced decode
+    path (row 0 of a tile in L1), more rows the grouped prefill path (padded to a multiple of 128)."""
+    ttnn = block.ttnn
+    tokens, hidden = x.shape
+    rows = TILE if tokens == 1 else TextPlan.padded_length(tokens)
+    memory = ttnn.L1_MEMORY_CONFIG if tokens == 1 else ttnn.DRAM_MEMORY_CONFIG
+    dev = block._rows(x, rows, block.plan.hidden_padded, memory)
+    out = block.decode(dev) if tokens == 1 else block.prefill(dev, tokens)
+    result = block._download(out)[0, 0, :tokens, :hidden]
+    block._free(dev, out)
     return result
 
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
+from alpamayo.profiling.tracer import Tracer
 from alpamayo.quant import QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.linear import Linear, pack_linears
@@ -120,6 +121,12 @@ class VisionEncoder(nn.Module):
             if j in v.deepstack_visual_indexes:
                 deepstack.append(self.deepstack_mergers[v.deepstack_visual_indexes.index(j)](x))
         return self.merger(x), deepstack
+
+    def trace_into(self, tracer: Tracer) -> None:
+        """The torch tower has no stages finer than the runtime's `vision` span: nothing to record."""
+
+    def close(self) -> None:
+        """The torch tower holds nothing but host or CUDA tensors, which go with the model: nothing to release."""
 
 
 def check_inputs(v: VisionConfig, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples, close_model, load_text_model
+from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples, load_text_model
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.devices import DTYPES
@@ -116,7 +116,7 @@ def text_model(args: argparse.Namespace, cfg: ModelConfig, max_seq_len: int) -> 
         model.setup_cache(max_seq_len)
         yield model
     finally:
-        close_model(model)
+        model.close()
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, samples: bool = True, seed: bool = True) -> None:

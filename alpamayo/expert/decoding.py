@@ -16,15 +16,16 @@ Its action positions follow from its own, shorter prompt.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
+from alpamayo.contract import DecoderContext, ImageFeatures, PromptModel, TextBackbone, UnguidedContext
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.expert.model import ActionExpert, ExpertContext
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, euler_sample, noise_for
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text.kv_cache import KVCache
+from alpamayo.text.model import TextModel
 from alpamayo.trajectory_generation import GeneratedPlan
 
 
@@ -57,7 +58,8 @@ def unguided_prompt(ids: Sequence[int], route_start: int, route_end: int) -> lis
 
 
 class ExpertDecoder:
-    """Samples K normalised action sequences with `expert`, reading a VLM text model's cache in place."""
+    """Samples K normalised action sequences with `expert`, reading a torch text model's cache in place (the
+    torch `alpamayo.contract.TrajectoryDecoder`)."""
 
     def __init__(self, expert: ActionExpert, settings: FlowSettings = DEFAULT_FLOW, cuda_graph: bool = False):
         """`cuda_graph`: on a CUDA expert, capture each sampling's step once and replay it per Euler step
@@ -77,27 +79,33 @@ class ExpertDecoder:
 
     @property
     def steps(self) -> int:
-        return self.settings.steps or self.expert.cfg.num_inference_steps
+        return self.settings.steps_for(self.expert.cfg)
+
+    @property
+    def n_tokens(self) -> int:
+        """Action tokens per sample (the action space's waypoints)."""
+        return self.expert.n_tokens
+
+    @property
+    def unguided(self) -> UnguidedContext:
+        """Navigation guidance's unguided branch: `unguided_context`."""
+        return self.unguided_context
 
     def record(self) -> dict[str, float | int | None]:
         """The settings a prediction records beside its trajectories (`Prediction.flow`)."""
-        return {
-            "steps": self.steps,
-            "temperature": self.settings.temperature,
-            "guidance": self.settings.guidance,
-        }
+        return self.settings.record(self.expert.cfg)
 
-    def context(self, text: Any, prompt_len: int, plans: Sequence[GeneratedPlan]) -> ExpertContext:
+    def context(self, text: TextBackbone, prompt_len: int, plans: Sequence[GeneratedPlan]) -> ExpertContext:
         """The guided context: `text`'s cache rows 0..K-1 after `generate_plans(trajectory_tokens=False)`."""
         return self.expert.context(
-            text.cache, offsets_after_reasoning(prompt_len, plans), text.rope_delta, text.cache_len
+            _torch_cache(text), offsets_after_reasoning(prompt_len, plans), text.rope_delta, text.cache_len
         )
 
     def unguided_context(
         self,
-        vlm: Any,
+        vlm: PromptModel,
         ids: Sequence[int],
-        features: Sequence[Any],
+        features: Sequence[ImageFeatures],
         plans: Sequence[GeneratedPlan],
         start_id: int,
         filler_id: int,
@@ -106,6 +114,10 @@ class ExpertDecoder:
         replay each row's generated tokens (`replayed_tokens`) into it, and view it; the VLM's own cache and
         state are restored."""
         text = vlm.text
+        if not isinstance(text, TextModel):
+            raise TypeError(
+                f"the torch action expert's unguided branch runs on a torch TextModel, got {text!r}"
+            )
         replay = replayed_tokens(plans, start_id, filler_id)
         rows, need = replay.shape[0], len(ids) + replay.shape[1]
         cache = self._unguided_cache
@@ -123,21 +135,22 @@ class ExpertDecoder:
 
     def sample(
         self,
-        ctx: ExpertContext,
+        ctx: DecoderContext,
         seed: int | None = None,
         noise: torch.Tensor | None = None,
-        unguided: ExpertContext | None = None,
+        unguided: DecoderContext | None = None,
         tracer: Tracer | None = None,
     ) -> torch.Tensor:
-        """[K, 64, 2] float32 normalised actions, K = ctx.rows: Euler steps from `noise` (or seeded noise)."""
+        """[K, 64, 2] float32 normalised actions, K = ctx.rows: Euler steps from `noise` (or seeded noise).
+        `ctx` and `unguided`: this decoder's `context` / `unguided_context`."""
         if (unguided is None) != (self.settings.guidance is None):
             raise ValueError("navigation guidance needs both the guidance weight and the unguided context")
         x0 = noise_for(ctx.rows, self.expert.n_tokens, self.settings, seed, noise)
         return euler_sample(
             x0,
             self.steps,
-            self.step(ctx),
-            None if unguided is None else self.step(unguided),
+            self.step(_own(ctx)),
+            None if unguided is None else self.step(_own(unguided)),
             1.0 if self.settings.guidance is None else self.settings.guidance,
             tracer,
         )
@@ -151,11 +164,30 @@ class ExpertDecoder:
             return GraphedVelocity(expert, ctx)
         return lambda x, t: expert.velocity(x, t, ctx)
 
+    def close(self) -> None:
+        """The torch expert holds nothing but host or CUDA tensors: nothing to release."""
+
+
+def _torch_cache(text: TextBackbone) -> KVCache:
+    """The torch KV cache `text` reads and writes; TypeError for another backend's backbone."""
+    if not isinstance(text.cache, KVCache):
+        raise TypeError(f"the torch action expert reads a torch TextModel's KV cache, got {text.cache!r}")
+    return text.cache
+
+
+def _own(ctx: DecoderContext) -> ExpertContext:
+    """`ctx` as the torch expert's context; TypeError for another decoder's."""
+    if not isinstance(ctx, ExpertContext):
+        raise TypeError(f"the torch action expert samples its own ExpertContext, got {type(ctx).__name__}")
+    return ctx
+
 
 DECODERS = ("expert", "tokens")
 
 
-def choose_decoder(requested: str | None, expert_cfg: Any, has_weights: bool, source: str) -> str:
+def choose_decoder(
+    requested: str | None, expert_cfg: ExpertConfig | None, has_weights: bool, source: str
+) -> str:
     """The trajectory decoder of a run: `requested` ("expert" or "tokens"), or None for the default, the expert
     whenever the checkpoint has expert weights (on either backend: ttnn runs it on the device beside the VLM,
     `alpamayo.tt.expert`). ValueError naming what is missing when the expert is asked for and cannot run."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -125,7 +126,7 @@ class ActionExpert(nn.Module):
         """Token embeddings [B, T, H] -> final-normed hidden states [B, T, H]."""
         h = embeds
         for layer, k, v in zip(self.layers, ctx.keys, ctx.values, strict=True):
-            h = layer.over_prefix(h, ctx.cos, ctx.sin, (k, v, ctx.bias))
+            h = cast(DecoderLayer, layer).over_prefix(h, ctx.cos, ctx.sin, (k, v, ctx.bias))
         return self.norm(h)
 
     @torch.inference_mode()

@@ -12,13 +12,13 @@ stays float32 whatever the expert's dtype (its velocity is added to a float32 st
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from alpamayo.expert.config import ACTION_DIMS
+from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
 from alpamayo.generation import row_seeds
 from alpamayo.profiling.tracer import Tracer
 
@@ -42,6 +42,14 @@ class FlowSettings:
             raise ValueError(f"flow temperature must be a finite number > 0, got {self.temperature!r}")
         if self.guidance is not None and not math.isfinite(self.guidance):
             raise ValueError(f"navigation guidance weight must be a finite number, got {self.guidance!r}")
+
+    def steps_for(self, cfg: ExpertConfig) -> int:
+        """The Euler steps of a sampling with the expert of `cfg`: `steps`, else its `num_inference_steps`."""
+        return self.steps or cfg.num_inference_steps
+
+    def record(self, cfg: ExpertConfig) -> dict[str, float | int | None]:
+        """What a prediction records beside its trajectories (`Prediction.flow`) with the expert of `cfg`."""
+        return {"steps": self.steps_for(cfg), "temperature": self.temperature, "guidance": self.guidance}
 
 
 DEFAULT_FLOW = FlowSettings()
@@ -106,7 +114,11 @@ def euler_sample(
 
 
 def noise_for(
-    rows: int, n_waypoints: int, settings: FlowSettings, seed: int | None, noise: Sequence | None = None
+    rows: int,
+    n_waypoints: int,
+    settings: FlowSettings,
+    seed: int | None,
+    noise: torch.Tensor | np.ndarray | None = None,
 ) -> torch.Tensor:
     """The initial noise of one sampling: `noise` when given (checked), else `initial_noise`."""
     if noise is not None:

@@ -81,6 +81,8 @@ class Linear(nn.Module):
             y = self.quantised.matmul(x)
             return y if self.bias is None else y + self.bias
         if self._packed is None:
+            if self.weight is None:  # pack() drops the plain weight only once it has packed it
+                raise RuntimeError("a Linear without its weight and unpacked")
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, self.in_features)
         y = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")

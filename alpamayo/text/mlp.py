@@ -28,7 +28,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         if (gate_bias is None) != (up_bias is None):
             raise ValueError("SwiGLU needs both gate_bias and up_bias, or neither")
-        gate_up_bias = None if gate_bias is None else torch.cat([gate_bias, up_bias], 0)
+        gate_up_bias = None if gate_bias is None or up_bias is None else torch.cat([gate_bias, up_bias], 0)
         self.gate_up = Linear(torch.cat([gate, up], 0), gate_up_bias)
         self.down = Linear(down, down_bias)
 

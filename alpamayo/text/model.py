@@ -33,6 +33,7 @@ from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig
+from alpamayo.profiling.tracer import Tracer
 from alpamayo.quant import QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
@@ -181,6 +182,13 @@ class TextModel(nn.Module):
         self.cache, lengths, self.rope_delta = state
         self.lengths = list(lengths)
 
+    def trace_into(self, tracer: Tracer) -> None:
+        """The torch backbone has no stages finer than the runtime's (`alpamayo.runtime`): nothing to record."""
+
+    def close(self) -> None:
+        """The torch backbone holds nothing but host or CUDA tensors, which go with the model: nothing to
+        release."""
+
     def _require_cache(self) -> KVCache:
         if self.cache is None:
             raise RuntimeError("call setup_cache(max_seq_len) before prefill/decode")
@@ -264,9 +272,10 @@ class TextModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
     ) -> torch.Tensor:
-        """`prefill_hidden`, then float32 logits [V] of the last prompt position."""
-        hidden = self.prefill_hidden(inputs, position_ids, visual_pos_mask, deepstack)
+        """`prefill_hidden` (with its `capture`), then float32 logits [V] of the last prompt position."""
+        hidden = self.prefill_hidden(inputs, position_ids, visual_pos_mask, deepstack, capture)
         with torch.inference_mode():
             return self.logits(hidden[-1])
 
@@ -276,7 +285,7 @@ class TextModel(nn.Module):
         [B, V] for ids [B]."""
         check_decode_room(self.cache_len, self._require_cache().max_seq_len)
         single = isinstance(tokens, int)
-        ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
+        ids = torch.tensor([tokens]) if isinstance(tokens, int) else tokens.reshape(-1)
         if ids.numel() != self.batch:
             raise ValueError(f"decode got {ids.numel()} token(s) for {self.batch} active row(s)")
         logits = self.logits(self._append(ids[:, None])[0][:, 0])
@@ -324,11 +333,12 @@ class TextModel(nn.Module):
         b, t = ids.shape
         steps = torch.arange(t)
         if len(set(self.lengths)) == 1:  # uniform rows: one scalar start, the plain decoding path
-            start: int | list[int] = self.lengths[0]
-            cos, sin = self.rope.cos_sin_1d(steps + start + self.rope_delta, self.dtype)
+            first = self.lengths[0]
+            start: int | list[int] = first
+            cos, sin = self.rope.cos_sin_1d(steps + first + self.rope_delta, self.dtype)
         else:
-            start = list(self.lengths)
-            pos = torch.tensor(start)[:, None] + steps + self.rope_delta  # [B, T]
+            start = rows = list(self.lengths)
+            pos = torch.tensor(rows)[:, None] + steps + self.rope_delta  # [B, T]
             cos, sin = (c.view(b, 1, t, -1) for c in self.rope.cos_sin_1d(pos.reshape(-1), self.dtype))
         with few_rows(b * t, self.device):  # element-wise ops on one thread (`alpamayo.text.threads`)
             h, taken = self._layers(self.embed(ids), cos, sin, start, capture=capture, stepwise=stepwise)

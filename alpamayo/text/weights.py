@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, Shape, expert_layouts
-from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.config import ModelConfig, MoEConfig, TextConfig
 from alpamayo.errors import CheckpointError
 from alpamayo.moe.weights import disk_layout
 from alpamayo.text.attention import Attention
@@ -28,9 +28,17 @@ def layer_prefix(i: int) -> str:
     return f"language_model.layers.{i}."
 
 
+def _moe(cfg: TextConfig) -> MoEConfig:
+    """The MoE block of a sparse text config; ValueError for a dense one."""
+    if cfg.moe is None:
+        raise ValueError("a dense text config has no MoE experts")
+    return cfg.moe
+
+
 def expert_shapes(cfg: TextConfig) -> dict[str, list[Shape]]:
     """Fused expert tensors (suffixes under `mlp.experts.`) in either on-disk layout (hub or v5)."""
-    layouts = expert_layouts(cfg.moe.num_experts, cfg.hidden_size, cfg.moe.moe_intermediate_size).values()
+    moe = _moe(cfg)
+    layouts = expert_layouts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size).values()
     return {"gate_up_proj": [gu for gu, _ in layouts], "down_proj": [dn for _, dn in layouts]}
 
 
@@ -55,7 +63,7 @@ def text_tensor_shapes(cfg: ModelConfig) -> dict[str, list[Shape]]:
         shapes[p + "self_attn.q_norm.weight"] = [(d,)]
         shapes[p + "self_attn.k_norm.weight"] = [(d,)]
         if t.is_sparse(i):
-            shapes[p + "mlp.gate.weight"] = [(t.moe.num_experts, h)]
+            shapes[p + "mlp.gate.weight"] = [(_moe(t).num_experts, h)]
             for name, allowed in expert_shapes(t).items():
                 shapes[f"{p}mlp.experts.{name}"] = allowed
         else:

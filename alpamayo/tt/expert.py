@@ -46,7 +46,7 @@ step graph eagerly, which the dry run exercises.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,9 @@ from typing import Any
 import torch
 
 from alpamayo.checkpoint import Checkpoint
+from alpamayo.contract import DecoderContext, TextBackbone
 from alpamayo.expert.config import ACTION_DIMS, ExpertConfig, InProjConfig
-from alpamayo.expert.decoding import ExpertDecoder, offsets_after_reasoning
+from alpamayo.expert.decoding import offsets_after_reasoning
 from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise, noise_for
 from alpamayo.expert.weights import validate_expert_tensors
@@ -325,7 +326,7 @@ class TTActionExpert(DeviceIO):
             out = padded
         return out
 
-    def _attend(self, i: int, plan: ExpertPlan, mask: Any):
+    def _attend(self, i: int, plan: ExpertPlan, mask: Any) -> Callable[[Any, Any, Any], Any]:
         """Layer i's attention: sample b's K/V into slot b's cache region, then SDPA batched over the slots,
         sample b's 64 query rows over slot b in place with the mask [S, 1, 64, cache rows]."""
         ttnn, text = self.ttnn, self.text
@@ -551,9 +552,13 @@ class TTExpertContext:
     rows: int
 
 
-class TTExpertDecoder(ExpertDecoder):
-    """`alpamayo.expert.decoding.ExpertDecoder` on the device: the same `context` / `sample` / `record`
-    contract over a `TTTextModel` (row b of its K decoded rows in cache slot b, at its own offset)."""
+class TTExpertDecoder:
+    """The action expert's trajectory decoder on the device (`alpamayo.contract.TrajectoryDecoder`): `context`
+    / `sample` / `record` over a `TTTextModel` (row b of its K decoded rows in cache slot b, at its own
+    offset). It holds the device expert and the flow settings; navigation guidance is not among its
+    capabilities (`unguided` is None: its unguided branch needs a second prompt's cache on the device)."""
+
+    unguided: None = None  # the declared capability: no unguided branch on the device
 
     def __init__(self, expert: TTActionExpert, settings: FlowSettings = DEFAULT_FLOW):
         if settings.guidance is not None:
@@ -561,24 +566,40 @@ class TTExpertDecoder(ExpertDecoder):
                 "navigation guidance (--nav-guidance) is not implemented on --backend ttnn: it needs a second "
                 "prompt's cache on the device; use --backend torch for guided sampling"
             )
-        super().__init__(expert, settings)
+        self.expert, self.settings = expert, settings
+
+    @property
+    def steps(self) -> int:
+        return self.settings.steps_for(self.expert.cfg)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.expert.n_tokens
+
+    def record(self) -> dict[str, float | int | None]:
+        return self.settings.record(self.expert.cfg)
 
     def close(self) -> None:
         self.expert.close()
 
-    def context(self, text: TTTextModel, prompt_len: int, plans: Sequence[GeneratedPlan]) -> TTExpertContext:
+    def context(self, text: TextBackbone, prompt_len: int, plans: Sequence[GeneratedPlan]) -> TTExpertContext:
         offsets = tuple(offsets_after_reasoning(prompt_len, plans))
         return TTExpertContext(offsets, text.rope_delta, len(plans))
 
     def sample(
         self,
-        ctx: TTExpertContext,
+        ctx: DecoderContext,
         seed: int | None = None,
         noise: torch.Tensor | None = None,
-        unguided: TTExpertContext | None = None,
+        unguided: DecoderContext | None = None,
         tracer: Tracer | None = None,
     ) -> torch.Tensor:
-        """[K, 64, 2] float32 normalised actions, K = ctx.rows (traced Euler steps on the device)."""
+        """[K, 64, 2] float32 normalised actions, K = ctx.rows (traced Euler steps on the device); `ctx`: this
+        decoder's `context`."""
+        if not isinstance(ctx, TTExpertContext):
+            raise TypeError(
+                f"the ttnn action expert samples its own TTExpertContext, got {type(ctx).__name__}"
+            )
         if unguided is not None:
             raise ValueError("navigation guidance is not implemented on --backend ttnn")
         x0 = noise_for(ctx.rows, FUTURE_STEPS, self.settings, seed, noise)

@@ -36,7 +36,7 @@ from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.program_config import MoEPlan, TextPlan
+from alpamayo.tt.program_config import MoEPlan
 
 
 @dataclass(frozen=True)
@@ -261,17 +261,3 @@ class TTMoE(DeviceIO):
         out = ttnn.experimental.fast_reduce_nc(ttnn.reshape(picked, (1, k, padded, hp)), dims=[1])
         self._free(picked, *dev.values())
         return ttnn.reshape(out, (1, 1, padded, hp))
-
-    # ------------------------------------------------------------------ host rows (tests)
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The block on host rows x [T, H] -> [T, H] bf16 (tests: layer PCC). One row runs the traced decode
-        path (row 0 of a tile in L1), more rows the grouped prefill path (padded to a multiple of 128)."""
-        ttnn = self.ttnn
-        tokens, hidden = x.shape
-        rows = TILE if tokens == 1 else TextPlan.padded_length(tokens)
-        memory = ttnn.L1_MEMORY_CONFIG if tokens == 1 else ttnn.DRAM_MEMORY_CONFIG
-        dev = self._rows(x, rows, self.plan.hidden_padded, memory)
-        out = self.decode(dev) if tokens == 1 else self.prefill(dev, tokens)
-        result = self._download(out)[0, 0, :tokens, :hidden]
-        self._free(dev, out)
-        return result

@@ -160,6 +160,12 @@ class TextPlan:
     def decode_matmuls(self) -> list[DecodeMatmul]:
         return [m for m in (self.qkv, self.o, self.gate, self.up, self.down) if m is not None]
 
+    def dense_mlp(self) -> tuple[DecodeMatmul, DecodeMatmul, DecodeMatmul]:
+        """The gate, up and down matmuls of the dense layers; ValueError for a model that has none."""
+        if self.gate is None or self.up is None or self.down is None:
+            raise ValueError(f"{self.model}: every layer is a sparse MoE block, there is no dense MLP plan")
+        return self.gate, self.up, self.down
+
     def prefill_matmul(self, m: int, k: int, n: int) -> PrefillMatmul:
         return _prefill_matmul(self.prefill_grid, m, k, n)
 

@@ -109,6 +109,10 @@ class TTVisionEncoder(DeviceIO):
         )
         return cls(v, precision, plan, device, weights, ckpt.get(POS_EMBED, torch.float32), tracer)
 
+    def trace_into(self, tracer: Tracer) -> None:
+        """Time the device forward (`tt.vision`) as spans of `tracer`."""
+        self.tracer = tracer
+
     def close(self) -> None:
         """Free the device weights (the device itself belongs to the text model)."""
         self._free(*self.w.values())
@@ -287,11 +291,3 @@ class TTVisionEncoder(DeviceIO):
             embeds = self._fetch(self._merger(x, "vision.merger", False), merged, out)
             self._free(x)
         return embeds, deepstack
-
-    @torch.inference_mode()
-    def block_forward(self, j: int, hidden: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """Block j alone on hidden [N, C] (the patches of `grid_thw`) -> [N, C] bf16 (tests: per-block PCC)."""
-        n = hidden.shape[0]
-        with self._inputs(grid_thw) as inputs:
-            x = self._rows(hidden, self.plan.padded_length(n), self.cfg.hidden_size)
-            return self._fetch(self._block(j, x, inputs), n, self.cfg.hidden_size)

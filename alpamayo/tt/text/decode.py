@@ -9,8 +9,8 @@ run, so the step can be captured as a trace (`alpamayo.tt.text.trace`) and repla
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,13 +39,19 @@ class TextDecode(TextState):
     max_verify_rows = MAX_ROWS  # rows x tokens of one `verify` (a speculative block is capped to fit)
 
     embed_table: torch.Tensor
-    max_batch: int
     trace_switch: TraceSwitch
-    _trace: DecodeTrace
     _inputs: dict[tuple[int, bool], dict[str, Any]]
     _traces: dict[tuple[int, bool, tuple[int, ...]], DecodeTrace]
     lengths: list[int]
-    batch: int
+    _head: Callable[[Any, int], Any]  # the prefill's lm_head (`TextPrefill._head`)
+
+    if TYPE_CHECKING:  # read-only properties of the model
+
+        @property
+        def max_batch(self) -> int: ...
+
+        @property
+        def batch(self) -> int: ...
 
     def _decode_setup(self) -> None:
         """Memory and program configs of the decode step (fixed per model)."""
@@ -168,14 +174,15 @@ class TextDecode(TextState):
 
     def _mlp_decode(self, w: dict[str, Any], n2: Any) -> Any:
         """Dense SwiGLU of the normed residual n2 (freed) -> [1, 1, 32, H_p] on the residual grid."""
-        ttnn, plan = self.ttnn, self.plan
+        ttnn = self.ttnn
+        gate, up, down = self.plan.dense_mlp()
         n2 = self._reshard(n2, self.in_mem["gate"])
-        g = self._ds_linear(n2, w["w_gate"], plan.gate, "mlp_gate_up")  # SiLU fused
-        u = self._ds_linear(n2, w["w_up"], plan.up, "mlp_gate_up")
+        g = self._ds_linear(n2, w["w_gate"], gate, "mlp_gate_up")  # SiLU fused
+        u = self._ds_linear(n2, w["w_up"], up, "mlp_gate_up")
         self._free(n2)
         m = self._reshard(ttnn.mul(g, u, memory_config=g.memory_config()), self.in_mem["down"])
         self._free(g, u)
-        d = self._reshard(self._ds_linear(m, w["w_down"], plan.down, "mlp_down"), self.res_mem)
+        d = self._reshard(self._ds_linear(m, w["w_down"], down, "mlp_down"), self.res_mem)
         self._free(m)
         return d
 
@@ -329,7 +336,7 @@ class TextDecode(TextState):
         [V] for an int (one active row), [B, V] for ids [B] (the torch backend's contract). The B rows run
         as one program (rows of one tile: the weights are read once for all of them)."""
         single = isinstance(tokens, int)
-        ids = torch.tensor([tokens]) if single else tokens.reshape(-1)
+        ids = torch.tensor([tokens]) if isinstance(tokens, int) else tokens.reshape(-1)
         if ids.numel() != len(self.lengths):
             raise ValueError(f"decode got {ids.numel()} token(s) for {len(self.lengths)} active row(s)")
         positions = list(self.lengths)

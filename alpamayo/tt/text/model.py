@@ -90,9 +90,10 @@ class TTTextModel(TextPrefill, TextDecode):
         ck["sdpa_decode"] = cfgs.compute_config(ttnn, precision.math_fidelity("sdpa"), l1_acc=False)
         self.ck = ck
         self.kv_dtype = cfgs.ttnn_dtype(ttnn, precision.dtype("kv_cache"))
-        self.moe = {
-            i: TTMoE(ttnn, device, plan.moe, self.layer_weights[i], ck, self.tracer) for i in t.sparse_layers
-        }
+        if (moe := plan.moe) is not None:  # None for a dense model, which has no sparse layers
+            self.moe = {
+                i: TTMoE(ttnn, device, moe, self.layer_weights[i], ck, self.tracer) for i in t.sparse_layers
+            }
         self._decode_setup()
 
     @property
@@ -105,6 +106,11 @@ class TTTextModel(TextPrefill, TextDecode):
         self._tracer = tracer
         for block in self.moe.values():
             block.tracer = tracer
+
+    def trace_into(self, tracer: Tracer) -> None:
+        """Time the device work (`tt.prefill_layers`, `tt.decode_trace_execute`, host <-> device copies) as
+        spans of `tracer`."""
+        self.tracer = tracer
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -195,7 +195,7 @@ class TextPrefill(TextState):
         with self.tracer.span("tt.prefill_layers", layers=last + 1, rows=padded):
             for i in range(last + 1):
                 hidden = self._layer_prefill(i, hidden, cos, sin, length)
-                if deepstack is not None and i < len(deepstack):
+                if deepstack is not None and visual_pos_mask is not None and i < len(deepstack):
                     extra = self._deepstack_rows(deepstack[i], visual_pos_mask, padded)
                     added = ttnn.add(hidden, extra, memory_config=ttnn.DRAM_MEMORY_CONFIG)
                     self._free(hidden, extra)
@@ -234,10 +234,12 @@ class TextPrefill(TextState):
         position_ids: torch.Tensor | None = None,
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
     ) -> torch.Tensor:
-        """Prefill a prompt; float32 logits [V] of its last position (only that row's tile reaches the head)."""
+        """Prefill a prompt; float32 logits [V] of its last position (only that row's tile reaches the head).
+        `capture` as in `prefill_hidden`."""
         ttnn = self.ttnn
-        normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack)
+        normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack, capture)
         with self.tracer.span("tt.prefill_head"):
             r0 = (length - 1) // TILE * TILE
             last = ttnn.slice(normed, [0, 0, r0, 0], [1, 1, r0 + TILE, self.hidden_padded])

@@ -4,7 +4,7 @@ model sets them in `alpamayo.tt.text.model`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alpamayo.config import TextConfig
 from alpamayo.profiling import Tracer
@@ -32,6 +32,12 @@ class TextState(DeviceIO):
     residual_eps: float
     cache_len: int
     rope_delta: int
-    max_seq_len: int
-    kv_cache: list[tuple[Any, Any]]
     _require_cache: Callable[[], None]
+
+    if TYPE_CHECKING:  # read-only properties of the model
+
+        @property
+        def max_seq_len(self) -> int: ...
+
+        @property
+        def kv_cache(self) -> list[tuple[Any, Any]]: ...
