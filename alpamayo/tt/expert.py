@@ -490,25 +490,6 @@ class TTActionExpert(DeviceIO):
         ttnn.synchronize_device(self.device)
         state["trace"] = trace
 
-    def velocity(
-        self, x: torch.Tensor, t: float, offsets: int | Sequence[int], rope_delta: int, steps: int
-    ) -> torch.Tensor:
-        """One untraced velocity v(x, t) [K, 64, 2] float32 (tests: per-step PCC against the torch expert);
-        t must be one of the `steps`-step schedule's times."""
-        x, offsets = self._check(torch.as_tensor(x), offsets)
-        times = step_times(steps)
-        k = int(torch.argmin((times - t).abs()))
-        if abs(float(times[k]) - t) > 1e-6:
-            raise ValueError(f"t = {t} is not a time of the {steps}-step schedule {times.tolist()}")
-        state = self._setup(self.text.max_batch, steps)
-        self._write_noise(state, x)
-        self._prepare(state, offsets, rope_delta)
-        self.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
-        v = self._velocity(state)
-        out = self._download_actions(v, x.shape[0])
-        self._free(v)
-        return out
-
 
 def step_times(steps: int) -> torch.Tensor:
     """t_k of the `steps` Euler steps, linspace(0, 1, steps + 1)[:steps] (the reference sampler's times)."""
