@@ -72,12 +72,19 @@ class VisionEncoder(nn.Module):
         when given."""
         ckpt, cfg = open_checkpoint(source, cfg)
         v = validate_vision_tensors(ckpt, cfg)
-        return cls.from_weights(v, ckpt.getter(dtype, device), quant)
+        return cls.from_weights(v, ckpt.getter(dtype, device), quant, quant_cache)
 
     @classmethod
-    def from_weights(cls, v: VisionConfig, get: Getter, quant: QuantRecipe | None = None) -> VisionEncoder:
+    def from_weights(
+        cls,
+        v: VisionConfig,
+        get: Getter,
+        quant: QuantRecipe | None = None,
+        quant_cache: PackedWeightCache | None = None,
+    ) -> VisionEncoder:
         """Build from tensors by canonical name (`get(name)`, in the model's dtype and device; not validated:
-        `from_checkpoint` validates first), the linears packed (quantised by `quant` where it applies)."""
+        `from_checkpoint` validates first), the linears packed (quantised by `quant` where it applies, through
+        `quant_cache` when given)."""
         encoder = cls(
             v,
             build_patch_embed(v, get),
@@ -86,7 +93,7 @@ class VisionEncoder(nn.Module):
             build_merger(MERGER, False, get),
             [build_merger(deepstack_prefix(k), True, get) for k in range(len(v.deepstack_visual_indexes))],
         )
-        pack_linears(encoder, quant=quant, cache=quant_cache)
+        pack_linears(encoder, quant=quant, cache=quant_cache, part="vision tower")
         return encoder.eval()
 
     @torch.inference_mode()

@@ -109,7 +109,7 @@ def load_expert(
         ckpt.get(name, torch.float32, device) if name in ckpt else default_freqs(cfg.in_proj).to(device)
         for name in cfg.freqs_keys()
     ]
-    return build_expert(cfg, ckpt.getter(dtype, device), freqs, n_tokens, quant)
+    return build_expert(cfg, ckpt.getter(dtype, device), freqs, n_tokens, quant, quant_cache)
 
 
 def build_expert(
@@ -118,10 +118,12 @@ def build_expert(
     freqs: list[torch.Tensor],
     n_tokens: int = FUTURE_STEPS,
     quant: QuantRecipe | None = None,
+    quant_cache: PackedWeightCache | None = None,
 ) -> ActionExpert:
     """The expert from tensors by checkpoint name (`get(name)`, in the model's dtype and device; not
     validated: `load_expert` validates first) and its Fourier `freqs` (one [num_freqs] table per
-    `cfg.freqs_keys()` entry), its linears packed (quantised by `quant` where it applies)."""
+    `cfg.freqs_keys()` entry), its linears packed (quantised by `quant` where it applies, through `quant_cache`
+    when given)."""
     t, p, c = cfg.text, cfg.prefixes, cfg.in_proj
     layers = [build_layer(t, i, get, f"{p.expert}layers.{i}.") for i in range(t.num_hidden_layers)]
     trunk, pairs = f"{p.in_proj}encoder.trunk.", c.trunk_layers()
@@ -140,5 +142,5 @@ def build_expert(
         Linear(get(f"{p.out_proj}weight"), out_bias, role="head"),
         n_tokens,
     )
-    pack_linears(expert, quant=quant, cache=quant_cache)
+    pack_linears(expert, quant=quant, cache=quant_cache, part="action expert")
     return expert.eval()

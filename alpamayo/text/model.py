@@ -102,7 +102,7 @@ class TextModel(nn.Module):
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
         head = Linear(embed if cfg.tie_word_embeddings else get(LM_HEAD), role="head")
         model = cls(cfg, embed, layers, RMSNorm(get(FINAL_NORM), t.rms_norm_eps), head)
-        pack_linears(model, keep_plain=embed, quant=quant, cache=quant_cache)
+        pack_linears(model, keep_plain=embed, quant=quant, cache=quant_cache, part="text backbone")
         return model.eval()
 
     # ------------------------------------------------------------------ state
