@@ -215,14 +215,14 @@ def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig 
         f"GPU memory plan, torch backend ({args.dtype} on {args.device}): {model_name(cfg)}{with_expert}, "
         f"KV cache of {samples} x {context} positions ({length})"
     )
-    cols = ["recipe", "linears at int8", "weights GB", "KV cache GB", "activations GB (ESTIMATE)", "total GB"]
+    cols = ["recipe", "int8 linears", "weights GB", "KV cache GB", "activations GB (ESTIMATE)", "total GB"]
     cols += ["smallest GPU"]
     if guidance:
         cols += ["+ unguided cache GB", "total with --nav-guidance GB", "smallest GPU"]
     rows = [cols]
     for r, plan in plans.items():
         base = plan.total - plan.unguided_cache
-        at_int8 = f"{plan.fallback} of {plan.linears}" if r.mode == "int4" else "-"
+        at_int8 = f"{plan.fallback}/{plan.linears}" if r.mode == "int4" else "-"
         row = [
             ("* " if r == chosen else "  ") + plan.recipe,
             at_int8,
