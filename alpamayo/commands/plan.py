@@ -23,8 +23,8 @@ from alpamayo.devices import DTYPES
 from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.families.loader import load_shape_config
 from alpamayo.moe.config import model_block_config
-from alpamayo.quant import GROUP_SIZES, QuantRecipe, describe_fallbacks
-from alpamayo.quant.memory import GPUS_GB, PART_NAMES, GpuPlan, plan_gpu_memory
+from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
+from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
 from alpamayo.runtime import CACHE_STEP
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import (

@@ -6,12 +6,13 @@ PyTorch's own weight-only kernels read (at int8 where int4 cannot pack a layer's
 """
 
 from alpamayo.quant.kernels import check_kernel, describe_fallbacks, layer_mode
-from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
+from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, PART_NAMES, QUANT_MODES, QuantRecipe
 from alpamayo.quant.weights import Int4Weight, Int8Weight, QuantWeight, int4_codes, quantise_weight
 
 __all__ = [
     "DEFAULT_GROUP_SIZE",
     "GROUP_SIZES",
+    "PART_NAMES",
     "QUANT_MODES",
     "Int4Weight",
     "Int8Weight",

@@ -46,8 +46,6 @@ from alpamayo.text.weights import text_tensor_shapes
 from vision.encoder import VisionEncoder
 from vision.weights import vision_tensor_shapes
 
-# the parts `weight_counts` keys, as `pack_linears` names them in its int8 line at load
-PART_NAMES = {"text": "text backbone", "vision": "vision tower", "expert": "action expert"}
 GPUS_GB = (16, 24, 40, 80)  # the common GPU memory sizes a plan names the smallest of
 FLOAT32 = 4
 
