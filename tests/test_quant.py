@@ -15,7 +15,16 @@ from alpamayo.backends import BackendOptions
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.errors import ConfigError
-from alpamayo.quant import GROUP_SIZES, Int4Weight, Int8Weight, QuantRecipe, int4_codes, quantise_weight
+from alpamayo.quant import (
+    GROUP_SIZES,
+    Int4Weight,
+    Int8Weight,
+    QuantRecipe,
+    int4_codes,
+    layer_mode,
+    quantise_weight,
+)
+from alpamayo.quant.kernels import check_int4_shape
 from alpamayo.quant.weights import DEQUANTISE_FROM_ROWS, cpu_int4_layout_known, unpack_cpu_int4
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear, pack_linears
@@ -107,11 +116,67 @@ def test_unknown_recipe_and_group_are_refused_with_the_allowed_values():
         QuantRecipe("int4", 16)
 
 
-def test_a_group_that_does_not_divide_the_width_names_the_layer_and_width():
+def test_direct_int4_packing_of_a_width_no_group_packs_names_the_layer_width_and_groups():
     with pytest.raises(
-        ValueError, match=r"group size 128 does not divide layer 'layers.0.mlp.down' input width 96"
+        ValueError,
+        match=r"int4 on cpu: layer 'blocks.0.mlp.fc2' input width 4304 is not a multiple of 32; "
+        r"no group size of \[32, 64, 128\] packs it on cpu \(--quant int4 packs such a layer at int8\)",
     ):
-        quantise_weight(_weight(64, 96), QuantRecipe("int4", 128), "layers.0.mlp.down")
+        check_int4_shape("blocks.0.mlp.fc2", 4304, 32, "cpu")
+    with pytest.raises(
+        ValueError,
+        match=r"input width 8256 is not a multiple of 128 \(group 64, and the cuda int4 kernel needs a "
+        r"multiple of 128\); no group size",
+    ):
+        check_int4_shape("layers.0.mlp.down", 8256, 64, "cuda")
+    with pytest.raises(
+        ValueError, match=r"width 96 is not a multiple of 64; group sizes that pack it: \[32\]"
+    ):
+        check_int4_shape("layers.0.mlp.down", 96, 64, "cpu")
+
+
+@pytest.mark.parametrize(
+    "width,group,device,mode",
+    [
+        (96, 64, "cpu", "int8"),
+        (96, 32, "cpu", "int4"),
+        (96, 32, "cuda", "int8"),
+        (4304, 32, "cpu", "int8"),
+        (8256, 64, "cpu", "int4"),
+        (8256, 64, "cuda", "int8"),
+        (8192, 128, "cuda", "int4"),
+    ],
+)
+def test_an_int4_layer_the_group_or_the_kernel_cannot_pack_gets_int8(width, group, device, mode):
+    assert layer_mode(QuantRecipe("int4", group), width, device) == mode
+    assert layer_mode(QuantRecipe("int8"), width, device) == "int8"
+
+
+@pytest.mark.parametrize("rows", ROWS["int8"])
+def test_a_fallen_back_layer_equals_int8_dequantise_then_linear(rows):
+    """96 input columns under int4-g64: packed at int8 per output channel, and its output is the int8
+    reference (codes times scales, then F.linear) of the same weight."""
+    w = _weight(64, 96)
+    q = quantise_weight(w, QuantRecipe("int4", 64), "layers.0.mlp.down")
+    assert isinstance(q, Int8Weight)
+    reference = Int8Weight.quantise(w)
+    assert torch.equal(q.q, reference.q) and torch.equal(q.scales, reference.scales)
+    x = torch.randn(rows, 96)
+    _close(q.matmul(x), F.linear(x, q.q.float() * q.scales.float()[:, None]), torch.float32)
+
+
+def test_a_model_at_int4_with_one_layer_the_group_cannot_pack_loads_runs_and_says_so(capsys):
+    w = _weight(64, 128)
+    body, narrow = Linear(w.clone()), Linear(_weight(128, 96))
+    root = torch.nn.Sequential(body, torch.nn.ReLU(), torch.nn.Linear(64, 96), narrow)
+    pack_linears(root, quant=QuantRecipe("int4", 64), part="tiny model")
+    assert isinstance(body.quantised, Int4Weight) and isinstance(narrow.quantised, Int8Weight)
+    assert capsys.readouterr().err == (
+        "alpamayo: --quant int4-g64 on cpu, tiny model: 1 of 2 linears at int8 (input widths not a multiple "
+        "of 64: 3 96)\n"
+    )
+    y = root(torch.randn(3, 128))
+    assert y.shape == (3, 128) and torch.isfinite(y).all()
 
 
 def test_a_device_or_dtype_without_a_kernel_is_named():
@@ -187,9 +252,17 @@ def test_predict_at_int8_and_int4(demo_checkpoint, tmp_path, capsys, record_figu
         assert xyz.shape == (64, 3) and np.isfinite(xyz).all()
         drift = np.linalg.norm(xyz - np.asarray(reference["xyz"]), axis=1).max()
         record_figure(f"max waypoint drift vs float32, m, {' '.join(quant)}", float(drift))
-    # the demo vision tower is 64 wide (its expert MLP 96): the default group (128) divides neither
-    assert main([*args, "--quant", "int4"]) == 2
-    assert "does not divide layer 'blocks.0.attn.qkv' input width 64" in capsys.readouterr().err
+    # the demo vision tower is 64 wide (its expert MLP 96): the default group (128) divides neither, so those
+    # layers load at int8, said once per part
+    assert main([*args, "--quant", "int4"]) == 0
+    printed = capsys.readouterr()
+    (sample,) = json.loads(printed.out)["samples"]
+    assert np.isfinite(np.asarray(sample["xyz"])).all()
+    assert (
+        "alpamayo: --quant int4-g128 on cpu, vision tower: 12 of 25 linears at int8 (input widths not a "
+        "multiple of 128: blocks.*.attn.qkv 64, blocks.*.attn.proj 64, blocks.*.mlp.fc1 64)"
+    ) in printed.err.splitlines()
+    assert "alpamayo: --quant int4-g128 on cpu, action expert: 16 of 16 linears at int8" in printed.err
 
 
 def test_replay_and_eval_at_int8(demo_checkpoint, tmp_path):

@@ -14,7 +14,9 @@ from alpamayo.cli import main
 from alpamayo.quant import QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text import TextModel
+from alpamayo.text.linear import Linear
 from tests.test_runtime import frames_at, predict_argv, straight_history, write_prediction_inputs
+from vision.encoder import VisionEncoder
 
 RECIPES = [QuantRecipe("int8"), QuantRecipe("int4", 32, head=True)]
 IDS = torch.arange(5, 40, 3)
@@ -107,3 +109,31 @@ def test_predict_with_quant_cache_fills_it_once_and_predicts_the_same(demo_check
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == first
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == stored  # read, not rewritten
+
+
+def test_an_int4_recipes_int8_layer_is_cached_and_read_back_as_int8(demo_checkpoint, tmp_path, monkeypatch):
+    """The demo vision tower at int4-g128: its 64-wide layers are packed at int8 (`layer_mode`), stored so,
+    and the second load reads them back as int8 (not reported corrupt for holding another mode than int4)."""
+    recipe = QuantRecipe("int4", 128)
+    first = PackedWeightCache(tmp_path)
+    built = VisionEncoder.from_checkpoint(demo_checkpoint, quant=recipe, quant_cache=first)
+    modes = {json.loads(_header(p))["__metadata__"]["mode"] for p in tmp_path.iterdir()}
+    assert modes == {"int4", "int8"}
+    monkeypatch.setattr(quant_cache, "quantise_weight", _refuse_to_quantise)
+    second = PackedWeightCache(tmp_path)
+    read = VisionEncoder.from_checkpoint(demo_checkpoint, quant=recipe, quant_cache=second)
+    assert (second.hits, second.built, second.rebuilt) == (first.built, 0, 0)
+    for (name, a), (_, b) in zip(_quantised(built), _quantised(read), strict=True):
+        assert type(a) is type(b), name
+        assert all(torch.equal(t, b.tensors()[k]) for k, t in a.tensors().items()), name
+
+
+def _header(path) -> bytes:
+    data = path.read_bytes()
+    return data[8 : 8 + int.from_bytes(data[:8], "little")]
+
+
+def _quantised(root: torch.nn.Module) -> list:
+    return [
+        (n, m.quantised) for n, m in root.named_modules() if isinstance(m, Linear) and m.quantised is not None
+    ]

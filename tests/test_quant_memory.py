@@ -33,8 +33,23 @@ def _packed_bytes(root: torch.nn.Module) -> int:
     )
 
 
+def _at_int8(root: torch.nn.Module) -> list[tuple[str, int]]:
+    """(name, input width) of the linears actually packed at int8."""
+    return [
+        (name, m.in_features)
+        for name, m in root.named_modules()
+        if isinstance(m, Linear) and m.quantised is not None and m.quantised.mode == "int8"
+    ]
+
+
+# int4-g64 and -g128 cover the int8 fallback: the demo expert's MLP is 96 wide (64 does not divide it), its
+# vision tower and expert 64 wide (128 divides neither)
 @pytest.mark.parametrize(
-    "recipe", [QuantRecipe("int8"), QuantRecipe("int8", head=True), QuantRecipe("int4", 32)], ids=str
+    "recipe",
+    [QuantRecipe("int8"), QuantRecipe("int8", head=True)]
+    + [QuantRecipe("int4", g) for g in (32, 64, 128)]
+    + [QuantRecipe("int4", 64, head=True)],
+    ids=str,
 )
 def test_planned_packed_weight_bytes_equal_the_quantised_demo_models(demo_checkpoint, recipe):
     cfg = load_model_config(demo_checkpoint)
@@ -49,6 +64,11 @@ def test_planned_packed_weight_bytes_equal_the_quantised_demo_models(demo_checkp
     for part, model in real.items():
         assert planned[part].refused == []
         assert planned[part].quantised == _packed_bytes(model) > 0, part
+        if recipe.mode == "int4":
+            assert planned[part].fallback == _at_int8(model), part
+    fallback = {part: len(count.fallback) for part, count in planned.items()}
+    expected = {"int8": 0, "int4-g32": 0, "int4-g64": 4, "int4-g128": 28}[recipe.name.removesuffix("+head")]
+    assert sum(fallback.values()) == expected
 
 
 def test_planned_plain_weight_bytes_equal_the_checkpoints_tensors(demo_checkpoint):
@@ -80,25 +100,47 @@ def test_planned_kv_bytes_equal_a_real_cache_of_three_samples(demo_checkpoint):
     assert plan.kv_cache == plan.unguided_cache == real  # the demo expert supports navigation guidance
 
 
-def test_plan_torch_names_each_recipes_smallest_gpu_and_refuses_int4_where_a_width_forbids(capsys):
+def test_plan_torch_names_each_recipes_smallest_gpu_and_its_int4_layers_at_int8(capsys):
     argv = ["plan", "--backend", "torch", "--checkpoint", "alpamayo-1.5-10b"]
-    assert main([*argv, "--quant", "int8"]) == 0
-    out = capsys.readouterr().out
+    assert main([*argv, "--quant", "int4"]) == 0
+    printed = capsys.readouterr()
+    out = printed.out
     assert "GPU memory plan, torch backend (bfloat16 on cuda): alpamayo-1.5-10b, action expert at K=6" in out
     table = [
-        line.split()[-11:] for line in out.splitlines() if line.endswith(" GB") and len(line.split()) >= 11
+        line.split()[-12:] for line in out.splitlines() if line.endswith(" GB") and len(line.split()) >= 12
     ]
     rows = {fields[0]: fields[1:] for fields in table}
-    assert list(rows) == ["bfloat16", "int8"]  # the int4 rows cannot load: "cannot load", not a GPU size
-    for weights, kv, activations, total, gpu, _, unguided, guided, gpu_guided, _ in rows.values():
+    assert list(rows) == ["bfloat16", "int8", "int4-g32", "int4-g64", "int4-g128"]
+    at_int8 = {recipe: fields[0] for recipe, fields in rows.items()}
+    for _, weights, kv, activations, total, gpu, _, unguided, guided, gpu_guided, _ in rows.values():
         assert float(total) == pytest.approx(float(weights) + float(kv) + float(activations), abs=0.011)
         assert float(guided) == pytest.approx(float(total) + float(unguided), abs=0.011)
         for size, need in ((gpu, total), (gpu_guided, guided)):
             assert int(size) == next(g for g in GPUS_GB if float(need) <= g)
-    # the vision tower's MLP is 4304 wide: no int4 group divides it, so every int4 recipe is refused at load
-    assert main([*argv, "--quant", "int4"]) == 2
+    # the vision tower's MLP is 4304 wide (no group divides it) and the expert's 8256 (not a multiple of the
+    # CUDA int4 kernel's 128): those 63 linears load at int8 under every group size
+    assert at_int8 == dict.fromkeys(["int4-g32", "int4-g64", "int4-g128"], "63/405") | {
+        "bfloat16": "-",
+        "int8": "-",
+    }
+    assert "* int4-g128" in out
+    assert (
+        "int4-g128 on cuda, vision tower: 27 of 117 linears at int8 (input widths not a multiple of 128: "
+        "blocks.*.mlp.fc2 4304)"
+    ) in out.splitlines()
+    assert (
+        "int4-g32 on cuda, action expert: 36 of 144 linears at int8 (input widths not a multiple of 128: "
+        "layers.*.mlp.down 8256)" in out.splitlines()
+    )
+    assert float(rows["int4-g128"][1]) < float(rows["int8"][1]) and printed.err == ""
+    # on the CPU int4 packs any multiple of the group: at 64 the expert's 8256 is int4, the vision 4304 not
+    assert main([*argv, "--quant", "int4", "--quant-group", "64", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "int4-g64 on cpu, vision tower: 27 of 117" in out and "int4-g64 on cpu, action expert" not in out
+    # a recipe the device has no kernel for (float32 on CUDA's int4) still cannot load, by name
+    assert main([*argv, "--quant", "int4", "--dtype", "float32"]) == 2
     printed = capsys.readouterr()
-    assert "int4-g128 cannot load on cuda" in printed.out and "input width 4304" in printed.err
+    assert "int4-g128 cannot load on cuda" in printed.out and "does not take dtype float32" in printed.err
 
 
 def test_plan_torch_bad_arguments_are_named(capsys):

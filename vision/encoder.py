@@ -21,7 +21,7 @@ from torch import nn
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
 from alpamayo.profiling.tracer import Tracer
-from alpamayo.quant import QuantRecipe
+from alpamayo.quant import PART_NAMES, QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.linear import Linear, pack_linears
 from vision.block import PatchMerger, VisionBlock
@@ -94,7 +94,7 @@ class VisionEncoder(nn.Module):
             build_merger(MERGER, False, get),
             [build_merger(deepstack_prefix(k), True, get) for k in range(len(v.deepstack_visual_indexes))],
         )
-        pack_linears(encoder, quant=quant, cache=quant_cache)
+        pack_linears(encoder, quant=quant, cache=quant_cache, part=PART_NAMES["vision"])
         return encoder.eval()
 
     @torch.inference_mode()

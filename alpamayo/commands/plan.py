@@ -23,7 +23,7 @@ from alpamayo.devices import DTYPES
 from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.families.loader import load_shape_config
 from alpamayo.moe.config import model_block_config
-from alpamayo.quant import GROUP_SIZES, QuantRecipe
+from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
 from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
 from alpamayo.runtime import CACHE_STEP
 from alpamayo.tt.device_spec import P150
@@ -190,8 +190,10 @@ def _fits(plan: GpuPlan, total: int) -> str:
 
 
 def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig | None) -> int:
-    """`--backend torch`: the GPU memory table of every recipe (the chosen one marked), its weights by part,
-    and why an int4 recipe cannot load where a layer's width refuses it; 2 when the chosen one cannot."""
+    """`--backend torch`: the GPU memory table of every recipe (the chosen one marked, with how many of its
+    linears are packed at int8 where int4 cannot take their width), its weights by part, the int4 recipes'
+    int8 layers by part, and why a recipe cannot load where the device has no kernel for it; 2 when the
+    chosen one cannot."""
     chosen = QuantRecipe(args.quant, args.quant_group, args.quant_head)
     dtype = DTYPES[args.dtype]
     samples = 6 if args.samples is None else args.samples
@@ -213,13 +215,20 @@ def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig 
         f"GPU memory plan, torch backend ({args.dtype} on {args.device}): {model_name(cfg)}{with_expert}, "
         f"KV cache of {samples} x {context} positions ({length})"
     )
-    cols = ["recipe", "weights GB", "KV cache GB", "activations GB (ESTIMATE)", "total GB", "smallest GPU"]
+    cols = ["recipe", "int8 linears", "weights GB", "KV cache GB", "activations GB (ESTIMATE)", "total GB"]
+    cols += ["smallest GPU"]
     if guidance:
         cols += ["+ unguided cache GB", "total with --nav-guidance GB", "smallest GPU"]
     rows = [cols]
     for r, plan in plans.items():
         base = plan.total - plan.unguided_cache
-        row = [("* " if r == chosen else "  ") + plan.recipe, _gb(plan.weight_bytes), _gb(plan.kv_cache)]
+        at_int8 = f"{plan.fallback}/{plan.linears}" if r.mode == "int4" else "-"
+        row = [
+            ("* " if r == chosen else "  ") + plan.recipe,
+            at_int8,
+            _gb(plan.weight_bytes),
+            _gb(plan.kv_cache),
+        ]
         row += [_gb(plan.activations), _gb(base), _fits(plan, base)]
         if guidance:
             row += [_gb(plan.unguided_cache), _gb(plan.total), _fits(plan, plan.total)]
@@ -240,6 +249,10 @@ def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig 
         f"GB = 1e9 bytes; not counted: the CUDA context and allocator slack. Embeddings, norms, biases, routers "
         f"and the expert's in-projection stay {args.dtype}, the head too unless --quant-head."
     )
+    for r, other in plans.items():
+        for part, count in other.weights.items():
+            if count.fallback:
+                print(describe_fallbacks(r, args.device, PART_NAMES[part], count.fallback, count.linears))
     for other in plans.values():
         if other.refused:
             print(

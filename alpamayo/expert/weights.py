@@ -18,7 +18,7 @@ from alpamayo.expert.config import ExpertConfig, validate_against_vlm
 from alpamayo.expert.in_proj import ActionInProj, default_freqs
 from alpamayo.expert.model import ActionExpert
 from alpamayo.prediction import FUTURE_STEPS
-from alpamayo.quant import QuantRecipe
+from alpamayo.quant import PART_NAMES, QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm
@@ -142,5 +142,5 @@ def build_expert(
         Linear(get(f"{p.out_proj}weight"), out_bias, role="head"),
         n_tokens,
     )
-    pack_linears(expert, quant=quant, cache=quant_cache)
+    pack_linears(expert, quant=quant, cache=quant_cache, part=PART_NAMES["expert"])
     return expert.eval()

@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from alpamayo.cache_files import atomic_write, content_digest
+from alpamayo.quant.kernels import layer_mode
 from alpamayo.quant.recipe import QuantRecipe
 from alpamayo.quant.weights import Int4Weight, Int8Weight, QuantWeight, quantise_weight
 
@@ -69,14 +70,15 @@ def _from_file(path: Path, weight: torch.Tensor, recipe: QuantRecipe) -> QuantWe
     except (SafetensorError, OSError, ValueError) as e:
         raise CorruptEntry(f"unreadable ({e})") from e
     shape = f"{weight.shape[0]}x{weight.shape[1]}"
-    if meta.get("mode") != recipe.mode or meta.get("shape") != shape:
-        raise CorruptEntry(f"holds {meta.get('mode')} {meta.get('shape')}, expected {recipe.mode} {shape}")
-    names = {"q", "scales"} if recipe.mode == "int8" else {"packed", "scales_and_zeros"}
+    mode = layer_mode(recipe, weight.shape[1], weight.device)  # an int4 recipe's int8 layers too
+    if meta.get("mode") != mode or meta.get("shape") != shape:
+        raise CorruptEntry(f"holds {meta.get('mode')} {meta.get('shape')}, expected {mode} {shape}")
+    names = {"q", "scales"} if mode == "int8" else {"packed", "scales_and_zeros"}
     if set(tensors) != names:
         raise CorruptEntry(f"holds tensors {sorted(tensors)}, expected {sorted(names)}")
     if _checksum(tensors) != meta.get("checksum"):
         raise CorruptEntry("checksum mismatch")
-    if recipe.mode == "int8":
+    if mode == "int8":
         return Int8Weight(tensors["q"], tensors["scales"])
     return Int4Weight(tensors["packed"], tensors["scales_and_zeros"], recipe.group_size, tuple(weight.shape))
 

@@ -9,7 +9,8 @@ that decides whether a recipe quantises it (`QuantRecipe.applies_to`). Then, as 
     dtype, except the linears the recipe quantises, which count the packed tensors their kernel reads
     (`packed_nbytes`): int8 codes [N, K] (1 byte each) and scales [N]; int4 codes N' x K / 2 bytes and
     scales_and_zeros [K / group, N', 2], N' being N padded to the packer's multiple on the device
-    (`alpamayo.quant.kernels.INT4_OUT_MULTIPLE`). A head tied to the embedding table keeps the table too.
+    (`alpamayo.quant.kernels.INT4_OUT_MULTIPLE`); under int4 a linear whose width the group or the device's
+    int4 kernel does not divide counts at int8, as the load packs it (`alpamayo.quant.kernels.layer_mode`). A head tied to the embedding table keeps the table too.
     The token embeddings, norms, biases, the MoE routers and the expert's Fourier in-projection stay at the
     model dtype (the head too unless `QuantRecipe.head`).
   * KV cache: the text backbone's static `KVCache`, K rows (the samples share one prefill, `KVCache.fork`)
@@ -37,7 +38,7 @@ from alpamayo.expert.config import ExpertConfig
 from alpamayo.expert.in_proj import default_freqs
 from alpamayo.expert.weights import build_expert
 from alpamayo.prediction import FUTURE_STEPS
-from alpamayo.quant.kernels import INT4_OUT_MULTIPLE, check_int4_shape, check_kernel
+from alpamayo.quant.kernels import INT4_OUT_MULTIPLE, check_kernel, layer_mode
 from alpamayo.quant.recipe import QuantRecipe
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
@@ -53,9 +54,10 @@ def packed_nbytes(
     out_features: int, in_features: int, recipe: QuantRecipe, dtype: torch.dtype, device: str
 ) -> int:
     """Bytes of the packed tensors `alpamayo.quant.quantise_weight` makes of one [out, in] weight in `dtype`
-    on `device` ("cpu" / "cuda"); the layouts are in the module docstring."""
+    on `device` ("cpu" / "cuda"), at the mode `layer_mode` picks for its width; the layouts are in the module
+    docstring."""
     scale = torch.empty((), dtype=dtype).element_size()
-    if recipe.mode == "int8":
+    if layer_mode(recipe, in_features, device) == "int8":
         return out_features * in_features + out_features * scale
     padded = -(-out_features // INT4_OUT_MULTIPLE[device]) * INT4_OUT_MULTIPLE[device]
     return padded * in_features // 2 + in_features // recipe.group_size * padded * 2 * scale
@@ -64,10 +66,14 @@ def packed_nbytes(
 @dataclass
 class WeightCount:
     """Bytes of one part's weights: `quantised` (the packed linears) and `plain` (at the model dtype);
-    `refused`: the quantisation errors of linears the recipe cannot pack on the device (one per layer)."""
+    `linears`: how many the recipe quantises, `fallback` the (name, input width) of those an int4 recipe packs
+    at int8 (`layer_mode`); `refused`: the errors of linears the recipe has no kernel for on the device and
+    dtype (one per layer)."""
 
     quantised: int = 0
     plain: int = 0
+    linears: int = 0
+    fallback: list[tuple[str, int]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
 
     @property
@@ -90,8 +96,9 @@ def count_weights(
     tied: torch.Tensor | None = None,
 ) -> WeightCount:
     """The bytes of `root` (built on the meta device) under `recipe`: its checkpoint tensors `shapes` at
-    `dtype`, less the weight of each linear the recipe quantises, plus its packed tensors; a linear whose
-    weight is `tied` (the embedding table) keeps the table as well."""
+    `dtype`, less the weight of each linear the recipe quantises, plus its packed tensors (at the mode
+    `layer_mode` picks for the linear on `device`, as the load packs it); a linear whose weight is `tied` (the
+    embedding table) keeps the table as well."""
     size = torch.empty((), dtype=dtype).element_size()
     count = WeightCount(plain=sum(_numel(s) for s in shapes) * size)
     if not recipe.enabled:
@@ -102,11 +109,12 @@ def count_weights(
         n, k = module.out_features, module.in_features
         try:
             check_kernel(recipe.mode, device, dtype)
-            if recipe.mode == "int4":
-                check_int4_shape(name, k, recipe.group_size, torch.device(device))
         except ValueError as e:
             count.refused.append(str(e))
             continue
+        count.linears += 1
+        if layer_mode(recipe, k, device) != recipe.mode:
+            count.fallback.append((name, k))
         count.quantised += packed_nbytes(n, k, recipe, dtype, device)
         if module.weight is not tied:
             count.plain -= n * k * size
@@ -197,6 +205,15 @@ class GpuPlan:
     @property
     def refused(self) -> list[str]:
         return [r for w in self.weights.values() for r in w.refused]
+
+    @property
+    def linears(self) -> int:
+        return sum(w.linears for w in self.weights.values())
+
+    @property
+    def fallback(self) -> int:
+        """How many linears an int4 recipe packs at int8 (`layer_mode`), over all parts."""
+        return sum(len(w.fallback) for w in self.weights.values())
 
     @property
     def smallest_gpu_gb(self) -> int | None:

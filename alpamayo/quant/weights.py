@@ -7,7 +7,8 @@ W ~= (c - 8) * scale + zero with scale = (max - min) / 15 and zero = min + 8 * s
 group's min and max are represented exactly (up to the scale's rounding to the activation dtype).
 
 Each weight keeps only what its kernel reads; a device or dtype without a kernel is refused (`check_kernel`),
-never served by a dequantising fallback. On the CPU a call with many rows (prefill, the expert's K samples x
+never served by a dequantising fallback. Under int4 a layer whose input width the group (or the CUDA kernel's
+multiple of 128) does not divide is packed at int8 instead (`alpamayo.quant.kernels.layer_mode`). On the CPU a call with many rows (prefill, the expert's K samples x
 64 tokens) instead dequantises the weight to the activation dtype, slice by slice, once per call, and runs the
 dense oneDNN matmul, which is compute-bound there while the weight-only kernels cost about a decode call per
 row (int8 from 16 rows, int4 from 256: `DEQUANTISE_FROM_ROWS`); both paths read the same codes, scales and
@@ -21,7 +22,13 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from alpamayo.quant.kernels import CUDA_INNER_K_TILES, INT4_OUT_MULTIPLE, check_int4_shape, check_kernel
+from alpamayo.quant.kernels import (
+    CUDA_INNER_K_TILES,
+    INT4_OUT_MULTIPLE,
+    check_int4_shape,
+    check_kernel,
+    layer_mode,
+)
 from alpamayo.quant.recipe import QuantRecipe
 
 # Rows (x flattened to [M, K]) from which a CPU call dequantises the weight and runs the dense matmul instead
@@ -219,10 +226,12 @@ QuantWeight = Int8Weight | Int4Weight
 
 
 def quantise_weight(weight: torch.Tensor, recipe: QuantRecipe, layer: str) -> QuantWeight:
-    """`weight` [out, in] (on its device, in the model dtype) quantised by `recipe` (mode int8 or int4).
-    ValueError naming the device and dtype without a kernel, or `layer` and its width where int4 cannot pack."""
+    """`weight` [out, in] (on its device, in the model dtype) quantised by `recipe` (mode int8 or int4), packed
+    as `layer_mode` decides for its width: an int4 recipe packs a width its group or the device's int4 kernel
+    cannot take at int8 per output channel (the returned weight's `mode` says which). ValueError naming the
+    device and dtype where the recipe's kernel does not exist."""
     check_kernel(recipe.mode, weight.device, weight.dtype)
-    if recipe.mode == "int8":
+    if layer_mode(recipe, weight.shape[1], weight.device) == "int8":
         return Int8Weight.quantise(weight)
     check_int4_shape(layer, weight.shape[1], recipe.group_size, weight.device)
     return Int4Weight.from_codes(*int4_codes(weight, recipe.group_size), recipe.group_size)

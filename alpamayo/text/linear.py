@@ -10,11 +10,13 @@ kernels (`alpamayo.quant`); the linear's `role` decides whether the recipe appli
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alpamayo.quant import QuantRecipe, QuantWeight, quantise_weight
+from alpamayo.quant import QuantRecipe, QuantWeight, describe_fallbacks, quantise_weight
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.threads import wide
 
@@ -94,11 +96,24 @@ def pack_linears(
     keep_plain: torch.Tensor | None = None,
     quant: QuantRecipe | None = None,
     cache: PackedWeightCache | None = None,
+    part: str = "model",
 ) -> None:
     """`Linear.pack` every linear under `root` (quantised by `quant` where it applies to the linear's role,
     through `cache` when given), the last step once the weights are on their device; one whose weight is
-    `keep_plain` (a head tied to the embedding table) keeps the plain weight as well."""
+    `keep_plain` (a head tied to the embedding table) keeps the plain weight as well. The linears an int4
+    recipe packed at int8 (`alpamayo.quant.layer_mode`) are named on one stderr line for `part`."""
+    fallen: list[tuple[str, int]] = []
+    quantised, device = 0, torch.device("cpu")
     for name, module in root.named_modules():
         if isinstance(module, Linear):
             tied = keep_plain is not None and module.weight is keep_plain
             module.pack(keep_plain=tied, quant=quant, name=name, cache=cache)
+            if module.quantised is not None and quant is not None:
+                quantised += 1
+                device = next(iter(module.quantised.tensors().values())).device
+                if module.quantised.mode != quant.mode:
+                    fallen.append((name, module.in_features))
+    if fallen and quant is not None:
+        print(
+            f"alpamayo: --quant {describe_fallbacks(quant, device, part, fallen, quantised)}", file=sys.stderr
+        )

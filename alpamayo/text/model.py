@@ -34,7 +34,7 @@ from torch import nn
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.profiling.tracer import Tracer
-from alpamayo.quant import QuantRecipe
+from alpamayo.quant import PART_NAMES, QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
@@ -104,7 +104,7 @@ class TextModel(nn.Module):
         layers = [build_layer(t, i, get) for i in range(t.num_hidden_layers)]
         head = Linear(embed if cfg.tie_word_embeddings else get(LM_HEAD), role="head")
         model = cls(cfg, embed, layers, RMSNorm(get(FINAL_NORM), t.rms_norm_eps), head)
-        pack_linears(model, keep_plain=embed, quant=quant, cache=quant_cache)
+        pack_linears(model, keep_plain=embed, quant=quant, cache=quant_cache, part=PART_NAMES["text"])
         return model.eval()
 
     # ------------------------------------------------------------------ state

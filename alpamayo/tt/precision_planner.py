@@ -56,7 +56,7 @@ from alpamayo.families.registry import REFERENCE_SAMPLING
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
 from alpamayo.quant import QuantRecipe
-from alpamayo.quant.memory import GpuPlan, plan_gpu_memory, weight_counts
+from alpamayo.quant.memory import GpuPlan, WeightCount, plan_gpu_memory, weight_counts
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
 from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_run
@@ -397,14 +397,25 @@ def _text_figures(model: TextModel, ref: Reference, settings: Settings) -> tuple
     return layer_pcc, pcc(ref.logits, logits), top1
 
 
-def quant_dtypes(quant: QuantRecipe) -> dict[str, str]:
-    """What a torch recipe holds per tensor group of the dtypes table (the reference's float32 elsewhere)."""
+# the dtypes table's groups that are linears of each part `weight_counts` keys
+PART_GROUPS = {
+    "text": ("qkv", "o", "mlp_gate_up", "mlp_down", "experts"),
+    "vision": ("vision",),
+    "expert": ("expert",),
+}
+
+
+def quant_dtypes(quant: QuantRecipe, counts: dict[str, WeightCount]) -> dict[str, str]:
+    """What a torch recipe holds per tensor group of the dtypes table (the reference's float32 elsewhere);
+    `counts`: its `weight_counts` on the CPU in float32, as the command packs it, whose int4 layers at int8
+    (`alpamayo.quant.kernels.layer_mode`) each part's groups name: "int4-g128 (12/25 int8)"."""
     base = quant.name.removesuffix("+head")
-    return {
-        **dict.fromkeys(TENSOR_GROUPS, base),
-        "lm_head": base if quant.head else "float32",
-        "kv_cache": "float32",
-    }
+    dtypes = {**dict.fromkeys(TENSOR_GROUPS, base), "lm_head": base if quant.head else "float32"}
+    for part, count in counts.items():
+        if count.fallback:
+            for group in PART_GROUPS[part]:
+                dtypes[group] = f"{base} ({len(count.fallback)}/{count.linears} int8)"
+    return {**dtypes, "kv_cache": "float32"}
 
 
 def evaluate_quant(
@@ -446,11 +457,10 @@ def evaluate_quant(
         "kv_cache_gb": memory.kv_cache / 1e9,
         "total_gb": memory.total / 1e9,
         "fits": smallest is not None,
-        "fits_on": "cannot load on cuda"
-        if memory.refused
-        else ("NO" if smallest is None else f"{smallest} GB GPU"),
+        "fits_on": "NO" if smallest is None else f"{smallest} GB GPU",
     }
-    recipe = {"name": quant.name, "backend": "torch", "dtypes": quant_dtypes(quant)}
+    counts = weight_counts(cfg, expert_config_of(cfg), quant, torch.float32, "cpu")
+    recipe = {"name": quant.name, "backend": "torch", "dtypes": quant_dtypes(quant, counts)}
     return RecipeReport(recipe, layer_pcc, logits_pcc, top1, vision, drive, dram, expert, min_ade)
 
 
@@ -599,12 +609,6 @@ def precision_report(
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
     expert_cfg = expert_config_of(cfg)
-    for q in quant_recipes:  # and a layer the int4 kernel cannot pack, before any model runs
-        refused = [
-            r for w in weight_counts(cfg, expert_cfg, q, torch.float32, "cpu").values() for r in w.refused
-        ]
-        if refused:
-            raise ValueError(f"{refused[0]} ({len(refused)} linear(s) refused)")
     gpu_plans = [
         plan_gpu_memory(
             cfg,
