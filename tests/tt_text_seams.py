@@ -13,7 +13,7 @@ import torch
 
 from alpamayo.text.inputs import check_prefill, rope_delta
 
-# layer(i, x, cos, sin, pos, page=None) -> x: as `TextDecode._layer_decode`
+# layer(i, x, cos, sin, pos, page=None, block=None) -> x: as `TextDecode._layer_decode`
 DecodeLayer = Callable[..., Any]
 
 

@@ -221,7 +221,8 @@ def verify_estimate(
     every weight once, as one decode step does. Its attention (`TextDecode._block_sdpa`, where
     `block_sdpa_applies`) reads the context's K/V once per `BLOCK_SDPA_POSITIONS` rows, each of its n_kv
     users attending with one full 32-row tile of heads per position; otherwise each row's flash-decode reads
-    the K/V itself. One row (T = 1) is a decode step."""
+    the K/V itself. One row (T = 1) is a decode step. One sequence's block, as the plan's reasoning; K rows'
+    blocks in one program read the weights once for all K x T rows and each slot's K/V as here."""
     plan = plan_text(cfg, precision)
     t = cfg.text
     k = t.moe.num_experts_per_tok if t.moe is not None else 0
