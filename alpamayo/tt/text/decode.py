@@ -3,8 +3,9 @@
 Residual stream width-sharded in L1, sharded RMSNorm, DRAM-sharded matmuls (SiLU fused into the gate
 matmul), decode-mode head split, q/k norm and rotary, paged cache update and flash-decode SDPA reading the
 position from a device tensor, head concat, lm_head with the rows untilized. The step's persistent
-inputs (embedding rows, cos, sin, positions; a verify block's page tables and its block attention's positions)
-are rewritten in place before each run, so the step can be captured as a trace (`alpamayo.tt.text.trace`) and replayed.
+inputs (embedding rows, cos, sin, positions; a verify block's page tables and its block attention's
+positions) are rewritten in place before each run, so the step can be captured as a trace
+(`alpamayo.tt.text.trace`) and replayed.
 """
 
 from __future__ import annotations
