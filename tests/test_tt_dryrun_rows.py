@@ -3,8 +3,10 @@
 
 Up to 32 rows (one tile) run as one program, each at its own cache index: K samples as rows of one batch
 (each its own cache slot, forked from the prompt's on the device, ragged after a rollback) and verify blocks
-of T tokens per row (row b's T program rows share its slot through a page table), B x T <= 32. Cases: the tiny GQA 2:1 and 8:1 tied-head checkpoints,
-the demo checkpoint (32-wide heads, padded residual) and the published 8B config with two layers.
+of T tokens per row (row b's T program rows share its slot through a page table), B x T <= 32; a block's
+attention reads each slot's K/V once per 8 of its rows where one position's heads fit a tile, once per row
+otherwise (64 heads). Cases: the tiny GQA 2:1 and 8:1 tied-head checkpoints, the demo checkpoint (32-wide
+heads, padded residual) and the published 8B config with two layers.
 """
 
 from __future__ import annotations
@@ -135,6 +137,68 @@ def test_verify_runs_a_block_per_row_on_its_own_slot_ragged(model, rows, block):
     assert step.host_transfers() == []
     assert tuple(out.shape) == (1, 1, rows * block + pad, model.plan.head.n_padded)
     model._free(out)
+
+
+SDPA_OP = "ttnn.transformer.paged_scaled_dot_product_attention_decode"
+
+
+@pytest.mark.parametrize("rows, block, calls", [(1, 8, 1), (3, 8, 3), (3, 10, 6), (1, 32, 4)])
+def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block, calls):
+    """Where one position's heads fit a tile (every case here: up to 32 heads), each slot's T rows attend in
+    calls of up to 8 (`block_chunks`), each reading that slot's K/V once (its n_kv heads are the users, pages
+    slot x n_kv + 0..n_kv-1), not once per row: K = 3 ragged rows x 8 are 3 calls per layer; 3 x 10 (30 rows,
+    padded to 32 with copies of the last row on the last slot) are 8 + 2, 8 + 2, 8 + 4."""
+    from alpamayo.tt.text.decode import block_chunks, program_key, program_rows
+
+    ttnn, t, vocab = model.ttnn, model.text_cfg, model.text_cfg.vocab_size
+    assert model.block_sdpa
+    model.prefill(prompt(model))
+    model.fork(rows)
+    model.rollback([PROMPT_LEN - 2 * b for b in range(rows)])  # ragged
+    before = list(model.lengths)
+    tokens = (torch.arange(rows * block).reshape(rows, block) * 5) % vocab
+    assert model.verify(tokens).shape == (rows, block, vocab)
+    assert model.verify(tokens[:, :1]).shape == (rows, 1, vocab)  # T = 1: the per-slot decode step
+    model.rollback(before)
+    pad = program_rows(rows * block) - rows * block
+    positions = [n + j for n in before for j in range(block)] + [before[-1] + block - 1] * pad
+    pages = [b for b in range(rows) for _ in range(block)] + [rows - 1] * pad
+    chunks = block_chunks(pages)
+    assert len(chunks) == calls and sum(n for _, n in chunks) == rows * block + pad
+    values = model._decode_host_inputs(tokens.reshape(-1).tolist() + [0] * pad, positions, pages)
+    n_kv = t.num_key_value_heads
+    for c, (first, n) in enumerate(chunks):
+        assert values[f"kv_page.{c}"].view(-1).tolist() == [pages[first] * n_kv + g for g in range(n_kv)]
+        assert values[f"kv_pos.{c}"].tolist() == positions[first : first + n] * n_kv
+    assert program_key(values) == (rows * block + pad, True, tuple(n for _, n in chunks))
+    inputs = model._write_inputs(values)
+    with Capture(ttnn) as step:
+        out = model._decode_graph(inputs)
+    assert step.host_transfers() == []
+    assert step.functions().count(SDPA_OP) == calls * t.num_hidden_layers
+    assert tuple(out.shape) == (1, 1, rows * block + pad, model.plan.head.n_padded)
+    model._free(out)
+
+
+def test_a_verify_whose_heads_span_two_tiles_attends_per_row(dryrun_device):
+    """64 query heads (Qwen3-VL-32B) fill two tiles per position, past the block attention: each row's
+    paged flash-decode reads its slot's K/V (one call per layer for all rows)."""
+    from alpamayo.tt.dryrun.models import cut_config, text_model
+
+    with text_model(cut_config("qwen3-vl-32b", 1), "performance", dryrun_device) as tt:
+        assert tt.text_cfg.num_attention_heads == 64 and not tt.block_sdpa
+        tt.setup_cache(MAX_SEQ_LEN, max_batch=2)
+        tt.prefill(prompt(tt))
+        tt.fork(2)
+        pages = [0] * 4 + [1] * 4
+        values = tt._decode_host_inputs(list(range(8)), [PROMPT_LEN + j % 4 for j in range(8)], pages)
+        assert sorted(values) == ["cos", "page", "pos", "sin", "x"]
+        inputs = tt._write_inputs(values)
+        with Capture(tt.ttnn) as step:
+            out = tt._decode_graph(inputs)
+        assert step.functions().count(SDPA_OP) == 1
+        tt._free(out)
+        assert tt.verify(torch.zeros(2, 4, dtype=torch.long)).shape == (2, 4, tt.text_cfg.vocab_size)
 
 
 def test_nine_to_31_rows_run_as_the_next_multiple_of_8(model):

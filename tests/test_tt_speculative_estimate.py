@@ -1,6 +1,7 @@
 """The p150 estimate with speculative decoding (`alpamayo.tt.estimate`, `alpamayo plan --accept-len`): a verify
-of T tokens is T rows of one decode program, so its matmuls read every weight once for up to 32 rows while
-each row's flash-decode reads the context's K/V itself."""
+of T tokens is T rows of one decode program, so its matmuls read every weight once for up to 32 rows, and its
+block flash-decode (`TextDecode._block_sdpa`) reads the context's K/V once per 8 rows where one position's
+heads fit a tile (each row reads them itself otherwise)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from alpamayo.configs import builtin_config, builtin_expert
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import decode_estimate, dflash_draft_estimate, verify_estimate
 from alpamayo.tt.precision import load_precision
+from alpamayo.tt.program_config import BLOCK_SDPA_POSITIONS, block_sdpa_applies
 
 RELEASE = "alpamayo-1.5-10b"
 CONTEXT = 3136
@@ -35,7 +37,26 @@ def test_a_verify_of_one_token_is_a_decode_step_and_a_block_reads_the_weights_on
     for block in (2, 8, 32):
         b_weights, b_kv = split(verify_estimate(cfg, precision, CONTEXT, block, 1))
         assert b_weights == pytest.approx(weights, rel=1e-12)  # rows of one tile: weights read once
-        assert b_kv == pytest.approx(block * kv, rel=1e-12)  # each row's flash-decode reads its K/V
+        # 32 heads: the block flash-decode reads the K/V once per BLOCK_SDPA_POSITIONS rows
+        assert b_kv == pytest.approx(math.ceil(block / BLOCK_SDPA_POSITIONS) * kv, rel=1e-12)
+
+
+def test_a_verify_whose_heads_span_two_tiles_reads_the_kv_per_row():
+    cfg, precision = builtin_config("qwen3-vl-32b"), load_precision("performance")
+    assert cfg.text.num_attention_heads == 64 and not block_sdpa_applies(64)
+    _, kv = split(decode_estimate(cfg, precision, CONTEXT, 1))
+    for block in (2, 8):
+        assert split(verify_estimate(cfg, precision, CONTEXT, block, 1))[1] == pytest.approx(
+            block * kv, rel=1e-12
+        )
+
+
+def test_a_block_of_eight_costs_about_one_decode_step_on_the_release():
+    cfg, precision = builtin_expert(RELEASE)[0], load_precision("performance")
+    step = decode_estimate(cfg, precision, CONTEXT, 1).ms(P150)
+    ratio = verify_estimate(cfg, precision, CONTEXT, 8, 1).ms(P150) / step
+    # the weights (DRAM-bound, read once) dominate; what is left is the block attention's padded FLOPs
+    assert 1.0 < ratio < 1.1
 
 
 def test_a_moe_verify_reads_the_experts_its_rows_can_reach():

@@ -27,7 +27,13 @@ from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.tt.expert_weights import expert_weight_specs
 from alpamayo.tt.memory import kv_bytes, spec_bytes
 from alpamayo.tt.precision import Precision
-from alpamayo.tt.program_config import plan_expert, plan_text, plan_vision
+from alpamayo.tt.program_config import (
+    BLOCK_SDPA_POSITIONS,
+    block_sdpa_applies,
+    plan_expert,
+    plan_text,
+    plan_vision,
+)
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import (
     BF16_GROUPS,
@@ -212,13 +218,25 @@ def verify_estimate(
 ) -> StageEstimate:
     """One verify of a `block`-token speculative block at `context` cached positions, `steps` per prediction:
     the block's tokens are rows of one decode program (`alpamayo.tt.text.decode`), so up to 32 of them read
-    every weight once, as one decode step does; each row's flash-decode reads the context's K/V itself."""
+    every weight once, as one decode step does. Its attention (`TextDecode._block_sdpa`, where
+    `block_sdpa_applies`) reads the context's K/V once per `BLOCK_SDPA_POSITIONS` rows, each of its n_kv
+    users attending with one full 32-row tile of heads per position; otherwise each row's flash-decode reads
+    the K/V itself. One row (T = 1) is a decode step. One sequence's block, as the plan's reasoning; K rows'
+    blocks in one program read the weights once for all K x T rows and each slot's K/V as here."""
     plan = plan_text(cfg, precision)
-    k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
+    t = cfg.text
+    k = t.moe.num_experts_per_tok if t.moe is not None else 0
     specs = text_weight_specs(cfg, plan.device.dram_banks)
     ops = matmul_ops(specs, block, precision, plan.qkv.grid.cores, k, all_experts_read=False)
-    sdpa = attention_ops(cfg.text, 1, context, precision, plan.sdpa_decode_grid.cores, False, "verify.sdpa")
-    ops += [replace(op, flops=op.flops * block, dram_bytes=op.dram_bytes * block) for op in sdpa]
+    sdpa = attention_ops(t, 1, context, precision, plan.sdpa_decode_grid.cores, False, "verify.sdpa")
+    if block > 1 and block_sdpa_applies(t.num_attention_heads):
+        reads = -(-block // BLOCK_SDPA_POSITIONS)
+        # 4 x (block x 32 query rows) x keys x head_dim per K/V head, against `attention_ops`' one row's
+        # 4 x 32 x keys x head_dim per query head
+        flops = block * t.num_key_value_heads / t.num_attention_heads
+    else:
+        reads = flops = block
+    ops += [replace(op, flops=op.flops * flops, dram_bytes=op.dram_bytes * reads) for op in sdpa]
     return StageEstimate(f"verify ({block} rows)", tuple(ops), steps)
 
 
@@ -280,8 +298,11 @@ def speculative_lines(
     plain = decode_estimate(cfg, precision, context, tokens)
     verify = verify_estimate(cfg, precision, context, block, steps)
     draft = dflash_draft_estimate(cfg, precision, block, steps)
-    without = plain_total_ms - plain.ms(device) * tokens + verify.ms(device) * steps
+    rest = plain_total_ms - plain.ms(device) * tokens
+    without = rest + verify.ms(device) * steps
     with_draft = without + draft.ms(device) * steps
+    weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
+    floor = 1e3 * steps * weights / device.dram_bandwidth
     return [
         f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
         f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
@@ -289,4 +310,7 @@ def speculative_lines(
         f"  {draft.describe(device)}",
         f"  total per prediction, model-free draft (lookup, previous) {without:8.1f} ms (estimate)",
         f"  total per prediction, DFlash draft on the device          {with_draft:8.1f} ms (estimate)",
+        f"  of which the rest of the prediction (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' "
+        f"weight reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
+        f"{rest + floor:.1f} ms at the least at this accepted length",
     ]

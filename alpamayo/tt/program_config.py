@@ -53,6 +53,10 @@ VISION_PAD = 128  # patches per vision forward are padded to this multiple (SDPA
 VISION_GELU = {"gelu_pytorch_tanh": "Tanh", "gelu": "Accurate"}
 SDPA_DECODE_GRID = (8, 8)
 SDPA_DECODE_K_CHUNK = 128
+# query positions per block flash-decode (`TextDecode._block_sdpa`): its circular buffers grow with them, and
+# 32 positions ask 4.08 MB of L1 per core at k_chunk 128 (1.46 MB there; the dry run's op check, 8B shape), so
+# a block of up to 32 rows reads the context's K/V once per 8 rows (the DFlash block size: once per block)
+BLOCK_SDPA_POSITIONS = 8
 PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
 # Alpamayo samples up to 16 trajectories per prediction (1.5 README: K = 16 in ~40 GB on an H100); one p150
 # holds the 16 x 64 rows' activations and K/V region easily (alpamayo.tt.memory).
@@ -70,6 +74,13 @@ TRACE_BYTES_FIXED = 8 << 20
 
 class PlanError(ConfigError):
     """The model, recipe and device cannot be planned: the message names the dimension and the rule."""
+
+
+def block_sdpa_applies(n_heads: int) -> bool:
+    """Whether a verify block's attention reads the context's K/V once per `BLOCK_SDPA_POSITIONS` rows
+    (`TextDecode._block_sdpa`): where the query heads of one position fit one tile (the Qwen3-VL text
+    configs up to 8B: 16 or 32 heads). Otherwise each row's flash-decode reads them itself."""
+    return round_up(n_heads, TILE) == TILE
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Residual stream width-sharded in L1, sharded RMSNorm, DRAM-sharded matmuls (SiLU fused into the gate
 matmul), decode-mode head split, q/k norm and rotary, paged cache update and flash-decode SDPA reading the
 position from a device tensor, head concat, lm_head with the rows untilized. The step's persistent
-inputs (embedding rows, cos, sin, positions; a verify block's page table) are rewritten in place before each
-run, so the step can be captured as a trace (`alpamayo.tt.text.trace`) and replayed.
+inputs (embedding rows, cos, sin, positions; a verify block's page tables and its block attention's
+positions) are rewritten in place before each run, so the step can be captured as a trace
+(`alpamayo.tt.text.trace`) and replayed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ import torch
 from alpamayo.text.inputs import check_decode_room, check_token_ids
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.program_config import SDPA_DECODE_K_CHUNK, DecodeMatmul
+from alpamayo.tt.program_config import (
+    BLOCK_SDPA_POSITIONS,
+    SDPA_DECODE_K_CHUNK,
+    DecodeMatmul,
+    block_sdpa_applies,
+)
 from alpamayo.tt.text.state import TextState
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 
@@ -33,6 +39,39 @@ def program_rows(rows: int) -> int:
     return rows if rows <= ROW_GROUP else round_up(rows, ROW_GROUP)
 
 
+def block_chunks(pages: Sequence[int]) -> list[tuple[int, int]]:
+    """(first program row, rows) of each block attention call of a verify program whose row r is on cache
+    slot pages[r] (`TextDecode._block_sdpa`): every run of consecutive rows on one slot (one sequence's
+    consecutive tokens; the padding rows, copies of the last row, extend the last run) in pieces of up to
+    `BLOCK_SDPA_POSITIONS` rows."""
+    chunks, first = [], 0
+    for r in range(1, len(pages) + 1):
+        if r == len(pages) or pages[r] != pages[first]:
+            chunks += [(c, min(BLOCK_SDPA_POSITIONS, r - c)) for c in range(first, r, BLOCK_SDPA_POSITIONS)]
+            first = r
+    return chunks
+
+
+def head_select(n_heads: int, n_kv: int, head_dim: int) -> torch.Tensor:
+    """[n_kv, 1, 32, head_dim] bf16: 1 on rows g * n_heads / n_kv .. (g + 1) * n_heads / n_kv - 1 of
+    user g (the query heads that K/V head g serves), 0 elsewhere (`TextDecode._block_sdpa`)."""
+    group = n_heads // n_kv
+    sel = torch.zeros(n_kv, 1, TILE, head_dim, dtype=torch.bfloat16)
+    for g in range(n_kv):
+        sel[g, 0, g * group : (g + 1) * group] = 1
+    return sel
+
+
+def program_key(values: dict[str, Any]) -> tuple[int, bool, tuple[int, ...]]:
+    """What fixes a decode program's graph, from its persistent inputs (host or device tensors): (rows,
+    paged, the block attention's rows per call: `block_chunks`' sizes, () on the per-row path). The slots
+    and positions are values of the inputs, rewritten before each replay."""
+    chunks: list[int] = []
+    while f"kv_pos.{len(chunks)}" in values:
+        chunks.append(values[f"kv_pos.{len(chunks)}"].shape[0] // values[f"kv_page.{len(chunks)}"].shape[0])
+    return values["pos"].shape[0], "page" in values, tuple(chunks)
+
+
 class TextDecode(TextState):
     """Decode half of `TTTextModel` (a mixin: the attributes below and `TextState`'s are the model's)."""
 
@@ -40,8 +79,8 @@ class TextDecode(TextState):
 
     embed_table: torch.Tensor
     trace_switch: TraceSwitch
-    _inputs: dict[tuple[int, bool], dict[str, Any]]
-    _traces: dict[tuple[int, bool, tuple[int, ...]], DecodeTrace]
+    _inputs: dict[tuple[int, bool, tuple[int, ...]], dict[str, Any]]
+    _traces: dict[tuple[tuple[int, bool, tuple[int, ...]], tuple[int, ...]], DecodeTrace]
     lengths: list[int]
     _head: Callable[[Any, int], Any]  # the prefill's lm_head (`TextPrefill._head`)
 
@@ -65,6 +104,7 @@ class TextDecode(TextState):
         self.rot_mem = [cfgs.per_row_sharded(ttnn, b, TILE, t.head_dim) for b in range(1, MAX_ROWS + 1)]
         self.heads_mem = [cfgs.per_row_sharded(ttnn, b, heads, t.head_dim) for b in range(1, MAX_ROWS + 1)]
         self.sdpa_decode_pc = cfgs.sdpa(ttnn, plan.sdpa_decode_grid, TILE, SDPA_DECODE_K_CHUNK)
+        self.block_sdpa = block_sdpa_applies(t.num_attention_heads)
 
     def _res_norm(self, x: Any, gamma: Any) -> Any:
         """Sharded RMSNorm of the residual stream (input and output width-sharded on the residual grid)."""
@@ -114,14 +154,25 @@ class TextDecode(TextState):
         self._free(xi)
         return self._reshard(xn, mem)
 
-    def _layer_decode(self, i: int, x: Any, cos: Any, sin: Any, pos: Any, page: Any = None) -> Any:
+    def _layer_decode(
+        self,
+        i: int,
+        x: Any,
+        cos: Any,
+        sin: Any,
+        pos: Any,
+        page: Any = None,
+        block: dict[str, Any] | None = None,
+    ) -> Any:
         """One decoder layer for B rows: x [1, 1, 32, H_p] (freed; rows 0..B-1 real) width-sharded on the
         residual grid, cos/sin [1, B, 32(1), head_dim] one row per core, pos [B] int32 (row b's cache index)
         -> x in the same layout; writes row b's K/V at pos[b] of cache slot b. With `page` (verify blocks:
         consecutive rows are one sequence's consecutive tokens) row r reads and writes slot page[r] instead:
-        the cache [slots, n_kv, S, hd] is read as a paged cache of `slots` blocks of S rows, and `page`
+        the cache [slots, n_kv, S, hd] is written as a paged cache of `slots` blocks of S rows, and `page`
         [B, 1] int32 maps row r to its block (ttnn's `share_cache` wants a one-slot cache, and its SDPA
-        returns one user's rows: measured on the dry run)."""
+        returns one user's rows: measured on the dry run). The attention then reads each slot's K/V once
+        per `BLOCK_SDPA_POSITIONS` of its rows with `block` (the block attention's persistent inputs of
+        `_decode_host_inputs`; `_block_sdpa`), else once per row (paged flash-decode)."""
         ttnn, t, plan, w = self.ttnn, self.text_cfg, self.plan, self.layer_weights[i]
         rows = pos.shape[0]
         n1 = self._reshard(self._res_norm(x, w["attn_norm.rm"]), self.in_mem["qkv"])
@@ -155,6 +206,8 @@ class TextDecode(TextState):
         )
         if page is None:
             a = ttnn.transformer.scaled_dot_product_attention_decode(qr, cache_k, cache_v, **sdpa)
+        elif block is not None:
+            a = self._block_sdpa(qr, cache_k, cache_v, block, sdpa)
         else:
             a = ttnn.transformer.paged_scaled_dot_product_attention_decode(qr, cache_k, cache_v, page, **sdpa)
         self._free(qr)
@@ -170,6 +223,72 @@ class TextDecode(TextState):
         d = self._moe_decode(i, n2) if i in self.moe else self._mlp_decode(w, n2)  # MoE: B = 1 (checked)
         out = ttnn.add(h, d, memory_config=self.res_mem)
         self._free(h, d)
+        return out
+
+    def _block_sdpa(self, q: Any, cache_k: Any, cache_v: Any, block: dict[str, Any], sdpa: dict) -> Any:
+        """Attention of a verify program's rows reading each slot's K/V once per `BLOCK_SDPA_POSITIONS` of
+        its rows, not once per row: q [1, B, 32, hd] (the rows' heads, height-sharded), the cache
+        [slots, n_kv, S, hd] -> [1, B, 32, hd] in DRAM, the layout of the per-row flash-decode it replaces.
+
+        ttnn's flash-decode takes several query positions per user (`spec_multi_pos_tiles`: one 32-row tile
+        per position, each masked at its own `cur_pos` entry) for one K/V head only. So the n_kv K/V heads of
+        a slot are the users: the cache is read as a paged cache of slots x n_kv one-head blocks
+        ([slots * n_kv, 1, S, hd], the same tiles in the same order), and call c (rows `first .. first + n`
+        of one slot s, `block_chunks`) has the page table `block["kv_page.c"]` [n_kv, 1] = s * n_kv + 0..n_kv-1
+        and `block["kv_pos.c"]` [n_kv * n], its rows' positions repeated per user; every user's query tile j
+        holds all 32 head rows of row first + j (the rows' q repeated n_kv times). Row (j, head h) is then
+        read from user h // (n_heads / n_kv): `block["head_select"]` [n_kv, 1, 32, hd] is 1 on the heads of
+        each user's group, 0 elsewhere, and the masked users are summed (adding zeros: exact; one K/V head
+        needs no pick). The calls' outputs are concatenated back in row order (a padding row, a copy of the
+        last row, attends as it on the last slot; its output is unread). The extra FLOPs (each user attends
+        with all 32 head rows, 32 / (n_heads / n_kv) times what its own heads need: 8x at 32 heads over 8)
+        cost far less than the K/V reads they save at verify sizes (`alpamayo.tt.estimate.verify_estimate`:
+        1.06x a decode step at 8 rows, against 1.42x per row)."""
+        ttnn, t = self.ttnn, self.text_cfg
+        rows, n_kv, hd = q.shape[1], t.num_key_value_heads, t.head_dim
+        dram = ttnn.DRAM_MEMORY_CONFIG
+        qi = ttnn.to_memory_config(q, dram)  # an unsharded Q must be in DRAM (the op checks)
+        if t.num_attention_heads < TILE:
+            # the heads' logical rows to the whole tile (padding rows, dropped by the head concat): on a tile
+            # tensor already padded there, a view of qi's buffer (measured on the dry run), freed once as qi
+            qi = ttnn.pad(qi, ((0, 0), (0, 0), (0, TILE - t.num_attention_heads), (0, 0)), 0.0)
+        slots, s = cache_k.shape[0], cache_k.shape[2]
+        # ttnn.reshape returns a view of its input's buffer (the cache stays owned by kv_cache)
+        k = ttnn.reshape(cache_k, (slots * n_kv, 1, s, hd))
+        v = ttnn.reshape(cache_v, (slots * n_kv, 1, s, hd))
+        parts, first = [], 0
+        for c, n in enumerate(program_key(block)[2]):
+            whole = n == rows  # one call covers every row: q as it is
+            qc = (
+                qi
+                if whole
+                else ttnn.slice(qi, (0, first, 0, 0), (1, first + n, TILE, hd), memory_config=dram)
+            )
+            q1 = ttnn.reshape(qc, (1, 1, n * TILE, hd))  # a view of qc's buffer, freed once through qc
+            # one K/V head (MQA): q is its one user's query as it is
+            qg = q1 if n_kv == 1 else ttnn.repeat(q1, ttnn.Shape((1, n_kv, 1, 1)), memory_config=dram)
+            args = {**sdpa, "cur_pos_tensor": block[f"kv_pos.{c}"]}
+            a = ttnn.transformer.paged_scaled_dot_product_attention_decode(
+                qg, k, v, block[f"kv_page.{c}"], spec_multi_pos_tiles=n, **args
+            )
+            if n_kv > 1:
+                self._free(qg)
+            if not whole:
+                self._free(qc)
+            a = ttnn.reshape(a, (n_kv, n, TILE, hd))
+            if n_kv == 1:  # every head is the one user's (rows past n_heads are padding, dropped later)
+                parts.append(a)
+                continue
+            picked = ttnn.mul(a, block["head_select"])
+            self._free(a)
+            parts.append(ttnn.sum(picked, dim=0, keepdim=True, memory_config=dram))
+            self._free(picked)
+            first += n
+        self._free(qi)
+        if len(parts) == 1:
+            return parts[0]
+        out = ttnn.concat(parts, dim=1, memory_config=dram)
+        self._free(*parts)
         return out
 
     def _mlp_decode(self, w: dict[str, Any], n2: Any) -> Any:
@@ -213,8 +332,9 @@ class TextDecode(TextState):
         rows, last = inputs["pos"].shape[0], self.text_cfg.num_hidden_layers - 1
         taken: dict[int, Any] = {}
         x, cos, sin = self._sharded_inputs(inputs)
+        block = inputs if program_key(inputs)[2] else None
         for i in range(last + 1):
-            x = self._layer_decode(i, x, cos, sin, inputs["pos"], inputs.get("page"))
+            x = self._layer_decode(i, x, cos, sin, inputs["pos"], inputs.get("page"), block)
             if i in capture and i != last:
                 taken[i] = ttnn.to_memory_config(x, ttnn.DRAM_MEMORY_CONFIG)
         self._free(cos, sin)
@@ -232,7 +352,9 @@ class TextDecode(TextState):
     ) -> dict[str, torch.Tensor]:
         """Host values of the persistent decode inputs: row b holds `tokens[b]` at cache index
         `positions[b]` (rope position `positions[b] + rope_delta`); `pages`: row b's cache slot (the page
-        table of `_layer_decode`; None: row b in slot b)."""
+        table of `_layer_decode`; None: row b in slot b), and where `block_sdpa_applies` the block
+        attention's inputs per call c of `block_chunks(pages)` ("kv_pos.c", "kv_page.c") and "head_select"
+        (`_block_sdpa`)."""
         t, rows = self.text_cfg, len(tokens)
         x = torch.zeros(1, 1, TILE, self.hidden_padded, dtype=torch.bfloat16)
         x[0, 0, :rows, : t.hidden_size] = self.embed_table[torch.tensor(tokens, dtype=torch.long)]
@@ -241,13 +363,22 @@ class TextDecode(TextState):
         values = {"x": x, "cos": cos.view(1, rows, 1, -1), "sin": sin.view(1, rows, 1, -1), "pos": pos}
         if pages is not None:
             values["page"] = torch.tensor(pages, dtype=torch.int32).view(rows, 1)
+            if self.block_sdpa:
+                n_kv = t.num_key_value_heads
+                for c, (first, n) in enumerate(block_chunks(pages)):
+                    values[f"kv_pos.{c}"] = pos[first : first + n].repeat(n_kv)
+                    values[f"kv_page.{c}"] = (
+                        pages[first] * n_kv + torch.arange(n_kv, dtype=torch.int32)
+                    ).view(n_kv, 1)
+                if n_kv > 1:
+                    values["head_select"] = head_select(t.num_attention_heads, n_kv, t.head_dim)
         return values
 
     def _write_inputs(self, values: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Rewrite the persistent decode inputs of this row count in place (allocated on first use, never
         reallocated: a trace captured over them stays valid)."""
         ttnn = self.ttnn
-        key = (values["pos"].numel(), "page" in values)
+        key = program_key(values)
         with self.tracer.span("tt.host_to_device"):
             hosts = {
                 name: ttnn.from_torch(
@@ -292,13 +423,15 @@ class TextDecode(TextState):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the decode program of len(tokens) rows (`pages`: each row's cache slot, None: row b in slot
         b) -> (float32 logits [B, V], the `capture` layers' outputs concatenated [B, len(capture) x H] bf16,
-        or None). Traced: the first call per (row count, paged, capture) compiles the program, captures it
+        or None). Traced: the first call per (`program_key`, capture) compiles the program, captures it
         and returns the compile run's results (the capture rewrites the same K/V rows: idempotent); later
-        calls replay it (the page table is a persistent input, rewritten like the others)."""
+        calls replay it (the page tables and the block attention's positions are persistent inputs, rewritten
+        like the others)."""
         traced = self.trace_switch.traced(traced)
         capture = tuple(capture)
-        inputs = self._write_inputs(self._decode_host_inputs(tokens, positions, pages))
-        key = (len(tokens), pages is not None, capture)
+        values = self._decode_host_inputs(tokens, positions, pages)
+        inputs = self._write_inputs(values)
+        key = (program_key(values), capture)
         trace = self._traces.get(key)
         rows = len(tokens)
         if not traced:

@@ -73,8 +73,9 @@ class TTTextModel(TextPrefill, TextDecode):
         self.captured: list[torch.Tensor] = []  # prefill_hidden(capture=...)'s layer outputs [L, H]
         # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
         self.reserved_rows = 0
-        self._traces: dict[tuple[int, bool, tuple[int, ...]], DecodeTrace] = {}  # (rows, shared, capture)
-        self._inputs: dict[tuple[int, bool], dict[str, Any]] = {}  # (rows, shared) -> persistent inputs
+        # (program_key, capture) -> trace; program_key -> persistent inputs (alpamayo.tt.text.decode)
+        self._traces: dict[tuple[tuple[int, bool, tuple[int, ...]], tuple[int, ...]], DecodeTrace] = {}
+        self._inputs: dict[tuple[int, bool, tuple[int, ...]], dict[str, Any]] = {}
         self.trace_switch = TraceSwitch()
         t = cfg.text
         self.scale = t.head_dim**-0.5
