@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from alpamayo.backends import check_num_samples
 from alpamayo.commands.common import add_model_args, add_sampling_args, load_vla
 from alpamayo.inputs import read_ego_csv, read_frames
 
@@ -21,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the sample count is refused before the frames are read, and those before the model loads
+    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint)
     frames, times = read_frames(args.frames)
     ego = read_ego_csv(args.ego)
     vla = load_vla(args)
