@@ -42,7 +42,7 @@ def to_frame(
     origin_xyz) and, when `quat_xyzw` [..., 4] is given, rotation matrices R0^-1 R [..., 3, 3] (else None)."""
     r0_inv = Rotation.from_quat(np.asarray(origin_xyzw, np.float64)).inv()
     xyz = np.asarray(xyz, dtype=np.float64)
-    local = r0_inv.apply((xyz - origin_xyz).reshape(-1, 3)).reshape(xyz.shape)
+    local = _rotate(r0_inv, xyz - origin_xyz)
     if quat_xyzw is None:
         return local, None
     quat = np.asarray(quat_xyzw, dtype=np.float64)
@@ -55,7 +55,14 @@ def from_frame(origin_xyz: np.ndarray, origin_xyzw: np.ndarray, xyz_local: np.nd
     R0 xyz_local + origin_xyz (the inverse of `to_frame`)."""
     xyz_local = np.asarray(xyz_local, dtype=np.float64)
     r0 = Rotation.from_quat(np.asarray(origin_xyzw, np.float64))
-    return r0.apply(xyz_local.reshape(-1, 3)).reshape(xyz_local.shape) + origin_xyz
+    return _rotate(r0, xyz_local) + origin_xyz
+
+
+def _rotate(r: Rotation, xyz: np.ndarray) -> np.ndarray:
+    """One rotation applied to points [..., 3]. Not `Rotation.apply`: that is a batched matmul, which OpenBLAS
+    rounds differently with its thread count (an eval clip's waypoints differed in the last bits between an
+    in-process run and a one-CPU Ray worker); einsum's own loop gives the same bits on any thread count."""
+    return np.einsum("ij,...j->...i", r.as_matrix(), xyz)
 
 
 def slerp(q0: np.ndarray, q1: np.ndarray, u: np.ndarray | float) -> np.ndarray:
