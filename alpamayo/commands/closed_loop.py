@@ -8,7 +8,7 @@ from pathlib import Path
 
 from alpamayo.closed_loop.report import report_table
 from alpamayo.closed_loop.runner import MAX_SCENES, ClosedLoopSettings, run_closed_loop
-from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
+from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields, run_fields
 from alpamayo.eval.settings import LOCAL_RAY
 
 
@@ -51,14 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = ClosedLoopSettings(
-        checkpoint=Path(args.checkpoint).resolve(),
-        out=args.out,
-        base_model=None if args.base_model is None else Path(args.base_model).resolve(),
-        ray=args.ray,
-        workers=args.workers,
-        cpus_per_worker=args.cpus_per_worker,
-        max_retries=args.max_retries,
-        progress=not args.no_progress,
+        **run_fields(args),
         scenes=args.scenes,
         first_scene=args.first_scene,
         seconds=args.seconds,

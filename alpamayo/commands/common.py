@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples, load_text_model
@@ -198,6 +199,22 @@ def load_vla(args: argparse.Namespace) -> AlpamayoVLA:
     )
     vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
     return vla
+
+
+def run_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings fields of a run over many units (EvalSettings, ClosedLoopSettings): the checkpoint and
+    base model (resolved), the run directory, where it runs (in-process or Ray, workers, CPUs per worker,
+    retries) and the progress bar."""
+    return dict(
+        checkpoint=Path(args.checkpoint).resolve(),
+        out=args.out,
+        base_model=None if args.base_model is None else Path(args.base_model).resolve(),
+        ray=args.ray,
+        workers=args.workers,
+        cpus_per_worker=args.cpus_per_worker,
+        max_retries=args.max_retries,
+        progress=not args.no_progress,
+    )
 
 
 def model_fields(args: argparse.Namespace) -> dict[str, Any]:

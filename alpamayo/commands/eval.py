@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
+from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields, run_fields
 from alpamayo.commands.replay_args import (
     add_drive_source_args,
     add_route_args,
@@ -74,15 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     clips = collect_clips(args.sources, args.clips, args.limit)
     settings = EvalSettings(
-        checkpoint=Path(args.checkpoint).resolve(),
-        out=args.out,
-        base_model=None if args.base_model is None else Path(args.base_model).resolve(),
-        ray=args.ray,
-        workers=args.workers,
-        cpus_per_worker=args.cpus_per_worker,
-        max_retries=args.max_retries,
+        **run_fields(args),
         worst=args.worst,
-        progress=not args.no_progress,
         **drive_source_fields(args, resolve=True),
         **route_fields(args, resolve=True),
         **model_fields(args),
