@@ -272,15 +272,21 @@ def test_context_positions_and_offsets_follow_the_vlm(fp32):
     assert fp32.ctx.keys[0].data_ptr() == fp32.vlm.text.cache.k[0].data_ptr()
 
 
-@pytest.mark.parametrize("t", [0.0, 0.3, 0.9])
-def test_velocity_float32_matches_hf_composed(fp32, t, record_figure):
+def velocity_against_hf(run: Run, t: float, record_figure, label: str = "") -> tuple[float, float]:
+    """(PCC, max abs) of our velocity at time t against the HF composition's, both recorded as figures."""
     x = noise(seed=1)
     tt = torch.full((len(REASONING),), t)
-    expected = fp32.hf_step(x, tt.view(-1, 1, 1))
-    actual = fp32.expert.velocity(x, tt, fp32.ctx)
+    expected = run.hf_step(x, tt.view(-1, 1, 1))
+    actual = run.expert.velocity(x, tt, run.ctx)
     p, err = pcc(expected, actual), max_abs_error(expected, actual)
-    record_figure(f"velocity t={t} fp32 PCC", p)
-    record_figure(f"velocity t={t} fp32 max abs", err)
+    record_figure(f"{label}velocity t={t} fp32 PCC", p)
+    record_figure(f"{label}velocity t={t} fp32 max abs", err)
+    return p, err
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 0.9])
+def test_velocity_float32_matches_hf_composed(fp32, t, record_figure):
+    p, err = velocity_against_hf(fp32, t, record_figure)
     assert p >= 0.99999 and err <= 1e-4
 
 

@@ -16,8 +16,7 @@ from safetensors.torch import load_file, save_file
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.errors import CheckpointError
 from alpamayo.expert.weights import validate_expert_tensors
-from alpamayo.numerics import max_abs_error, pcc
-from tests.test_expert_golden import REASONING, Run, build_golden, noise
+from tests.test_expert_golden import Run, build_golden, velocity_against_hf
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +42,7 @@ def test_the_expert_copies_the_vlms_moe_layers(golden_moe):
 
 @pytest.mark.parametrize("t", [0.0, 0.6])
 def test_moe_expert_velocity_float32_matches_hf_composed(fp32_moe, t, record_figure):
-    x = noise(seed=1)
-    tt = torch.full((len(REASONING),), t)
-    expected = fp32_moe.hf_step(x, tt.view(-1, 1, 1))
-    actual = fp32_moe.expert.velocity(x, tt, fp32_moe.ctx)
-    p, err = pcc(expected, actual), max_abs_error(expected, actual)
-    record_figure(f"moe expert velocity t={t} fp32 PCC", p)
-    record_figure(f"moe expert velocity t={t} fp32 max abs", err)
+    p, err = velocity_against_hf(fp32_moe, t, record_figure, "moe expert ")
     assert p >= 0.99999 and err <= 5e-6
 
 
