@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from alpamayo.config import ModelConfig
+from alpamayo.config import ModelConfig, expert_layouts
 from alpamayo.errors import CheckpointError
 from alpamayo.families.loader import load_model_config
 
@@ -280,18 +280,6 @@ def open_checkpoint(
 
 def _fmt_shapes(shapes: Sequence[Shape]) -> str:
     return " or ".join(str(list(s)) for s in shapes)
-
-
-def expert_layouts(num_experts: int, hidden: int, inter: int) -> dict[str, tuple[Shape, Shape]]:
-    """(gate_up_proj, down_proj) shapes of fused MoE expert tensors in each on-disk layout:
-
-    "hub": gate_up_proj [E, H, 2I], down_proj [E, I, H]  (released hub safetensors; transformers 4.57)
-    "v5":  gate_up_proj [E, 2I, H], down_proj [E, H, I]  (transformers 5 save_pretrained)
-    """
-    return {
-        "hub": ((num_experts, hidden, 2 * inter), (num_experts, inter, hidden)),
-        "v5": ((num_experts, 2 * inter, hidden), (num_experts, hidden, inter)),
-    }
 
 
 def expert_layout(name: str, gate_up: Shape, down: Shape, num_experts: int, hidden: int, inter: int) -> str:

@@ -92,6 +92,48 @@ class TextConfig:
         """The decoder layers with an MoE block, in order (empty for a dense model)."""
         return [i for i in range(self.num_hidden_layers) if self.is_sparse(i)]
 
+    def layer_shapes(self, i: int, prefix: str) -> dict[str, list[tuple[int, ...]]]:
+        """Every tensor of decoder layer i under `prefix` (e.g. 'language_model.layers.3.') -> its allowed
+        on-disk shapes, `[out_features, in_features]` for linear weights: attention, norms, and the dense
+        SwiGLU or, where `is_sparse(i)`, the router and the fused experts in either layout (`expert_layouts`)."""
+        h, d, p = self.hidden_size, self.head_dim, prefix
+        shapes: dict[str, list[tuple[int, ...]]] = {}
+        for name, out in (("q_proj", self.q_dim), ("k_proj", self.kv_dim), ("v_proj", self.kv_dim)):
+            shapes[f"{p}self_attn.{name}.weight"] = [(out, h)]
+            if self.attention_bias:
+                shapes[f"{p}self_attn.{name}.bias"] = [(out,)]
+        shapes[p + "self_attn.o_proj.weight"] = [(h, self.q_dim)]
+        if self.attention_bias:
+            shapes[p + "self_attn.o_proj.bias"] = [(h,)]
+        shapes[p + "self_attn.q_norm.weight"] = [(d,)]
+        shapes[p + "self_attn.k_norm.weight"] = [(d,)]
+        shapes[p + "input_layernorm.weight"] = [(h,)]
+        shapes[p + "post_attention_layernorm.weight"] = [(h,)]
+        if self.moe is not None and self.moe.is_sparse(i):
+            shapes[p + "mlp.gate.weight"] = [(self.moe.num_experts, h)]
+            layouts = expert_layouts(self.moe.num_experts, h, self.moe.moe_intermediate_size).values()
+            shapes[p + "mlp.experts.gate_up_proj"] = [gu for gu, _ in layouts]
+            shapes[p + "mlp.experts.down_proj"] = [dn for _, dn in layouts]
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = [(self.intermediate_size, h)]
+            shapes[p + "mlp.up_proj.weight"] = [(self.intermediate_size, h)]
+            shapes[p + "mlp.down_proj.weight"] = [(h, self.intermediate_size)]
+        return shapes
+
+
+def expert_layouts(
+    num_experts: int, hidden: int, inter: int
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(gate_up_proj, down_proj) shapes of fused MoE expert tensors in each on-disk layout:
+
+    "hub": gate_up_proj [E, H, 2I], down_proj [E, I, H]  (released hub safetensors; transformers 4.57)
+    "v5":  gate_up_proj [E, 2I, H], down_proj [E, H, I]  (transformers 5 save_pretrained)
+    """
+    return {
+        "hub": ((num_experts, hidden, 2 * inter), (num_experts, inter, hidden)),
+        "v5": ((num_experts, 2 * inter, hidden), (num_experts, hidden, inter)),
+    }
+
 
 @dataclass(frozen=True)
 class VisionConfig:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
+from transformers import Qwen3VLMoeTextConfig, Qwen3VLMoeTextModel, Qwen3VLTextConfig, Qwen3VLTextModel
 
 from alpamayo.backends import BackendOptions
 from alpamayo.checkpoint import Checkpoint
@@ -27,6 +27,7 @@ from alpamayo.expert.demo import random_expert_weights
 from alpamayo.expert.in_proj import default_freqs, fourier_features
 from alpamayo.expert.sampler import FlowSettings, check_noise, euler_sample
 from alpamayo.expert.weights import load_expert
+from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import max_abs_error, pcc
 from alpamayo.trajectory_generation import GeneratedPlan
 from alpamayo.vlm import VisionLanguageModel
@@ -117,9 +118,17 @@ class HFExpert:
     """NVIDIA's composition: in-proj, Qwen3VLTextModel over the prompt cache (append, then crop), out-proj."""
 
     def __init__(self, cfg, weights: dict, dtype: torch.dtype):
-        self.model = Qwen3VLTextModel(Qwen3VLTextConfig(**cfg.text_dict))
+        # NVIDIA's flat layout copies the VLM's text config: an MoE VLM's copy builds an MoE text model
+        moe = cfg.text.moe is not None
+        model_cls, config_cls = (
+            (Qwen3VLMoeTextModel, Qwen3VLMoeTextConfig) if moe else (Qwen3VLTextModel, Qwen3VLTextConfig)
+        )
+        self.model = model_cls(config_cls(**cfg.text_dict))
         del self.model.embed_tokens
-        self.model.load_state_dict(sub_state(weights, "expert."))
+        state = sub_state(weights, "expert.")
+        for name in [n for n in state if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
+            state[name] = state[name].transpose(1, 2)  # the released hub layout -> transformers 5's modules
+        self.model.load_state_dict(state)
         self.in_proj = RefInProj(cfg.in_proj, cfg.text.hidden_size)
         self.in_proj.load_state_dict(sub_state(weights, "action_in_proj."))
         self.out_proj = nn.Linear(cfg.text.hidden_size, 2)
@@ -178,11 +187,12 @@ def hf_euler(step, noise, steps):
     return x
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    path = tmp_path_factory.mktemp("expert") / "ckpt"
-    hf = save_checkpoint(path, VLM_TEXT, vision=IMAGE_VISION)
-    cfg = parse_expert_config(EXPERT_RAW, VLM_TEXT)
+def build_golden(path, moe: bool = False) -> dict:
+    """A tiny VLM checkpoint (MoE with `moe`) with a random flat-layout expert in its safetensors, whose config
+    copies the VLM's text config as written (`raw_text_config`), and the HF reference of its image prompt."""
+    hf = save_checkpoint(path, VLM_TEXT, vision=IMAGE_VISION, moe=moe)
+    vlm = load_model_config(path)
+    cfg = parse_expert_config(EXPERT_RAW, vlm.raw_text_config, vlm_kind=vlm.kind)
     weights = random_expert_weights(cfg, seed=3)
     # Random weights make the flow field chaotic: a float32 rounding difference of 1.7e-7 in x grew 80x per
     # Euler step (the 2 pi 100 Fourier frequency, then an expanding random MLP), 0.7 after 10 steps. A smaller
@@ -193,6 +203,11 @@ def golden(tmp_path_factory):
     case = image_reference(hf)
     guided_ids = route_prompt(case["ids"])
     return dict(path=path, hf=hf, cfg=cfg, weights=weights, case=case, guided_ids=guided_ids)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    return build_golden(tmp_path_factory.mktemp("expert") / "ckpt")
 
 
 class Run:
@@ -257,15 +272,21 @@ def test_context_positions_and_offsets_follow_the_vlm(fp32):
     assert fp32.ctx.keys[0].data_ptr() == fp32.vlm.text.cache.k[0].data_ptr()
 
 
-@pytest.mark.parametrize("t", [0.0, 0.3, 0.9])
-def test_velocity_float32_matches_hf_composed(fp32, t, record_figure):
+def velocity_against_hf(run: Run, t: float, record_figure, label: str = "") -> tuple[float, float]:
+    """(PCC, max abs) of our velocity at time t against the HF composition's, both recorded as figures."""
     x = noise(seed=1)
     tt = torch.full((len(REASONING),), t)
-    expected = fp32.hf_step(x, tt.view(-1, 1, 1))
-    actual = fp32.expert.velocity(x, tt, fp32.ctx)
+    expected = run.hf_step(x, tt.view(-1, 1, 1))
+    actual = run.expert.velocity(x, tt, run.ctx)
     p, err = pcc(expected, actual), max_abs_error(expected, actual)
-    record_figure(f"velocity t={t} fp32 PCC", p)
-    record_figure(f"velocity t={t} fp32 max abs", err)
+    record_figure(f"{label}velocity t={t} fp32 PCC", p)
+    record_figure(f"{label}velocity t={t} fp32 max abs", err)
+    return p, err
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 0.9])
+def test_velocity_float32_matches_hf_composed(fp32, t, record_figure):
+    p, err = velocity_against_hf(fp32, t, record_figure)
     assert p >= 0.99999 and err <= 1e-4
 
 

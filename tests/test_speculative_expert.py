@@ -37,20 +37,9 @@ from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.text import TextModel
 from alpamayo.trajectory_generation import PlanLimits
 from tests.hf_checkpoints import save_checkpoint, text_config
+from tests.test_expert_golden import EXPERT_RAW
 from tests.test_speculative import Oracle, Target, _dflash, continuation
 
-EXPERT_RAW = {  # a small flat-layout (R1 / 1.5) expert: 6 query heads over the tiny MoE VLM's 2 KV heads
-    "expert_cfg": {"hidden_size": 48, "num_attention_heads": 6, "intermediate_size": 80},
-    "action_in_proj_cfg": {
-        "num_enc_layers": 2,
-        "hidden_size": 32,
-        "num_fourier_feats": 20,
-        "max_freq": 100.0,
-    },
-    "action_out_proj_cfg": {"_target_": "torch.nn.Linear"},
-    "diffusion_cfg": {"int_method": "euler", "num_inference_steps": 10},
-    "expert_non_causal_attention": True,
-}
 FP32_VELOCITY_BAR = 5e-6  # the guide's float32 bar for per-step velocities
 LIMITS = PlanLimits(max_reasoning_tokens=30, tokens_per_future=8)
 
@@ -63,12 +52,13 @@ def _demo(demo_checkpoint, dtype):
 
 @pytest.fixture(scope="module")
 def moe_checkpoint(demo_checkpoint, tmp_path_factory):
-    """A tiny MoE VLM with a random dense flat-layout expert in its safetensors (as `test_expert_golden`
-    builds); the expert reads the MoE layers' K/V cache."""
+    """A tiny MoE VLM with a random flat-layout expert in its safetensors (`test_expert_golden`'s): a copy of
+    the VLM's text config, so MoE layers of its own, reading the MoE layers' K/V cache."""
     text = text_config(vocab_size=load_model_config(demo_checkpoint).text.vocab_size)
     path = tmp_path_factory.mktemp("moe-expert")
     save_checkpoint(path, text, moe=True, seed=3)
-    cfg = parse_expert_config(EXPERT_RAW, text)
+    vlm = load_model_config(path)
+    cfg = parse_expert_config(EXPERT_RAW, vlm.raw_text_config, vlm_kind=vlm.kind)
     tensors = load_file(path / "model.safetensors")
     save_file({**tensors, **random_expert_weights(cfg, seed=4)}, path / "model.safetensors")
     return path, cfg

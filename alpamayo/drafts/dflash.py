@@ -134,30 +134,16 @@ class DFlashConfig:
 
 
 def draft_tensor_shapes(cfg: DFlashConfig) -> dict[str, list[tuple[int, ...]]]:
-    """Every tensor of a DFlash checkpoint -> its allowed shapes."""
+    """Every tensor of a DFlash checkpoint -> its allowed shapes (its layers are Qwen3 decoder layers)."""
     t = cfg.text
-    h, d = t.hidden_size, t.head_dim
+    h = t.hidden_size
     shapes: dict[str, list[tuple[int, ...]]] = {
         "fc.weight": [(h, len(cfg.target_layer_ids) * h)],
         "hidden_norm.weight": [(h,)],
         "norm.weight": [(h,)],
     }
     for i in range(t.num_hidden_layers):
-        p = f"layers.{i}."
-        for name, out in (("q_proj", t.q_dim), ("k_proj", t.kv_dim), ("v_proj", t.kv_dim)):
-            shapes[f"{p}self_attn.{name}.weight"] = [(out, h)]
-            if t.attention_bias:
-                shapes[f"{p}self_attn.{name}.bias"] = [(out,)]
-        shapes[p + "self_attn.o_proj.weight"] = [(h, t.q_dim)]
-        if t.attention_bias:
-            shapes[p + "self_attn.o_proj.bias"] = [(h,)]
-        shapes[p + "self_attn.q_norm.weight"] = [(d,)]
-        shapes[p + "self_attn.k_norm.weight"] = [(d,)]
-        shapes[p + "input_layernorm.weight"] = [(h,)]
-        shapes[p + "post_attention_layernorm.weight"] = [(h,)]
-        shapes[p + "mlp.gate_proj.weight"] = [(t.intermediate_size, h)]
-        shapes[p + "mlp.up_proj.weight"] = [(t.intermediate_size, h)]
-        shapes[p + "mlp.down_proj.weight"] = [(h, t.intermediate_size)]
+        shapes.update(t.layer_shapes(i, f"layers.{i}."))
     return shapes
 
 

@@ -113,42 +113,27 @@ class ExpertConfig:
     supports_guidance: bool = True  # navigation CFG (Super's model refuses it)
     source: str = "config.json"
 
-    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every required tensor on disk and its shape (the R1 `freqs` buffers are optional, not listed)."""
+    def tensor_shapes(self) -> dict[str, list[tuple[int, ...]]]:
+        """Every required tensor on disk -> its allowed shapes (the R1 `freqs` buffers are optional, not listed).
+
+        The layers are the expert transformer's decoder layers (`TextConfig.layer_shapes`): a flat-layout
+        expert over an MoE VLM copies the VLM's text config, so its sparse layers hold a router and fused
+        experts, in either on-disk layout, as NVIDIA's `AutoModel.from_config` of that copy builds them."""
         t, p = self.text, self.prefixes
-        shapes: dict[str, tuple[int, ...]] = {}
+        shapes: dict[str, list[tuple[int, ...]]] = {}
         for i in range(t.num_hidden_layers):
-            layer = f"{p.expert}layers.{i}."
-            shapes.update(
-                {
-                    f"{layer}input_layernorm.weight": (t.hidden_size,),
-                    f"{layer}self_attn.q_proj.weight": (t.q_dim, t.hidden_size),
-                    f"{layer}self_attn.k_proj.weight": (t.kv_dim, t.hidden_size),
-                    f"{layer}self_attn.v_proj.weight": (t.kv_dim, t.hidden_size),
-                    f"{layer}self_attn.o_proj.weight": (t.hidden_size, t.q_dim),
-                    f"{layer}self_attn.q_norm.weight": (t.head_dim,),
-                    f"{layer}self_attn.k_norm.weight": (t.head_dim,),
-                    f"{layer}post_attention_layernorm.weight": (t.hidden_size,),
-                    f"{layer}mlp.gate_proj.weight": (t.intermediate_size, t.hidden_size),
-                    f"{layer}mlp.up_proj.weight": (t.intermediate_size, t.hidden_size),
-                    f"{layer}mlp.down_proj.weight": (t.hidden_size, t.intermediate_size),
-                }
-            )
-            if t.attention_bias:
-                shapes.update(
-                    {
-                        f"{layer}self_attn.q_proj.bias": (t.q_dim,),
-                        f"{layer}self_attn.k_proj.bias": (t.kv_dim,),
-                        f"{layer}self_attn.v_proj.bias": (t.kv_dim,),
-                        f"{layer}self_attn.o_proj.bias": (t.hidden_size,),
-                    }
-                )
-        shapes[f"{p.expert}norm.weight"] = (t.hidden_size,)
-        shapes.update(self._in_proj_shapes())
-        shapes[f"{p.out_proj}weight"] = (ACTION_DIMS, t.hidden_size)
+            shapes.update(t.layer_shapes(i, f"{p.expert}layers.{i}."))
+        shapes[f"{p.expert}norm.weight"] = [(t.hidden_size,)]
+        shapes.update({name: [shape] for name, shape in self._in_proj_shapes().items()})
+        shapes[f"{p.out_proj}weight"] = [(ACTION_DIMS, t.hidden_size)]
         if self.out_proj_bias:
-            shapes[f"{p.out_proj}bias"] = (ACTION_DIMS,)
+            shapes[f"{p.out_proj}bias"] = [(ACTION_DIMS,)]
         return shapes
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every required tensor -> the one shape this stack writes and sizes (its first allowed shape: fused
+        MoE experts in the released hub layout)."""
+        return {name: allowed[0] for name, allowed in self.tensor_shapes().items()}
 
     def _in_proj_shapes(self) -> dict[str, tuple[int, ...]]:
         """`encoder.trunk` is Linear, SiLU, then (RMSNorm, Linear, SiLU) per extra layer, RMSNorm, Linear."""

@@ -27,7 +27,7 @@ from alpamayo.text.weights import build_layer
 
 def expected_tensors(ckpt: Checkpoint, cfg: ExpertConfig) -> dict[str, list[Shape]]:
     """Name -> allowed shapes of every expert tensor, plus R1's `freqs` buffers where the checkpoint has them."""
-    shapes = {name: [shape] for name, shape in cfg.weight_shapes().items()}
+    shapes = cfg.tensor_shapes()
     for name in cfg.freqs_keys():
         if name in ckpt:
             shapes[name] = [(1, cfg.in_proj.num_freqs), (cfg.in_proj.num_freqs,)]

@@ -141,7 +141,7 @@ def weight_counts(
         vision = VisionEncoder.from_weights(cfg.vision, _meta_getter(shapes, dtype))
         counts["vision"] = count_weights(vision, (s[0] for s in shapes.values()), recipe, dtype, device)
     if expert is not None:
-        shapes = {name: [shape] for name, shape in expert.weight_shapes().items()}
+        shapes = expert.tensor_shapes()
         freqs = [default_freqs(expert.in_proj).to("meta") for _ in expert.freqs_keys()]
         model = build_expert(expert, _meta_getter(shapes, dtype), freqs)
         counts["expert"] = count_weights(model, (s[0] for s in shapes.values()), recipe, dtype, device)

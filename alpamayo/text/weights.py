@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from alpamayo.checkpoint import Checkpoint, Getter, Shape, expert_layouts
-from alpamayo.config import ModelConfig, MoEConfig, TextConfig
+from alpamayo.checkpoint import Checkpoint, Getter, Shape
+from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.errors import CheckpointError
 from alpamayo.moe.weights import disk_layout
 from alpamayo.text.attention import Attention
@@ -28,49 +28,15 @@ def layer_prefix(i: int) -> str:
     return f"language_model.layers.{i}."
 
 
-def _moe(cfg: TextConfig) -> MoEConfig:
-    """The MoE block of a sparse text config; ValueError for a dense one."""
-    if cfg.moe is None:
-        raise ValueError("a dense text config has no MoE experts")
-    return cfg.moe
-
-
-def expert_shapes(cfg: TextConfig) -> dict[str, list[Shape]]:
-    """Fused expert tensors (suffixes under `mlp.experts.`) in either on-disk layout (hub or v5)."""
-    moe = _moe(cfg)
-    layouts = expert_layouts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size).values()
-    return {"gate_up_proj": [gu for gu, _ in layouts], "down_proj": [dn for _, dn in layouts]}
-
-
 def text_tensor_shapes(cfg: ModelConfig) -> dict[str, list[Shape]]:
     """Every text-decoder tensor the checkpoint must hold -> its allowed shapes."""
     t = cfg.text
-    h, d = t.hidden_size, t.head_dim
+    h = t.hidden_size
     shapes: dict[str, list[Shape]] = {EMBED: [(t.vocab_size, h)], FINAL_NORM: [(h,)]}
     if not cfg.tie_word_embeddings:
         shapes[LM_HEAD] = [(t.vocab_size, h)]
     for i in range(t.num_hidden_layers):
-        p = layer_prefix(i)
-        shapes[p + "input_layernorm.weight"] = [(h,)]
-        shapes[p + "post_attention_layernorm.weight"] = [(h,)]
-        for name, out in (("q_proj", t.q_dim), ("k_proj", t.kv_dim), ("v_proj", t.kv_dim)):
-            shapes[f"{p}self_attn.{name}.weight"] = [(out, h)]
-            if t.attention_bias:
-                shapes[f"{p}self_attn.{name}.bias"] = [(out,)]
-        shapes[p + "self_attn.o_proj.weight"] = [(h, t.q_dim)]
-        if t.attention_bias:
-            shapes[p + "self_attn.o_proj.bias"] = [(h,)]
-        shapes[p + "self_attn.q_norm.weight"] = [(d,)]
-        shapes[p + "self_attn.k_norm.weight"] = [(d,)]
-        if t.is_sparse(i):
-            shapes[p + "mlp.gate.weight"] = [(_moe(t).num_experts, h)]
-            for name, allowed in expert_shapes(t).items():
-                shapes[f"{p}mlp.experts.{name}"] = allowed
-        else:
-            i_dim = t.intermediate_size
-            shapes[p + "mlp.gate_proj.weight"] = [(i_dim, h)]
-            shapes[p + "mlp.up_proj.weight"] = [(i_dim, h)]
-            shapes[p + "mlp.down_proj.weight"] = [(h, i_dim)]
+        shapes.update(t.layer_shapes(i, layer_prefix(i)))
     return shapes
 
 
