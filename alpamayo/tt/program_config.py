@@ -83,6 +83,17 @@ def block_sdpa_applies(n_heads: int) -> bool:
     return round_up(n_heads, TILE) == TILE
 
 
+def check_decode_rows(rows: int, moe: bool) -> None:
+    """ValueError for a decode program of `rows` rows (K samples, a verify block) on a model with sparse MoE
+    layers (`moe`): the device MoE decode routes one token (`alpamayo.tt.moe.TTMoE.decode`). Pure Python, so
+    the command line refuses a --samples before any weight is read (`alpamayo.backends.check_num_samples`)."""
+    if rows > 1 and moe:
+        raise ValueError(
+            f"{rows} decode rows with MoE layers: the ttnn sparse expert step routes one token; "
+            "allowed: 1 row on Qwen3-VL-MoE checkpoints"
+        )
+
+
 @dataclass(frozen=True)
 class CoreGrid:
     x: int
