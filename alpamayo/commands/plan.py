@@ -151,7 +151,8 @@ def _estimates(
     stages.append(prefill_estimate(cfg, precision, prompt))
     stages.append(decode_estimate(cfg, precision, prompt + args.reasoning_tokens, args.reasoning_tokens))
     if expert is not None:
-        stages.append(expert_estimate(cfg, expert, precision, args.max_seq_len, args.samples))
+        offset = prompt + args.reasoning_tokens  # the cache index after <|traj_future_start|>
+        stages.append(expert_estimate(cfg, expert, precision, args.max_seq_len, args.samples, offset))
     total = sum(s.ms(P150) * s.repeat for s in stages)
     lines = [
         f"ESTIMATED ms per stage (roofline lower bound from {P150.dram_bandwidth / 1e9:.0f} GB/s DRAM and "

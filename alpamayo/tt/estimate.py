@@ -202,14 +202,17 @@ def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens
 
 
 def expert_estimate(
-    cfg: ModelConfig, expert: ExpertConfig, precision: Precision, max_seq_len: int, samples: int
+    cfg: ModelConfig, expert: ExpertConfig, precision: Precision, max_seq_len: int, samples: int, offset: int
 ) -> StageEstimate:
     """One Euler step of the action expert (`plan_expert`): every layer on the 64 x K action rows, attention
-    over the whole cache in place (the region included), the in- and out-projections."""
+    over the cache in place reading the K chunks its block map flags for samples at cache `offset` (prompt
+    plus reasoning: `ExpertPlan.attended_rows`, the prefix's chunks and the own region's), the in- and
+    out-projections."""
     plan = plan_expert(cfg, expert, precision, max_seq_len, samples)
     cores = plan.grid.cores
     ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, cores)
-    ops += attention_ops(expert.text, plan.rows, plan.cache_rows, precision, cores, False, "expert.sdpa")
+    keys = plan.attended_rows(offset)
+    ops += attention_ops(expert.text, plan.rows, keys, precision, cores, False, "expert.sdpa")
     return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)
 
 
