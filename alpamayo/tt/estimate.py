@@ -159,22 +159,27 @@ def attention_ops(
 def vision_estimate(
     cfg: ModelConfig, precision: Precision, frames: int, frame_hw: tuple[int, int]
 ) -> StageEstimate:
-    """The vision tower over `frames` images of `frame_hw` pixels (one attention window per frame)."""
+    """The vision tower over `frames` images of `frame_hw` pixels, one forward per image as the runtime
+    encodes them (`alpamayo.runtime.AlpamayoVLA._features`: each frame its cache misses, on its own): the
+    image's patches padded to whole SDPA chunks (`VisionPlan.padded_length`), the mergers on a quarter of
+    those rows, and its windowed SDPA over every padded row (the padding rows are a window of their own in
+    the last chunk, which the image's window reaches too)."""
     v = cfg.vision
-    per_frame = (frame_hw[0] // v.patch_size) * (frame_hw[1] // v.patch_size)
-    patches = frames * per_frame
-    cores = plan_vision(v).grid.cores
+    plan = plan_vision(v)
+    rows = plan.padded_length((frame_hw[0] // v.patch_size) * (frame_hw[1] // v.patch_size))
+    cores = plan.grid.cores
     specs = vision_weight_specs(v)
-    ops = matmul_ops([s for s in specs if "merger" not in s.name], patches, precision, cores)
-    merged = patches // v.spatial_merge_size**2
-    ops += matmul_ops([s for s in specs if "merger" in s.name], merged, precision, cores)
+    ops = matmul_ops([s for s in specs if "merger" not in s.name], rows, precision, cores)
+    ops += matmul_ops(
+        [s for s in specs if "merger" in s.name], rows // v.spatial_merge_size**2, precision, cores
+    )
     lanes = v.num_heads * rotary_head_dim(v.head_dim)
-    flops = 4.0 * patches * round_up(per_frame, TILE) * lanes
+    flops = 4.0 * rows * rows * lanes
     ops += [
-        OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("vision"), cores)
+        OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("sdpa"), cores)  # `TTVisionEncoder.ck`
         for j in range(v.depth)
     ]
-    return StageEstimate(f"vision ({frames} frames)", tuple(ops))
+    return StageEstimate(f"vision ({frames} frames)", tuple(ops), frames)
 
 
 def prefill_estimate(cfg: ModelConfig, precision: Precision, prompt: int) -> StageEstimate:
@@ -287,11 +292,15 @@ def speculative_lines(
     block: int,
     plain_total_ms: float,
     device: DeviceSpec = P150,
+    tick_total_ms: float | None = None,
 ) -> list[str]:
     """The per-prediction estimate with speculation: `tokens` reasoning tokens at `accept_len` tokens per
     verify (the accepted prefix plus the target's own token), so ceil(tokens / accept_len) verifies of
-    `block` rows replace the `tokens` decode steps inside `plain_total_ms`; with a model-free draft (lookup,
-    previous: host only) and with a DFlash draft on the device."""
+    `block` rows replace the `tokens` decode steps inside `plain_total_ms` (a first prediction) and
+    `tick_total_ms` (a stream's tick, where given); with a model-free draft (lookup, previous: host only) and
+    with a DFlash draft on the device. The last line is the floor at this accepted length: the rest of the
+    prediction plus the verifies' weight reads, and what a bfp4 lm_head (a fidelity trade, for a user recipe)
+    would take off it."""
     if not 1 <= accept_len <= block:
         raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
     if not 1 <= block <= TILE:
@@ -301,19 +310,37 @@ def speculative_lines(
     plain = decode_estimate(cfg, precision, context, tokens)
     verify = verify_estimate(cfg, precision, context, block, steps)
     draft = dflash_draft_estimate(cfg, precision, block, steps)
+    decoding = verify.ms(device) * steps - plain.ms(device) * tokens  # what speculation changes
     rest = plain_total_ms - plain.ms(device) * tokens
-    without = rest + verify.ms(device) * steps
+    without = plain_total_ms + decoding
     with_draft = without + draft.ms(device) * steps
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
     floor = 1e3 * steps * weights / device.dram_bandwidth
-    return [
+    lines = [
         f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
         f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
         f"  {verify.describe(device)}",
         f"  {draft.describe(device)}",
         f"  total per prediction, model-free draft (lookup, previous) {without:8.1f} ms (estimate)",
         f"  total per prediction, DFlash draft on the device          {with_draft:8.1f} ms (estimate)",
-        f"  of which the rest of the prediction (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' "
-        f"weight reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
-        f"{rest + floor:.1f} ms at the least at this accepted length",
     ]
+    if tick_total_ms is not None:
+        tick = tick_total_ms + decoding
+        lines.append(
+            f"  a stream's tick, model-free draft {tick:.1f} ms, DFlash draft {tick + draft.ms(device) * steps:.1f} "
+            f"ms (estimate)"
+        )
+        rest = tick_total_ms - plain.ms(device) * tokens
+    head = replace(
+        precision, name=f"{precision.name}+bfp4 lm_head", dtypes={**precision.dtypes, "lm_head": "bfp4"}
+    )
+    saved = steps * (verify.ms(device) - verify_estimate(cfg, head, context, block, steps).ms(device))
+    of = "a stream's tick" if tick_total_ms is not None else "the prediction"
+    lines += [
+        f"  floor: the rest of {of} (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' weight "
+        f"reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
+        f"{rest + floor:.1f} ms at the least at this accepted length",
+        f"  below it only by reading less per verify, e.g. a bfp4 lm_head (a fidelity trade: a user recipe, "
+        f"measured with `alpamayo precision`, not a preset): {saved:.1f} ms less",
+    ]
+    return lines

@@ -1,0 +1,69 @@
+"""`alpamayo plan`'s stream tick: the frames it sends through vision are the frames the runtime encodes.
+
+The plan prices a first prediction (every frame through the vision tower) and a stream's 10 Hz tick (the new
+frames only) from `alpamayo.runtime.frames_encoded`; here a lock-step replay of a demo drive (one tick per
+10 Hz frame) counts the runtime's own vision forwards per tick (`vision` spans not served by its frame
+cache) and the plan's printed frame counts are checked against them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from alpamayo.cli import main
+from alpamayo.demo_drive import make_demo_drive
+from alpamayo.prediction import FRAMES_PER_CAMERA
+from alpamayo.replay.session import run_replay
+from alpamayo.replay.settings import ReplaySettings
+from alpamayo.runtime import frames_encoded
+
+CAMERAS = 2
+# 1.8 s: ticks at t0 = 1.5, 1.6, 1.7 s (the first needs 1.5 s of ego history), one per 10 Hz frame
+DRIVE = {"seconds": 1.8, "cameras": CAMERAS, "seed": 7, "size": (72, 128)}
+
+
+@pytest.fixture(scope="module")
+def encoded_per_tick(tmp_path_factory, demo_checkpoint) -> list[int]:
+    drive = make_demo_drive(tmp_path_factory.mktemp("drive") / "drive.mcap", **DRIVE).path
+    settings = ReplaySettings(
+        drive, demo_checkpoint, max_reasoning_tokens=2, decoder="tokens", progress=False, copy_inputs=False
+    )
+    run = run_replay(settings)
+    misses = Counter(
+        s.args["tick"] for s in run.tracer.spans if s.name == "vision" and not s.args.get("cached", True)
+    )
+    return [misses[t.seq] for t in run.ticks]
+
+
+def test_the_runtime_encodes_what_frames_encoded_says_on_a_replayed_drive(encoded_per_tick):
+    assert len(encoded_per_tick) == 3
+    first, *ticks = encoded_per_tick
+    assert first == frames_encoded(CAMERAS) == CAMERAS * FRAMES_PER_CAMERA
+    assert ticks == [frames_encoded(CAMERAS, shift=1)] * 2 == [CAMERAS] * 2
+
+
+def test_plan_prints_a_stream_tick_with_the_runtimes_frame_counts(encoded_per_tick, capsys):
+    images = CAMERAS * FRAMES_PER_CAMERA
+    argv = ["plan", "--checkpoint", "alpamayo-1.5-10b", "--images", str(images), "--accept-len", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    cold = float(
+        re.search(r"total per prediction +([\d.]+) ms \(estimate\): a first prediction", out).group(1)
+    )
+    tick = re.search(r"a stream's tick +([\d.]+) ms \(estimate\): (\d+) of (\d+) frames through vision", out)
+    assert (int(tick.group(2)), int(tick.group(3))) == (encoded_per_tick[1], encoded_per_tick[0])
+    per_frame, frames = re.search(r"vision \((\d+) frames\) +([\d.]+) ms x", out).group(2, 1)
+    assert int(frames) == encoded_per_tick[0]
+    saved = (encoded_per_tick[0] - encoded_per_tick[1]) * float(per_frame)
+    assert float(tick.group(1)) == pytest.approx(cold - saved, abs=0.15)
+    free = float(re.search(r"model-free draft \(lookup, previous\) +([\d.]+) ms", out).group(1))
+    tick_free = float(re.search(r"a stream's tick, model-free draft ([\d.]+) ms", out).group(1))
+    assert tick_free == pytest.approx(free - saved, abs=0.15)
+
+
+def test_a_prompt_that_is_not_whole_windows_gets_no_tick_line(capsys):
+    assert main(["plan", "--checkpoint", "alpamayo-1.5-10b", "--images", "6"]) == 0
+    assert "a stream's tick" not in capsys.readouterr().out
