@@ -161,11 +161,12 @@ def test_the_block_map_flags_exactly_the_chunks_the_mask_leaves_visible(case):
     state = case.tt._setup(case.tt_text.max_batch, case.cfg.num_inference_steps)
     case.tt._prepare(state, case.offset, case.rope_delta)
     plan, b = state["plan"], state["buffers"]
-    got = case.tt._download(b["block_map"]).reshape(case.samples, plan.k_chunks)
-    mask = case.tt._download(b["mask"]).float()[:, 0, 0].reshape(case.samples, plan.k_chunks, plan.k_chunk)
+    got = case.tt._download(b["block_map"]).reshape(case.samples, plan.q_chunks, plan.k_chunks)
+    mask = case.tt._download(b["mask"]).float()[:, 0].reshape(case.samples, 64, plan.k_chunks, plan.k_chunk)
     for slot, offset in enumerate(case.offset):
-        assert got[slot].tolist() == [int(f) for f in plan.visible_chunks(offset)]
-        assert got[slot].tolist() == (mask[slot] == 0).any(dim=-1).int().tolist()
+        flags = [int(f) for f in plan.visible_chunks(offset)]
+        assert got[slot].tolist() == [flags] * plan.q_chunks  # every Q chunk of the slot: the same flags
+        assert flags == (mask[slot] == 0).any(dim=-1).any(dim=0).int().tolist()
     assert not all(plan.visible_chunks(max(case.offset)))  # some chunk is skipped: the map is exercised
 
 

@@ -13,7 +13,8 @@ the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
   * routed MoE experts `[1, E, K, N]`: each row runs through k of the E experts (k/E of the FLOPs); decode
     reads the k experts' weights, prefill every expert's;
   * attention of Sq query rows to Sk keys over all heads: 4 Sq Sk n_heads head_dim FLOPs (halved when causal),
-    K and V read once per layer at the KV cache dtype.
+    K and V read once per layer at the KV cache dtype; a prefill-style SDPA (prefill, vision, the action
+    expert) runs on the cores its batch x heads x Q chunks fill (`sdpa_cores`), a flash-decode on its grid.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from alpamayo.tt.memory import kv_bytes, spec_bytes
 from alpamayo.tt.precision import Precision
 from alpamayo.tt.program_config import (
     BLOCK_SDPA_POSITIONS,
+    VISION_SDPA_CHUNK,
     block_sdpa_applies,
     plan_expert,
     plan_text,
     plan_vision,
+    sdpa_cores,
 )
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import (
@@ -50,13 +53,14 @@ MATMUL_GROUPS_BF16 = ("router",)  # bf16 tensors that are matmul weights (norms 
 
 @dataclass(frozen=True)
 class OpCost:
-    """One device op: FLOPs at `fidelity` on `cores` cores and the DRAM bytes it must read."""
+    """One device op: FLOPs at `fidelity` on `cores` cores (busy on average: `sdpa_cores`) and the DRAM bytes
+    it must read."""
 
     name: str
     flops: float
     dram_bytes: float
     fidelity: str
-    cores: int
+    cores: float
 
     def _times(self, device: DeviceSpec) -> tuple[float, float]:
         """Seconds of the op's FLOPs at the grid's rate for its fidelity, and of its DRAM reads."""
@@ -146,7 +150,7 @@ def matmul_ops(
 
 
 def attention_ops(
-    cfg: TextConfig, q_rows: int, keys: int, precision: Precision, cores: int, causal: bool, name: str
+    cfg: TextConfig, q_rows: int, keys: int, precision: Precision, cores: float, causal: bool, name: str
 ) -> list[OpCost]:
     """One attention OpCost per layer of `cfg`: `q_rows` queries over `keys` cached positions."""
     flops = 4.0 * round_up(q_rows, TILE) * keys * cfg.num_attention_heads * cfg.head_dim
@@ -175,8 +179,9 @@ def vision_estimate(
     )
     lanes = v.num_heads * rotary_head_dim(v.head_dim)
     flops = 4.0 * rows * rows * lanes
+    busy = sdpa_cores(cores, v.num_heads * rows // VISION_SDPA_CHUNK)
     ops += [
-        OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("sdpa"), cores)  # `TTVisionEncoder.ck`
+        OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("sdpa"), busy)  # `TTVisionEncoder.ck`
         for j in range(v.depth)
     ]
     return StageEstimate(f"vision ({frames} frames)", tuple(ops), frames)
@@ -191,7 +196,8 @@ def prefill_estimate(cfg: ModelConfig, precision: Precision, prompt: int) -> Sta
     k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
     ops = matmul_ops([s for s in specs if s.name != "lm_head"], rows, precision, cores, k)
     ops += matmul_ops([s for s in specs if s.name == "lm_head"], TILE, precision, cores)
-    ops += attention_ops(cfg.text, rows, rows, precision, cores, causal=True, name="prefill.sdpa")
+    busy = sdpa_cores(cores, cfg.text.num_attention_heads * rows // plan.prefill_sdpa_chunk(rows))
+    ops += attention_ops(cfg.text, rows, rows, precision, busy, causal=True, name="prefill.sdpa")
     return StageEstimate(f"prefill ({prompt} rows)", tuple(ops))
 
 
@@ -217,7 +223,10 @@ def expert_estimate(
     cores = plan.grid.cores
     ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, cores)
     keys = plan.attended_rows(offset)
-    ops += attention_ops(expert.text, plan.rows, keys, precision, cores, False, "expert.sdpa")
+    busy = sdpa_cores(
+        cores, plan.samples * expert.text.num_attention_heads * plan.region_rows // plan.q_chunk
+    )
+    ops += attention_ops(expert.text, plan.rows, keys, precision, busy, False, "expert.sdpa")
     return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)
 
 

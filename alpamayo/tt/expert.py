@@ -14,7 +14,7 @@ Per prediction (`sample`), host transfers are the initial noise in and the final
   * on the device, once per prediction: the attention mask [S, 1, 64, cache rows] (`ExpertPlan`: sample b
     attends to cache slot b's columns [0, offsets[b]) plus its own expert region; built per slot with
     `where(cols < offsets[b], 0, own)` from column indices and the own-region mask uploaded with the step's
-    inputs), the SDPA's block map [S, 1, 1, K chunks] int32 (`ExpertPlan.visible_chunks`: the same
+    inputs), the SDPA's block map [S, 1, Q chunks, K chunks] int32 (`ExpertPlan.visible_chunks`: the same
     `where` over the chunks' first columns and the own region's chunk flags) and cos/sin of positions
     arange(64) + rope_delta + offsets[b] on all three M-RoPE rows (slices of rope tables uploaded with the
     step's inputs, one per sample);
@@ -38,7 +38,7 @@ Attention (`ExpertPlan`): sample b reads cache slot b, where the text backbone d
 (each its own length). Each layer writes sample b's 64 K/V rows into slot b at the fixed cache rows
 [region_start, cache_rows) and runs SDPA batched over the S cache slots, over each slot in place with the
 mask, reading only the K chunks the mask leaves visible (the block map: 3328 of 8320 rows per layer at a 3.1k
-prompt in an 8k cache): the VLM's cache is never copied, and no step's program depends on the prompt or
+prompt in an 8k cache; `ExpertPlan.attended_rows`): the VLM's cache is never copied, and no step's program depends on the prompt or
 reasoning lengths (the map is a persistent input, rewritten per prediction). The step runs
 one sample per cache slot (S = the text model's `max_batch`, as its decode runs every slot): with K < S
 active rows the idle samples attend to their own region only and are not read back.
@@ -193,9 +193,10 @@ class TTActionExpert(DeviceIO):
         own = torch.full((1, 1, block, cols), float("-inf"))  # every sample's own region, in its own slot
         own[..., plan.region_start : plan.region_start + block] = 0
         index = torch.arange(cols, dtype=torch.float32).expand(1, 1, block, cols).contiguous()
-        chunks = plan.k_chunks
-        starts = (torch.arange(chunks, dtype=torch.float32) * plan.k_chunk).view(1, 1, 1, chunks)
-        own_chunks = torch.tensor(plan.visible_chunks(0), dtype=torch.float32).view(1, 1, 1, chunks)
+        # the block map's inputs, one identical row per Q chunk of a slot
+        chunks, q_chunks = plan.k_chunks, plan.q_chunks
+        starts = (torch.arange(chunks, dtype=torch.float32) * plan.k_chunk).expand(1, 1, q_chunks, chunks)
+        own_chunks = torch.tensor(plan.visible_chunks(0), dtype=torch.float32).expand(1, 1, q_chunks, chunks)
         hd = self.cfg.text.head_dim
         width = round_up(self.cfg.in_proj.num_features, TILE)
         buffers = {
@@ -207,10 +208,10 @@ class TTActionExpert(DeviceIO):
             "mask": self._upload(torch.zeros(samples, 1, block, cols)),
             "own": self._upload(own, ttnn.float32),
             "columns": self._upload(index, ttnn.float32),
-            "chunk_starts": self._upload(starts, ttnn.float32),
-            "own_chunks": self._upload(own_chunks, ttnn.float32),
+            "chunk_starts": self._upload(starts.contiguous(), ttnn.float32),
+            "own_chunks": self._upload(own_chunks.contiguous(), ttnn.float32),
             "block_map": ttnn.allocate_tensor_on_device(
-                ttnn.Shape([samples, 1, 1, chunks]),
+                ttnn.Shape([samples, 1, q_chunks, chunks]),
                 ttnn.int32,
                 ttnn.ROW_MAJOR_LAYOUT,
                 self.device,
@@ -354,7 +355,7 @@ class TTActionExpert(DeviceIO):
     def _attend(self, i: int, plan: ExpertPlan, mask: Any, block_map: Any) -> Callable[[Any, Any, Any], Any]:
         """Layer i's attention: sample b's K/V into slot b's cache region, then SDPA batched over the slots,
         sample b's 64 query rows over slot b in place with the mask [S, 1, 64, cache rows], reading the
-        chunks `block_map` [S, 1, 1, K chunks] flags only."""
+        chunks `block_map` [S, 1, Q chunks, K chunks] flags only."""
         ttnn, text = self.ttnn, self.text
         slots, block = plan.samples, plan.region_rows
 
