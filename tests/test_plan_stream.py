@@ -8,6 +8,7 @@ cache) and the plan's printed frame counts are checked against them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 
@@ -67,3 +68,38 @@ def test_plan_prints_a_stream_tick_with_the_runtimes_frame_counts(encoded_per_ti
 def test_a_prompt_that_is_not_whole_windows_gets_no_tick_line(capsys):
     assert main(["plan", "--checkpoint", "alpamayo-1.5-10b", "--images", "6"]) == 0
     assert "a stream's tick" not in capsys.readouterr().out
+
+
+def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
+    """The floor of a stream's tick at tau = 4: its rest (everything but the decode) plus the 16 verifies'
+    weight reads; the fidelity trades it names are the verify estimate at those bfp4 groups, and one more
+    token per verify drops the verifies it saves."""
+    from alpamayo.configs import builtin_expert
+    from alpamayo.tt.device_spec import P150
+    from alpamayo.tt.estimate import decode_estimate, verify_estimate
+    from alpamayo.tt.precision import load_precision
+
+    assert main(["plan", "--checkpoint", "alpamayo-1.5-10b", "--accept-len", "4"]) == 0
+    out = capsys.readouterr().out
+    tick = float(re.search(r"a stream's tick +([\d.]+) ms \(estimate\)", out).group(1))
+    cfg, precision = builtin_expert("alpamayo-1.5-10b")[0], load_precision("performance")
+    context = 3072 + 64
+    step, verify = (
+        decode_estimate(cfg, precision, context, 64),
+        verify_estimate(cfg, precision, context, 8, 16),
+    )
+    rest, floor = re.search(
+        r"floor: the rest of a stream's tick .* ([\d.]+) ms and the 16 verifies' weight reads alone ([\d.]+) ms",
+        out,
+    ).groups()
+    assert float(rest) == pytest.approx(tick - 64 * step.ms(P150), abs=0.15)
+    weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
+    assert float(floor) == pytest.approx(16e3 * weights / P150.dram_bandwidth, abs=0.05)
+    head = re.search(r"a bfp4 lm_head ([\d.]+) ms less", out).group(1)
+    bfp4 = load_precision("performance")
+    bfp4 = type(bfp4)("bfp4 head", {**bfp4.dtypes, "lm_head": "bfp4"}, bfp4.fidelity)
+    saved = 16 * (verify.ms(P150) - verify_estimate(cfg, bfp4, context, 8, 16).ms(P150))
+    assert float(head) == pytest.approx(saved, abs=0.05) and saved > 0
+    fewer, gain = re.search(r"at 5, (\d+) verifies fewer, ([\d.]+) ms less", out).groups()
+    assert int(fewer) == 16 - math.ceil(64 / 5)
+    assert float(gain) == pytest.approx(int(fewer) * verify.ms(P150), abs=0.05)

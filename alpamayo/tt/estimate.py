@@ -340,16 +340,26 @@ def speculative_lines(
             f"ms (estimate)"
         )
         rest = tick_total_ms - plain.ms(device) * tokens
-    head = replace(
-        precision, name=f"{precision.name}+bfp4 lm_head", dtypes={**precision.dtypes, "lm_head": "bfp4"}
-    )
-    saved = steps * (verify.ms(device) - verify_estimate(cfg, head, context, block, steps).ms(device))
+
+    def trade(groups: tuple[str, ...]) -> str:
+        """ms the verifies would take less with `groups` at bfp4 (their weight reads: DRAM-bound)."""
+        bfp4 = replace(
+            precision, name="bfp4 trade", dtypes={**precision.dtypes, **dict.fromkeys(groups, "bfp4")}
+        )
+        return f"{steps * (verify.ms(device) - verify_estimate(cfg, bfp4, context, block, steps).ms(device)):.1f}"
+
+    longer = ""
+    if accept_len + 1 <= block:
+        fewer = steps - int(-(-tokens // (accept_len + 1)))
+        gain = fewer * verify.ms(device)
+        longer = f"; or by more tokens per verify: at {accept_len + 1:g}, {fewer} verifies fewer, {gain:.1f} ms less"
     of = "a stream's tick" if tick_total_ms is not None else "the prediction"
     lines += [
         f"  floor: the rest of {of} (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' weight "
         f"reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
         f"{rest + floor:.1f} ms at the least at this accepted length",
-        f"  below it only by reading less per verify, e.g. a bfp4 lm_head (a fidelity trade: a user recipe, "
-        f"measured with `alpamayo precision`, not a preset): {saved:.1f} ms less",
+        f"  below it only by reading less per verify, fidelity trades for a user recipe (measured with `alpamayo "
+        f"precision`, not presets): a bfp4 lm_head {trade(('lm_head',))} ms less, bfp4 lm_head, qkv and o "
+        f"{trade(('lm_head', 'qkv', 'o'))} ms less{longer}",
     ]
     return lines
