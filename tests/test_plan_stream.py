@@ -8,8 +8,11 @@ cache) and the plan's printed frame counts are checked against them.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -27,8 +30,12 @@ DRIVE = {"seconds": 1.8, "cameras": CAMERAS, "seed": 7, "size": (72, 128)}
 
 
 @pytest.fixture(scope="module")
-def encoded_per_tick(tmp_path_factory, demo_checkpoint) -> list[int]:
-    drive = make_demo_drive(tmp_path_factory.mktemp("drive") / "drive.mcap", **DRIVE).path
+def drive(tmp_path_factory):
+    return make_demo_drive(tmp_path_factory.mktemp("drive") / "drive.mcap", **DRIVE).path
+
+
+@pytest.fixture(scope="module")
+def encoded_per_tick(drive, demo_checkpoint) -> list[int]:
     settings = ReplaySettings(
         drive, demo_checkpoint, max_reasoning_tokens=2, decoder="tokens", progress=False, copy_inputs=False
     )
@@ -44,6 +51,22 @@ def test_the_runtime_encodes_what_frames_encoded_says_on_a_replayed_drive(encode
     first, *ticks = encoded_per_tick
     assert first == frames_encoded(CAMERAS) == CAMERAS * FRAMES_PER_CAMERA
     assert ticks == [frames_encoded(CAMERAS, shift=1)] * 2 == [CAMERAS] * 2
+
+
+@pytest.mark.dryrun
+def test_the_ttnn_backend_encodes_the_same_frames_per_tick(dryrun_device, drive, demo_checkpoint, tmp_path):
+    """The same replay on `--backend ttnn` (a child process under the session's dry run: its device vision
+    tower behind the same frame cache): after the first tick only each camera's newest frame is encoded."""
+    report = tmp_path / "report.json"
+    argv = ["replay", str(drive), "--checkpoint", str(demo_checkpoint), "--out", str(tmp_path / "out.mcap")]
+    argv += ["--backend", "ttnn", "--warmup", "1"]
+    argv += ["--decoder", "tokens", "--max-reasoning-tokens", "2", "--no-progress", "--json", str(report)]
+    proc = subprocess.run([sys.executable, "-m", "alpamayo.cli", *argv], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stages = {row["stage"]: row["n"] for row in json.loads(report.read_text())["stages"]}
+    steady = 2  # the ticks after the warm-up one
+    assert stages["vision (encoded)"] == steady * frames_encoded(CAMERAS, shift=1)
+    assert stages["vision (cached)"] == steady * (frames_encoded(CAMERAS) - frames_encoded(CAMERAS, shift=1))
 
 
 def test_plan_prints_a_stream_tick_with_the_runtimes_frame_counts(encoded_per_tick, capsys):
