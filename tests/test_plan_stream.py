@@ -3,7 +3,7 @@
 The plan prices a first prediction (every frame through the vision tower) and a stream's 10 Hz tick (the new
 frames only) from `alpamayo.runtime.frames_encoded`; here a lock-step replay of a demo drive (one tick per
 10 Hz frame) counts the runtime's own vision forwards per tick (`vision` spans not served by its frame
-cache) and the plan's printed frame counts are checked against them.
+cache), on torch and on ttnn under the dry run, and the plan's printed frame counts are checked against them.
 """
 
 from __future__ import annotations

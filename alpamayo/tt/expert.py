@@ -252,9 +252,8 @@ class TTActionExpert(DeviceIO):
         for offset in [*offsets, *[0] * (slots - len(offsets))]:
             visible = ttnn.lt(b["columns"], float(offset))
             masks.append(ttnn.where(visible, 0.0, b["own"]))
-            prefix = ttnn.lt(
-                b["chunk_starts"], float(offset)
-            )  # chunk c holds a prefix row: c * k_chunk < offset
+            # K chunk c holds a prefix row where c * k_chunk < offset (`ExpertPlan.visible_chunks`)
+            prefix = ttnn.lt(b["chunk_starts"], float(offset))
             flags.append(ttnn.where(prefix, 1.0, b["own_chunks"]))
             self._free(visible, prefix)
         mask = ttnn.concat(masks, dim=0) if slots > 1 else masks[0]
