@@ -90,7 +90,7 @@ class FeatureCache:
         self._entries.clear()
 
 
-def frames_encoded(cameras: int, shift: int | None = None) -> int:
+def frames_to_encode(cameras: int, shift: int | None = None) -> int:
     """Vision forwards of one prediction of a stream of `cameras` cameras (`AlpamayoVLA._features`: one per
     frame the `FeatureCache` misses): all `FRAMES_PER_CAMERA` per camera for a first prediction (`shift`
     None), else those of a window that slid `shift` >= 1 frame periods since the previous prediction's (one

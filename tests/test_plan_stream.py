@@ -1,7 +1,7 @@
 """`alpamayo plan`'s stream tick: the frames it sends through vision are the frames the runtime encodes.
 
 The plan prices a first prediction (every frame through the vision tower) and a stream's 10 Hz tick (the new
-frames only) from `alpamayo.runtime.frames_encoded`; here a lock-step replay of a demo drive (one tick per
+frames only) from `alpamayo.runtime.frames_to_encode`; here a lock-step replay of a demo drive (one tick per
 10 Hz frame) counts the runtime's own vision forwards per tick (`vision` spans not served by its frame
 cache), on torch and on ttnn under the dry run, and the plan's printed frame counts are checked against them.
 """
@@ -22,7 +22,7 @@ from alpamayo.demo_drive import make_demo_drive
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.replay.session import run_replay
 from alpamayo.replay.settings import ReplaySettings
-from alpamayo.runtime import frames_encoded
+from alpamayo.runtime import frames_to_encode
 
 CAMERAS = 2
 # 1.8 s: ticks at t0 = 1.5, 1.6, 1.7 s (the first needs 1.5 s of ego history), one per 10 Hz frame
@@ -46,11 +46,11 @@ def encoded_per_tick(drive, demo_checkpoint) -> list[int]:
     return [misses[t.seq] for t in run.ticks]
 
 
-def test_the_runtime_encodes_what_frames_encoded_says_on_a_replayed_drive(encoded_per_tick):
+def test_the_runtime_encodes_what_frames_to_encode_says_on_a_replayed_drive(encoded_per_tick):
     assert len(encoded_per_tick) == 3
     first, *ticks = encoded_per_tick
-    assert first == frames_encoded(CAMERAS) == CAMERAS * FRAMES_PER_CAMERA
-    assert ticks == [frames_encoded(CAMERAS, shift=1)] * 2 == [CAMERAS] * 2
+    assert first == frames_to_encode(CAMERAS) == CAMERAS * FRAMES_PER_CAMERA
+    assert ticks == [frames_to_encode(CAMERAS, shift=1)] * 2 == [CAMERAS] * 2
 
 
 @pytest.mark.dryrun
@@ -65,8 +65,10 @@ def test_the_ttnn_backend_encodes_the_same_frames_per_tick(dryrun_device, drive,
     assert proc.returncode == 0, proc.stderr[-3000:]
     stages = {row["stage"]: row["n"] for row in json.loads(report.read_text())["stages"]}
     steady = 2  # the ticks after the warm-up one
-    assert stages["vision (encoded)"] == steady * frames_encoded(CAMERAS, shift=1)
-    assert stages["vision (cached)"] == steady * (frames_encoded(CAMERAS) - frames_encoded(CAMERAS, shift=1))
+    assert stages["vision (encoded)"] == steady * frames_to_encode(CAMERAS, shift=1)
+    assert stages["vision (cached)"] == steady * (
+        frames_to_encode(CAMERAS) - frames_to_encode(CAMERAS, shift=1)
+    )
 
 
 def test_plan_prints_a_stream_tick_with_the_runtimes_frame_counts(encoded_per_tick, capsys):

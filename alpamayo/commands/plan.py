@@ -26,7 +26,7 @@ from alpamayo.moe.config import model_block_config
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
 from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
-from alpamayo.runtime import CACHE_STEP, frames_encoded
+from alpamayo.runtime import CACHE_STEP, frames_to_encode
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import (
     decode_estimate,
@@ -153,7 +153,7 @@ def _estimates(
         stages.append(vision)
         cameras, partial = divmod(args.images, FRAMES_PER_CAMERA)
         if cameras and not partial:  # the frames the runtime encodes at a stream's 10 Hz tick
-            tick_vision = vision_estimate(cfg, precision, frames_encoded(cameras, shift=1), hw)
+            tick_vision = vision_estimate(cfg, precision, frames_to_encode(cameras, shift=1), hw)
     stages.append(prefill_estimate(cfg, precision, prompt))
     stages.append(decode_estimate(cfg, precision, prompt + args.reasoning_tokens, args.reasoning_tokens))
     if expert is not None:
@@ -174,7 +174,7 @@ def _estimates(
         lines.append(
             f"  a stream's tick        {tick:8.1f} ms (estimate): {tick_vision.repeat} of {vision.repeat} frames "
             f"through vision, one new frame per camera at 10 Hz (the runtime's frame cache keeps the last "
-            f"window, `alpamayo.runtime.frames_encoded`)"
+            f"window, `alpamayo.runtime.frames_to_encode`)"
         )
     if args.accept_len is not None:
         context = prompt + args.reasoning_tokens
