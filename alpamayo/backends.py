@@ -21,7 +21,7 @@ from alpamayo.devices import parse_dtype, resolve_device
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
-from alpamayo.families.loader import checkpoint_family
+from alpamayo.families.loader import checkpoint_family, load_shape_config
 from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
@@ -81,16 +81,21 @@ TORCH_CPU = BackendOptions()  # the default everywhere: the torch reference, flo
 
 
 def check_num_samples(
-    backend: str, num_samples: int, temperature: float | None, checkpoint: str | Path | None = None
+    backend: str,
+    num_samples: int,
+    temperature: float | None,
+    checkpoint: str | Path | None = None,
+    base_model: str | Path | None = None,
 ) -> None:
     """ValueError, worded for the command line, for K > 1 trajectory samples that cannot be drawn: with greedy
     decoding (temperature 0; None: the default of `checkpoint`'s model family, read from its config.json)
     they would all be one sample, and ttnn decodes at most 16 (the device expert's samples per step; the K
-    rows of its decode program are one tile of 32). Callers check before loading: otherwise the refusal
-    comes after the weights are loaded (and, on ttnn, uploaded)."""
+    rows of its decode program are one tile of 32), and one row on a model with MoE layers (read from the
+    checkpoint's shape config, with `base_model` for R1 / 1.5). Callers check before loading: otherwise the
+    refusal comes after the weights are loaded (and, on ttnn, uploaded)."""
     if num_samples <= 1:
         return
-    from alpamayo.tt.program_config import MAX_EXPERT_SAMPLES  # plans only: no ttnn import
+    from alpamayo.tt.program_config import MAX_EXPERT_SAMPLES, check_decode_rows  # plans only: no ttnn import
 
     if backend == "ttnn" and num_samples > MAX_EXPERT_SAMPLES:
         raise ValueError(
@@ -104,6 +109,12 @@ def check_num_samples(
             f"--samples {num_samples} with greedy decoding (--temperature 0) would repeat one sample; "
             "pass --temperature > 0 (Alpamayo samples at 0.6)"
         )
+    if backend == "ttnn" and checkpoint is not None:
+        text = load_shape_config(checkpoint, base_model).text  # config files only: no weights, no device
+        try:
+            check_decode_rows(num_samples, bool(text.sparse_layers))
+        except ValueError as e:
+            raise ValueError(f"--samples {num_samples} with --backend ttnn: {e}") from None
 
 
 def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOptions) -> TextBackbone:

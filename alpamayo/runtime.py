@@ -59,6 +59,10 @@ def planner_config(cfg: ModelConfig) -> PlannerConfig:
     return PlannerConfig(cfg.extra, cfg.source, cfg.family, cfg.text.vocab_size)
 
 
+# Windows of frames the FeatureCache holds per camera: a tick finds every frame of the previous window there.
+CACHED_WINDOWS = 2
+
+
 class FeatureCache:
     """Vision features of recent frames keyed by (camera, start-of-frame ns); the oldest entry is evicted first.
 
@@ -68,6 +72,11 @@ class FeatureCache:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._entries: OrderedDict[tuple[int, int], ImageFeatures] = OrderedDict()
+
+    @staticmethod
+    def capacity_for(cameras: int) -> int:
+        """Entries for `cameras` cameras: `CACHED_WINDOWS` windows of `FRAMES_PER_CAMERA` frames each."""
+        return CACHED_WINDOWS * FRAMES_PER_CAMERA * cameras
 
     def get(self, key: tuple[int, int]) -> ImageFeatures | None:
         return self._entries.get(key)
@@ -79,6 +88,18 @@ class FeatureCache:
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def frames_to_encode(cameras: int, shift: int | None = None) -> int:
+    """Vision forwards of one prediction of a stream of `cameras` cameras (`AlpamayoVLA._features`: one per
+    frame the `FeatureCache` misses): all `FRAMES_PER_CAMERA` per camera for a first prediction (`shift`
+    None), else those of a window that slid `shift` >= 1 frame periods since the previous prediction's (one
+    per camera at a 10 Hz tick); the cache still holds every frame of the previous window."""
+    if shift is None:
+        return cameras * FRAMES_PER_CAMERA
+    if shift < 1:
+        raise ValueError(f"shift {shift}: a tick's window slides by >= 1 frame period")
+    return cameras * min(shift, FRAMES_PER_CAMERA)
 
 
 def check_frames(
@@ -418,7 +439,7 @@ class AlpamayoVLA:
         order: Sequence[tuple[int, int]],
     ) -> list[ImageFeatures]:
         """Features of every (camera, frame) in prompt order; cached frames are looked up, new ones encoded."""
-        self.cache.capacity = 2 * FRAMES_PER_CAMERA * len(frames)
+        self.cache.capacity = FeatureCache.capacity_for(len(frames))
         out = []
         for cam, i in order:
             key = None if frame_times_ns is None else (cam, int(frame_times_ns[cam][i]))

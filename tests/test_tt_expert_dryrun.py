@@ -80,6 +80,9 @@ def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
     assert actions.shape == (samples, 64, 2) and actions.dtype == torch.float32
     b = expert._state["buffers"]
     assert list(b["mask"].shape) == [samples, 1, 64, plan.cache_rows]
+    # the SDPA's block map: one int32 row of K-chunk flags per slot, row-major (the op's checks)
+    assert list(b["block_map"].shape) == [samples, 1, plan.q_chunks, plan.k_chunks]
+    assert b["block_map"].dtype == expert.ttnn.int32 and b["block_map"].layout == expert.ttnn.ROW_MAJOR_LAYOUT
     assert list(b["cos"].shape) == [1, 1, plan.rows, expert.cfg.text.head_dim]
     assert list(b["x"].shape) == [1, 1, plan.rows, 32]
 

@@ -107,26 +107,53 @@ def test_an_expert_that_cannot_read_the_vlm_cache_is_refused_naming_both(release
         plan_expert(cfg, expert, PRESETS["performance"], 4096, samples=0)
 
 
+@pytest.mark.parametrize("max_seq_len", [256, 3000, 8192])
+def test_the_block_map_flags_exactly_the_chunks_with_a_visible_column(release, max_seq_len):
+    """`visible_chunks` against the mask's semantics (columns [0, offset) and the own region visible), offset
+    0 being an idle slot: the SDPA skips a chunk only where every column is masked, so skipping is exact.
+    Its reads: the visible chunks, or all of them where more than 60% are visible (ttnn's K/V chains of a
+    head's two Q chunks then ignore the map)."""
+    cfg, expert = release
+    plan = plan_expert(cfg, expert, PRESETS["performance"], max_seq_len)
+    columns = torch.arange(plan.cache_rows)
+    for offset in sorted({0, 1, 127, 128, 129, max_seq_len // 2, max_seq_len - 1, max_seq_len}):
+        visible = (columns < offset) | (columns >= plan.region_start)
+        expected = visible.view(plan.k_chunks, plan.k_chunk).any(dim=-1).tolist()
+        assert list(plan.visible_chunks(offset)) == expected
+        chained = plan.q_chunks > 1 and sum(expected) / plan.k_chunks > 0.6
+        assert plan.attended_rows(offset) == (plan.cache_rows if chained else sum(expected) * plan.k_chunk)
+
+
 def test_expert_step_estimate_counts_every_matmul_and_the_attention_over_the_cache(release, record_figure):
-    """FLOPs and bytes from the config's dimensions (audit B.11: ~351 GFLOP per step at a 3.1k prompt)."""
+    """FLOPs and bytes from the config's dimensions (audit B.11: ~351 GFLOP per step at a 3.1k prompt); the
+    attention over the rows its block map reads at a 3136-row prefix in an 8k cache: the prefix's 25 chunks
+    of 128 and the own region's chunk, 26 of the slot's 65. In a 4k cache 26 of 33 are visible, over 60%,
+    and the chained heads read all 33."""
     cfg, expert = release
     t = expert.text
-    step = expert_estimate(cfg, expert, PRESETS["performance"], 4096, 1)
-    plan = plan_expert(cfg, expert, PRESETS["performance"], 4096, 1)
+    step = expert_estimate(cfg, expert, PRESETS["performance"], 8192, 1, 3136)
+    plan = plan_expert(cfg, expert, PRESETS["performance"], 8192, 1)
+    assert (plan.k_chunk, plan.k_chunks, plan.q_chunks, plan.attended_rows(3136)) == (128, 65, 2, 26 * 128)
+    small = plan_expert(cfg, expert, PRESETS["performance"], 4096, 1)
+    assert (small.k_chunks, small.attended_rows(3136)) == (33, 33 * 128)
     inter = 8256  # a whole number of tiles: the expert's weights are interleaved, not padded to the banks
     per_layer = t.hidden_size * (t.q_dim + 2 * t.kv_dim) + t.q_dim * t.hidden_size + 3 * t.hidden_size * inter
     in_proj = 64 * 512 + 512 * 512 + 512 * 2048
     linear = 2 * 64 * (t.num_hidden_layers * per_layer + in_proj + 2048 * 32)
-    attention = 4 * 64 * plan.cache_rows * t.num_attention_heads * t.head_dim * t.num_hidden_layers
+    attention = 4 * 64 * 26 * 128 * t.num_attention_heads * t.head_dim * t.num_hidden_layers
     assert step.flops() == pytest.approx(linear + attention)
     record_figure("expert step GFLOP (K=1)", step.flops() / 1e9)
     from alpamayo.tt.device_spec import P150
 
     record_figure("expert step estimated ms (performance, K=1)", step.ms(P150))
     assert step.repeat == expert.num_inference_steps == 10
-    # K = 1 reads ~2.4 GB of bfp8 weights per step: bound by DRAM, not by the 64 rows' compute
-    assert step.compute_share(P150) < 0.1
-    big = expert_estimate(cfg, expert, PRESETS["performance"], 4096, 16)
+    # K = 1 reads ~2.4 GB of bfp8 weights per step: its matmuls are bound by DRAM, not by the 64 rows'
+    # compute; its SDPA has 16 heads x 2 Q chunks of work, so 32 cores run it, compute-bound
+    sdpa = [op for op in step.ops if ".sdpa." in op.name]
+    assert {op.cores for op in sdpa} == {t.num_attention_heads * plan.q_chunks}
+    assert all(op.bound(P150) == "compute" for op in sdpa)
+    assert all(op.bound(P150) == "DRAM" for op in step.ops if ".sdpa." not in op.name and op.dram_bytes > 1e6)
+    big = expert_estimate(cfg, expert, PRESETS["performance"], 8192, 16, 3136)
     assert big.compute_share(P150) > 0.9
 
 

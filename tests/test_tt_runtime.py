@@ -127,6 +127,30 @@ def test_samples_the_ttnn_backend_cannot_draw_are_refused_before_anything_is_rea
     )
 
 
+@pytest.mark.parametrize("command", ["predict", "replay"])
+def test_samples_on_moe_layers_are_refused_with_the_decode_message_before_anything_is_read(
+    command, tmp_path, capsys
+):
+    """K > 1 samples are K rows of one decode program, and the device MoE decode routes one token: refused
+    from the checkpoint's config with the decode program's own message (`TTTextModel.decode` refuses it so,
+    tests/test_tt_dryrun_rows.py), before the frames, ego poses or drive (which do not exist) are opened and
+    before any weight is read (the safetensors file is removed: a load would fail on it first)."""
+    from alpamayo.tt.program_config import check_decode_rows
+
+    moe = tmp_path / "moe"
+    save_checkpoint(moe, text_config(), moe=True, seed=3)
+    (moe / "model.safetensors").unlink()
+    missing = str(tmp_path / "missing")
+    inputs = ["--frames", missing, "--ego", missing] if command == "predict" else [missing, "--out", missing]
+    argv = [command, *inputs, "--checkpoint", str(moe), "--backend", "ttnn", "--temperature", "0.6"]
+    assert main([*argv, "--samples", "2"]) == 2
+    err = capsys.readouterr().err
+    with pytest.raises(ValueError) as decode:
+        check_decode_rows(2, moe=True)
+    assert f"alpamayo {command}: error: --samples 2 with --backend ttnn: {decode.value}" in err
+    assert "Traceback" not in err
+
+
 def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch, tmp_path):
     """`TT_METAL_SIMULATOR` (ttsim, docs/ttnn.md) counts as a device once everything ttsim reads is in place;
     until then the reason names the next missing piece."""

@@ -187,7 +187,7 @@ def flow_settings(args: argparse.Namespace) -> FlowSettings:
 def load_vla(args: argparse.Namespace) -> AlpamayoVLA:
     """The model that `add_model_args` and `add_sampling_args` (with samples) ask for, the sampling overrides
     applied; ValueError before any load for a --samples that the backend or the temperature cannot give."""
-    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint)
+    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint, args.base_model)
     vla = AlpamayoVLA.from_checkpoint(
         args.checkpoint,
         backend_options(args),

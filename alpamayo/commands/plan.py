@@ -23,9 +23,10 @@ from alpamayo.devices import DTYPES
 from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.families.loader import load_shape_config
 from alpamayo.moe.config import model_block_config
+from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
 from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
-from alpamayo.runtime import CACHE_STEP
+from alpamayo.runtime import CACHE_STEP, frames_to_encode
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import (
     decode_estimate,
@@ -144,14 +145,20 @@ def _estimates(
     hw = image_size(args.image_size)
     prompt = TEXT_TOKENS
     stages = []
+    vision = tick_vision = None
     if cfg.vision is not None and args.images:
         v = cfg.vision
         prompt += args.images * (hw[0] // v.patch_size) * (hw[1] // v.patch_size) // v.spatial_merge_size**2
-        stages.append(vision_estimate(cfg, precision, args.images, hw))
+        vision = vision_estimate(cfg, precision, args.images, hw)
+        stages.append(vision)
+        cameras, partial = divmod(args.images, FRAMES_PER_CAMERA)
+        if cameras and not partial:  # the frames the runtime encodes at a stream's 10 Hz tick
+            tick_vision = vision_estimate(cfg, precision, frames_to_encode(cameras, shift=1), hw)
     stages.append(prefill_estimate(cfg, precision, prompt))
     stages.append(decode_estimate(cfg, precision, prompt + args.reasoning_tokens, args.reasoning_tokens))
     if expert is not None:
-        stages.append(expert_estimate(cfg, expert, precision, args.max_seq_len, args.samples))
+        offset = prompt + args.reasoning_tokens  # the cache index after <|traj_future_start|>
+        stages.append(expert_estimate(cfg, expert, precision, args.max_seq_len, args.samples, offset))
     total = sum(s.ms(P150) * s.repeat for s in stages)
     lines = [
         f"ESTIMATED ms per stage (roofline lower bound from {P150.dram_bandwidth / 1e9:.0f} GB/s DRAM and "
@@ -159,12 +166,27 @@ def _estimates(
         f"measured): {args.images} images {hw[0]}x{hw[1]}, prompt {prompt} tokens, "
         f"{args.reasoning_tokens} reasoning tokens",
         *(f"  {s.describe(P150)}" for s in stages),
-        f"  total per prediction   {total:8.1f} ms (estimate)",
+        f"  total per prediction   {total:8.1f} ms (estimate): a first prediction, every frame through vision",
     ]
+    tick = None
+    if vision is not None and tick_vision is not None:
+        tick = total - vision.ms(P150) * vision.repeat + tick_vision.ms(P150) * tick_vision.repeat
+        lines.append(
+            f"  a stream's tick        {tick:8.1f} ms (estimate): {tick_vision.repeat} of {vision.repeat} frames "
+            f"through vision, one new frame per camera at 10 Hz (the runtime's frame cache keeps the last "
+            f"window, `alpamayo.runtime.frames_to_encode`)"
+        )
     if args.accept_len is not None:
         context = prompt + args.reasoning_tokens
         lines += speculative_lines(
-            cfg, precision, context, args.reasoning_tokens, args.accept_len, args.block_size, total
+            cfg,
+            precision,
+            context,
+            args.reasoning_tokens,
+            args.accept_len,
+            args.block_size,
+            total,
+            tick_total_ms=tick,
         )
     return lines
 

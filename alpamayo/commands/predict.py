@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the sample count is refused before the frames are read, and those before the model loads
-    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint)
+    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint, args.base_model)
     frames, times = read_frames(args.frames)
     ego = read_ego_csv(args.ego)
     vla = load_vla(args)

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no checkpoint: pass --checkpoint DIR or set model.checkpoint in the config")
     if not args.no_model:  # model.temperature null is the family's default, which config.json tells
         m = config.model
-        check_num_samples(m.backend, m.num_samples, m.temperature, m.checkpoint)
+        check_num_samples(m.backend, m.num_samples, m.temperature, m.checkpoint, m.base_model)
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -118,7 +118,7 @@ class EvalSettings:
             raise ValueError(f"--decoder {self.decoder!r} unknown; allowed: {list(DECODERS)}")
         if self.num_samples < 1:
             raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
-        check_num_samples(self.backend, self.num_samples, self.temperature, self.checkpoint)
+        check_num_samples(self.backend, self.num_samples, self.temperature, self.checkpoint, self.base_model)
         check_route_options(self.route, self.route_file, self.flow.guidance)
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")

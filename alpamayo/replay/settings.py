@@ -93,7 +93,7 @@ class ReplaySettings:
             raise ValueError(f"--speed must be in [0.05, 20], got {self.speed}")
         if self.num_samples < 1:
             raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
-        check_num_samples(self.backend, self.num_samples, self.temperature, self.checkpoint)
+        check_num_samples(self.backend, self.num_samples, self.temperature, self.checkpoint, self.base_model)
         if self.max_ticks is not None and self.max_ticks < 1:
             raise ValueError(f"--max-ticks must be >= 1, got {self.max_ticks}")
         if self.warmup < 0:

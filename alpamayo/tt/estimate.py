@@ -13,7 +13,8 @@ the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
   * routed MoE experts `[1, E, K, N]`: each row runs through k of the E experts (k/E of the FLOPs); decode
     reads the k experts' weights, prefill every expert's;
   * attention of Sq query rows to Sk keys over all heads: 4 Sq Sk n_heads head_dim FLOPs (halved when causal),
-    K and V read once per layer at the KV cache dtype.
+    K and V read once per layer at the KV cache dtype; a prefill-style SDPA (prefill, vision, the action
+    expert) runs on the cores its batch x heads x Q chunks fill (`sdpa_cores`), a flash-decode on its grid.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from alpamayo.tt.memory import kv_bytes, spec_bytes
 from alpamayo.tt.precision import Precision
 from alpamayo.tt.program_config import (
     BLOCK_SDPA_POSITIONS,
+    VISION_SDPA_CHUNK,
     block_sdpa_applies,
     plan_expert,
     plan_text,
     plan_vision,
+    sdpa_cores,
 )
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import (
@@ -50,13 +53,14 @@ MATMUL_GROUPS_BF16 = ("router",)  # bf16 tensors that are matmul weights (norms 
 
 @dataclass(frozen=True)
 class OpCost:
-    """One device op: FLOPs at `fidelity` on `cores` cores and the DRAM bytes it must read."""
+    """One device op: FLOPs at `fidelity` on `cores` cores (busy on average: `sdpa_cores`) and the DRAM bytes
+    it must read."""
 
     name: str
     flops: float
     dram_bytes: float
     fidelity: str
-    cores: int
+    cores: float
 
     def _times(self, device: DeviceSpec) -> tuple[float, float]:
         """Seconds of the op's FLOPs at the grid's rate for its fidelity, and of its DRAM reads."""
@@ -146,7 +150,7 @@ def matmul_ops(
 
 
 def attention_ops(
-    cfg: TextConfig, q_rows: int, keys: int, precision: Precision, cores: int, causal: bool, name: str
+    cfg: TextConfig, q_rows: int, keys: int, precision: Precision, cores: float, causal: bool, name: str
 ) -> list[OpCost]:
     """One attention OpCost per layer of `cfg`: `q_rows` queries over `keys` cached positions."""
     flops = 4.0 * round_up(q_rows, TILE) * keys * cfg.num_attention_heads * cfg.head_dim
@@ -159,22 +163,28 @@ def attention_ops(
 def vision_estimate(
     cfg: ModelConfig, precision: Precision, frames: int, frame_hw: tuple[int, int]
 ) -> StageEstimate:
-    """The vision tower over `frames` images of `frame_hw` pixels (one attention window per frame)."""
+    """The vision tower over `frames` images of `frame_hw` pixels, one forward per image as the runtime
+    encodes them (`alpamayo.runtime.AlpamayoVLA._features`: each frame its cache misses, on its own): the
+    image's patches padded to whole SDPA chunks (`VisionPlan.padded_length`), the mergers on a quarter of
+    those rows, and its windowed SDPA over every padded row (the padding rows are a window of their own in
+    the last chunk, which the image's window reaches too)."""
     v = cfg.vision
-    per_frame = (frame_hw[0] // v.patch_size) * (frame_hw[1] // v.patch_size)
-    patches = frames * per_frame
-    cores = plan_vision(v).grid.cores
+    plan = plan_vision(v)
+    rows = plan.padded_length((frame_hw[0] // v.patch_size) * (frame_hw[1] // v.patch_size))
+    cores = plan.grid.cores
     specs = vision_weight_specs(v)
-    ops = matmul_ops([s for s in specs if "merger" not in s.name], patches, precision, cores)
-    merged = patches // v.spatial_merge_size**2
-    ops += matmul_ops([s for s in specs if "merger" in s.name], merged, precision, cores)
+    ops = matmul_ops([s for s in specs if "merger" not in s.name], rows, precision, cores)
+    ops += matmul_ops(
+        [s for s in specs if "merger" in s.name], rows // v.spatial_merge_size**2, precision, cores
+    )
     lanes = v.num_heads * rotary_head_dim(v.head_dim)
-    flops = 4.0 * patches * round_up(per_frame, TILE) * lanes
+    flops = 4.0 * rows * rows * lanes
+    busy = sdpa_cores(cores, v.num_heads * rows // VISION_SDPA_CHUNK)
     ops += [
-        OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("vision"), cores)
+        OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("sdpa"), busy)  # `TTVisionEncoder.ck`
         for j in range(v.depth)
     ]
-    return StageEstimate(f"vision ({frames} frames)", tuple(ops))
+    return StageEstimate(f"vision ({frames} frames)", tuple(ops), frames)
 
 
 def prefill_estimate(cfg: ModelConfig, precision: Precision, prompt: int) -> StageEstimate:
@@ -186,7 +196,8 @@ def prefill_estimate(cfg: ModelConfig, precision: Precision, prompt: int) -> Sta
     k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
     ops = matmul_ops([s for s in specs if s.name != "lm_head"], rows, precision, cores, k)
     ops += matmul_ops([s for s in specs if s.name == "lm_head"], TILE, precision, cores)
-    ops += attention_ops(cfg.text, rows, rows, precision, cores, causal=True, name="prefill.sdpa")
+    busy = sdpa_cores(cores, cfg.text.num_attention_heads * rows // plan.prefill_sdpa_chunk(rows))
+    ops += attention_ops(cfg.text, rows, rows, precision, busy, causal=True, name="prefill.sdpa")
     return StageEstimate(f"prefill ({prompt} rows)", tuple(ops))
 
 
@@ -202,14 +213,20 @@ def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens
 
 
 def expert_estimate(
-    cfg: ModelConfig, expert: ExpertConfig, precision: Precision, max_seq_len: int, samples: int
+    cfg: ModelConfig, expert: ExpertConfig, precision: Precision, max_seq_len: int, samples: int, offset: int
 ) -> StageEstimate:
     """One Euler step of the action expert (`plan_expert`): every layer on the 64 x K action rows, attention
-    over the whole cache in place (the region included), the in- and out-projections."""
+    over the cache in place reading the K chunks its block map flags for samples at cache `offset` (prompt
+    plus reasoning: `ExpertPlan.attended_rows`, the prefix's chunks and the own region's), the in- and
+    out-projections."""
     plan = plan_expert(cfg, expert, precision, max_seq_len, samples)
     cores = plan.grid.cores
     ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, cores)
-    ops += attention_ops(expert.text, plan.rows, plan.cache_rows, precision, cores, False, "expert.sdpa")
+    keys = plan.attended_rows(offset)
+    busy = sdpa_cores(
+        cores, plan.samples * expert.text.num_attention_heads * plan.region_rows // plan.q_chunk
+    )
+    ops += attention_ops(expert.text, plan.rows, keys, precision, busy, False, "expert.sdpa")
     return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)
 
 
@@ -284,11 +301,15 @@ def speculative_lines(
     block: int,
     plain_total_ms: float,
     device: DeviceSpec = P150,
+    tick_total_ms: float | None = None,
 ) -> list[str]:
     """The per-prediction estimate with speculation: `tokens` reasoning tokens at `accept_len` tokens per
     verify (the accepted prefix plus the target's own token), so ceil(tokens / accept_len) verifies of
-    `block` rows replace the `tokens` decode steps inside `plain_total_ms`; with a model-free draft (lookup,
-    previous: host only) and with a DFlash draft on the device."""
+    `block` rows replace the `tokens` decode steps inside `plain_total_ms` (a first prediction) and
+    `tick_total_ms` (a stream's tick, where given); with a model-free draft (lookup, previous: host only) and
+    with a DFlash draft on the device. The last line is the floor at this accepted length: the rest of the
+    prediction plus the verifies' weight reads, and what a bfp4 lm_head (a fidelity trade, for a user recipe)
+    would take off it."""
     if not 1 <= accept_len <= block:
         raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
     if not 1 <= block <= TILE:
@@ -298,19 +319,47 @@ def speculative_lines(
     plain = decode_estimate(cfg, precision, context, tokens)
     verify = verify_estimate(cfg, precision, context, block, steps)
     draft = dflash_draft_estimate(cfg, precision, block, steps)
+    decoding = verify.ms(device) * steps - plain.ms(device) * tokens  # what speculation changes
     rest = plain_total_ms - plain.ms(device) * tokens
-    without = rest + verify.ms(device) * steps
+    without = plain_total_ms + decoding
     with_draft = without + draft.ms(device) * steps
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
     floor = 1e3 * steps * weights / device.dram_bandwidth
-    return [
+    lines = [
         f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
         f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
         f"  {verify.describe(device)}",
         f"  {draft.describe(device)}",
         f"  total per prediction, model-free draft (lookup, previous) {without:8.1f} ms (estimate)",
         f"  total per prediction, DFlash draft on the device          {with_draft:8.1f} ms (estimate)",
-        f"  of which the rest of the prediction (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' "
-        f"weight reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
-        f"{rest + floor:.1f} ms at the least at this accepted length",
     ]
+    if tick_total_ms is not None:
+        tick = tick_total_ms + decoding
+        lines.append(
+            f"  a stream's tick, model-free draft {tick:.1f} ms, DFlash draft {tick + draft.ms(device) * steps:.1f} "
+            f"ms (estimate)"
+        )
+        rest = tick_total_ms - plain.ms(device) * tokens
+
+    def trade(groups: tuple[str, ...]) -> str:
+        """ms the verifies would take less with `groups` at bfp4 (their weight reads: DRAM-bound)."""
+        bfp4 = replace(
+            precision, name="bfp4 trade", dtypes={**precision.dtypes, **dict.fromkeys(groups, "bfp4")}
+        )
+        return f"{steps * (verify.ms(device) - verify_estimate(cfg, bfp4, context, block, steps).ms(device)):.1f}"
+
+    longer = ""
+    if accept_len + 1 <= block:
+        fewer = steps - int(-(-tokens // (accept_len + 1)))
+        gain = fewer * verify.ms(device)
+        longer = f"; or by more tokens per verify: at {accept_len + 1:g}, {fewer} verifies fewer, {gain:.1f} ms less"
+    of = "a stream's tick" if tick_total_ms is not None else "the prediction"
+    lines += [
+        f"  floor: the rest of {of} (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' weight "
+        f"reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
+        f"{rest + floor:.1f} ms at the least at this accepted length",
+        f"  below it only by reading less per verify, fidelity trades for a user recipe (measured with `alpamayo "
+        f"precision`, not presets): a bfp4 lm_head {trade(('lm_head',))} ms less, bfp4 lm_head, qkv and o "
+        f"{trade(('lm_head', 'qkv', 'o'))} ms less{longer}",
+    ]
+    return lines

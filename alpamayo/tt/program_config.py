@@ -49,6 +49,7 @@ PREFILL_MAX_GRID = (11, 10)  # minimal_matmul, SDPA and lm_head grid
 KV_FILL_MAX_GRID = (8, 8)
 SPARSE_MAX_GRID = (8, 8)  # sparse_matmul 1D multicast grid (tt-metal MoE1D: cores dividing N within 8x8)
 VISION_PAD = 128  # patches per vision forward are padded to this multiple (SDPA chunks, 4-row merge)
+VISION_SDPA_CHUNK = 128  # q and k chunk of the vision tower's windowed SDPA: divides every padded length
 # block MLP activations the device computes exactly: hidden_act -> the `ttnn.GeluVariant` member that does
 VISION_GELU = {"gelu_pytorch_tanh": "Tanh", "gelu": "Accurate"}
 SDPA_DECODE_GRID = (8, 8)
@@ -76,11 +77,29 @@ class PlanError(ConfigError):
     """The model, recipe and device cannot be planned: the message names the dimension and the rule."""
 
 
+def sdpa_cores(grid_cores: int, units: int) -> float:
+    """Cores busy on average in a prefill-style SDPA (`ttnn.transformer.scaled_dot_product_attention`, which
+    parallelizes over batch, query heads and Q chunks only) of `units` = batch x heads x Q chunks work units
+    on a grid of `grid_cores`: units / the waves they take (fewer units than cores leave the rest idle)."""
+    return units / -(-units // grid_cores)
+
+
 def block_sdpa_applies(n_heads: int) -> bool:
     """Whether a verify block's attention reads the context's K/V once per `BLOCK_SDPA_POSITIONS` rows
     (`TextDecode._block_sdpa`): where the query heads of one position fit one tile (the Qwen3-VL text
     configs up to 8B: 16 or 32 heads). Otherwise each row's flash-decode reads them itself."""
     return round_up(n_heads, TILE) == TILE
+
+
+def check_decode_rows(rows: int, moe: bool) -> None:
+    """ValueError for a decode program of `rows` rows (K samples, a verify block) on a model with sparse MoE
+    layers (`moe`): the device MoE decode routes one token (`alpamayo.tt.moe.TTMoE.decode`). Pure Python, so
+    the command line refuses a --samples before any weight is read (`alpamayo.backends.check_num_samples`)."""
+    if rows > 1 and moe:
+        raise ValueError(
+            f"{rows} decode rows with MoE layers: the ttnn sparse expert step routes one token; "
+            "allowed: 1 row on Qwen3-VL-MoE checkpoints"
+        )
 
 
 @dataclass(frozen=True)
@@ -567,7 +586,18 @@ class ExpertPlan:
     never depends on the prompt lengths; SDPA then runs batched over the K slots, reading the cache in place
     with an explicit mask [K, 1, 64, cache_rows] built once per prediction: columns [0, offset_b) of slot b
     plus its own region (non-causal). NVIDIA's expert appends its K/V to the cache and crops them away
-    again, which is the same computation."""
+    again, which is the same computation.
+
+    The SDPA runs 32-row Q chunks (`q_chunk`): it parallelizes over slots, heads and Q chunks only, so one
+    64-row chunk per slot and head kept 16 of the 110 cores busy at K = 1 (`alpamayo.tt.estimate.sdpa_cores`),
+    two keep 32; a row's attention does not depend on the chunking. It reads only the K chunks the mask
+    leaves visible (`visible_chunks`): a block map [K, 1, q_chunks, k_chunks] int32, built with the mask,
+    flags them and ttnn's SDPA neither reads nor computes the others (`attn_mask_block_map`). A fully masked
+    chunk adds exactly nothing to a row's softmax, so the output is the masked attention's. ttnn ignores the
+    map on heads whose K/V it forwards along a chain of cores (a head's Q chunks on several cores, as here)
+    where more than 60% of the chunks are visible, reading every chunk once per chain
+    (`attended_rows`): at a 3.1k prompt in an 8k cache a step reads 3328 of the 8320 rows of every layer's
+    K and V, in a cache the prompt nearly fills (the runtime's) all of them."""
 
     samples: int
     rows: int  # action rows per step: FUTURE_STEPS x samples, whole tiles
@@ -580,6 +610,32 @@ class ExpertPlan:
     k_chunk: int
     trace_region_bytes: int
 
+    @property
+    def k_chunks(self) -> int:
+        """K chunks of the SDPA per cache slot (the block map's width)."""
+        return self.cache_rows // self.k_chunk
+
+    @property
+    def q_chunks(self) -> int:
+        """Q chunks of the SDPA per cache slot and head (the block map's rows per slot)."""
+        return self.region_rows // self.q_chunk
+
+    def visible_chunks(self, offset: int) -> tuple[bool, ...]:
+        """Per K chunk of a slot, whether the mask of a sample at `offset` (its prefix is the cache rows
+        [0, offset); 0: an idle slot) leaves any of its columns visible: the chunks holding prefix rows and
+        those holding the own region. The block map's flags, in chunk order."""
+        k = self.k_chunk
+        return tuple(c * k < offset or (c + 1) * k > self.region_start for c in range(self.k_chunks))
+
+    def attended_rows(self, offset: int) -> int:
+        """Cache rows per layer, K and V each, that the SDPA reads for a sample at `offset`: the visible
+        chunks, or every chunk where the heads chain (Q chunks > 1) and ttnn's reader ignores the map (more
+        than 60% visible: `visible * 5 > chunks * 3` in its `reader_interleaved.cpp`)."""
+        visible = sum(self.visible_chunks(offset))
+        if self.q_chunks > 1 and visible * 5 > self.k_chunks * 3:
+            return self.cache_rows
+        return visible * self.k_chunk
+
     def describe(self) -> list[str]:
         return [
             f"expert step: {self.samples} sample(s) x {FUTURE_STEPS} action rows = {self.rows} rows, residual "
@@ -587,7 +643,8 @@ class ExpertPlan:
             f"expert attention: non-causal SDPA with mask over the VLM cache in place, sample b in slot b "
             f"({self.cache_rows} rows per layer and slot; own K/V at rows {self.region_start}.."
             f"{self.region_start + self.region_rows - 1}), q_chunk "
-            f"{self.q_chunk} k_chunk {self.k_chunk}; step trace region {self.trace_region_bytes / 2**20:.0f} MiB",
+            f"{self.q_chunk} k_chunk {self.k_chunk}, a block map reading only the visible chunks (the prefix "
+            f"and the own region); step trace region {self.trace_region_bytes / 2**20:.0f} MiB",
         ]
 
 
@@ -633,7 +690,7 @@ def plan_expert(
         region_start=cache_rows - region,
         region_rows=region,
         grid=grid,
-        q_chunk=FUTURE_STEPS,  # one sample's block: divides every row count
+        q_chunk=TILE,  # two per sample's 64 rows: twice the SDPA's work units of one (see the class docstring)
         k_chunk=TextPlan.prefill_sdpa_chunk(cache_rows),
         trace_region_bytes=TRACE_BYTES_PER_LAYER * t.num_hidden_layers + TRACE_BYTES_FIXED,
     )

@@ -34,7 +34,7 @@ from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import DeviceSpec
 from alpamayo.tt.precision import Precision, load_precision
-from alpamayo.tt.program_config import VISION_GELU, VisionPlan, plan_vision
+from alpamayo.tt.program_config import VISION_GELU, VISION_SDPA_CHUNK, VisionPlan, plan_vision
 from alpamayo.tt.runtime import import_ttnn
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weight_cache import upload_weights
@@ -43,8 +43,6 @@ from vision.block import LAYER_NORM_EPS
 from vision.encoder import check_inputs, frame_segments
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin
 from vision.weights import POS_EMBED, validate_vision_tensors
-
-SDPA_CHUNK = 128  # q and k chunk of the windowed SDPA: divides every padded length
 
 
 def padded_rotary(
@@ -209,7 +207,7 @@ class TTVisionEncoder(DeviceIO):
             is_causal=False,
             scale=v.head_dim**-0.5,
             cu_window_seqlens=inputs["windows"],
-            program_config=cfgs.sdpa(ttnn, self.plan.grid, SDPA_CHUNK, SDPA_CHUNK),
+            program_config=cfgs.sdpa(ttnn, self.plan.grid, VISION_SDPA_CHUNK, VISION_SDPA_CHUNK),
             compute_kernel_config=self.ck["sdpa"],
         )
         self._free(qr, kr, val)

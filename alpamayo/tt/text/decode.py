@@ -23,6 +23,7 @@ from alpamayo.tt.program_config import (
     SDPA_DECODE_K_CHUNK,
     DecodeMatmul,
     block_sdpa_applies,
+    check_decode_rows,
 )
 from alpamayo.tt.text.state import TextState
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
@@ -405,11 +406,7 @@ class TextDecode(TextState):
         rows = len(positions)
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"the ttnn decode program runs 1..{MAX_ROWS} rows (one tile), got {rows}")
-        if rows > 1 and self.moe:
-            raise ValueError(
-                f"{rows} decode rows with MoE layers: the ttnn sparse expert step routes one token; "
-                "allowed: 1 row on Qwen3-VL-MoE checkpoints"
-            )
+        check_decode_rows(rows, bool(self.moe))
         check_decode_room(max(positions), self.max_seq_len)
         check_token_ids(ids, self.text_cfg.vocab_size)
 
