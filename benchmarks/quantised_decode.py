@@ -5,20 +5,28 @@
    weight-only kernels (`aten._weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) and the dense path
    (dequantise, then the oneDNN matmul) that `alpamayo.quant.weights` switches to from
    `DEQUANTISE_FROM_ROWS` rows; "GB/s" is the weight bytes each path reads per call over its time;
-2. decode ms/token (against each recipe's floor) and prefill tokens/s at the Qwen3-VL-2B and -8B text
-   shapes with `--layers` decoder layers (random bf16 checkpoint, quantised at load; the head stays bf16
-   unless `--quant-head`);
+   shapes: every distinct linear shape of the `--configs` text backbones (fused q/k/v, o, fused gate/up,
+   down, the head) at one row, bf16 against the int8 and int4 kernels: the kernels read at a rate that
+   depends on the shape, so one linear does not predict the model;
+2. decode ms/token (against each recipe's floor) and prefill tokens/s at the `--configs` text shapes
+   (Qwen3-VL-2B and -8B) with `--layers` decoder layers (random bf16 checkpoint, quantised at load; the
+   head stays bf16 unless `--quant-head`). "linears" is the time of one decode step inside the matmul
+   kernels (torch profiler, self time of `mkldnn::_linear_pointwise`, `aten::_weight_int8pack_mm`,
+   `aten::_weight_int4pack_mm_for_cpu`, `aten::mm`), "rest" the same profiled step's other work
+   (attention, norms, rotary, the cache write, Python), which no recipe changes; with `--long-prompt P` also prefill tokens/s
+   at a P-token prompt (an Alpamayo prompt is ~3000: 16 images x 180 tokens + text) with `--long-layers`;
 3. the action expert's flow step at K samples (default 6) over the 8B VLM's cache of `--expert-prefix`
    positions, its linears bf16 / int8 / int4.
 
-    python benchmarks/quantised_decode.py [--layers 4] [--prompt 128] [--new 16] [--rows 1 4 16 64 256]
-        [--shape 12288 4096] [--samples 6] [--expert-prefix 1024] [--quant-head] [--threads N]
-        [--skip kernels|models|expert ...]
+    python benchmarks/quantised_decode.py [--configs 2b 8b] [--layers 4] [--prompt 128] [--new 16]
+        [--long-prompt 3000 --long-layers 2] [--rows 1 4 16 64 256] [--shape 12288 4096] [--samples 6]
+        [--expert-prefix 1024] [--quant-head] [--threads N] [--skip kernels|shapes|models|expert ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -31,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from action_expert import fill_cache, vlm_model
 from text_backbone import bench_model, copy_bandwidth_gbs, save_random_checkpoint
 
+from alpamayo.configs import CONFIG_DIR
 from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder
 from alpamayo.expert.demo import random_expert_weights
@@ -40,6 +49,15 @@ from alpamayo.quant import QuantRecipe, quantise_weight
 from alpamayo.quant.weights import DEQUANTISE_FROM_ROWS, Int4Weight, Int8Weight
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
+
+CONFIGS = {"2b": "qwen3-vl-2b", "8b": "qwen3-vl-8b"}
+# The ops a decode step's linears run in (bf16 packed, int8, int4, and the dense path of many-row calls).
+LINEAR_OPS = (
+    "mkldnn::_linear_pointwise",
+    "aten::_weight_int8pack_mm",
+    "aten::_weight_int4pack_mm_for_cpu",
+    "aten::mm",
+)
 
 
 def recipes(head: bool, group: int = 128) -> dict[str, QuantRecipe]:
@@ -117,11 +135,95 @@ def bench_kernels(n: int, k: int, rows: list[int], bw: float) -> None:
             )
 
 
+def linear_shapes(config: str) -> dict[str, tuple[int, int]]:
+    """[out, in] of each distinct linear of a published text config, fused as `alpamayo.text` runs them."""
+    t = json.loads((CONFIG_DIR / f"{config}.json").read_text())["text_config"]
+    h, i, d = t["hidden_size"], t["intermediate_size"], t["head_dim"]
+    q, kv = t["num_attention_heads"] * d, t["num_key_value_heads"] * d
+    return {
+        "qkv": (q + 2 * kv, h),
+        "o": (h, q),
+        "gate_up": (2 * i, h),
+        "down": (h, i),
+        "head": (t["vocab_size"], h),
+    }
+
+
+def bench_shapes(configs: list[str]) -> None:
+    print(
+        "\n1b. every linear shape of the text backbones at M = 1, bf16 activations; GB/s = bytes read / time"
+    )
+    print(
+        "shape  linear       N x K          bf16 ms   GB/s  int8 ms   GB/s  vs bf16  int4 ms   GB/s  vs bf16"
+    )
+    g = torch.Generator().manual_seed(0)
+    for key in configs:
+        for name, (n, k) in linear_shapes(CONFIGS[key]).items():
+            # random codes and scales: the kernels' speed does not depend on the values, and quantising a
+            # 151936-row head in float32 would need several GB of temporaries
+            w = (torch.randn(n, k, generator=g) / k**0.5).bfloat16()
+            copies = max(2, -(-(128 << 20) // (n * k)))  # >= 128 MB of int8 a round: no call hits the L3
+            dense = [Linear(w if c == 0 else w.clone()) for c in range(max(1, copies // 2))]
+            for lin in dense:
+                lin.pack()
+            del w
+            scales = torch.rand(n, generator=g).bfloat16() / 100
+            c8 = [
+                Int8Weight(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8), scales)
+                for _ in range(copies)
+            ]
+            codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+            sz = (torch.rand(k // 128, n, 2, generator=g) / 100).bfloat16()
+            q4 = Int4Weight.from_codes(codes, sz, 128)
+            del codes
+            c4 = [q4] + [
+                Int4Weight(q4.packed.clone(), q4.scales_and_zeros.clone(), 128, (n, k))
+                for _ in range(2 * copies - 1)
+            ]
+            x = torch.randn(1, k, generator=g).bfloat16()
+            reps = 3 if n * k > 1e8 else 9
+            ms = [
+                best_ms(lambda: fn(x), reps)  # noqa: B023
+                for fn in (
+                    rotating(lambda lin, v: lin(v), dense),
+                    rotating(Int8Weight.kernel_matmul, c8),
+                    rotating(Int4Weight.kernel_matmul, c4),
+                )
+            ]
+            rates = [n * k * 2 / ms[0] / 1e6, c8[0].nbytes / ms[1] / 1e6, q4.nbytes / ms[2] / 1e6]
+            print(
+                f"{key:<6} {name:<8} {n:>7} x {k:<5} {ms[0]:9.2f} {rates[0]:6.1f} {ms[1]:8.2f} {rates[1]:6.1f} "
+                f"{ms[0] / ms[1]:7.2f}x {ms[2]:8.2f} {rates[2]:6.1f} {ms[0] / ms[2]:7.2f}x",
+                flush=True,
+            )
+            del dense, c8, c4, q4
+
+
+def decode_split(model: TextModel, steps: int = 4) -> tuple[float, float]:
+    """(ms in the linears' kernels, ms in the rest) per decode step, both from one profiled run of `steps`
+    steps after a 16-token prefill: the kernels' self time (`LINEAR_OPS`) and the step's wall time minus it
+    (the rest carries the profiler's own cost of ~100 small ops a layer, so it reads a little high)."""
+    model.setup_cache(16 + steps + 1)
+    model.prefill(torch.arange(16))
+    model.decode(1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            model.decode(1)
+        wall = (time.perf_counter() - t) * 1e3 / steps
+    linears = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in LINEAR_OPS) / 1e3 / steps
+    return linears, wall - linears
+
+
 def bench_models(args: argparse.Namespace, bw: float) -> None:
     print(f"\n2. text backbone, {args.layers} layers, prompt {args.prompt}, {args.new} decode steps")
-    print("shape  recipe     weights GB  decode ms/tok  floor ms  of floor  vs bf16  prefill tok/s  vs bf16")
+    print(
+        "shape  recipe     weights GB  decode ms/tok  floor ms  of floor  vs bf16  linears ms  rest ms  "
+        "prefill tok/s  vs bf16"
+    )
     g = torch.Generator().manual_seed(0)
-    for config in ("qwen3-vl-2b", "qwen3-vl-8b"):
+    for key in args.configs:
+        config = CONFIGS[key]
         with tempfile.TemporaryDirectory() as tmp:
             save_random_checkpoint(config, Path(tmp), torch.bfloat16, {"num_hidden_layers": args.layers})
             base = None
@@ -135,10 +237,36 @@ def bench_models(args: argparse.Namespace, bw: float) -> None:
                 floor = nbytes / (bw * 1e9) * 1e3
                 tps = args.prompt / r["prefill_s"]
                 base = base or (r["decode_ms"], tps)
+                linears, rest = decode_split(model)
                 print(
-                    f"{config.removeprefix('qwen3-vl-'):<6} {recipe.name or name:<10} {nbytes / 1e9:10.3f} "
+                    f"{key:<6} {recipe.name or name:<10} {nbytes / 1e9:10.3f} "
                     f"{r['decode_ms']:14.1f} {floor:9.1f} {floor / r['decode_ms']:9.0%} "
-                    f"{base[0] / r['decode_ms']:8.2f}x {tps:14.0f} {tps / base[1]:8.2f}x",
+                    f"{base[0] / r['decode_ms']:8.2f}x {linears:11.1f} {rest:8.1f} "
+                    f"{tps:14.0f} {tps / base[1]:8.2f}x",
+                    flush=True,
+                )
+                del model
+
+
+def bench_long_prefill(args: argparse.Namespace) -> None:
+    print(f"\n2b. prefill of a {args.long_prompt}-token prompt, {args.long_layers} layers")
+    print("shape  recipe     prefill s  tok/s  vs bf16")
+    g = torch.Generator().manual_seed(1)
+    for key in args.configs:
+        with tempfile.TemporaryDirectory() as tmp:
+            save_random_checkpoint(
+                CONFIGS[key], Path(tmp), torch.bfloat16, {"num_hidden_layers": args.long_layers}
+            )
+            base = None
+            for name, recipe in recipes(args.quant_head).items():
+                model = TextModel.from_checkpoint(tmp, dtype=torch.bfloat16, quant=recipe)
+                ids = torch.randint(0, model.cfg.text.vocab_size, (args.long_prompt,), generator=g)
+                model.setup_cache(args.long_prompt)
+                model.prefill(ids[:64])  # warm-up
+                s = best_ms(lambda m=model: m.prefill(ids), args.rounds) / 1e3  # noqa: B023
+                base = base or s
+                print(
+                    f"{key:<6} {recipe.name or name:<10} {s:9.2f} {args.long_prompt / s:6.0f} {base / s:7.2f}x",
                     flush=True,
                 )
                 del model
@@ -175,17 +303,20 @@ def bench_expert(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="text shapes")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--long-prompt", type=int, default=0, help="also prefill a prompt this long (0: no)")
+    ap.add_argument("--long-layers", type=int, default=2, help="decoder layers for --long-prompt")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     ap.add_argument("--shape", type=int, nargs=2, default=[12288, 4096], metavar=("N", "K"))
     ap.add_argument("--samples", type=int, default=6, help="expert: K samples")
     ap.add_argument("--expert-prefix", type=int, default=1024, help="expert: cached VLM positions")
     ap.add_argument("--quant-head", action="store_true", help="quantise the heads too")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    ap.add_argument("--skip", nargs="+", default=[], choices=["kernels", "models", "expert"])
+    ap.add_argument("--skip", nargs="+", default=[], choices=["kernels", "shapes", "models", "expert"])
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -193,8 +324,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, copy bandwidth {bw:.1f} GB/s")
     if "kernels" not in args.skip:
         bench_kernels(*args.shape, args.rows, bw)
+    if "shapes" not in args.skip:
+        bench_shapes(args.configs)
     if "models" not in args.skip:
         bench_models(args, bw)
+        if args.long_prompt:
+            bench_long_prefill(args)
     if "expert" not in args.skip:
         bench_expert(args)
 
