@@ -54,3 +54,6 @@ class Draft:
 
     def end(self, reasoning: Sequence[Sequence[int]]) -> None:
         """The prediction finished with these reasoning token ids per row."""
+
+    def close(self) -> None:
+        """Release what the draft holds beyond its Python objects (a device draft's tensors)."""
