@@ -2,7 +2,7 @@
 (marked `dryrun`; see `alpamayo.tt.dryrun`). No numbers are checked: the mock runs no kernels and reads back
 zeros (the numerics are `tests/test_tt_draft_device.py`'s, on a card).
 
-The demo checkpoint's text backbone with a random 2-layer draft in z-lab's layout: the prompt's context and
+The demo checkpoint's and the gqa2 checkpoint's (head_dim 128) text backbones, each with a random 2-layer draft in z-lab's layout: the prompt's context and
 ragged appends (crossing a tile), the block program for 1 and 3 rows with no host transfer inside it, and a
 draft the device cannot run refused before any weight is read."""
 
@@ -17,16 +17,21 @@ from alpamayo.drafts import DraftContext
 from alpamayo.drafts.dflash import DraftConfigError
 from alpamayo.tt.dryrun.graph import Capture
 from tests.dflash_checkpoints import dflash_config, save_dflash
+from tests.tt_checkpoints import save_tt_checkpoint
 
 pytestmark = pytest.mark.dryrun
 PROMPT_LEN, MAX_SEQ_LEN = 45, 128
 
 
-@pytest.fixture(scope="module")
-def text(dryrun_device, demo_checkpoint):
+@pytest.fixture(scope="module", params=["demo", "gqa2"])
+def text(request, dryrun_device, demo_checkpoint, tmp_path_factory):
     from alpamayo.tt.text import TTTextModel
 
-    tt = TTTextModel.from_checkpoint(demo_checkpoint, precision="performance", device=dryrun_device)
+    path = demo_checkpoint
+    if request.param != "demo":
+        path = tmp_path_factory.mktemp(request.param)
+        save_tt_checkpoint(path, request.param, seed=3)
+    tt = TTTextModel.from_checkpoint(path, precision="performance", device=dryrun_device)
     yield tt
     tt.close()
 
@@ -35,8 +40,11 @@ def text(dryrun_device, demo_checkpoint):
 def draft(text, tmp_path_factory):
     from alpamayo.tt.draft import TTDFlashDraft
 
+    t = text.text_cfg
     path = tmp_path_factory.mktemp("draft")
-    save_dflash(path, dflash_config(text.text_cfg, block_size=8, target_layer_ids=[0, 2]))
+    attention = dict(num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads)
+    cfg = dflash_config(t, block_size=8, target_layer_ids=[0, 1], head_dim=t.head_dim, **attention)
+    save_dflash(path, cfg)
     d = TTDFlashDraft.load(path, text)
     yield d
     d.close()
@@ -84,14 +92,19 @@ def test_the_block_step_moves_no_feature_between_host_and_device(text, draft):
 def test_a_draft_the_device_cannot_run_is_refused_before_any_weight_is_read(text, tmp_path):
     from alpamayo.tt.draft import TTDFlashDraft
 
-    cfg = dflash_config(text.text_cfg, num_key_value_heads=1)
+    t = text.text_cfg
+    cfg = dflash_config(t, num_key_value_heads=1, head_dim=t.head_dim)
     save_dflash(tmp_path, cfg)
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors")  # reading a weight would fail
     with pytest.raises(
-        DraftConfigError, match=r"needs the target's K/V heads and head_dim \(2 x 32\), got 1 x 32"
+        DraftConfigError,
+        match=rf"needs the target's K/V heads and head_dim \(2 x {t.head_dim}\), got 1 x {t.head_dim}",
     ):
         TTDFlashDraft.load(tmp_path, text)
     cfg = dflash_config(text.text_cfg, target_layer_ids=[0, 9])
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DraftConfigError, match=r"target_layer_ids \[9\] beyond the target's layers \[0, 4\)"):
+    with pytest.raises(
+        DraftConfigError,
+        match=rf"target_layer_ids \[9\] beyond the target's layers \[0, {t.num_hidden_layers}\)",
+    ):
         TTDFlashDraft.load(tmp_path, text)
