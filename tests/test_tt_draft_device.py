@@ -22,6 +22,7 @@ from alpamayo.drafts import DraftContext
 from alpamayo.drafts.dflash import DFlashDraft, read_config
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
+from alpamayo.tt.draft_weights import draft_weight_specs
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.quantized import QuantizedCheckpoint, rounded
 from tests.dflash_checkpoints import dflash_config, save_dflash
@@ -45,7 +46,7 @@ def device():
 
 @pytest.fixture(scope="module", params=CASES)
 def drafts(request, device, tmp_path_factory):
-    from alpamayo.tt.draft import TTDFlashDraft, draft_weight_specs
+    from alpamayo.tt.draft import TTDFlashDraft
     from alpamayo.tt.text import TTTextModel
 
     name, recipe = request.param.rsplit("-", 1)

@@ -4,10 +4,9 @@ target: the same `Draft` interface and maths as the torch `DFlashDraft`, its lay
     draft = TTDFlashDraft.load(directory, text)      # text: a TTTextModel; refused before any weight is read
     draft.begin(ctx); draft.propose(...); draft.accepted(row, tokens, features)
 
-Weights: the draft's decoder layers as the action expert's (`alpamayo.tt.weights.decoder_layer_specs` padded
-to whole tiles, interleaved in DRAM: prefill-style matmuls), `fc` [n x H, H] in the `qkv` precision group and
-the norms as TILE gammas on the draft's `hidden_p` = hidden rounded to a tile; the embedding table (host) and
-`lm_head` (device) are the target's.
+Weights: `alpamayo.tt.draft_weights` (the draft's layers, `fc` and norms, interleaved in DRAM on the
+draft's `hidden_p` = hidden rounded to a tile); the embedding table (host) and `lm_head` (device) are the
+target's.
 
 Cache: the draft's own device K/V cache, per draft layer [slots, n_kv, rows, head_dim] in the recipe's
 kv_cache dtype (slot b: row b, as the target's): positions [0, lengths[b]) hold the k/v projections (k_norm,
@@ -32,7 +31,6 @@ the verify's `capture`), uploaded here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,23 +45,19 @@ from alpamayo.text.rope import MRope
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, round_up
+from alpamayo.tt.draft_weights import (
+    DRAFT_BANKS,
+    FC_GROUP,
+    block_region,
+    draft_cache_rows,
+    draft_weight_specs,
+)
 from alpamayo.tt.program_config import TextPlan
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.text.trace import DecodeTrace
 from alpamayo.tt.text.upload import layer_weights
 from alpamayo.tt.weight_cache import upload_weights
-from alpamayo.tt.weights import (
-    TEXT_GROUPS,
-    WeightSpec,
-    decoder_layer_specs,
-    linear_specs,
-    norm_specs,
-    padded_hidden,
-    residual_norm_eps,
-)
-
-DRAFT_BANKS = 1  # the draft's padding granule: whole tiles (interleaved weights, as the action expert's)
-FC_GROUP = "qkv"  # fc feeds every layer's k/v projections: the attention's precision
+from alpamayo.tt.weights import TEXT_GROUPS, padded_hidden, residual_norm_eps
 
 
 def check_device_draft(cfg: DFlashConfig, target: TextConfig, where: str) -> None:
@@ -78,22 +72,6 @@ def check_device_draft(cfg: DFlashConfig, target: TextConfig, where: str) -> Non
         )
     if t.attention_bias:
         raise DraftConfigError(f"{where}: attention_bias is not supported on --backend ttnn")
-
-
-def draft_weight_specs(cfg: DFlashConfig) -> list[WeightSpec]:
-    """Every device tensor of the draft, in load order (all interleaved in DRAM)."""
-    t = cfg.text
-    hp = padded_hidden(t, DRAFT_BANKS)
-    specs: list[WeightSpec] = []
-    for i in range(t.num_hidden_layers):
-        layer = decoder_layer_specs(t, f"layers.{i}.", f"draft.layers.{i}.", DRAFT_BANKS, TEXT_GROUPS, i)
-        specs += [replace(s, placement="dram") for s in layer]
-    specs += linear_specs(
-        "draft.fc", "fc.", FC_GROUP, len(cfg.target_layer_ids) * t.hidden_size, t.hidden_size, bias=False
-    )
-    specs += norm_specs("draft.hidden_norm", "hidden_norm.weight", t.hidden_size, ("tile",), hp)
-    specs += norm_specs("draft.norm", "norm.weight", t.hidden_size, ("tile",), hp)
-    return specs
 
 
 class TTDFlashDraft(Draft, DeviceIO):
@@ -157,8 +135,7 @@ class TTDFlashDraft(Draft, DeviceIO):
         self._drop_state()
         ttnn, t = self.ttnn, self.cfg.text
         slots = text.max_batch
-        region = round_up(text.max_seq_len, TILE)  # a context fill ends by max_seq_len, rounded to a tile
-        rows = round_up(region + TILE, 128)  # whole k chunks of the SDPA (`TextPlan.prefill_sdpa_chunk`)
+        region, rows = block_region(text.max_seq_len), draft_cache_rows(text.max_seq_len)
         shape = (slots, t.num_key_value_heads, rows, t.head_dim)
         cache = [
             tuple(
