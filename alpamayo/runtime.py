@@ -324,7 +324,10 @@ class AlpamayoVLA:
                 [t for t in prompt.token_ids if t != image_pad],
                 num_samples,
                 stream,
-                torch.cat(self.vlm.text.captured, dim=-1) if capture else None,
+                # a device draft reads them where the prefill left them: no download
+                torch.cat(self.vlm.text.captured, dim=-1)
+                if capture and not self.draft.reads_target_context
+                else None,
             )
         plans = generate_plans(
             self.vlm,

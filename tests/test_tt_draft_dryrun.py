@@ -55,20 +55,22 @@ def prefill(text, draft, rows):
     text.prefill(torch.arange(PROMPT_LEN) % 300, capture=draft.capture)
     if rows > 1:
         text.fork(rows)
-    return torch.cat(text.captured, -1)
 
 
+@pytest.mark.parametrize("source", ["device", "host"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_the_block_program_drafts_every_row_after_its_ragged_context(text, draft, rows):
-    feats = prefill(text, draft, rows)
-    assert feats.shape == (PROMPT_LEN, 2 * text.text_cfg.hidden_size)
+def test_the_block_program_drafts_every_row_after_its_ragged_context(text, draft, rows, source):
+    """The prompt's context from the target's device features (the runtime's way) or from host features."""
+    prefill(text, draft, rows)
+    width = 2 * text.text_cfg.hidden_size
+    feats = torch.cat(text.captured, -1) if source == "host" else None
     draft.begin(DraftContext(list(range(PROMPT_LEN)), rows, None, feats))
     assert draft.lengths == [PROMPT_LEN] * rows
     for kept in ([3, 1, 8][:rows], [8, 8, 2][:rows]):  # row 0 crosses the tile at 64
         out = draft.propose([[5]] * rows, [7] * rows)
         assert [len(d) for d in out] == [7] * rows
         for r, n in enumerate(kept):
-            draft.accepted(r, [0] * n, torch.randn(n, feats.shape[1]).to(torch.bfloat16))
+            draft.accepted(r, [0] * n, torch.randn(n, width).to(torch.bfloat16))
     assert draft.lengths == [PROMPT_LEN + a + b for a, b in zip([3, 1, 8], [8, 8, 2], strict=False)][:rows]
     assert [t.shape[0] for t in draft.tails] == [n % 32 for n in draft.lengths]
     logits = draft.block_logits(list(range(rows)))
@@ -76,11 +78,23 @@ def test_the_block_program_drafts_every_row_after_its_ragged_context(text, draft
     assert draft.propose([[5]] * rows, [0] * rows) == [[]] * rows
 
 
+def test_the_prompts_features_stay_on_the_device(text, draft):
+    """The draft reads the prefill's captured layers in place: the only download is the last partial tile
+    (45 = 32 + 13 rows), which the host keeps for the appends; the target never builds its host view."""
+    prefill(text, draft, 2)
+    with Capture(text.ttnn) as begin:
+        draft.begin(DraftContext(list(range(PROMPT_LEN)), 2, None, None))
+    assert [f for f in begin.host_transfers() if f == "ttnn.to_torch"] == ["ttnn.to_torch"]
+    assert text._captured_host is None
+    assert [t.shape for t in draft.tails] == [(PROMPT_LEN - 32, 2 * text.text_cfg.hidden_size)] * 2
+    assert draft.lengths == [PROMPT_LEN] * 2
+
+
 def test_the_block_step_moves_no_feature_between_host_and_device(text, draft):
     """Inside the block program (what a trace replays) nothing crosses to the host: its inputs are rewritten
     before it, the logits read after it."""
-    feats = prefill(text, draft, 2)
-    draft.begin(DraftContext(list(range(PROMPT_LEN)), 2, None, feats))
+    prefill(text, draft, 2)
+    draft.begin(DraftContext(list(range(PROMPT_LEN)), 2, None, None))
     state = draft._setup()
     with Capture(text.ttnn) as step:
         out = draft._block_graph(state)

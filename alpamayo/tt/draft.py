@@ -24,8 +24,11 @@ block's own bs region rows, -inf elsewhere (non-causal, as z-lab's `is_causal=Fa
 the target's device `lm_head` on each slot's tile; the host downloads rows 1..bs-1 and applies
 `output_multiplier` and `final_logit_softcapping`.
 
-The target's captured features reach the draft as the host tensors `TTTextModel` returns (the prefill's and
-the verify's `capture`), uploaded here.
+The prompt's features are read where the target's prefill left them, on the device
+(`TTTextModel.captured_device`, sliced to the real columns and concatenated there; only the last partial
+tile's, at most 31 rows, is downloaded for the appends). The verify's accepted positions arrive as the host
+features `TTTextModel.verify(capture=...)` returns (`Draft.accepted`'s contract: at most 32 rows per block) and
+are uploaded with that tail.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class TTDFlashDraft(Draft, DeviceIO):
     """Device weights, K/V cache and block program of a DFlash draft beside one `TTTextModel`."""
 
     name = "dflash"
+    reads_target_context = True  # the prompt's features stay on the device (`begin`)
 
     def __init__(self, cfg: DFlashConfig, text: TTTextModel, weights: dict[str, Any]):
         super().__init__(cfg.block_size)
@@ -198,59 +202,94 @@ class TTDFlashDraft(Draft, DeviceIO):
 
     # ------------------------------------------------------------------ context
     def begin(self, ctx: DraftContext) -> None:
-        """The prompt's context (the target's captured features [L, n H]) into slots 0..rows-1."""
-        if ctx.features is None:
-            raise ValueError("a DFlash draft needs the prompt's captured target layers (prefill capture=...)")
+        """The prompt's context into slots 0..rows-1: the target's captured layers where they are, on the
+        device (`TTTextModel.captured_device`, `ctx.features` None: they never cross to the host) or the
+        host features [L, n H] a caller passes."""
         state = self._setup()
         if ctx.rows > state["slots"]:
             raise ValueError(f"{ctx.rows} rows for the target cache's {state['slots']} slot(s)")
-        self.lengths, self.tails = [0] * ctx.rows, [ctx.features[:0]] * ctx.rows
-        self._append(state, list(range(ctx.rows)), ctx.features)
+        rows = list(range(ctx.rows))
+        if ctx.features is not None:
+            self.lengths, self.tails = [0] * ctx.rows, [ctx.features[:0]] * ctx.rows
+            self._append(state, rows, ctx.features)
+            return
+        tensors, length = self.text.captured_device
+        if len(tensors) != len(self.capture) or length == 0:
+            raise ValueError(
+                "a DFlash draft needs the prompt's captured target layers: prefill with capture=draft.capture"
+            )
+        ttnn, h = self.ttnn, self.cfg.text.hidden_size
+        padded = round_up(length, TILE)
+        with self.tracer.span("tt.draft_context", rows=ctx.rows, positions=length):
+            parts = [ttnn.slice(x, [0, 0, 0, 0], [1, 1, padded, h]) for x in tensors]  # the real columns
+            x = ttnn.concat(parts, dim=-1) if len(parts) > 1 else parts[0]
+            if len(parts) > 1:
+                self._free(*parts)
+            if (pad := round_up(x.shape[-1], TILE) - x.shape[-1]) > 0:
+                wide = ttnn.pad(x, [(0, 0), (0, 0), (0, 0), (0, pad)], 0.0)
+                self._free(x)
+                x = wide
+            start = length // TILE * TILE  # the host keeps the last partial tile's features for the appends
+            if start < length:
+                tile = ttnn.slice(x, [0, 0, start, 0], [1, 1, start + TILE, x.shape[-1]])
+                tail = self._download(tile)[0, 0, : length - start, : len(self.capture) * h]
+                self._free(tile)
+            else:
+                tail = torch.zeros(0, len(self.capture) * h, dtype=torch.bfloat16)
+            self._project(state, rows, x, 0)
+        self.lengths, self.tails = [length] * ctx.rows, [tail] * ctx.rows
 
     def accepted(self, row: int, tokens: Sequence[int], features: torch.Tensor | None) -> None:
         self._append(self._setup(), [row], features)
 
     def _append(self, state: dict[str, Any], rows: list[int], features: torch.Tensor) -> None:
-        """Project the target's features [n, n_target H] at the next n positions of `rows` (one common
-        context: the prompt, or one row's accepted positions) into the draft cache, from the rows' last tile
-        boundary (its partial tile re-projected with them)."""
-        ttnn, text, t = self.ttnn, self.text, self.cfg.text
+        """Project the target's host features [n, n_target H] at the next n positions of `rows` (one common
+        context) into the draft cache, from the rows' last tile boundary (its partial tile re-projected with
+        them)."""
         r0 = rows[0]
         feats = torch.cat([self.tails[r0], features.to(self.tails[r0].dtype)])
         first = self.lengths[r0] - self.tails[r0].shape[0]  # a tile boundary
         n = feats.shape[0]
-        padded = round_up(n, TILE)
         with self.tracer.span("tt.draft_context", rows=len(rows), positions=n):
-            x = self._rows(feats, padded, round_up(feats.shape[1], TILE))
-            fc = text._mm(x, self.weights["draft.fc"], FC_GROUP)
-            self._free(x)
-            context = text._rms(fc, self.weights["draft.hidden_norm.tile"], self.residual_eps)
-            self._free(fc)
-            cos, sin = self.rope.cos_sin_1d(torch.arange(first, first + padded), torch.bfloat16)
-            cos, sin = self._upload(cos.view(1, 1, padded, -1)), self._upload(sin.view(1, 1, padded, -1))
-            for i, w in enumerate(self.layer_weights):
-                qkv = text._mm(context, w["wqkv"], TEXT_GROUPS.qkv)
-                q, k, v = ttnn.experimental.nlp_create_qkv_heads(
-                    qkv,
-                    num_heads=t.num_attention_heads,
-                    num_kv_heads=t.num_key_value_heads,
-                    transpose_k_heads=False,
-                    memory_config=ttnn.DRAM_MEMORY_CONFIG,
-                )
-                self._free(qkv, q)
-                kn = text._rms(k, w["k_norm.rm"], t.rms_norm_eps)
-                self._free(k)
-                kr = ttnn.experimental.rotary_embedding_hf(kn, cos, sin, is_decode_mode=False)
-                self._free(kn)
-                cache_k, cache_v = state["cache"][i]
-                for row in rows:
-                    text._fill_cache(cache_k, kr, padded, first, batch=row)
-                    text._fill_cache(cache_v, v, padded, first, batch=row)
-                self._free(kr, v)
-            self._free(context, cos, sin)
+            self._project(
+                state, rows, self._rows(feats, round_up(n, TILE), round_up(feats.shape[1], TILE)), first
+            )
         end = first + n
         for row in rows:
             self.lengths[row], self.tails[row] = end, feats[n - end % TILE :] if end % TILE else feats[:0]
+
+    def _project(self, state: dict[str, Any], rows: list[int], x: Any, first: int) -> None:
+        """Target features x [1, 1, P, n_target H (tile-padded)] (freed) at cache positions [first, first + P)
+        (`first` on a tile) through fc, hidden_norm and every layer's k/v projection (k_norm, rotary) into
+        the draft cache of slots `rows`."""
+        ttnn, text, t = self.ttnn, self.text, self.cfg.text
+        padded = x.shape[-2]
+        fc = text._mm(x, self.weights["draft.fc"], FC_GROUP)
+        self._free(x)
+        context = text._rms(fc, self.weights["draft.hidden_norm.tile"], self.residual_eps)
+        self._free(fc)
+        cos, sin = self.rope.cos_sin_1d(torch.arange(first, first + padded), torch.bfloat16)
+        cos, sin = self._upload(cos.view(1, 1, padded, -1)), self._upload(sin.view(1, 1, padded, -1))
+        for i, w in enumerate(self.layer_weights):
+            qkv = text._mm(context, w["wqkv"], TEXT_GROUPS.qkv)
+            q, k, v = ttnn.experimental.nlp_create_qkv_heads(
+                qkv,
+                num_heads=t.num_attention_heads,
+                num_kv_heads=t.num_key_value_heads,
+                transpose_k_heads=False,
+                memory_config=ttnn.DRAM_MEMORY_CONFIG,
+            )
+            self._free(qkv, q)
+            kn = text._rms(k, w["k_norm.rm"], t.rms_norm_eps)
+            self._free(k)
+            kr = ttnn.experimental.rotary_embedding_hf(kn, cos, sin, is_decode_mode=False)
+            self._free(kn)
+            cache_k, cache_v = state["cache"][i]
+            for row in rows:
+                text._fill_cache(cache_k, kr, padded, first, batch=row)
+                text._fill_cache(cache_v, v, padded, first, batch=row)
+            self._free(kr, v)
+        self._free(context, cos, sin)
 
     # ------------------------------------------------------------------ the block program
     def _attend(self, i: int, state: dict[str, Any]) -> Any:
