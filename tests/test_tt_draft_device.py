@@ -128,3 +128,20 @@ def test_a_greedy_step_accepts_the_torch_draft_length(drafts, wrong_at):
     assert accepted(own) == wrong_at
     (device,) = tt_draft.propose([[42]], [BLOCK - 1])
     assert accepted(device) == wrong_at
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_prompt_read_on_the_device_equals_the_downloaded_features(drafts, rows):
+    """`begin` from the target's device features (in place: the runtime's way) and from their downloaded
+    host copy put the same bf16 values through the same program: the block logits are identical."""
+    _, tt, _, tt_draft = drafts
+    prompt = torch.randint(0, 256, (PROMPT_LEN,), generator=torch.Generator().manual_seed(9))
+    tt.setup_cache(MAX_SEQ_LEN, max_batch=rows)
+    tt.prefill(prompt, capture=tt_draft.capture)
+    if rows > 1:
+        tt.fork(rows)
+    out = []
+    for features in (None, torch.cat(tt.captured, -1)):
+        tt_draft.begin(DraftContext(prompt.tolist(), rows, None, features))
+        out.append(tt_draft.block_logits(list(range(rows)), traced=False))
+    assert torch.equal(out[0], out[1])
