@@ -22,6 +22,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -214,8 +215,10 @@ class AlpamayoVLA:
             expert = load_expert_decoder(ckpt, cfg, options, vlm.text, flow, n)
         if draft.startswith("dflash:") and options.backend == "ttnn":  # its layers on the VLM's device
             from alpamayo.tt.draft import TTDFlashDraft
+            from alpamayo.tt.text import TTTextModel
 
-            spec: Draft | None = TTDFlashDraft.load(draft[len("dflash:") :], vlm.text)
+            # `load_text_model` gives --backend ttnn a TTTextModel
+            spec: Draft | None = TTDFlashDraft.load(draft[len("dflash:") :], cast(TTTextModel, vlm.text))
         else:
             spec = load_draft(draft, vlm.text)
         return cls(
