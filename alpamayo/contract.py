@@ -58,12 +58,15 @@ class TextBackbone(Protocol):
     positions and appends at that cache index, rope position `lengths[i] + rope_delta`. `verify` appends and
     scores a block of T tokens per row (a speculative block, or a known continuation: the backbone's
     extend), `rollback` keeps each row's accepted prefix. `captured`: the layer outputs [L, H] a prefill with
-    `capture` left (a DFlash draft's context)."""
+    `capture` left (a DFlash draft's context; read-only: the ttnn backbone downloads them when read)."""
 
     cfg: ModelConfig
     lengths: list[int]
     rope_delta: int
-    captured: list[torch.Tensor]
+
+    @property
+    def captured(self) -> list[torch.Tensor]:
+        """The layer outputs [L, H] the last prefill with `capture` left, on the host."""
 
     @property
     def cache(self) -> CacheShape | None:

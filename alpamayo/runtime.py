@@ -22,6 +22,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -208,13 +209,14 @@ class AlpamayoVLA:
         """
         check_draft_spec(draft)
         cfg = cfg or load_model_config(directory, base_model)
-        if draft.startswith("dflash:") and options.backend != "torch":
-            raise ValueError(
-                f"draft {draft!r}: the DFlash draft's layers run on the torch backend only for now; with "
-                "--backend ttnn use --draft lookup or previous"
-            )
         if draft.startswith("dflash:"):
-            read_config(draft[len("dflash:") :]).check_target(cfg.text, draft[len("dflash:") :])
+            where = draft[len("dflash:") :]
+            draft_cfg = read_config(where)
+            draft_cfg.check_target(cfg.text, where)
+            if options.backend == "ttnn":
+                from alpamayo.tt.draft import check_device_draft
+
+                check_device_draft(draft_cfg, cfg.text, where)
         ckpt = weights or Checkpoint(directory, cfg.weight_prefix)
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
@@ -232,7 +234,14 @@ class AlpamayoVLA:
         if decoder == "expert":  # on the VLM's device
             n = planner.settings.action_space.n_waypoints
             expert = load_expert_decoder(ckpt, cfg, options, vlm.text, flow, n)
-        spec = load_draft(draft, vlm.text)
+        if draft.startswith("dflash:") and options.backend == "ttnn":  # its layers on the VLM's device
+            from alpamayo.tt.draft import TTDFlashDraft
+            from alpamayo.tt.text import TTTextModel
+
+            # `load_text_model` gives --backend ttnn a TTTextModel
+            spec: Draft | None = TTDFlashDraft.load(draft[len("dflash:") :], cast(TTTextModel, vlm.text))
+        else:
+            spec = load_draft(draft, vlm.text)
         return cls(
             vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision, expert, flow, spec, draft
         )
@@ -268,6 +277,8 @@ class AlpamayoVLA:
         """Release device resources (the ttnn backend's traces, the device expert's tensors, the device)."""
         if self.expert is not None:
             self.expert.close()
+        if self.draft is not None:
+            self.draft.close()
         self.vlm.close()
 
     @property
@@ -337,7 +348,10 @@ class AlpamayoVLA:
                 [t for t in prompt.token_ids if t != image_pad],
                 num_samples,
                 stream,
-                torch.cat(self.vlm.text.captured, dim=-1) if capture else None,
+                # a device draft reads them where the prefill left them: no download
+                torch.cat(self.vlm.text.captured, dim=-1)
+                if capture and not self.draft.reads_target_context
+                else None,
             )
         plans = generate_plans(
             self.vlm,

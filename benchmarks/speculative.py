@@ -16,6 +16,10 @@ attention; the ratios are read against the bandwidth floor printed beside them).
   * oracle drafts held at accepted length tau = 1, 2, 4, 6, 8: blocks of 8 = [pending, 7 drafted], the
     drafted tokens the target's true greedy continuation corrupted from index tau - 1 on, accepted by the
     greedy rule (`alpamayo.generation.verify_token`), cache rolled back; tokens per second vs plain decoding;
+  * a DFlash draft's per-block cost at the 8B shape (2 layers, block 8, random weights, reading the target
+    layers cut above): one block with its context K/V cache (draft the block, then append tau = 4 accepted
+    positions), against re-projecting the whole context through fc and every layer's k/v each block as a
+    draft without a cache must;
   * `lookup` and `previous` on a replayed demo drive (demo checkpoint, lock-step): their real mean accepted
     lengths and the reasoning_decode time against `--draft none`.
 
@@ -38,6 +42,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
+from alpamayo.drafts import DraftContext
+from alpamayo.drafts.dflash import DFlashConfig, DFlashDraft, draft_tensor_shapes
 from alpamayo.generation import Sampling, verify_token
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
@@ -199,6 +205,54 @@ def target_side(args: argparse.Namespace) -> dict:
         "verify_ms": verify_ms,
         "breakdown": breakdown,
         "oracle": oracle,
+        "dflash": dflash_side(model, args),
+    }
+
+
+def dflash_side(model: TextModel, args: argparse.Namespace) -> dict:
+    """ms of one DFlash block after a `--context` prompt, with the draft's K/V cache and without it."""
+    t = model.text_cfg
+    layers = list(range(min(t.num_hidden_layers, 5)))
+    raw = {
+        "vocab_size": t.vocab_size,
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": t.head_dim,
+        "block_size": BLOCK,
+        "dflash_config": {"mask_token_id": t.vocab_size - 1, "target_layer_ids": layers},
+    }
+    cfg = DFlashConfig.from_dict(raw, "benchmark draft")
+    shapes = draft_tensor_shapes(cfg)
+    g = torch.Generator().manual_seed(3)
+
+    def get(name: str) -> torch.Tensor:
+        shape = shapes[name][0]
+        if len(shape) == 1:
+            return (1.0 + 0.1 * torch.randn(shape, generator=g)).to(torch.bfloat16)
+        return (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(torch.bfloat16)
+
+    draft = DFlashDraft(cfg, get, model)
+    feats = torch.randn(args.context, len(layers) * t.hidden_size, generator=g, dtype=torch.bfloat16)
+    accepted = torch.randn(4, len(layers) * t.hidden_size, generator=g, dtype=torch.bfloat16)
+    ctx = DraftContext([0] * args.context, 1, None, feats)
+    draft.begin(ctx)
+
+    def cached() -> None:
+        draft.propose([[7]], [BLOCK - 1])
+        draft.accepted(0, [7] * 4, accepted)
+        draft.lengths = [args.context]  # the same context length every repeat
+
+    def uncached() -> None:
+        draft.begin(ctx)
+        draft.propose([[7]], [BLOCK - 1])
+
+    return {
+        "layers": layers,
+        "cached_ms": min_ms(cached, args.reps),
+        "uncached_ms": min_ms(uncached, args.reps),
     }
 
 
@@ -288,6 +342,12 @@ def main() -> None:
         print(
             f"{tau:>5} {r['mean_accepted']:>9.2f} {r['tokens_per_s']:>9.2f} {r['tokens_per_s'] * d / 1e3:>8.2f}"
         )
+    f = t["dflash"]
+    print(
+        f"DFlash draft (2 layers, block {BLOCK}, reads target layers {f['layers']}), one block after {t['context']} "
+        f"positions: {f['cached_ms']:.1f} ms with its K/V cache (+4 accepted appended), {f['uncached_ms']:.1f} ms "
+        f"re-projecting the context ({f['uncached_ms'] / f['cached_ms']:.1f}x); {f['cached_ms'] / d:.2f}x a decode step"
+    )
     drive = drafts_on_drive(args)
     base = drive["none"]["reasoning_decode_ms"]
     print(

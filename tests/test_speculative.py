@@ -180,6 +180,35 @@ def test_ragged_rows_each_equal_their_plain_decode(target):
     assert lengths[0] != lengths[1] and lengths[1] != lengths[2] and set(lengths[1]) == {1}
 
 
+def test_dflash_ragged_rows_each_equal_their_plain_decode(target, tmp_path):
+    """K = 3 rows with a DFlash draft whose proposals are steered towards the true continuation by a different
+    amount per row, so the rows accept different lengths and the draft's cache rows grow raggedly; each row's
+    tokens equal plain greedy, and each row's draft context ends at its prompt + reasoning."""
+    limits = PlanLimits(max_reasoning_tokens=30, tokens_per_future=8)
+    (plain,) = target.plans(GREEDY, limits)
+    c = continuation(plain, target.vocab)
+    save_dflash(tmp_path / "draft", dflash_config(target.model.text_cfg, block_size=6))
+    right_until = [len(c), 0, 11]
+
+    class Steered(DFlashDraft):
+        def propose(self, generated, limits):
+            own = super().propose(generated, limits)
+            return [
+                [c[len(g) + j] if len(g) + j < right_until[r] else t for j, t in enumerate(d)]
+                for r, (g, d) in enumerate(zip(generated, own, strict=True))
+            ]
+
+    draft = Steered.load(tmp_path / "draft", target.model)
+    sampler = TokenSampler.for_request(Sampling(), None, 3)
+    plans = target.plans(sampler, limits, draft)
+    for p in plans:
+        assert p.reasoning_token_ids == plain.reasoning_token_ids
+        assert p.future_token_ids == plain.future_token_ids
+    lengths = [p.accepted_lengths for p in plans]
+    assert lengths[0] != lengths[1] and lengths[0] != lengths[2]
+    assert draft.lengths == [len(target.prompt) + len(plain.reasoning_token_ids)] * 3
+
+
 def test_a_bounded_verify_gets_blocks_of_its_width_and_the_same_tokens(target, monkeypatch):
     """A target that verifies at most 32 rows x tokens (ttnn: one tile) with K = 6 rows gets blocks of 32 // 6
     = 5 tokens from a block-8 draft: every verify fits, and each row's tokens equal plain decoding."""
@@ -294,9 +323,42 @@ def test_dflash_block_logits_equal_the_transformers_composition(tmp_path, demo_c
         block = torch.tensor([42] + [cfg["dflash_config"]["mask_token_id"]] * 5)
         noise = hf.model.language_model.embed_tokens(block)[None]
         ref = reference_block_logits(cfg, weights, ref_feats, noise, hf.lm_head)[0]
-    got = draft.block_logits(draft.project_context(feats), 42)
+    draft.begin(DraftContext(ids.tolist(), 1, None, feats))
+    got = draft.block_logits([42])[0]
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_dflash_cached_context_equals_the_cache_free_composition_on_ragged_rows(tmp_path, demo_checkpoint):
+    """The draft's K/V cache (the prompt once for 3 rows, then each row's accepted positions, ragged, with a
+    block drafted between appends whose K/V the next append overwrites) gives the block logits that z-lab's
+    composition computes from scratch over each row's whole context."""
+    target = TextModel.from_checkpoint(demo_checkpoint)
+    t = target.text_cfg
+    cfg = dflash_config(t, block_size=5, target_layer_ids=[0, 1])
+    weights = save_dflash(tmp_path / "draft", cfg, seed=2)
+    draft = DFlashDraft.load(tmp_path / "draft", target)
+    target.setup_cache(64, 3)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randn(9, 2 * t.hidden_size, generator=g)
+    draft.begin(DraftContext(list(range(9)), 3, None, prompt))
+    context = [prompt] * 3
+    for kept in ([3, 1, 5], [2, 4, 1], [1, 1, 3]):
+        draft.block_logits([7, 8, 9])  # a block's K/V lands after each row's context; lengths stay
+        for r, n in enumerate(kept):
+            feats = torch.randn(n, 2 * t.hidden_size, generator=g)
+            draft.accepted(r, [0] * n, feats)
+            context[r] = torch.cat([context[r], feats])
+    assert draft.lengths == [9 + 6, 9 + 6, 9 + 9]
+    anchors = [11, 12, 13]
+    got = draft.block_logits(anchors)
+    mask = cfg["dflash_config"]["mask_token_id"]
+    with torch.no_grad():
+        for r, a in enumerate(anchors):
+            noise = target.embed(torch.tensor([a] + [mask] * 4))[None]
+            ref = reference_block_logits(cfg, weights, context[r][None], noise, target.logits)[0]
+            torch.testing.assert_close(got[r], ref, atol=1e-4, rtol=1e-4)
+            assert torch.equal(got[r].argmax(-1), ref.argmax(-1))
 
 
 def test_zlab_config_field_names_load(tmp_path, demo_checkpoint):

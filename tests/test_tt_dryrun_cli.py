@@ -113,3 +113,28 @@ def test_predict_backend_ttnn_draws_k_samples_as_rows_of_one_program(
         assert [sum(r) for r in rows] == [len(s["reasoning_token_ids"]) for s in out["samples"]]
         assert {"draft", "verify"} <= set(out["timings_ms"])  # the blocks ran through the device verify
     assert proc.stderr.count("ttnn dry run: trace capture is card-only") == 1
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_predict_backend_ttnn_runs_a_dflash_draft_on_the_device(
+    dryrun_device, demo_checkpoint, tmp_path, samples
+):
+    """`--draft dflash:DIR --backend ttnn` on the demo checkpoint with a random tiny draft in z-lab's layout:
+    the draft's layers run on the device (`alpamayo.tt.draft`) over the prompt's and the verifies' captured
+    target layers, K rows ragged as the target's; each row's accepted lengths add up to its reasoning."""
+    from alpamayo.families.loader import load_model_config
+    from tests.dflash_checkpoints import dflash_config, save_dflash
+
+    draft = tmp_path / "draft"
+    save_dflash(draft, dflash_config(load_model_config(demo_checkpoint).text, block_size=8))
+    write_prediction_inputs(tmp_path, *frames_at(5), straight_history())
+    argv = [*predict_argv(demo_checkpoint, tmp_path), "--backend", "ttnn", "--json", "--decoder", "tokens"]
+    sampling = ["--samples", str(samples), "--temperature", "0.6", "--seed", "3"]
+    proc = alpamayo(*argv, *sampling, "--draft", f"dflash:{draft}")
+    out = json.loads(proc.stdout)
+    assert out["draft"] == f"dflash:{draft}" and len(out["samples"]) == samples
+    rows = out["accepted_lengths"]
+    assert [sum(r) for r in rows] == [len(s["reasoning_token_ids"]) for s in out["samples"]]
+    assert {"draft", "verify"} <= set(out["timings_ms"])
+    for sample in out["samples"]:
+        assert len(sample["xyz"]) == 64

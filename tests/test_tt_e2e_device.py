@@ -8,7 +8,7 @@ so are the agreement and drift of the `performance` recipe, whose bfp4 MLP moves
 (its rounding cost is what `alpamayo precision` reports). The second tick must encode only each camera's new
 frame: the per-frame feature cache works the same on both backends. The device stages land in the
 runtime's tracer, so each prediction's timings carry them beside the pipeline stages. K = 6 expert samples
-(plain and with the lookup draft) run in one device pass and are compared with the torch backend's.
+(plain, with the lookup draft and with a DFlash draft on the device) run in one device pass and are compared with the torch backend's.
 """
 
 from __future__ import annotations
@@ -83,14 +83,26 @@ ARGMAX = Sampling(temperature=0.6, top_p=0.98, top_k=1)
 
 
 @pytest.fixture(scope="module")
-def torch_k_predictions(demo_checkpoint):
-    """The torch backend's K = 6 expert predictions of tick 3, plain and with the lookup draft; its verify is
-    bounded as the device's (32 rows x tokens: blocks of 5 for 6 rows), so the blocks are the same."""
+def draft_specs(demo_checkpoint, tmp_path_factory):
+    """--draft values by name: none, lookup, and dflash over a random tiny draft in z-lab's layout."""
+    from alpamayo.families.loader import load_model_config
+    from tests.dflash_checkpoints import dflash_config, save_dflash
+
+    path = tmp_path_factory.mktemp("dflash")
+    save_dflash(path, dflash_config(load_model_config(demo_checkpoint).text, block_size=8), seed=4)
+    return {"none": "none", "lookup": "lookup", "dflash": f"dflash:{path}"}
+
+
+@pytest.fixture(scope="module")
+def torch_k_predictions(demo_checkpoint, draft_specs):
+    """The torch backend's K = 6 expert predictions of tick 3, plain, with the lookup draft and with a DFlash
+    draft; its verify is bounded as the device's (32 rows x tokens: blocks of 5 for 6 rows), so the blocks are
+    the same."""
     from alpamayo.tt.text.decode import MAX_ROWS
 
     out = {}
-    for draft in ("none", "lookup"):
-        vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=REASONING_CAP, draft=draft)
+    for draft, spec in draft_specs.items():
+        vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=REASONING_CAP, draft=spec)
         vla.vlm.text.max_verify_rows = MAX_ROWS
         frames, times = frames_at(3)
         out[draft] = vla.predict(
@@ -99,12 +111,13 @@ def torch_k_predictions(demo_checkpoint):
     return out
 
 
-@pytest.mark.parametrize("draft", ["none", "lookup"])
+@pytest.mark.parametrize("draft", ["none", "lookup", "dflash"])
 def test_k_samples_on_the_device_match_the_torch_backend(
-    demo_checkpoint, torch_k_predictions, draft, record_figure
+    demo_checkpoint, torch_k_predictions, draft_specs, draft, record_figure
 ):
-    """K = 6 samples in one device pass (K rows of one decode program, with or without the lookup draft's
-    K-row verify blocks, then one expert step over the K cache slots) against the torch backend: reasoning
+    """K = 6 samples in one device pass (K rows of one decode program, with or without a draft's K-row verify
+    blocks: lookup, or DFlash with its layers on the device, then one expert step over the K cache slots)
+    against the torch backend: reasoning
     tokens as the trajectory-token test (>= 95% equal, recipe `accuracy`), accepted lengths equal to torch's
     wherever the row's reasoning is (acceptance under top_k = 1 is the argmax), and each row's waypoint drift
     recorded (the expert's own bound is tests/test_tt_expert_device.py's)."""
@@ -113,7 +126,7 @@ def test_k_samples_on_the_device_match_the_torch_backend(
         demo_checkpoint,
         BackendOptions("ttnn", recipe="accuracy"),
         max_reasoning_tokens=REASONING_CAP,
-        draft=draft,
+        draft=draft_specs[draft],
     )
     try:
         frames, times = frames_at(3)
@@ -134,5 +147,5 @@ def test_k_samples_on_the_device_match_the_torch_backend(
     record_figure(f"K={K_SAMPLES} draft {draft}: reasoning tokens equal to torch's per row", str(agreement))
     record_figure(f"K={K_SAMPLES} draft {draft}: waypoint ADE to torch per row, metres", str(drift))
     if draft != "none":
-        record_figure(f"K={K_SAMPLES} lookup: mean accepted length", got.mean_accepted_length)
+        record_figure(f"K={K_SAMPLES} {draft}: mean accepted length", got.mean_accepted_length)
     assert min(agreement) >= TOKEN_AGREEMENT, f"reasoning token agreement {agreement}"

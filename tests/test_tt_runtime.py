@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -183,13 +184,30 @@ def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch,
     assert "dry-run root whose stand-in compiler builds no kernels" in runtime.device_unavailable_reason()
 
 
-def test_a_dflash_draft_with_backend_ttnn_is_refused_before_the_device(demo_checkpoint, tmp_path):
-    """Model-free drafts verify on the device; a DFlash draft's layers run in torch only, so it is refused with
-    ttnn, naming the drafts that run there, before any weight is read or a device is opened."""
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        (dict(hidden_size=64), r"draft hidden_size 64 != the target's 128 \(a draft for another target\)"),
+        (
+            dict(num_key_value_heads=1),
+            r"on --backend ttnn a DFlash draft needs the target's K/V heads and head_dim",
+        ),
+    ],
+)
+def test_a_dflash_draft_the_device_cannot_serve_is_refused_before_the_device(
+    demo_checkpoint, tmp_path, over, match
+):
+    """A DFlash draft's layers run on the device (`alpamayo.tt.draft`); one for another target, or whose
+    attention the device draft cannot write with the target's K/V plan, is refused with ttnn before any
+    weight is read or a device is opened."""
     from alpamayo.backends import BackendOptions
+    from alpamayo.families.loader import load_model_config
     from alpamayo.runtime import AlpamayoVLA
+    from tests.dflash_checkpoints import dflash_config
 
     draft = tmp_path / "dflash"
     draft.mkdir()
-    with pytest.raises(ValueError, match="the DFlash draft's layers run on the torch backend only for now; "):
+    cfg = dflash_config(load_model_config(demo_checkpoint).text, **over)
+    (draft / "config.json").write_text(json.dumps(cfg))  # no weights: reading one would fail otherwise
+    with pytest.raises(ValueError, match=match):
         AlpamayoVLA.from_checkpoint(demo_checkpoint, BackendOptions("ttnn"), draft=f"dflash:{draft}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_plan_prints_the_prediction_estimate_with_speculation(capsys, record_fig
         verify_estimate(cfg, precision, context, 8, 16),
     )
     assert free == pytest.approx(plain - 64 * step.ms(P150) + 16 * verify.ms(P150), abs=0.15)
-    draft = dflash_draft_estimate(cfg, precision, 8, 16)
+    draft = dflash_draft_estimate(cfg, precision, 8, 16, context)
     assert dflash == pytest.approx(free + 16 * draft.ms(P150), abs=0.15)
     assert free < plain
     record_figure("p150 estimate per prediction, plain decoding (ms)", plain)
@@ -100,3 +101,31 @@ def test_plan_counts_partial_blocks_and_refuses_what_cannot_be_verified(capsys):
     assert "--accept-len 9.0: must be in [1, block size 8]" in capsys.readouterr().err
     assert main(["plan", "--checkpoint", RELEASE, "--accept-len", "4", "--block-size", "33"]) == 2
     assert "--block-size 33: must be in [1, 32]" in capsys.readouterr().err
+
+
+def test_the_dflash_estimate_costs_the_device_drafts_program():
+    """The DFlash line costs what `alpamayo.tt.draft` runs: the device's draft tensors and the target's
+    lm_head on one 32-row block tile, a masked SDPA per draft layer over the whole draft cache slot, and the
+    context append's second read of fc and every layer's qkv weights."""
+    from alpamayo.drafts.dflash import DFlashConfig
+    from alpamayo.tt.draft_weights import draft_cache_rows, draft_weight_specs
+    from alpamayo.tt.memory import kv_bytes
+
+    cfg, precision = builtin_expert(RELEASE)[0], load_precision("performance")
+    t = replace(cfg.text, moe=None, num_hidden_layers=2)
+    specs = draft_weight_specs(DFlashConfig(t, 8, 0, tuple(range(5))))
+    stage = dflash_draft_estimate(cfg, precision, 8, 16, CONTEXT)
+    names = [op.name for op in stage.ops]
+    matmuls = [s.name for s in specs if s.name.endswith((".wqkv", ".wo", "w_gate", "w_up", "w_down"))]
+    assert {*matmuls, "lm_head", "draft.fc.append"} <= set(names)
+    assert sorted(n for n in names if n.endswith(".append")) == sorted(
+        [f"{n}.append" for n in matmuls if n.endswith(".wqkv")] + ["draft.fc.append"]
+    )
+    sdpa = [op for op in stage.ops if op.name.startswith("draft.sdpa.")]
+    assert len(sdpa) == 2
+    assert sdpa[0].dram_bytes == kv_bytes(t, draft_cache_rows(CONTEXT), precision.dtype("kv_cache"))
+    head = next(op for op in stage.ops if op.name == "lm_head")
+    verify_head = next(
+        op for op in verify_estimate(cfg, precision, CONTEXT, 8, 1).ops if op.name == "lm_head"
+    )
+    assert head.dram_bytes == verify_head.dram_bytes  # the target's own head, read once per block

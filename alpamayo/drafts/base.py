@@ -27,10 +27,13 @@ class Draft:
 
     Per prediction: `begin(ctx)`, then per block `propose(...)` and `accepted(...)`, then `end(reasoning)`.
     `capture`: target layers whose outputs the draft reads (`TextModel.verify(capture=...)`); empty for a
-    model-free draft."""
+    model-free draft. `reads_target_context`: the prompt's captured layers are read from the target, not
+    from `DraftContext.features`."""
 
     name = "draft"
     capture: tuple[int, ...] = ()
+    reads_target_context = False  # True: `begin` reads the captured layers from the target itself (a device
+    # draft reads them where the target's prefill left them), so `DraftContext.features` may be None
 
     def __init__(self, block_size: int):
         if not isinstance(block_size, int) or not 2 <= block_size <= 32:
@@ -54,3 +57,6 @@ class Draft:
 
     def end(self, reasoning: Sequence[Sequence[int]]) -> None:
         """The prediction finished with these reasoning token ids per row."""
+
+    def close(self) -> None:
+        """Release what the draft holds beyond its Python objects (a device draft's tensors)."""

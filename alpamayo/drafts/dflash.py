@@ -31,9 +31,11 @@ import torch.nn.functional as F
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import TextConfig
 from alpamayo.drafts.base import Draft, DraftContext
-from alpamayo.text.linear import Linear
+from alpamayo.text.kv_cache import KVCache
+from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm
 from alpamayo.text.rope import MRope
+from alpamayo.text.threads import few_rows, wide
 from alpamayo.text.weights import build_layer
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -164,7 +166,14 @@ def read_config(directory: str | Path) -> DFlashConfig:
 
 
 class DFlashDraft(Draft):
-    """A DFlash draft over a torch `TextModel` target (uses its embedding table and output head)."""
+    """A DFlash draft over a torch `TextModel` target (uses its embedding table and output head).
+
+    It keeps its own per-layer K/V cache of the context (z-lab's `past_key_values_draft`): row r holds the
+    k/v projections (k_norm, rotary at their cache index) of the fc + hidden_norm of the target's features at
+    the row's first `lengths[r]` cached positions. A block writes its own K/V after them, attends over the
+    row's context and itself, and is then forgotten by leaving `lengths` where it was (z-lab's `crop`): the
+    next `accepted` overwrites it with the accepted positions' K/V. So each context position is projected
+    once, not once per block, and rows are ragged as the target's."""
 
     name = "dflash"
 
@@ -177,9 +186,12 @@ class DFlashDraft(Draft):
         self.fc = Linear(get("fc.weight"))
         self.hidden_norm = RMSNorm(get("hidden_norm.weight"), t.rms_norm_eps)
         self.norm = RMSNorm(get("norm.weight"), t.rms_norm_eps)
+        for module in (*self.layers, self.fc):  # the target's packed bf16 layout (bit-identical, faster)
+            pack_linears(module)
         self.rope = MRope(t, target.device)
         self.dtype = target.dtype
-        self.context: list[torch.Tensor] = []  # per row: fc + hidden_norm of the context features [N, H]
+        self.cache: KVCache | None = None
+        self.lengths: list[int] = []  # per row: context positions in the draft's cache
 
     @classmethod
     def load(cls, directory: str | Path, target: Any) -> DFlashDraft:
@@ -192,48 +204,85 @@ class DFlashDraft(Draft):
         return cls(cfg, ckpt.getter(target.dtype, target.device), target)
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
-        """Target layer outputs [N, n * H] -> the draft's context [N, H] (fc, then hidden_norm)."""
+        """Target layer outputs [..., n * H] -> the draft's context [..., H] (fc, then hidden_norm)."""
         return self.hidden_norm(self.fc(features.to(self.dtype)))
 
     def begin(self, ctx: DraftContext) -> None:
+        """Allocate the draft's cache for `ctx.rows` rows (kept while the target's shape stays) and fill it
+        with the prompt's context, once for every row."""
         if ctx.features is None:
             raise ValueError("a DFlash draft needs the prompt's captured target layers (prefill capture=...)")
+        t = self.cfg.text
+        positions = self.target.cache.max_seq_len + self.block_size  # a block after the longest context
+        if self.cache is None or (self.cache.max_batch, self.cache.max_seq_len) != (ctx.rows, positions):
+            self.cache = KVCache(
+                t.num_hidden_layers,
+                ctx.rows,
+                t.num_key_value_heads,
+                positions,
+                t.head_dim,
+                self.dtype,
+                self.target.device,
+            )
+        self.lengths = [0]
         with torch.inference_mode():
-            prompt = self.project_context(ctx.features)
-        self.context = [prompt] * ctx.rows
+            self._append_context(0, ctx.features)
+            self.cache.fork(ctx.rows, self.lengths[0])
+        self.lengths = self.lengths * ctx.rows
 
     def accepted(self, row: int, tokens: Sequence[int], features: torch.Tensor | None) -> None:
         with torch.inference_mode():
-            self.context[row] = torch.cat([self.context[row], self.project_context(features)])
+            self._append_context(row, features)
+
+    def _append_context(self, row: int, features: torch.Tensor) -> None:
+        """Project the target's features [n, n_target * H] at row `row`'s next n positions into its cache."""
+        n, start = features.shape[0], self.lengths[row]
+        cos, sin = self.rope.cos_sin_1d(torch.arange(start, start + n), self.dtype)
+        with few_rows(n, self.target.device):  # element-wise ops on one thread (`alpamayo.text.threads`)
+            x = self.project_context(features).unsqueeze(0)
+            for layer in self.layers:
+                _, k, v = layer.attn.project(x, cos, sin)
+                self.cache.k[layer.attn.layer][row, :, start : start + n] = k[0]
+                self.cache.v[layer.attn.layer][row, :, start : start + n] = v[0]
+        self.lengths[row] += n
 
     @torch.inference_mode()
-    def block_logits(self, context: torch.Tensor, anchor: int) -> torch.Tensor:
-        """Draft logits [block_size - 1, V] float32 of positions 1.. of the block [anchor, mask, ...] after
-        `context` [N, H] (already through fc and hidden_norm)."""
-        c = self.cfg
-        n, bs = context.shape[0], c.block_size
-        ids = torch.tensor([anchor] + [c.mask_token_id] * (bs - 1), device=context.device)
-        h = (self.target.embed(ids) * c.input_embedding_scale).unsqueeze(0)  # [1, bs, H]
-        cos, sin = self.rope.cos_sin_1d(torch.arange(n + bs), self.dtype)
-        ctx = context.unsqueeze(0)
-        for layer in self.layers:
-            attn = layer.attn
-            x = layer.input_norm(h)
-            q, k, v = attn.project(torch.cat([ctx, x], dim=1), cos, sin)
-            out = F.scaled_dot_product_attention(q[:, :, n:], k, v, scale=attn.scale, enable_gqa=True)
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(1, bs, -1))
-            h = h + layer.mlp(layer.post_norm(h))
-        logits = self.target.logits(self.norm(h)[0, 1:]) * c.output_multiplier
+    def block_logits(self, anchors: Sequence[int]) -> torch.Tensor:
+        """Draft logits [B, block_size - 1, V] float32 of positions 1.. of each row's block [anchor, mask, ...]
+        after its cached context (B = len(anchors), rows 0..B-1). The blocks' K/V are written after each row's
+        context and left there (the next `accepted` overwrites them): the cache's lengths do not move."""
+        c, cache = self.cfg, self.cache
+        b, bs = len(anchors), c.block_size
+        starts = self.lengths[:b]
+        ids = torch.tensor([[a] + [c.mask_token_id] * (bs - 1) for a in anchors], device=self.target.device)
+        h = self.target.embed(ids) * c.input_embedding_scale  # [B, bs, H]
+        pos = torch.tensor(starts)[:, None] + torch.arange(bs)
+        cos, sin = (x.view(b, 1, bs, -1) for x in self.rope.cos_sin_1d(pos.reshape(-1), self.dtype))
+        end = max(starts) + bs
+        # non-causal: row i's block sees its context and the whole block, keys [0, starts[i] + bs); what lies
+        # past a shorter row's bound is another block's or a rejected position's K/V
+        visible = (torch.arange(end) < torch.tensor(starts)[:, None] + bs).to(self.target.device)
+        with few_rows(b * bs, self.target.device):  # as the target's verify
+            for layer in self.layers:
+                attn = layer.attn
+                q, k, v = attn.project(layer.input_norm(h), cos, sin)
+                cache.write_rows(attn.layer, k, v, starts)
+                keys, values = cache.read(attn.layer, b, end)
+                with wide():
+                    out = F.scaled_dot_product_attention(
+                        q, keys, values, attn_mask=visible[:, None, None], scale=attn.scale, enable_gqa=True
+                    )
+                h = h + attn.o_proj(out.transpose(1, 2).reshape(b, bs, -1))
+                h = h + layer.mlp(layer.post_norm(h))
+            h = self.norm(h)
+        logits = self.target.logits(h[:, 1:]) * c.output_multiplier
         if c.final_logit_softcapping is not None:
             cap = c.final_logit_softcapping
             logits = cap * torch.tanh(logits / cap)
         return logits
 
     def propose(self, generated: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
-        out = []
-        for r, (g, limit) in enumerate(zip(generated, limits, strict=True)):
-            if limit <= 0:
-                out.append([])
-                continue
-            out.append(self.block_logits(self.context[r], g[-1]).argmax(-1)[:limit].tolist())
-        return out
+        if not any(n > 0 for n in limits):
+            return [[] for _ in limits]
+        drafted = self.block_logits([g[-1] for g in generated]).argmax(-1)
+        return [drafted[r, :n].tolist() if n > 0 else [] for r, n in enumerate(limits)]

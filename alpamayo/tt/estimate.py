@@ -23,8 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.drafts.dflash import DFlashConfig
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
+from alpamayo.tt.draft_weights import draft_cache_rows, draft_weight_specs
 from alpamayo.tt.expert_weights import expert_weight_specs
 from alpamayo.tt.memory import kv_bytes, spec_bytes
 from alpamayo.tt.precision import Precision
@@ -41,7 +43,6 @@ from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weights import (
     BF16_GROUPS,
     WeightSpec,
-    decoder_layer_specs,
     rotary_head_dim,
     text_weight_specs,
     weight_dtype,
@@ -267,28 +268,28 @@ def dflash_draft_estimate(
     precision: Precision,
     block: int,
     steps: int,
+    context: int,
     layers: int = DFLASH_LAYERS,
     context_layers: int = DFLASH_CONTEXT_LAYERS,
 ) -> StageEstimate:
-    """One DFlash draft pass per block, on the device at the recipe's dtypes: `fc` ([context_layers x H, H])
-    on the block's new context rows, `layers` dense decoder layers of the target's dimensions on the block's
-    rows and the target's lm_head on them (its attention over the context features is left out: one block's
-    keys, a few MB at most)."""
-    t = replace(cfg.text, moe=None)
+    """One DFlash block on the device as `alpamayo.tt.draft` runs it, `steps` per prediction, with the
+    device's own tensors (`draft_weight_specs`) at the recipe's dtypes, prefill-style on the prefill grid:
+    the block program (every draft layer on the block's 32-row tile, a masked SDPA of the tile over the
+    draft's whole cache slot per layer, `draft_cache_rows(context)` keys; the target's lm_head on the tile)
+    and the context append (fc and every layer's qkv on the accepted positions with the re-projected partial
+    tile: at most 31 + `block` rows)."""
+    t = replace(cfg.text, moe=None, num_hidden_layers=layers)
+    draft = DFlashConfig(t, block, 0, tuple(range(context_layers)))
     plan = plan_text(cfg, precision)
-    banks, cores = plan.device.dram_banks, plan.qkv.grid.cores
-    specs = [s for i in range(layers) for s in decoder_layer_specs(t, f"draft.{i}.", f"draft.{i}.", banks)]
-    hp = round_up(t.hidden_size, TILE * banks)
-    fc = WeightSpec(
-        "draft.fc",
-        ("fc.weight",),
-        "o",
-        "linear",
-        (context_layers * t.hidden_size, t.hidden_size),
-        (round_up(context_layers * t.hidden_size, TILE), hp),
-    )
-    head = [s for s in text_weight_specs(cfg, banks) if s.name == "lm_head"]
-    ops = matmul_ops([*specs, fc, *head], block, precision, cores)
+    cores = plan.prefill_grid.cores
+    specs = draft_weight_specs(draft)
+    head = [s for s in text_weight_specs(cfg, plan.device.dram_banks) if s.name == "lm_head"]
+    ops = matmul_ops([s for s in specs if s.name != "draft.fc"] + head, TILE, precision, cores)
+    ops += attention_ops(t, TILE, draft_cache_rows(context), precision, cores, False, "draft.sdpa")
+    append = [s for s in specs if s.name == "draft.fc" or s.name.endswith(".wqkv")]
+    ops += [
+        replace(op, name=f"{op.name}.append") for op in matmul_ops(append, TILE - 1 + block, precision, cores)
+    ]
     return StageEstimate(f"DFlash draft ({layers} layers, {block} rows)", tuple(ops), steps)
 
 
@@ -318,7 +319,7 @@ def speculative_lines(
     steps = int(steps)
     plain = decode_estimate(cfg, precision, context, tokens)
     verify = verify_estimate(cfg, precision, context, block, steps)
-    draft = dflash_draft_estimate(cfg, precision, block, steps)
+    draft = dflash_draft_estimate(cfg, precision, block, steps, context)
     decoding = verify.ms(device) * steps - plain.ms(device) * tokens  # what speculation changes
     rest = plain_total_ms - plain.ms(device) * tokens
     without = plain_total_ms + decoding

@@ -70,7 +70,10 @@ class TTTextModel(TextPrefill, TextDecode):
         self.rope = MRope(cfg.text)
         self.cache: DeviceKVCache | None = None
         self.lengths, self.rope_delta = [0], 0  # positions filled per active row (cache slot b: row b)
-        self.captured: list[torch.Tensor] = []  # prefill_hidden(capture=...)'s layer outputs [L, H]
+        # prefill(capture=...)'s layer outputs on the device [1, 1, Lp, H_p] and the prompt length; their host
+        # view [L, H] is downloaded when `captured` is first read
+        self._captured: tuple[list[Any], int] = ([], 0)
+        self._captured_host: list[torch.Tensor] | None = None
         # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
         self.reserved_rows = 0
         # (program_key, capture) -> trace; program_key -> persistent inputs (alpamayo.tt.text.decode)
@@ -267,6 +270,7 @@ class TTTextModel(TextPrefill, TextDecode):
         weights are freed even then: on a device shared with other models they would otherwise stay in DRAM."""
         self._release_trace()
         self._free_cache()
+        self._keep_captured([], 0)
         for inputs in self._inputs.values():
             self._free(*inputs.values())
         self._inputs = {}
@@ -295,6 +299,30 @@ class TTTextModel(TextPrefill, TextDecode):
     def _require_cache(self) -> None:
         if not self.kv_cache:
             raise RuntimeError("call setup_cache(max_seq_len) before prefill/decode")
+
+    # ------------------------------------------------------------------ captured layers (a DFlash draft's)
+    def _keep_captured(self, tensors: list[Any], length: int) -> None:
+        """The prefill's captured layer outputs (device [1, 1, Lp, H_p], rows [0, length) real) replace the
+        previous prompt's, which are freed."""
+        self._free(*self._captured[0])
+        self._captured, self._captured_host = (tensors, length), None
+
+    @property
+    def captured_device(self) -> tuple[list[Any], int]:
+        """The last prefill's captured layer outputs on the device, each [1, 1, Lp, H_p] bf16 (zero columns
+        past hidden), and the prompt length L (rows past it are padding): what a device draft reads in place."""
+        return self._captured
+
+    @property
+    def captured(self) -> list[torch.Tensor]:
+        """The last prefill's captured layer outputs [L, H] bf16 on the host (the torch `TextModel`'s
+        contract), downloaded on first read: a draft on the device reads `captured_device` instead, and the
+        prompt's features (L x layers x H, 128 MB for 5 layers of 3136 x 4096) never cross to the host."""
+        if self._captured_host is None:
+            tensors, length = self._captured
+            h = self.text_cfg.hidden_size
+            self._captured_host = [self._download(t)[0, 0, :length, :h] for t in tensors]
+        return self._captured_host
 
     # ------------------------------------------------------------------ host <-> device
     def embed(self, ids: torch.Tensor) -> torch.Tensor:

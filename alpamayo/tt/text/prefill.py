@@ -26,7 +26,7 @@ from alpamayo.tt.weights import TEXT_GROUPS, LayerGroups
 class TextPrefill(TextState):
     """Prefill half of `TTTextModel` (a mixin: the attributes below and `TextState`'s are the model's)."""
 
-    captured: list[torch.Tensor]
+    _keep_captured: Callable[[list[Any], int], None]
     embed: Callable[[torch.Tensor], torch.Tensor]
     reset: Callable[[], None]
 
@@ -176,8 +176,9 @@ class TextPrefill(TextState):
         capture: Sequence[int] = (),
     ) -> tuple[Any, int]:
         """Fresh prompt through every layer and the final norm; returns (normed hidden [1,1,Lp,H_p], L).
-        The outputs [L, H] bf16 of the layers in `capture` (after their DeepStack level; the last layer's
-        normed: transformers' `hidden_states[i + 1]`) are left in `self.captured`, in that order."""
+        The outputs of the layers in `capture` (after their DeepStack level; the last layer's normed:
+        transformers' `hidden_states[i + 1]`) stay on the device, in that order (`captured_device`;
+        `captured` downloads them when read)."""
         self._require_cache()
         ttnn = self.ttnn
         with self.tracer.span("tt.prefill_setup"):
@@ -190,7 +191,7 @@ class TextPrefill(TextState):
             padded = self.plan.padded_length(length)
             hidden = self._rows(h, padded, self.hidden_padded)
             cos, sin = self._prefill_rope(position_ids, padded)
-        last, h_size = self.text_cfg.num_hidden_layers - 1, self.text_cfg.hidden_size
+        last = self.text_cfg.num_hidden_layers - 1
         taken: dict[int, torch.Tensor] = {}
         with self.tracer.span("tt.prefill_layers", layers=last + 1, rows=padded):
             for i in range(last + 1):
@@ -201,14 +202,14 @@ class TextPrefill(TextState):
                     self._free(hidden, extra)
                     hidden = added
                 if i in capture and i != last:
-                    taken[i] = self._download(hidden)[0, 0, :length, :h_size]
+                    taken[i] = ttnn.clone(hidden, memory_config=ttnn.DRAM_MEMORY_CONFIG)
             self._free(cos, sin)
             normed = self._rms(hidden, self.weights["norm.tile"], self.residual_eps)
             self._free(hidden)
             if last in capture:
-                taken[last] = self._download(normed)[0, 0, :length, :h_size]
+                taken[last] = ttnn.clone(normed, memory_config=ttnn.DRAM_MEMORY_CONFIG)
             ttnn.synchronize_device(self.device)
-        self.captured = [taken[i] for i in capture]
+        self._keep_captured([taken[i] for i in capture], length)
         self.cache_len, self.rope_delta = length, rope_delta(position_ids)
         return normed, length
 
