@@ -116,6 +116,20 @@ class TextBackbone(Protocol):
         """`prefill_hidden`, then float32 logits [V] of the last prompt position."""
         ...
 
+    def prefill_block(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
+        drafted: int = 0,
+    ) -> torch.Tensor:
+        """A prompt whose last `drafted` inputs are tokens drafted after it, in one forward -> float32 logits
+        [drafted + 1, V] of its last drafted + 1 positions (a first speculative block verified in the
+        prefill); the cache holds all L positions."""
+        ...
+
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n rows sharing its KV cache."""
         ...

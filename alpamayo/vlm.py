@@ -27,6 +27,7 @@ from alpamayo.errors import ConfigError
 from alpamayo.families.loader import check_checkpoint, load_model_config
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from alpamayo.profiling import Tracer
+from alpamayo.text.inputs import rope_delta
 from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
 
 __all__ = ["ImageFeatures", "VisionLanguageModel"]
@@ -172,6 +173,30 @@ class VisionLanguageModel:
         """Run the prompt (see `prefill_inputs`) and fill the cache -> float32 logits [V] of its last position.
         `capture`: text layers whose outputs [L, H] are left in `text.captured` (a DFlash draft's context)."""
         return self.text.prefill(*self.prefill_inputs(input_ids, features), capture=capture)
+
+    def prefill_block(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        features: Sequence[ImageFeatures],
+        drafted: Sequence[int],
+        capture: Sequence[int] = (),
+    ) -> torch.Tensor:
+        """The prompt (see `prefill_inputs`) and the text tokens `drafted` after it in one forward, each at
+        the position a decode step would give it -> float32 logits [len(drafted) + 1, V] of the prompt's last
+        position and the drafted ones (`TextModel.prefill_block`); `capture` as in `prefill`."""
+        inputs, positions, mask, deepstack = self.prefill_inputs(input_ids, features)
+        n = len(drafted)
+        if n:
+            extra = torch.as_tensor(list(drafted), dtype=torch.long)
+            inputs = (
+                torch.cat([inputs, extra])
+                if inputs.dim() == 1
+                else torch.cat([inputs, self.text.embed(extra).to(inputs.device, inputs.dtype)])
+            )
+            steps = torch.arange(positions.shape[1], positions.shape[1] + n) + rope_delta(positions)
+            positions = torch.cat([positions, steps.expand(3, -1)], 1)
+            mask = None if mask is None else torch.cat([mask, mask.new_zeros(n)])
+        return self.text.prefill_block(inputs, positions, mask, deepstack, capture=capture, drafted=n)
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""
