@@ -275,6 +275,21 @@ def dflash_draft_estimate(
     return StageEstimate(f"DFlash draft ({layers} layers, {block} rows)", tuple(ops), steps)
 
 
+def first_block_ms(
+    cfg: ModelConfig, precision: Precision, prompt: int, drafted: int, device: DeviceSpec = P150
+) -> float:
+    """What verifying `drafted` tokens inside the prefill of `prompt` rows adds to it
+    (`TextPrefill.prefill_block`): the padded rows they need beyond the prompt's (none while they fit its
+    padding to a multiple of 128) and one more lm_head pass per tile their scored rows cross into."""
+    extra = prefill_estimate(cfg, precision, prompt + drafted).ms(device)
+    extra -= prefill_estimate(cfg, precision, prompt).ms(device)
+    plan = plan_text(cfg, precision)
+    head = [s for s in text_weight_specs(cfg, plan.device.dram_banks) if s.name == "lm_head"]
+    tiles = (prompt + drafted - 1) // TILE - (prompt - 1) // TILE
+    head_ms = StageEstimate("lm_head", tuple(matmul_ops(head, TILE, precision, plan.prefill_grid.cores)))
+    return extra + tiles * head_ms.ms(device)
+
+
 def speculative_lines(
     cfg: ModelConfig,
     precision: Precision,
@@ -288,7 +303,10 @@ def speculative_lines(
     """The per-prediction estimate with speculation: `tokens` reasoning tokens at `accept_len` tokens per
     verify (the accepted prefix plus the target's own token), so ceil(tokens / accept_len) verifies of
     `block` rows replace the `tokens` decode steps inside `plain_total_ms`; with a model-free draft (lookup,
-    previous: host only) and with a DFlash draft on the device."""
+    previous: host only, which proposes the first block before the prefill: it is verified there, at
+    `first_block_ms` for its block - 1 drafted rows, and one verify fewer runs) and with a DFlash draft on the
+    device (it drafts from the prefill's features: every block is a verify). `context`: the prompt plus the
+    `tokens`."""
     if not 1 <= accept_len <= block:
         raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
     if not 1 <= block <= TILE:
@@ -299,18 +317,22 @@ def speculative_lines(
     verify = verify_estimate(cfg, precision, context, block, steps)
     draft = dflash_draft_estimate(cfg, precision, block, steps)
     rest = plain_total_ms - plain.ms(device) * tokens
-    without = rest + verify.ms(device) * steps
-    with_draft = without + draft.ms(device) * steps
+    first = first_block_ms(cfg, precision, context - tokens, block - 1, device)
+    without = rest + first + verify.ms(device) * (steps - 1)
+    with_draft = rest + (verify.ms(device) + draft.ms(device)) * steps
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
-    floor = 1e3 * steps * weights / device.dram_bandwidth
+    floor = 1e3 * (steps - 1) * weights / device.dram_bandwidth
     return [
         f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
         f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
         f"  {verify.describe(device)}",
         f"  {draft.describe(device)}",
+        f"  first block verified in the prefill ({block - 1} drafted rows, model-free drafts): {first:.3f} ms "
+        f"instead of a verify, then {steps - 1} verifies",
         f"  total per prediction, model-free draft (lookup, previous) {without:8.1f} ms (estimate)",
         f"  total per prediction, DFlash draft on the device          {with_draft:8.1f} ms (estimate)",
-        f"  of which the rest of the prediction (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' "
-        f"weight reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
-        f"{rest + floor:.1f} ms at the least at this accepted length",
+        f"  of which, model-free, the rest of the prediction (vision, prefill, expert) {rest:.1f} ms, the first "
+        f"block {first:.1f} ms and the {steps - 1} verifies' weight reads alone {floor:.1f} ms ({weights / 1e9:.3f} "
+        f"GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): {rest + first + floor:.1f} ms at the least at this "
+        "accepted length",
     ]
