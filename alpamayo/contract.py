@@ -123,11 +123,11 @@ class TextBackbone(Protocol):
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
         capture: Sequence[int] = (),
-        drafted: int = 0,
+        drafted: torch.Tensor | Sequence[int] = (),
     ) -> torch.Tensor:
-        """A prompt whose last `drafted` inputs are tokens drafted after it, in one forward -> float32 logits
-        [drafted + 1, V] of its last drafted + 1 positions (a first speculative block verified in the
-        prefill); the cache holds all L positions."""
+        """A prompt (as `prefill`) and the token ids `drafted` [n] after it, at the positions decode steps
+        would give them -> float32 logits [n + 1, V] of the prompt's last position and each drafted one (a
+        first speculative block verified with the prefill); the cache holds the prompt and the n."""
         ...
 
     def fork(self, n: int) -> None:

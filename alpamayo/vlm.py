@@ -27,7 +27,6 @@ from alpamayo.errors import ConfigError
 from alpamayo.families.loader import check_checkpoint, load_model_config
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from alpamayo.profiling import Tracer
-from alpamayo.text.inputs import rope_delta
 from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images
 
 __all__ = ["ImageFeatures", "VisionLanguageModel"]
@@ -181,22 +180,12 @@ class VisionLanguageModel:
         drafted: Sequence[int],
         capture: Sequence[int] = (),
     ) -> torch.Tensor:
-        """The prompt (see `prefill_inputs`) and the text tokens `drafted` after it in one forward, each at
-        the position a decode step would give it -> float32 logits [len(drafted) + 1, V] of the prompt's last
-        position and the drafted ones (`TextModel.prefill_block`); `capture` as in `prefill`."""
-        inputs, positions, mask, deepstack = self.prefill_inputs(input_ids, features)
-        n = len(drafted)
-        if n:
-            extra = torch.as_tensor(list(drafted), dtype=torch.long)
-            inputs = (
-                torch.cat([inputs, extra])
-                if inputs.dim() == 1
-                else torch.cat([inputs, self.text.embed(extra).to(inputs.device, inputs.dtype)])
-            )
-            steps = torch.arange(positions.shape[1], positions.shape[1] + n) + rope_delta(positions)
-            positions = torch.cat([positions, steps.expand(3, -1)], 1)
-            mask = None if mask is None else torch.cat([mask, mask.new_zeros(n)])
-        return self.text.prefill_block(inputs, positions, mask, deepstack, capture=capture, drafted=n)
+        """The prompt (see `prefill_inputs`) and the text token ids `drafted` after it, each at the position a
+        decode step would give it -> float32 logits [len(drafted) + 1, V] of the prompt's last position and
+        the drafted ones (`TextBackbone.prefill_block`); `capture` as in `prefill`."""
+        return self.text.prefill_block(
+            *self.prefill_inputs(input_ids, features), capture=capture, drafted=drafted
+        )
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""

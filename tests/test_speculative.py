@@ -49,8 +49,7 @@ class Target:
         if draft is not None:
             ctx = DraftContext(self.prompt.tolist(), len(sampler.generators), stream)
             self.first = first_draft(draft, ctx, limits, self.vocab.marker("traj_future_start"))
-        ids = torch.cat([self.prompt, torch.tensor(self.first, dtype=torch.long)])
-        logits = m.prefill_block(ids, capture=capture, drafted=len(self.first))
+        logits = m.prefill_block(self.prompt, capture=capture, drafted=self.first)
         if capture:
             ctx.features = torch.cat(m.captured, -1)
         return generate_plans(
@@ -136,27 +135,28 @@ def test_verify_on_ragged_rows_equals_each_row_decoded_alone(target):
         m.rollback([10_000])
 
 
-def test_a_prefill_block_scores_its_drafted_tokens_as_prefill_then_verify(target, demo_checkpoint):
-    """The prompt and n drafted tokens in one forward: row 0 is the prompt's own prefill logits, row j the
-    verify's after the j-th drafted token, the cache the same; bit for bit in bfloat16 (whose CPU linears
-    round a row alike whatever the number of rows), to float32 GEMM rounding otherwise."""
-    drafted = torch.tensor([5, 6, 7, 8])
+def test_a_prefill_block_scores_its_drafted_tokens_as_plain_decoding_does(target, demo_checkpoint):
+    """The prompt and n drafted tokens: row 0 is the prompt's last position's logits, row j those after the
+    j-th drafted token decoded one at a time, and the cache holds what that decoding leaves; bit for bit in
+    bfloat16 (whose CPU linears round a row alike whatever the number of rows), to float32 GEMM rounding
+    otherwise."""
+    drafted = [5, 6, 7, 8]
     models = [(target.model, False)]
     if target.hf_dir is None:
         models.append((TextModel.from_checkpoint(demo_checkpoint, dtype=torch.bfloat16), True))
     for m, exact in models:
         m.setup_cache(64, 1)
-        ref = torch.cat([m.prefill(target.prompt)[None], m.verify(drafted[None])[0]])
+        ref = torch.stack([m.prefill(target.prompt), *(m.decode(t) for t in drafted)])
         ref_kv = [t[:, :, : m.cache_len].clone() for t in (*m.cache.k, *m.cache.v)]
-        got = m.prefill_block(torch.cat([target.prompt, drafted]), drafted=4)
+        got = m.prefill_block(target.prompt, drafted=drafted)
         assert got.shape == (5, m.text_cfg.vocab_size) and m.lengths == [len(target.prompt) + 4]
         kv = [t[:, :, : m.cache_len] for t in (*m.cache.k, *m.cache.v)]
         if exact:
             assert torch.equal(got, ref) and all(map(torch.equal, kv, ref_kv))
         else:
             torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match=r"drafted must be in \[0, 3\] .* got 4"):
-        target.model.prefill_block(torch.arange(4), drafted=4)
+            assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(kv, ref_kv, strict=True))
+        assert torch.equal(m.prefill_block(target.prompt)[0], m.prefill(target.prompt))
 
 
 # ------------------------------------------------------------------ greedy exactness

@@ -109,8 +109,7 @@ def test_a_prefill_block_scores_its_drafted_rows_across_a_tile_and_the_padding(m
     """A first speculative block verified in the prefill: 126 prompt rows and 4 drafted ones (130 rows, padded
     to 256) score rows 125..129, which lie in two tiles: two lm_head passes, one row each tile it needs."""
     t = model.text_cfg
-    drafted = torch.tensor([5, 6, 7, 8])
-    logits = model.prefill_block(torch.cat([prompt(model), drafted]), drafted=4)
+    logits = model.prefill_block(prompt(model), drafted=[5, 6, 7, 8])
     assert logits.shape == (5, t.vocab_size) and logits.dtype == torch.float32
     assert model.cache_len == PROMPT_LEN + 4
     model.fork(1)

@@ -63,7 +63,6 @@ class Attention(nn.Module):
         cache: KVCache,
         start: int | list[int],
         stepwise: bool = False,
-        drafted: int = 0,
     ) -> torch.Tensor:
         """x [B, T, H] at cache positions [start, start+T) -> [B, T, H]. `start` an int: every row starts
         there, cos/sin [T, head_dim]; a list (one per row, ragged rows): row i at [start[i], start[i]+T), each
@@ -72,21 +71,8 @@ class Attention(nn.Module):
         `stepwise` (a speculative verify's block, and every one-token decode): each query attends exactly as a
         one-token decode step at its position would (`_stepwise`), so the block's outputs and K/V are the ones
         decoding it token by token gives. Otherwise (a prompt, a replayed continuation) one masked kernel
-        serves the whole block, but for the last `drafted` rows of a prompt (start 0): tokens drafted after it
-        and verified in its forward (`TextModel.prefill_block`), which attend stepwise over the prompt's K/V
-        and each other while the prompt's rows attend exactly as the prompt alone would."""
+        serves the whole block."""
         b, t, _ = x.shape
-        if drafted and start == 0 and not stepwise:
-            q, k, v = self.project(x, cos, sin)
-            cache.write(self.layer, k, v, 0)
-            prompt = t - drafted
-            keys, values = cache.read(self.layer, b, prompt)
-            with wide():
-                head = F.scaled_dot_product_attention(
-                    q[:, :, :prompt], keys, values, is_causal=True, scale=self.scale, enable_gqa=True
-                )
-            out = torch.cat([head.transpose(1, 2), self._stepwise(q[:, :, prompt:], cache, prompt)], 1)
-            return self.o_proj(out.reshape(b, t, self.n_heads * self.head_dim))
         if t == 1 or stepwise:
             q, k, v = self.project(x, cos, sin)
             if isinstance(start, int):

@@ -65,15 +65,6 @@ def check_prefill(
     return position_ids
 
 
-def check_drafted(drafted: int, length: int) -> None:
-    """ValueError unless `drafted` (tokens drafted after a prompt, inside its L = `length` inputs) leaves a
-    prompt of at least one row."""
-    if not 0 <= drafted < length:
-        raise ValueError(
-            f"drafted must be in [0, {length - 1}] (the inputs' rows after a prompt), got {drafted}"
-        )
-
-
 def check_decode_room(cache_len: int, max_seq_len: int, tokens: int = 1) -> None:
     """RuntimeError unless a decode step of `tokens` per row can run: a prompt was prefilled and the cache has
     that many free positions."""

@@ -26,11 +26,10 @@ class DecoderLayer(nn.Module):
         cache: KVCache,
         start: int | list[int],
         stepwise: bool = False,
-        drafted: int = 0,
     ) -> torch.Tensor:
-        """x [B, T, H] at cache positions from `start` (one int, or one per row), `stepwise` and `drafted` as
-        in `Attention.forward`."""
-        h = x + self.attn(self.input_norm(x), cos, sin, cache, start, stepwise, drafted)
+        """x [B, T, H] at cache positions from `start` (one int, or one per row) and `stepwise` as in
+        `Attention.forward`."""
+        h = x + self.attn(self.input_norm(x), cos, sin, cache, start, stepwise)
         return h + self.mlp(self.post_norm(h))
 
     def over_prefix(

@@ -36,14 +36,7 @@ from alpamayo.config import ModelConfig
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.quant import PART_NAMES, QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache
-from alpamayo.text.inputs import (
-    check_decode_room,
-    check_drafted,
-    check_prefill,
-    check_token_ids,
-    prompt_hidden,
-    rope_delta,
-)
+from alpamayo.text.inputs import check_decode_room, check_prefill, check_token_ids, prompt_hidden, rope_delta
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.linear import Linear, pack_linears
@@ -221,18 +214,16 @@ class TextModel(nn.Module):
         deepstack: Sequence[torch.Tensor] | None = None,
         capture: Sequence[int] = (),
         stepwise: bool = False,
-        drafted: int = 0,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """h [B, T, H] through every layer -> (final-normed hidden [B, T, H], the outputs [B, T, H] of the
         layers in `capture`, in that order: transformers' `hidden_states[i + 1]`, the normed output for the
         last layer). `start`: the rows' common cache index, or one per row (ragged); `stepwise`: every query
-        attends as a one-token decode would; `drafted`: so do a prompt's last `drafted` rows
-        (`Attention.forward`)."""
+        attends as a one-token decode would (`Attention.forward`)."""
         cache = self._require_cache()
         taken: dict[int, torch.Tensor] = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, cache, start, stepwise, drafted)
+            h = layer(h, cos, sin, cache, start, stepwise)
             if deepstack is not None and i < len(deepstack):
                 h[0, visual_pos_mask] += deepstack[i].to(h.dtype)
             if i in capture and i != last:
@@ -250,11 +241,9 @@ class TextModel(nn.Module):
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
         capture: Sequence[int] = (),
-        drafted: int = 0,
     ) -> torch.Tensor:
         """Run a fresh prompt through the decoder and fill the cache; returns final-normed hidden [L, H].
         `capture`: layer indices whose outputs [L, H] are left in `self.captured` (a DFlash draft's context).
-        `drafted`: the last `drafted` of the L inputs are drafted tokens after the prompt (`prefill_block`).
 
         inputs: token ids [L] (int) or embeddings [L, H] (image embeds already scattered in).
         position_ids: [3, L] M-RoPE rows (T, H, W); default arange on all rows (text only).
@@ -267,14 +256,11 @@ class TextModel(nn.Module):
         position_ids = check_prefill(
             self.text_cfg, length, cache.max_seq_len, position_ids, visual_pos_mask, deepstack
         )
-        check_drafted(drafted, length)
         self.reset()
         cos, sin = self.rope.cos_sin(position_ids, self.dtype)
         if visual_pos_mask is not None:
             visual_pos_mask = visual_pos_mask.to(self.device)
-        out, taken = self._layers(
-            h.unsqueeze(0), cos, sin, 0, visual_pos_mask, deepstack, capture, drafted=drafted
-        )
+        out, taken = self._layers(h.unsqueeze(0), cos, sin, 0, visual_pos_mask, deepstack, capture)
         self.lengths = [length]
         self.rope_delta = rope_delta(position_ids)
         self.captured = [t[0] for t in taken]
@@ -289,7 +275,9 @@ class TextModel(nn.Module):
         capture: Sequence[int] = (),
     ) -> torch.Tensor:
         """`prefill_hidden` (with its `capture`), then float32 logits [V] of the last prompt position."""
-        return self.prefill_block(inputs, position_ids, visual_pos_mask, deepstack, capture)[0]
+        hidden = self.prefill_hidden(inputs, position_ids, visual_pos_mask, deepstack, capture)
+        with torch.inference_mode():
+            return self.logits(hidden[-1])
 
     def prefill_block(
         self,
@@ -298,17 +286,20 @@ class TextModel(nn.Module):
         visual_pos_mask: torch.Tensor | None = None,
         deepstack: Sequence[torch.Tensor] | None = None,
         capture: Sequence[int] = (),
-        drafted: int = 0,
+        drafted: torch.Tensor | Sequence[int] = (),
     ) -> torch.Tensor:
-        """A prompt and the `drafted` tokens after it (the last `drafted` of the L inputs, at the positions
-        plain decoding gives them) in one forward -> float32 logits [drafted + 1, V] of the last drafted + 1
-        positions (row j: the next-token logits after the prompt and its first j drafted tokens), as a
-        `verify` of those tokens after the prompt would score them: the drafted rows attend stepwise, the
-        prompt's rows as the prompt alone, so its K/V and row 0 are bit for bit `prefill`'s (CPU bfloat16).
-        The cache then holds all L positions; `rollback` keeps each row's accepted prefix."""
-        hidden = self.prefill_hidden(inputs, position_ids, visual_pos_mask, deepstack, capture, drafted)
-        with torch.inference_mode():
-            return self.logits(hidden[hidden.shape[0] - drafted - 1 :])
+        """A prompt (arguments as `prefill`) and the token ids `drafted` [n] after it, at the positions decode
+        steps would give them -> float32 logits [n + 1, V]: row 0 the prompt's last position's, row j the
+        next-token logits after its j-th drafted token. The cache then holds the prompt and all n; `rollback`
+        keeps each row's accepted prefix. `captured` holds the prompt's rows only.
+
+        Here the prompt's `prefill`, then a `verify` of the drafted tokens, so both are bit for bit what plain
+        decoding computes (one masked forward over prompt + drafts rounds the prompt's rows with their number:
+        float32 GEMMs and the MoE's per-expert groups change M; the tiny MoE's prompt K/V moved by ~1e-7);
+        on the host that is one weight pass more, on the device (`alpamayo.tt`) they run as one prefill."""
+        first = self.prefill(inputs, position_ids, visual_pos_mask, deepstack, capture)[None]
+        ids = torch.as_tensor(drafted, dtype=torch.long).reshape(1, -1)
+        return torch.cat([first, self.verify(ids)[0]]) if ids.shape[1] else first
 
     @torch.inference_mode()
     def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
