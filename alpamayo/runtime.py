@@ -311,7 +311,8 @@ class AlpamayoVLA:
             if self.draft is not None:
                 image_pad = self.vlm.config.image_token_id
                 draft_ctx = DraftContext([t for t in prompt.token_ids if t != image_pad], num_samples, stream)
-                # the first block rides in the prefill: ~3000 compute-bound rows, so n more cost ~nothing
+                # the first block is verified with the prefill: on the device its rows ride in the prompt's
+                # padding (compute-bound, to a multiple of 128 rows) where a verify reads every weight
                 first = first_draft(
                     self.draft, draft_ctx, self.limits, self.planner.vocab.marker("traj_future_start")
                 )

@@ -4,10 +4,10 @@
 RMSNorm, HF rotary on host cos/sin, K/V written to the cache from a height-sharded copy (`fill_cache`
 mis-addresses interleaved multi-head inputs), causal SDPA chunked by the padded length, SiLU fused into the
 gate * up multiply, DeepStack level k added after layer k, final norm and the lm_head on the last prompt row's
-tile only (`prefill_block`: on the tiles of the last drafted + 1 rows, tokens drafted after the prompt that
-the prefill verifies; they fit the padding, so they cost no more rows unless they cross a multiple of 128,
-and one more lm_head pass when they cross a tile). Pad rows continue the text positions after the prompt, which causal attention keeps away from the
-real rows. `block_prefill` is shared with the action expert's layers (`alpamayo.tt.expert`).
+tile only (`prefill_block`: on the tiles of the last n + 1 rows, n tokens drafted after the prompt that the
+prefill verifies; they cost no rows while they fit the padding, 128 more when they cross a multiple of 128,
+and one more lm_head pass when they cross a tile). Pad rows continue the text positions after the prompt,
+which causal attention keeps away from the real rows. `block_prefill` is shared with the action expert's layers (`alpamayo.tt.expert`).
 """
 
 from __future__ import annotations
