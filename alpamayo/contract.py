@@ -119,6 +119,20 @@ class TextBackbone(Protocol):
         """`prefill_hidden`, then float32 logits [V] of the last prompt position."""
         ...
 
+    def prefill_block(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
+        drafted: torch.Tensor | Sequence[int] = (),
+    ) -> torch.Tensor:
+        """A prompt (as `prefill`) and the token ids `drafted` [n] after it, at the positions decode steps
+        would give them -> float32 logits [n + 1, V] of the prompt's last position and each drafted one (a
+        first speculative block verified with the prefill); the cache holds the prompt and the n."""
+        ...
+
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n rows sharing its KV cache."""
         ...

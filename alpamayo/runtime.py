@@ -43,7 +43,7 @@ from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
-from alpamayo.trajectory_generation import FILLER, GeneratedPlan, generate_plans
+from alpamayo.trajectory_generation import FILLER, GeneratedPlan, first_draft, generate_plans
 from alpamayo.vlm import VisionLanguageModel
 from planner.pipeline import Planner
 from planner.settings import PlannerConfig
@@ -337,22 +337,24 @@ class AlpamayoVLA:
         features = self._features(frames, frame_times_ns, prompt.images)
         ids = self.vlm.expand_image_pads(prompt.token_ids, features)
         self._ensure_cache(len(ids) + self.limits.decode_positions, num_samples)
-        capture = () if self.draft is None else self.draft.capture
-        with self.tracer.span("prefill", tokens=len(ids)):
-            logits = self.vlm.prefill(ids, features, capture)
+        draft = self.draft
+        capture = () if draft is None else draft.capture
+        draft_ctx, first = None, []
+        with self.tracer.span("prefill", tokens=len(ids)) as span:
+            if draft is not None:
+                image_pad = self.vlm.config.image_token_id
+                draft_ctx = DraftContext([t for t in prompt.token_ids if t != image_pad], num_samples, stream)
+                # the first block is verified with the prefill: on the device its rows ride in the prompt's
+                # padding (compute-bound, to a multiple of 128 rows) where a verify reads every weight
+                first = first_draft(
+                    draft, draft_ctx, self.limits, self.planner.vocab.marker("traj_future_start")
+                )
+                span["drafted"] = len(first)
+            logits = self.vlm.prefill_block(ids, features, first, capture)
+        if draft is not None and draft_ctx is not None and capture and not draft.reads_target_context:
+            # a device draft reads them where the prefill left them: no download
+            draft_ctx.features = torch.cat(self.vlm.text.captured, dim=-1)
         sampler = TokenSampler.for_request(sampling, seed, num_samples)
-        draft_ctx = None
-        if self.draft is not None:
-            image_pad = self.vlm.config.image_token_id
-            draft_ctx = DraftContext(
-                [t for t in prompt.token_ids if t != image_pad],
-                num_samples,
-                stream,
-                # a device draft reads them where the prefill left them: no download
-                torch.cat(self.vlm.text.captured, dim=-1)
-                if capture and not self.draft.reads_target_context
-                else None,
-            )
         plans = generate_plans(
             self.vlm,
             logits,
@@ -364,6 +366,7 @@ class AlpamayoVLA:
             trajectory_tokens=self.expert is None,
             draft=self.draft,
             draft_context=draft_ctx,
+            first_draft=first,
         )
         normalised = None
         if self.expert is not None:

@@ -97,9 +97,25 @@ class SpeculativeLM(ForkableLM):
     def rollback(self, lengths: Sequence[int]) -> None: ...
 
 
+def first_draft(draft: Draft, ctx: DraftContext, limits: PlanLimits, start_id: int) -> list[int]:
+    """The row-shared tokens `draft` proposes before the prefill to open the reasoning (`Draft.propose_first`),
+    which the prefill then verifies (`TextModel.prefill_block`, `generate_plans(first_draft=...)`): at most
+    block_size - 1 and the reasoning cap, cut before any `<|traj_future_start|>` as a block's drafts are."""
+    room = min(draft.block_size - 1, limits.max_reasoning_tokens)
+    return _clip(draft.propose_first(ctx, room), room, start_id)
+
+
+def _clip(tokens: Sequence[int], room: int, start_id: int) -> list[int]:
+    """At most `room` drafted tokens, none from `<|traj_future_start|>` on: the target always emits the stop
+    itself, so the cap forces it at the same count as plain decoding."""
+    d = list(tokens)[:room]
+    return d[: d.index(start_id)] if start_id in d else d
+
+
 def _speculate(
     model: SpeculativeLM,
     first_logits: torch.Tensor,
+    first: Sequence[int],
     bias: torch.Tensor,
     sampler: TokenSampler,
     limits: PlanLimits,
@@ -112,6 +128,12 @@ def _speculate(
 ) -> None:
     """Decode every row's reasoning speculatively, up to (not including) its `<|traj_future_start|>`, which
     the caller feeds. `bias` [V]: the reasoning logit bias.
+
+    The first block is the prefill's: `first` (n row-shared drafted tokens, `first_draft`) were fed after the
+    prompt, `first_logits` [n + 1, V] are its last n + 1 positions; each row keeps its agreeing prefix of
+    `first` and the target's own token after it as every block does, the cache rolled back to the prompt and
+    that prefix (a row that rejects the first draft keeps just the prompt). With n = 0 the first token is the
+    prefill's and no block is recorded.
 
     Each block feeds row r its pending token (chosen, not yet in the cache) and the draft's tokens after it,
     in one `verify`; position j's logits choose the token after the j-th fed one exactly as a plain decode
@@ -146,9 +168,20 @@ def _speculate(
         pending[r] = token
         return ok
 
+    def accept(r: int, logits: torch.Tensor, drafted: Sequence[int]) -> int:
+        """Row r's tokens from `logits` [len(drafted) + 1, V] (row j after the j-th fed token) while the target
+        keeps `drafted`: the drafts kept (the token after them, the target's own, is then pending)."""
+        j = 0
+        while j <= len(drafted) and take(r, logits[j], drafted[j] if j < len(drafted) else None):
+            j += 1
+        return j
+
     draft.begin(ctx)
-    for r in range(k):
-        take(r, first_logits, None)
+    opened = [accept(r, first_logits, first) for r in range(k)]
+    if first:
+        model.rollback([n - len(first) + j for n, j in zip(model.lengths, opened, strict=True)])
+        for plan, j in zip(plans, opened, strict=True):
+            plan.accepted_lengths.append(j + 1)
     while not all(done):
         t0 = time.perf_counter_ns()
         room = [
@@ -156,10 +189,7 @@ def _speculate(
             for r, p in enumerate(plans)
         ]
         proposed = draft.propose([p.reasoning_token_ids for p in plans], room)
-        drafts = []
-        for r, d in enumerate(proposed):
-            d = list(d)[: room[r]]
-            drafts.append(d[: d.index(start_id)] if start_id in d else d)
+        drafts = [_clip(d, room[r], start_id) for r, d in enumerate(proposed)]
         t1 = time.perf_counter_ns()
         width = 1 + max(len(d) for d in drafts)
         rows = [
@@ -174,11 +204,7 @@ def _speculate(
             if done[r]:
                 kept.append(0)
                 continue
-            fed = [pending[r]]
-            j = 0
-            while j <= len(d) and take(r, logits[r, j], d[j] if j < len(d) else None):
-                fed.append(d[j])
-                j += 1
+            fed = [pending[r], *d[: accept(r, logits[r], d)]]
             kept.append(len(fed))
             plans[r].accepted_lengths.append(len(fed))
             draft.accepted(r, fed, None if feats is None else feats[r, : len(fed)])
@@ -201,8 +227,10 @@ def generate_plans(
     trajectory_tokens: bool = True,
     draft: Draft | None = None,
     draft_context: DraftContext | None = None,
+    first_draft: Sequence[int] = (),
 ) -> list[GeneratedPlan]:
-    """K = len(sampler.generators) samples after a prefill whose last-position logits are `first_logits` [V].
+    """K = len(sampler.generators) samples after a prefill whose last-position logits are `first_logits` [V]
+    (or [n + 1, V]: the prefill also verified the n tokens `first_draft` of `draft`, see `_speculate`).
 
     The model's cache must hold K rows and `limits.decode_positions` positions beyond the prompt. `eos_ids` are
     masked during the reasoning, so only `<|traj_future_start|>` ends it (as Alpamayo 2 does). With a tracer,
@@ -212,18 +240,24 @@ def generate_plans(
 
     With a `draft` (and its `draft_context`), the reasoning is decoded speculatively (`_speculate`): the
     same tokens under greedy decoding, the same distribution under sampling; each plan then carries its
-    accepted lengths, and the tracer gets one `draft` and one `verify` span per block. The model must then
-    be a torch `TextModel` (or a VLM around one) with `verify` and `rollback`.
+    accepted lengths (with a `first_draft`, the first is the prefill's block, timed by the caller's prefill
+    span), and the tracer gets one `draft` and one `verify` span per verify block. The model must then
+    be a `SpeculativeLM` (`verify` and `rollback`: the torch `TextModel`, the ttnn text model, or a VLM
+    around either).
     """
     k = len(sampler.generators)
-    if first_logits.dim() != 1:
+    scored = first_logits if first_logits.dim() == 2 else first_logits.unsqueeze(0)
+    if scored.dim() != 2 or scored.shape[0] != len(first_draft) + 1:
         raise ValueError(
-            f"first_logits must be the last prompt position's logits [V], got {list(first_logits.shape)}"
+            f"first_logits must be [V] or [{len(first_draft) + 1}, V] (the last prompt position and the "
+            f"{len(first_draft)} first drafted tokens), got {list(first_logits.shape)}"
         )
-    masks = _Masks(vocab, first_logits.shape[0], eos_ids, first_logits.device)
+    if first_draft and draft is None:
+        raise ValueError("first_draft was verified in the prefill, but no draft decodes the rest")
+    masks = _Masks(vocab, scored.shape[1], eos_ids, scored.device)
     start_id, end_id = vocab.marker("traj_future_start"), vocab.marker(FILLER)
     model.fork(k)
-    logits = first_logits.unsqueeze(0).expand(k, -1)
+    logits = scored[0].unsqueeze(0).expand(k, -1)
     phase = [REASONING] * k
     plans = [GeneratedPlan([], False, np.zeros(0, dtype=np.int64), []) for _ in range(k)]
     t_start = time.perf_counter_ns()
@@ -233,7 +267,8 @@ def generate_plans(
             raise ValueError("a draft needs its DraftContext (prompt ids, rows, stream, features)")
         _speculate(
             model,
-            first_logits,
+            scored,
+            first_draft,
             masks.reasoning,
             sampler,
             limits,

@@ -173,6 +173,20 @@ class VisionLanguageModel:
         `capture`: text layers whose outputs [L, H] are left in `text.captured` (a DFlash draft's context)."""
         return self.text.prefill(*self.prefill_inputs(input_ids, features), capture=capture)
 
+    def prefill_block(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        features: Sequence[ImageFeatures],
+        drafted: Sequence[int],
+        capture: Sequence[int] = (),
+    ) -> torch.Tensor:
+        """The prompt (see `prefill_inputs`) and the text token ids `drafted` after it, each at the position a
+        decode step would give it -> float32 logits [len(drafted) + 1, V] of the prompt's last position and
+        the drafted ones (`TextBackbone.prefill_block`); `capture` as in `prefill`."""
+        return self.text.prefill_block(
+            *self.prefill_inputs(input_ids, features), capture=capture, drafted=drafted
+        )
+
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as n sequences sharing its KV cache (see `TextModel.fork`)."""
         self.text.fork(n)

@@ -96,12 +96,13 @@ def test_a_prompt_that_is_not_whole_windows_gets_no_tick_line(capsys):
 
 
 def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
-    """The floor of a stream's tick at tau = 4: its rest (everything but the decode) plus the 16 verifies'
-    weight reads; the fidelity trades it names are the verify estimate at those bfp4 groups, and one more
-    token per verify drops the verifies it saves."""
+    """The model-free floor of a stream's tick at tau = 4: its rest (everything but the decode), the first
+    block (verified in the prefill) and the other 15 verifies' weight reads; the fidelity trades it names are
+    the verify estimate at those bfp4 groups over those 15, and one more token per verify drops the verifies
+    it saves."""
     from alpamayo.configs import builtin_expert
     from alpamayo.tt.device_spec import P150
-    from alpamayo.tt.estimate import decode_estimate, verify_estimate
+    from alpamayo.tt.estimate import decode_estimate, first_block_ms, verify_estimate
     from alpamayo.tt.precision import load_precision
 
     assert main(["plan", "--checkpoint", "alpamayo-1.5-10b", "--accept-len", "4"]) == 0
@@ -113,17 +114,20 @@ def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
         decode_estimate(cfg, precision, context, 64),
         verify_estimate(cfg, precision, context, 8, 16),
     )
-    rest, floor = re.search(
-        r"floor: the rest of a stream's tick .* ([\d.]+) ms and the 16 verifies' weight reads alone ([\d.]+) ms",
+    rest, first, floor, least = re.search(
+        r"floor, model-free: the rest of a stream's tick .* ([\d.]+) ms, the first block ([\d.]+) ms and the 15 "
+        r"verifies' weight reads alone ([\d.]+) ms .*: ([\d.]+) ms at the least",
         out,
     ).groups()
     assert float(rest) == pytest.approx(tick - 64 * step.ms(P150), abs=0.15)
+    assert float(first) == pytest.approx(first_block_ms(cfg, precision, 3072, 7), abs=0.05)
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
-    assert float(floor) == pytest.approx(16e3 * weights / P150.dram_bandwidth, abs=0.05)
+    assert float(floor) == pytest.approx(15e3 * weights / P150.dram_bandwidth, abs=0.05)
+    assert float(least) == pytest.approx(float(rest) + float(first) + float(floor), abs=0.15)
     head = re.search(r"a bfp4 lm_head ([\d.]+) ms less", out).group(1)
     bfp4 = load_precision("performance")
     bfp4 = type(bfp4)("bfp4 head", {**bfp4.dtypes, "lm_head": "bfp4"}, bfp4.fidelity)
-    saved = 16 * (verify.ms(P150) - verify_estimate(cfg, bfp4, context, 8, 16).ms(P150))
+    saved = 15 * (verify.ms(P150) - verify_estimate(cfg, bfp4, context, 8, 16).ms(P150))
     assert float(head) == pytest.approx(saved, abs=0.05) and saved > 0
     fewer, gain = re.search(r"at 5, (\d+) verifies fewer, ([\d.]+) ms less", out).groups()
     assert int(fewer) == 16 - math.ceil(64 / 5)

@@ -19,7 +19,7 @@ from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
-from alpamayo.trajectory_generation import PlanLimits, generate_plans
+from alpamayo.trajectory_generation import PlanLimits, first_draft, generate_plans
 from planner.tokenizers import TrajectoryVocab
 from tests.dflash_checkpoints import dflash_config, reference_block_logits, save_dflash
 from tests.hf_checkpoints import load_hf, save_checkpoint, text_config
@@ -41,15 +41,17 @@ class Target:
         self.prompt = torch.tensor(tok(PROMPT, add_special_tokens=False)["input_ids"])
 
     def plans(self, sampler, limits, draft=None, stream=None, tracer=None, trajectory_tokens=True):
+        """As the runtime decodes: the draft's first tokens (`self.first`) verified in the prefill."""
         m = self.model
         m.setup_cache(len(self.prompt) + limits.decode_positions, len(sampler.generators))
         capture = () if draft is None else draft.capture
-        hidden = m.prefill_hidden(self.prompt, capture=capture)
-        logits = m.logits(hidden[-1])
-        ctx = None
+        ctx, self.first = None, []
         if draft is not None:
-            feats = torch.cat(m.captured, -1) if capture else None
-            ctx = DraftContext(self.prompt.tolist(), len(sampler.generators), stream, feats)
+            ctx = DraftContext(self.prompt.tolist(), len(sampler.generators), stream)
+            self.first = first_draft(draft, ctx, limits, self.vocab.marker("traj_future_start"))
+        logits = m.prefill_block(self.prompt, capture=capture, drafted=self.first)
+        if capture:
+            ctx.features = torch.cat(m.captured, -1)
         return generate_plans(
             m,
             logits,
@@ -61,6 +63,7 @@ class Target:
             trajectory_tokens,
             draft,
             ctx,
+            self.first,
         )
 
 
@@ -79,24 +82,28 @@ GREEDY = TokenSampler.for_request(Sampling(), None, 1)
 
 class Oracle(Draft):
     """Drafts a known continuation per row; `wrong_at` (per row, None: never) corrupts the draft from that
-    index of the continuation on (a draft that is always wrong: 0)."""
+    index of the continuation on (a draft that is always wrong: 0). `first`: row 0's draft also opens the
+    reasoning inside the prefill (`Draft.propose_first`)."""
 
     name = "oracle"
 
-    def __init__(self, continuations, wrong_at=None, block_size=8):
+    def __init__(self, continuations, wrong_at=None, block_size=8, first=False):
         super().__init__(block_size)
         self.cont, self.wrong_at = continuations, wrong_at or [None] * len(continuations)
+        self.first = first
+
+    def _draft(self, r, done, n):
+        w = self.wrong_at[r]
+        return [
+            (t + 1) % 300 if w is not None and done + j >= w else t  # any other token than the continuation's
+            for j, t in enumerate(self.cont[r][done : done + n])
+        ]
+
+    def propose_first(self, ctx, limit):
+        return self._draft(0, 0, limit) if self.first else []
 
     def propose(self, generated, limits):
-        out = []
-        for r, (g, n) in enumerate(zip(generated, limits, strict=True)):
-            d = list(self.cont[r][len(g) : len(g) + n])
-            w = self.wrong_at[r]
-            for j in range(len(d)):
-                if w is not None and len(g) + j >= w:
-                    d[j] = (d[j] + 1) % 300  # any other token than the continuation's
-            out.append(d)
-        return out
+        return [self._draft(r, len(g), n) for r, (g, n) in enumerate(zip(generated, limits, strict=True))]
 
 
 def continuation(plan, vocab):
@@ -128,6 +135,30 @@ def test_verify_on_ragged_rows_equals_each_row_decoded_alone(target):
         m.rollback([10_000])
 
 
+def test_a_prefill_block_scores_its_drafted_tokens_as_plain_decoding_does(target, demo_checkpoint):
+    """The prompt and n drafted tokens: row 0 is the prompt's last position's logits, row j those after the
+    j-th drafted token decoded one at a time, and the cache holds what that decoding leaves; bit for bit in
+    bfloat16 (whose CPU linears round a row alike whatever the number of rows), to float32 GEMM rounding
+    otherwise."""
+    drafted = [5, 6, 7, 8]
+    models = [(target.model, False)]
+    if target.hf_dir is None:
+        models.append((TextModel.from_checkpoint(demo_checkpoint, dtype=torch.bfloat16), True))
+    for m, exact in models:
+        m.setup_cache(64, 1)
+        ref = torch.stack([m.prefill(target.prompt), *(m.decode(t) for t in drafted)])
+        ref_kv = [t[:, :, : m.cache_len].clone() for t in (*m.cache.k, *m.cache.v)]
+        got = m.prefill_block(target.prompt, drafted=drafted)
+        assert got.shape == (5, m.text_cfg.vocab_size) and m.lengths == [len(target.prompt) + 4]
+        kv = [t[:, :, : m.cache_len] for t in (*m.cache.k, *m.cache.v)]
+        if exact:
+            assert torch.equal(got, ref) and all(map(torch.equal, kv, ref_kv))
+        else:
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+            assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(kv, ref_kv, strict=True))
+        assert torch.equal(m.prefill_block(target.prompt)[0], m.prefill(target.prompt))
+
+
 # ------------------------------------------------------------------ greedy exactness
 def _dflash(target, tmp_path, **over):
     cfg = dflash_config(target.model.text_cfg, **over)
@@ -135,18 +166,22 @@ def _dflash(target, tmp_path, **over):
     return DFlashDraft.load(tmp_path / "draft", target.model)
 
 
-@pytest.mark.parametrize("kind", ["lookup", "previous", "dflash", "oracle", "wrong"])
+@pytest.mark.parametrize(
+    "kind", ["lookup", "previous", "dflash", "oracle", "wrong", "oracle-first", "wrong-first"]
+)
 def test_greedy_tokens_equal_plain_decoding_with_every_draft(target, kind, tmp_path):
+    """`-first`: the oracle's first block is verified in the prefill (as `previous`'s second prediction's)."""
     limits = PlanLimits(max_reasoning_tokens=40, tokens_per_future=16)
     (plain,) = target.plans(GREEDY, limits)
     cont = [continuation(plain, target.vocab)]
+    first = kind.endswith("-first")
     draft = {
         "lookup": lambda: LookupDraft(8),
         "previous": lambda: PreviousDraft(8),
         "dflash": lambda: _dflash(target, tmp_path),
-        "oracle": lambda: Oracle(cont),
-        "wrong": lambda: Oracle(cont, wrong_at=[0]),
-    }[kind]()
+        "oracle": lambda: Oracle(cont, first=first),
+        "wrong": lambda: Oracle(cont, wrong_at=[0], first=first),
+    }[kind.removesuffix("-first")]()
     runs = 2 if kind == "previous" else 1  # `previous` drafts from the stream's prediction before
     for _ in range(runs):
         tracer = Tracer()
@@ -154,30 +189,39 @@ def test_greedy_tokens_equal_plain_decoding_with_every_draft(target, kind, tmp_p
     assert spec.reasoning_token_ids == plain.reasoning_token_ids
     assert spec.future_token_ids == plain.future_token_ids
     assert spec.reasoning_capped == plain.reasoning_capped
+    fused = bool(target.first)
+    assert fused == (kind in ("previous", "oracle-first", "wrong-first"))
     produced = sum(spec.accepted_lengths)
     # each block produced its accepted drafts + 1: every reasoning token and <|traj_future_start|>, but the
-    # first token, which the prefill's logits chose
-    assert produced == len(plain.reasoning_token_ids)
+    # first token when the prefill's logits chose it alone (no first block)
+    assert produced == len(plain.reasoning_token_ids) + fused
     blocks = [s for s in tracer.spans if s.name == "verify"]
-    assert len(blocks) == len(spec.accepted_lengths)
-    if kind == "wrong":
+    assert len(blocks) == len(spec.accepted_lengths) - fused  # the first block is the prefill's
+    if kind.startswith("wrong"):
         assert set(spec.accepted_lengths) == {1}
-    if kind in ("oracle", "previous"):
+    if kind in ("oracle", "previous", "oracle-first"):
         assert np.mean(spec.accepted_lengths) > 4
+    if kind in ("previous", "oracle-first"):
+        assert spec.accepted_lengths[0] == 8  # 7 drafted tokens, all kept, and the target's own
 
 
-def test_ragged_rows_each_equal_their_plain_decode(target):
-    """K = 3 rows with different drafts accept different lengths in one batch; each row's tokens equal plain."""
+@pytest.mark.parametrize("first", [False, True])
+def test_ragged_rows_each_equal_their_plain_decode(target, first):
+    """K = 3 rows with different drafts accept different lengths in one batch; each row's tokens equal plain.
+    `first`: the rows fork from a prefill that verified a first block (row 0's correct draft)."""
     limits = PlanLimits(max_reasoning_tokens=30, tokens_per_future=8)
     (plain,) = target.plans(GREEDY, limits)
     c = continuation(plain, target.vocab)
     sampler = TokenSampler.for_request(Sampling(), None, 3)
-    plans = target.plans(sampler, limits, Oracle([c, c, c], wrong_at=[None, 0, 11], block_size=6))
+    oracle = Oracle([c, c, c], wrong_at=[None, 0, 11], block_size=6, first=first)
+    plans = target.plans(sampler, limits, oracle)
     for p in plans:
         assert p.reasoning_token_ids == plain.reasoning_token_ids
         assert p.future_token_ids == plain.future_token_ids
     lengths = [p.accepted_lengths for p in plans]
-    assert lengths[0] != lengths[1] and lengths[1] != lengths[2] and set(lengths[1]) == {1}
+    assert lengths[0] != lengths[1] and lengths[1] != lengths[2] and set(lengths[1][first:]) == {1}
+    if first:
+        assert [n[0] for n in lengths] == [6, 6, 6]
 
 
 def test_dflash_ragged_rows_each_equal_their_plain_decode(target, tmp_path):
@@ -241,17 +285,20 @@ def test_expert_mode_leaves_each_rows_marker_where_plain_decoding_does(target):
     assert target.model.lengths == [n, n]
 
 
+@pytest.mark.parametrize("first", [False, True])
 @pytest.mark.parametrize("cap", [0, 1, 5, 13])
-def test_the_reasoning_cap_forces_the_stop_where_plain_decoding_does(target, cap):
+def test_the_reasoning_cap_forces_the_stop_where_plain_decoding_does(target, cap, first):
+    """`first`: the prefill verifies a first block, which holds the cap itself for cap < 8."""
     limits = PlanLimits(max_reasoning_tokens=cap, tokens_per_future=4)
     (plain,) = target.plans(GREEDY, limits)
     long = continuation(target.plans(GREEDY, PlanLimits(40, 4))[0], target.vocab)
-    (spec,) = target.plans(GREEDY, limits, Oracle([long]))
+    (spec,) = target.plans(GREEDY, limits, Oracle([long], first=first))
     assert (spec.reasoning_token_ids, spec.reasoning_capped) == (
         plain.reasoning_token_ids,
         plain.reasoning_capped,
     )
     assert spec.future_token_ids == plain.future_token_ids
+    assert len(target.first) == (min(cap, 7) if first else 0)
 
 
 def test_a_stop_in_the_middle_of_a_drafted_block_ends_the_row_there(target):
@@ -267,28 +314,51 @@ def test_a_stop_in_the_middle_of_a_drafted_block_ends_the_row_there(target):
     assert spec.future_token_ids == plain.future_token_ids
 
 
+def test_a_first_block_is_cut_before_the_stop(target):
+    """A first draft that runs into <|traj_future_start|> is cut before it: the prefill verifies the tokens
+    before the stop, and the row still ends where plain decoding does."""
+    start = target.vocab.marker("traj_future_start")
+    limits = PlanLimits(max_reasoning_tokens=40, tokens_per_future=8)
+    (plain,) = target.plans(GREEDY, limits)
+    cont = [*plain.reasoning_token_ids[:2], start, 5, 6, 7, 8]
+    (spec,) = target.plans(GREEDY, limits, Oracle([cont], first=True))
+    assert target.first == plain.reasoning_token_ids[:2]
+    assert spec.accepted_lengths[0] == 3
+    assert spec.reasoning_token_ids == plain.reasoning_token_ids
+    assert spec.future_token_ids == plain.future_token_ids
+
+
 # ------------------------------------------------------------------ sampling keeps the distribution
-def test_rejection_sampling_keeps_the_first_two_tokens_distribution(demo_checkpoint):
+@pytest.mark.parametrize("fused", [False, True])
+def test_rejection_sampling_keeps_the_first_two_tokens_distribution(demo_checkpoint, fused):
     """Many rows (independent seeds) of plain sampling vs. sampling with a draft that always proposes the
     same likely second token; chi-square two-sample test per position at significance 0.001. Accepting the
     drafted token greedily (iff it is the argmax) would make it nearly always or never chosen: the test
-    would reject."""
+    would reject. `fused`: the draft also proposes the likely first and second tokens before the prefill,
+    which verifies them for all rows at once (each row accepting its own length)."""
     from scipy.stats import chi2_contingency
 
     model = TextModel.from_checkpoint(demo_checkpoint)
     model.head.weight.mul_(6.0)  # a peaked random target: its few likely tokens make the test sharp
     t = Target(model, demo_checkpoint)
-    sampling, rows, limits = Sampling(temperature=0.6, top_p=0.98), 600, PlanLimits(2, 1)
+    # 4 future tokens: room for a verify of 2 while a row that finished in the first block waits
+    sampling, rows, limits = Sampling(temperature=0.6, top_p=0.98), 600, PlanLimits(2, 4)
     plain = t.plans(TokenSampler.for_request(sampling, 7, rows), limits, trajectory_tokens=False)
     firsts = Counter(p.reasoning_token_ids[0] for p in plain)
     seconds = Counter(p.reasoning_token_ids[1] for p in plain)
     likely = seconds.most_common(1)[0][0]
 
     class Fixed(Draft):
+        def propose_first(self, ctx, limit):
+            return [firsts.most_common(1)[0][0], likely][:limit] if fused else []
+
         def propose(self, generated, limits):
             return [[likely] * n for n in limits]
 
-    spec = t.plans(TokenSampler.for_request(sampling, 8, rows), limits, Fixed(2), trajectory_tokens=False)
+    spec = t.plans(TokenSampler.for_request(sampling, 8, rows), limits, Fixed(3), trajectory_tokens=False)
+    assert len(t.first) == (2 if fused else 0)
+    if fused:  # ragged: rows kept 0, 1 or 2 of the first block
+        assert {p.accepted_lengths[0] for p in spec} == {1, 2, 3}
     for pos, ref in ((0, firsts), (1, seconds)):
         got = Counter(p.reasoning_token_ids[pos] for p in spec)
         keys = [k for k in ref if ref[k] + got[k] >= 10]
@@ -393,9 +463,25 @@ def test_bad_drafts_are_refused_before_any_weight_is_read(case, tmp_path, demo_c
         load_draft(f"dflash:{tmp_path}", model)
 
 
+def test_model_free_drafts_open_the_reasoning_from_the_prompt_and_the_stream():
+    """`lookup`'s first block continues the prompt's last n-gram where it occurred before (reading on into
+    what it drafts); `previous`'s is the opening of the stream's previous reasoning; neither has one without
+    a source."""
+    ctx = DraftContext([7, 1, 2, 3, 9, 1, 2], 1, "cam0")
+    assert LookupDraft(8).propose_first(ctx, 5) == [3, 9, 1, 2, 3]
+    assert LookupDraft(8).propose_first(DraftContext([1, 2, 3], 1), 5) == []
+    previous = PreviousDraft(8)
+    assert previous.propose_first(ctx, 3) == []
+    previous.begin(ctx)
+    previous.end([[40, 41, 42, 43, 44]])
+    assert previous.propose_first(ctx, 3) == [40, 41, 42]
+    assert previous.propose_first(DraftContext([1], 1, "cam1"), 3) == []
+
+
 def test_previous_without_a_stream_and_unknown_kinds_are_refused(demo_checkpoint):
-    with pytest.raises(ValueError, match="draft 'previous' needs a stream to draw on"):
-        PreviousDraft(8).begin(DraftContext([1, 2], 1, None))
+    for call in (lambda d, c: d.begin(c), lambda d, c: d.propose_first(c, 4)):
+        with pytest.raises(ValueError, match="draft 'previous' needs a stream to draw on"):
+            call(PreviousDraft(8), DraftContext([1, 2], 1, None))
     with pytest.raises(
         ValueError, match=r"draft must be one of none, lookup, previous, dflash:DIR, got 'ngram'"
     ):
@@ -439,7 +525,9 @@ def test_predictions_with_a_draft_equal_plain_ones_and_carry_accepted_lengths(de
         assert got.best.token_ids == ref.best.token_ids
         np.testing.assert_array_equal(got.best.xyz, ref.best.xyz)
         assert got.draft == kind and len(got.accepted_lengths) == 1
-        assert sum(got.accepted_lengths[0]) == len(ref.best.reasoning_token_ids)
+        fused = [s for s in vla.tracer.spans if s.name == "prefill"][-1].args["drafted"] > 0
+        assert fused == (kind == "previous")  # its second prediction opens with the first's reasoning
+        assert sum(got.accepted_lengths[0]) == len(ref.best.reasoning_token_ids) + fused
         assert {"draft", "verify"} <= set(vla.tracer.totals_ms(tracer_mark))
         if kind == "previous":
             assert got.mean_accepted_length > 2

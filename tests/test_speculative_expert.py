@@ -84,6 +84,9 @@ class Ragged(Draft):
         super().__init__(inner.block_size)
         self.inner, self.cuts, self.capture, self.name = inner, cuts, inner.capture, inner.name
 
+    def propose_first(self, ctx, limit):
+        return self.inner.propose_first(ctx, limit)
+
     def begin(self, ctx):
         self.inner.begin(ctx)
 
@@ -119,7 +122,8 @@ def _flow(expert, ctx: ExpertContext, x0: torch.Tensor):
     return euler_sample(x0, expert.cfg.num_inference_steps, velocity), states
 
 
-DRAFTS = ["lookup", "previous", "dflash", "oracle", "wrong"]
+DRAFTS = ["lookup", "previous", "dflash", "oracle", "wrong", "oracle-first", "wrong-first"]  # -first: the
+# first block verified in the prefill (as `previous`'s second prediction's)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -134,9 +138,9 @@ def test_the_expert_after_a_speculative_reasoning_equals_plain_decoding(pair, ki
         "lookup": lambda: LookupDraft(8),
         "previous": lambda: PreviousDraft(8),
         "dflash": lambda: _dflash(target, tmp_path),
-        "oracle": lambda: Oracle(conts),
-        "wrong": lambda: Oracle(conts, wrong_at=[0] * rows),
-    }[kind]()
+        "oracle": lambda: Oracle(conts, first=kind.endswith("-first")),
+        "wrong": lambda: Oracle(conts, wrong_at=[0] * rows, first=kind.endswith("-first")),
+    }[kind.removesuffix("-first")]()
     if rows == 3:
         draft = Ragged(draft)
     for _ in range(2 if kind == "previous" else 1):  # `previous` drafts from the stream's prediction before

@@ -105,6 +105,19 @@ def test_prefill_and_decode_across_a_tile_and_a_flash_decode_chunk(model, capsys
     assert capsys.readouterr().err.count(DRY_RUN_NOTICE) == 1
 
 
+def test_a_prefill_block_scores_its_drafted_rows_across_a_tile_and_the_padding(model):
+    """A first speculative block verified in the prefill: 126 prompt rows and 4 drafted ones (130 rows, padded
+    to 256) score rows 125..129, which lie in two tiles: two lm_head passes, one row each tile it needs."""
+    t = model.text_cfg
+    logits = model.prefill_block(prompt(model), drafted=[5, 6, 7, 8])
+    assert logits.shape == (5, t.vocab_size) and logits.dtype == torch.float32
+    assert model.cache_len == PROMPT_LEN + 4
+    model.fork(1)
+    model.rollback([PROMPT_LEN + 1])  # the row kept one drafted token
+    assert model.decode(1).shape == (t.vocab_size,)
+    assert model.prefill_block(prompt(model)).shape == (1, t.vocab_size)
+
+
 def test_a_decode_step_copies_nothing_between_host_and_device(model, record_figure):
     ttnn, t = model.ttnn, model.text_cfg
     model.prefill(prompt(model))

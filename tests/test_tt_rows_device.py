@@ -130,6 +130,50 @@ def test_a_verify_block_scores_like_plain_decoding_and_accepts_the_same_length(
     assert pcc(reference_logits(ref, prompt, [*block[:n], bonus])[-1], after) >= LOGITS_PCC
 
 
+@pytest.mark.parametrize("wrong_at", [0, 3, BLOCK - 1])
+def test_a_first_block_in_the_prefill_scores_like_plain_decoding_and_forks_ragged(
+    models, wrong_at, record_figure
+):
+    """The prompt and BLOCK - 1 drafted tokens in one prefill (`prefill_block`; scored rows 125..132 cross a
+    tile and the 128-row padding): each scored row against the reference's plain decoding, the same accepted
+    length, then K = 3 rows forked from it and rolled back to different kept prefixes decode as their own
+    sequences."""
+    ref, tt, prompt = models
+    vocab = ref.text_cfg.vocab_size
+    ref.setup_cache(MAX_SEQ_LEN)
+    logits, greedy = ref.prefill(prompt), []
+    for _ in range(BLOCK - 1):
+        greedy.append(int(torch.argmax(logits)))
+        logits = ref.decode(greedy[-1])
+    draft = list(greedy)
+    if wrong_at < BLOCK - 1:
+        draft[wrong_at] = (
+            draft[wrong_at] + 1
+        ) % vocab  # the true continuation, corrupted at a known position
+    ref.setup_cache(MAX_SEQ_LEN)
+    expected = [ref.prefill(prompt), *(ref.decode(t) for t in draft)]
+    tt.setup_cache(MAX_SEQ_LEN, max_batch=3)
+    got = tt.prefill_block(prompt, drafted=draft)
+    assert got.shape == (BLOCK, vocab) and tt.cache_len == PROMPT_LEN + len(draft)
+    worst = min(pcc(e, g) for e, g in zip(expected, got, strict=True))
+    record_figure(f"first block of {BLOCK - 1} in the prefill: worst logits PCC", worst)
+    assert worst >= LOGITS_PCC
+
+    def accepted(scores) -> int:
+        j = 0
+        while j < len(draft) and int(torch.argmax(scores[j])) == draft[j]:
+            j += 1
+        return j
+
+    assert accepted(expected) == wrong_at == accepted(list(got))
+    kept = [wrong_at, 0, len(draft)]
+    tt.fork(3)
+    tt.rollback([PROMPT_LEN + j for j in kept])
+    after = tt.decode(torch.tensor([1, 2, 3]))
+    for r, j in enumerate(kept):
+        assert pcc(reference_logits(ref, prompt, [*draft[:j], r + 1])[-1], after[r]) >= LOGITS_PCC
+
+
 def test_traced_rows_are_identical_to_untraced_rows(models):
     ref, tt, prompt = models
     block = torch.arange(BLOCK)[None] % ref.text_cfg.vocab_size

@@ -14,7 +14,13 @@ import pytest
 from alpamayo.cli import main
 from alpamayo.configs import builtin_config, builtin_expert
 from alpamayo.tt.device_spec import P150
-from alpamayo.tt.estimate import decode_estimate, dflash_draft_estimate, verify_estimate
+from alpamayo.tt.estimate import (
+    decode_estimate,
+    dflash_draft_estimate,
+    first_block_ms,
+    prefill_estimate,
+    verify_estimate,
+)
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.program_config import BLOCK_SDPA_POSITIONS, block_sdpa_applies
 
@@ -85,13 +91,29 @@ def test_plan_prints_the_prediction_estimate_with_speculation(capsys, record_fig
         decode_estimate(cfg, precision, context, 64),
         verify_estimate(cfg, precision, context, 8, 16),
     )
-    assert free == pytest.approx(plain - 64 * step.ms(P150) + 16 * verify.ms(P150), abs=0.15)
+    # model-free: the first of the 16 blocks is verified in the prefill (its 7 drafted rows), 15 verifies
+    first = first_block_ms(cfg, precision, 3072, 7)
+    assert "first block verified in the prefill (7 drafted rows, model-free drafts)" in out
+    assert free == pytest.approx(plain - 64 * step.ms(P150) + first + 15 * verify.ms(P150), abs=0.15)
     draft = dflash_draft_estimate(cfg, precision, 8, 16, context)
-    assert dflash == pytest.approx(free + 16 * draft.ms(P150), abs=0.15)
+    without = plain - 64 * step.ms(P150) + 16 * verify.ms(P150)  # DFlash drafts from the prefill's features
+    assert dflash == pytest.approx(without + 16 * draft.ms(P150), abs=0.15)
     assert free < plain
     record_figure("p150 estimate per prediction, plain decoding (ms)", plain)
     record_figure("p150 estimate at tau=4, model-free draft (ms)", free)
     record_figure("p150 estimate at tau=4, DFlash draft (ms)", dflash)
+
+
+def test_a_first_block_in_the_prefill_costs_its_padded_rows_and_head_tiles():
+    """Drafted rows that fit the prompt's padding and its last tile cost nothing; crossing into another tile
+    costs one more lm_head pass; crossing a multiple of 128 (the plan's 3072-row prompt) 128 more rows."""
+    cfg, precision = builtin_expert(RELEASE)[0], load_precision("performance")
+    assert first_block_ms(cfg, precision, 3000, 7) == 0.0  # rows 2999..3006: one tile, padded to 3072
+    head = first_block_ms(cfg, precision, 3040, 7)  # rows 3039..3046 cross a tile, still inside 3072
+    assert 0 < head < verify_estimate(cfg, precision, CONTEXT, 8, 1).ms(P150)
+    rows = prefill_estimate(cfg, precision, 3079).ms(P150) - prefill_estimate(cfg, precision, 3072).ms(P150)
+    assert rows > 0
+    assert first_block_ms(cfg, precision, 3072, 7) == pytest.approx(rows + head, rel=1e-12)
 
 
 def test_plan_counts_partial_blocks_and_refuses_what_cannot_be_verified(capsys):

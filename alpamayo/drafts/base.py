@@ -25,10 +25,10 @@ class Draft:
     (`alpamayo.trajectory_generation`). Every proposal is a point mass (one token per position), which is what
     makes rejection sampling exact with `alpamayo.generation.accept_block`.
 
-    Per prediction: `begin(ctx)`, then per block `propose(...)` and `accepted(...)`, then `end(reasoning)`.
-    `capture`: target layers whose outputs the draft reads (`TextModel.verify(capture=...)`); empty for a
-    model-free draft. `reads_target_context`: the prompt's captured layers are read from the target, not
-    from `DraftContext.features`."""
+    Per prediction: `propose_first(ctx, limit)` before the prefill, `begin(ctx)` after it, then per block
+    `propose(...)` and `accepted(...)`, then `end(reasoning)`. `capture`: target layers whose outputs the draft
+    reads (`TextModel.verify(capture=...)`); empty for a model-free draft. `reads_target_context`: the
+    prompt's captured layers are read from the target, not from `DraftContext.features`."""
 
     name = "draft"
     capture: tuple[int, ...] = ()
@@ -41,6 +41,15 @@ class Draft:
                 f"draft block size must be an integer in [2, 32] (tokens per verify), got {block_size!r}"
             )
         self.block_size = block_size
+
+    def propose_first(self, ctx: DraftContext, limit: int) -> list[int]:
+        """At most `limit` tokens to open every row's reasoning, proposed before the prefill (`ctx.features`
+        is still None) and verified inside it: the prompt and these tokens run as one forward, so the first
+        block costs no verify of its own (`alpamayo.trajectory_generation.first_draft`). Row-shared: the rows
+        fork after the prefill. The kept ones are not reported to `accepted` (they are in the cache before
+        `begin`). Default: none, which a draft that reads the target's features must keep (they do not exist
+        before the prefill)."""
+        return []
 
     def begin(self, ctx: DraftContext) -> None:
         """A new prediction starts (its prompt is prefilled)."""

@@ -54,6 +54,11 @@ class LookupDraft(Draft):
         super().__init__(block_size)
         self.prompt: list[int] = []
 
+    def propose_first(self, ctx: DraftContext, limit: int) -> list[int]:
+        """The continuation of the prompt's own last n-gram where it occurred before in the prompt."""
+        prompt = list(ctx.prompt_ids)
+        return match_continuation(prompt, prompt, limit, exclude_tail=True)
+
     def begin(self, ctx: DraftContext) -> None:
         self.prompt = list(ctx.prompt_ids)
 
@@ -75,13 +80,12 @@ class PreviousDraft(Draft):
         self.by_stream: dict[str, list[int]] = {}
         self.stream: str | None = None
 
+    def propose_first(self, ctx: DraftContext, limit: int) -> list[int]:
+        """The opening of the stream's previous reasoning (the same scene is described from its start)."""
+        return self.by_stream.get(_stream_of(ctx), [])[:limit]
+
     def begin(self, ctx: DraftContext) -> None:
-        if ctx.stream is None:
-            raise ValueError(
-                "draft 'previous' needs a stream to draw on (a camera stream, a replayed drive or an eval "
-                "clip); this prediction has none"
-            )
-        self.stream = ctx.stream
+        self.stream = _stream_of(ctx)
 
     def propose(self, generated: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
         before = self.by_stream.get(self.stream or "", [])
@@ -93,3 +97,13 @@ class PreviousDraft(Draft):
     def end(self, reasoning: Sequence[Sequence[int]]) -> None:
         if self.stream is not None and reasoning:
             self.by_stream[self.stream] = list(reasoning[0])
+
+
+def _stream_of(ctx: DraftContext) -> str:
+    """The prediction's stream, which `previous` needs (ValueError naming what is missing)."""
+    if ctx.stream is None:
+        raise ValueError(
+            "draft 'previous' needs a stream to draw on (a camera stream, a replayed drive or an eval "
+            "clip); this prediction has none"
+        )
+    return ctx.stream

@@ -279,6 +279,28 @@ class TextModel(nn.Module):
         with torch.inference_mode():
             return self.logits(hidden[-1])
 
+    def prefill_block(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
+        drafted: torch.Tensor | Sequence[int] = (),
+    ) -> torch.Tensor:
+        """A prompt (arguments as `prefill`) and the token ids `drafted` [n] after it, at the positions decode
+        steps would give them -> float32 logits [n + 1, V]: row 0 the prompt's last position's, row j the
+        next-token logits after its j-th drafted token. The cache then holds the prompt and all n; `rollback`
+        keeps each row's accepted prefix. `captured` holds the prompt's rows only.
+
+        Here the prompt's `prefill`, then a `verify` of the drafted tokens, so both are bit for bit what plain
+        decoding computes (one masked forward over prompt + drafts rounds the prompt's rows with their number:
+        float32 GEMMs and the MoE's per-expert groups change M; the tiny MoE's prompt K/V moved by ~1e-7);
+        on the host that is one weight pass more, on the device (`alpamayo.tt`) they run as one prefill."""
+        first = self.prefill(inputs, position_ids, visual_pos_mask, deepstack, capture)[None]
+        ids = torch.as_tensor(drafted, dtype=torch.long).reshape(1, -1)
+        return torch.cat([first, self.verify(ids)[0]]) if ids.shape[1] else first
+
     @torch.inference_mode()
     def decode(self, tokens: int | torch.Tensor) -> torch.Tensor:
         """Append one token per active row (rows may be ragged) and return float32 logits: [V] for an int,

@@ -293,6 +293,21 @@ def dflash_draft_estimate(
     return StageEstimate(f"DFlash draft ({layers} layers, {block} rows)", tuple(ops), steps)
 
 
+def first_block_ms(
+    cfg: ModelConfig, precision: Precision, prompt: int, drafted: int, device: DeviceSpec = P150
+) -> float:
+    """What verifying `drafted` tokens inside the prefill of `prompt` rows adds to it
+    (`TextPrefill.prefill_block`): the padded rows they need beyond the prompt's (none while they fit its
+    padding to a multiple of 128) and one more lm_head pass per tile their scored rows cross into."""
+    extra = prefill_estimate(cfg, precision, prompt + drafted).ms(device)
+    extra -= prefill_estimate(cfg, precision, prompt).ms(device)
+    plan = plan_text(cfg, precision)
+    head = [s for s in text_weight_specs(cfg, plan.device.dram_banks) if s.name == "lm_head"]
+    tiles = (prompt + drafted - 1) // TILE - (prompt - 1) // TILE
+    head_ms = StageEstimate("lm_head", tuple(matmul_ops(head, TILE, precision, plan.prefill_grid.cores)))
+    return extra + tiles * head_ms.ms(device)
+
+
 def speculative_lines(
     cfg: ModelConfig,
     precision: Precision,
@@ -307,10 +322,13 @@ def speculative_lines(
     """The per-prediction estimate with speculation: `tokens` reasoning tokens at `accept_len` tokens per
     verify (the accepted prefix plus the target's own token), so ceil(tokens / accept_len) verifies of
     `block` rows replace the `tokens` decode steps inside `plain_total_ms` (a first prediction) and
-    `tick_total_ms` (a stream's tick, where given); with a model-free draft (lookup, previous: host only) and
-    with a DFlash draft on the device. The last line is the floor at this accepted length: the rest of the
-    prediction plus the verifies' weight reads, and what a bfp4 lm_head (a fidelity trade, for a user recipe)
-    would take off it."""
+    `tick_total_ms` (a stream's tick, where given); with a model-free draft (lookup, previous: host only, which
+    proposes the first block before the prefill: it is verified there, at `first_block_ms` for its block - 1
+    drafted rows, and one verify fewer runs) and with a DFlash draft on the device (it drafts from the
+    prefill's features: every block is a verify). `context`: the prompt plus the `tokens`. The last lines are
+    the model-free floor at this accepted length: the rest of the prediction, the first block and the
+    verifies' weight reads, and what fidelity trades (for a user recipe) or a longer accepted length would
+    take off it."""
     if not 1 <= accept_len <= block:
         raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
     if not 1 <= block <= TILE:
@@ -320,34 +338,37 @@ def speculative_lines(
     plain = decode_estimate(cfg, precision, context, tokens)
     verify = verify_estimate(cfg, precision, context, block, steps)
     draft = dflash_draft_estimate(cfg, precision, block, steps, context)
-    decoding = verify.ms(device) * steps - plain.ms(device) * tokens  # what speculation changes
+    first = first_block_ms(cfg, precision, context - tokens, block - 1, device)
+    # what speculation changes in a prediction: model-free (first block in the prefill), DFlash (every block)
+    free = first + verify.ms(device) * (steps - 1) - plain.ms(device) * tokens
+    dflash = (verify.ms(device) + draft.ms(device)) * steps - plain.ms(device) * tokens
     rest = plain_total_ms - plain.ms(device) * tokens
-    without = plain_total_ms + decoding
-    with_draft = without + draft.ms(device) * steps
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
-    floor = 1e3 * steps * weights / device.dram_bandwidth
+    floor = 1e3 * (steps - 1) * weights / device.dram_bandwidth
     lines = [
         f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
         f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
         f"  {verify.describe(device)}",
         f"  {draft.describe(device)}",
-        f"  total per prediction, model-free draft (lookup, previous) {without:8.1f} ms (estimate)",
-        f"  total per prediction, DFlash draft on the device          {with_draft:8.1f} ms (estimate)",
+        f"  first block verified in the prefill ({block - 1} drafted rows, model-free drafts): {first:.3f} ms "
+        f"instead of a verify, then {steps - 1} verifies",
+        f"  total per prediction, model-free draft (lookup, previous) {plain_total_ms + free:8.1f} ms (estimate)",
+        f"  total per prediction, DFlash draft on the device          {plain_total_ms + dflash:8.1f} ms (estimate)",
     ]
     if tick_total_ms is not None:
-        tick = tick_total_ms + decoding
         lines.append(
-            f"  a stream's tick, model-free draft {tick:.1f} ms, DFlash draft {tick + draft.ms(device) * steps:.1f} "
-            f"ms (estimate)"
+            f"  a stream's tick, model-free draft {tick_total_ms + free:.1f} ms, DFlash draft "
+            f"{tick_total_ms + dflash:.1f} ms (estimate)"
         )
         rest = tick_total_ms - plain.ms(device) * tokens
 
     def trade(groups: tuple[str, ...]) -> str:
-        """ms the verifies would take less with `groups` at bfp4 (their weight reads: DRAM-bound)."""
+        """ms the model-free verifies would take less with `groups` at bfp4 (their weight reads: DRAM-bound)."""
         bfp4 = replace(
             precision, name="bfp4 trade", dtypes={**precision.dtypes, **dict.fromkeys(groups, "bfp4")}
         )
-        return f"{steps * (verify.ms(device) - verify_estimate(cfg, bfp4, context, block, steps).ms(device)):.1f}"
+        less = verify.ms(device) - verify_estimate(cfg, bfp4, context, block, steps).ms(device)
+        return f"{(steps - 1) * less:.1f}"
 
     longer = ""
     if accept_len + 1 <= block:
@@ -356,9 +377,10 @@ def speculative_lines(
         longer = f"; or by more tokens per verify: at {accept_len + 1:g}, {fewer} verifies fewer, {gain:.1f} ms less"
     of = "a stream's tick" if tick_total_ms is not None else "the prediction"
     lines += [
-        f"  floor: the rest of {of} (vision, prefill, expert) {rest:.1f} ms and the {steps} verifies' weight "
-        f"reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
-        f"{rest + floor:.1f} ms at the least at this accepted length",
+        f"  floor, model-free: the rest of {of} (vision, prefill, expert) {rest:.1f} ms, the first block "
+        f"{first:.1f} ms and the {steps - 1} verifies' weight reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB "
+        f"each at {device.dram_bandwidth / 1e9:.0f} GB/s): {rest + first + floor:.1f} ms at the least at this "
+        "accepted length",
         f"  below it only by reading less per verify, fidelity trades for a user recipe (measured with `alpamayo "
         f"precision`, not presets): a bfp4 lm_head {trade(('lm_head',))} ms less, bfp4 lm_head, qkv and o "
         f"{trade(('lm_head', 'qkv', 'o'))} ms less{longer}",

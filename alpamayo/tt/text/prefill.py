@@ -4,8 +4,10 @@
 RMSNorm, HF rotary on host cos/sin, K/V written to the cache from a height-sharded copy (`fill_cache`
 mis-addresses interleaved multi-head inputs), causal SDPA chunked by the padded length, SiLU fused into the
 gate * up multiply, DeepStack level k added after layer k, final norm and the lm_head on the last prompt row's
-tile only. Pad rows continue the text positions after the prompt, which causal attention keeps away from the
-real rows. `block_prefill` is shared with the action expert's layers (`alpamayo.tt.expert`).
+tile only (`prefill_block`: on the tiles of the last n + 1 rows, n tokens drafted after the prompt that the
+prefill verifies; they cost no rows while they fit the padding, 128 more when they cross a multiple of 128,
+and one more lm_head pass when they cross a tile). Pad rows continue the text positions after the prompt,
+which causal attention keeps away from the real rows. `block_prefill` is shared with the action expert's layers (`alpamayo.tt.expert`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 
 from alpamayo.config import TextConfig
-from alpamayo.text.inputs import check_prefill, prompt_hidden, rope_delta
+from alpamayo.text.inputs import check_prefill, prompt_hidden, rope_delta, text_position_ids
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_spec import TILE
 from alpamayo.tt.text.state import TextState
@@ -239,19 +241,60 @@ class TextPrefill(TextState):
     ) -> torch.Tensor:
         """Prefill a prompt; float32 logits [V] of its last position (only that row's tile reaches the head).
         `capture` as in `prefill_hidden`."""
+        return self.prefill_block(inputs, position_ids, visual_pos_mask, deepstack, capture)[0]
+
+    def prefill_block(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
+        drafted: torch.Tensor | Sequence[int] = (),
+    ) -> torch.Tensor:
+        """Prefill a prompt and the token ids `drafted` [n] after it as one prompt of L + n rows (causal
+        attention scores the drafted rows as a verify would; they sit at the positions decode steps would give
+        them) -> float32 logits [n + 1, V] of its last n + 1 rows (`TextModel.prefill_block`); only the tiles
+        holding those rows reach the head. `captured` holds the L + n rows."""
         ttnn = self.ttnn
+        ids = torch.as_tensor(drafted, dtype=torch.long).reshape(-1)
+        n = ids.numel()
+        if n:
+            inputs, position_ids, visual_pos_mask = self._with_drafted(
+                inputs, position_ids, visual_pos_mask, ids
+            )
         normed, length = self._prefill_device(inputs, position_ids, visual_pos_mask, deepstack, capture)
-        with self.tracer.span("tt.prefill_head"):
-            r0 = (length - 1) // TILE * TILE
-            last = ttnn.slice(normed, [0, 0, r0, 0], [1, 1, r0 + TILE, self.hidden_padded])
+        first, rows = length - 1 - n, []
+        with self.tracer.span("tt.prefill_head", rows=n + 1):
+            for r0 in range(first // TILE * TILE, length, TILE):
+                tile = ttnn.slice(normed, [0, 0, r0, 0], [1, 1, r0 + TILE, self.hidden_padded])
+                tile_l1 = ttnn.to_memory_config(tile, ttnn.L1_MEMORY_CONFIG)
+                self._free(tile)
+                end = min(length, r0 + TILE)
+                logits = self._head(tile_l1, end - 1 - r0)
+                self._free(tile_l1)
+                rows.append(self._download(logits)[0, 0, max(first, r0) - r0 : end - r0].float())
+                self._free(logits)
             self._free(normed)
-            last_l1 = ttnn.to_memory_config(last, ttnn.L1_MEMORY_CONFIG)
-            self._free(last)
-            logits = self._head(last_l1, length - 1 - r0)
-            self._free(last_l1)
-            out = self._download(logits)[0, 0, length - 1 - r0, : self.text_cfg.vocab_size].float()
-            self._free(logits)
-        return out
+        return torch.cat(rows)[:, : self.text_cfg.vocab_size]
+
+    def _with_drafted(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        visual_pos_mask: torch.Tensor | None,
+        ids: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The prompt's inputs (ids [L] or embeddings [L, H]), M-RoPE ids [3, L] (None: text positions) and
+        image-row mask with the drafted ids [n] appended as text rows at rope positions L + j + rope_delta."""
+        length, n = inputs.shape[0], ids.numel()
+        if position_ids is None:
+            position_ids = text_position_ids(length)
+        extra = self.embed(ids).to(inputs.dtype) if inputs.dim() == 2 else ids.to(inputs.device)
+        steps = torch.arange(length, length + n) + rope_delta(position_ids)
+        positions = torch.cat([position_ids, steps.expand(3, -1)], 1)
+        mask = None if visual_pos_mask is None else torch.cat([visual_pos_mask, visual_pos_mask.new_zeros(n)])
+        return torch.cat([inputs, extra.to(inputs.device)]), positions, mask
 
     def _head(self, x: Any, row: int) -> Any:
         """lm_head of [1, 1, 32, H_p] (L1 interleaved) -> row `row` (and those above it) untilized, [.., V_p]."""
