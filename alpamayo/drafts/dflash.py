@@ -58,6 +58,15 @@ class DFlashConfig:
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
 
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target head's logits of the draft's positions -> the draft's: times `output_multiplier`, then
+        soft-capped by `final_logit_softcapping` where given (z-lab's order)."""
+        logits = logits * self.output_multiplier
+        if self.final_logit_softcapping is not None:
+            cap = self.final_logit_softcapping
+            logits = cap * torch.tanh(logits / cap)
+        return logits
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str) -> DFlashConfig:
         archs = raw.get("architectures") or [ARCHITECTURE]
@@ -165,7 +174,23 @@ def read_config(directory: str | Path) -> DFlashConfig:
         ) from None
 
 
-class DFlashDraft(Draft):
+class BlockDraft(Draft):
+    """A draft that scores every row's whole block in one forward (`block_logits`) and proposes its argmax:
+    the DFlash draft on either backend."""
+
+    def block_logits(self, anchors: Sequence[int]) -> torch.Tensor:
+        """Draft logits [B, block_size - 1, V] float32 of positions 1.. of each row's block [anchor, mask, ...]
+        (B = len(anchors))."""
+        raise NotImplementedError
+
+    def propose(self, generated: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
+        if not any(n > 0 for n in limits):
+            return [[] for _ in limits]
+        drafted = self.block_logits([g[-1] for g in generated]).argmax(-1)
+        return [drafted[r, :n].tolist() if n > 0 else [] for r, n in enumerate(limits)]
+
+
+class DFlashDraft(BlockDraft):
     """A DFlash draft over a torch `TextModel` target (uses its embedding table and output head).
 
     It keeps its own per-layer K/V cache of the context (z-lab's `past_key_values_draft`): row r holds the
@@ -275,14 +300,4 @@ class DFlashDraft(Draft):
                 h = h + attn.o_proj(out.transpose(1, 2).reshape(b, bs, -1))
                 h = h + layer.mlp(layer.post_norm(h))
             h = self.norm(h)
-        logits = self.target.logits(h[:, 1:]) * c.output_multiplier
-        if c.final_logit_softcapping is not None:
-            cap = c.final_logit_softcapping
-            logits = cap * torch.tanh(logits / cap)
-        return logits
-
-    def propose(self, generated: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
-        if not any(n > 0 for n in limits):
-            return [[] for _ in limits]
-        drafted = self.block_logits([g[-1] for g in generated]).argmax(-1)
-        return [drafted[r, :n].tolist() if n > 0 else [] for r, n in enumerate(limits)]
+        return c.scale_logits(self.target.logits(h[:, 1:]))

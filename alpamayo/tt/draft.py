@@ -41,8 +41,14 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import TextConfig
-from alpamayo.drafts.base import Draft, DraftContext
-from alpamayo.drafts.dflash import DFlashConfig, DraftConfigError, draft_tensor_shapes, read_config
+from alpamayo.drafts.base import DraftContext
+from alpamayo.drafts.dflash import (
+    BlockDraft,
+    DFlashConfig,
+    DraftConfigError,
+    draft_tensor_shapes,
+    read_config,
+)
 from alpamayo.profiling import Tracer
 from alpamayo.text.rope import MRope
 from alpamayo.tt import ttnn_configs as cfgs
@@ -77,7 +83,7 @@ def check_device_draft(cfg: DFlashConfig, target: TextConfig, where: str) -> Non
         raise DraftConfigError(f"{where}: attention_bias is not supported on --backend ttnn")
 
 
-class TTDFlashDraft(Draft, DeviceIO):
+class TTDFlashDraft(BlockDraft, DeviceIO):
     """Device weights, K/V cache and block program of a DFlash draft beside one `TTTextModel`."""
 
     name = "dflash"
@@ -389,14 +395,4 @@ class TTDFlashDraft(Draft, DeviceIO):
             if traced:
                 state["trace"] = DecodeTrace(self.ttnn, self.device)
                 state["trace"].capture(lambda: self._block_graph(state))
-        logits = logits * c.output_multiplier
-        if c.final_logit_softcapping is not None:
-            cap = c.final_logit_softcapping
-            logits = cap * torch.tanh(logits / cap)
-        return logits
-
-    def propose(self, generated: Sequence[Sequence[int]], limits: Sequence[int]) -> list[list[int]]:
-        if not any(n > 0 for n in limits):
-            return [[] for _ in limits]
-        drafted = self.block_logits([g[-1] for g in generated]).argmax(-1)
-        return [drafted[r, :n].tolist() if n > 0 else [] for r, n in enumerate(limits)]
+        return c.scale_logits(logits)
