@@ -302,7 +302,7 @@ def test_per_clip_seeds_depend_on_the_clip_and_the_run_seed_only():
     assert Clip("a/b", "x").result_name != Clip("a_b", "x").result_name
 
 
-def test_settings_refuse_what_this_build_cannot_run(tmp_path):
+def test_settings_refuse_what_this_build_cannot_run(tmp_path, demo_checkpoint):
     settings = EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", decoder="diffusion")
     with pytest.raises(ValueError, match=r"--decoder 'diffusion' unknown; allowed: \['expert', 'tokens'\]"):
         settings.validate()
@@ -314,9 +314,12 @@ def test_settings_refuse_what_this_build_cannot_run(tmp_path):
         EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray="drive0.mcap").validate()
     for address in ("auto", "ray://head.example:10001", "10.0.0.5:6379"):
         EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray=address).validate()
-    EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", backend="ttnn").validate()  # K = 6 on the device
+    # K = 6 on the device (a dense model: ttnn refuses K > 1 over MoE layers, read from the config)
+    EvalSettings(checkpoint=demo_checkpoint, out=tmp_path / "run", backend="ttnn").validate()
     with pytest.raises(ValueError, match=r"--samples 17 with --backend ttnn: .* allowed: 1\.\.16"):
-        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", backend="ttnn", num_samples=17).validate()
+        EvalSettings(
+            checkpoint=demo_checkpoint, out=tmp_path / "run", backend="ttnn", num_samples=17
+        ).validate()
     RunDir.open(tmp_path / "run", EvalSettings(checkpoint=tmp_path, out=tmp_path / "run"))
     with pytest.raises(ValueError, match=r"holds results of other settings.*'seed': \(0, 1\)"):
         RunDir.open(tmp_path / "run", EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", seed=1))
