@@ -62,6 +62,7 @@ from alpamayo.tt.draft_weights import (
     draft_weight_specs,
 )
 from alpamayo.tt.program_config import TextPlan
+from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.text.trace import DecodeTrace
 from alpamayo.tt.text.upload import layer_weights
@@ -304,17 +305,8 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
         ttnn, text = self.ttnn, self.text
         slots, region, mask = state["slots"], state["region"], state["inputs"]["mask"]
 
-        def attend(q: Any, k: Any, v: Any) -> Any:
-            cache_k, cache_v = state["cache"][i]
-            for cache, x in ((cache_k, k), (cache_v, v)):
-                for slot in range(slots):
-                    end = [1, x.shape[1], (slot + 1) * TILE, x.shape[3]]
-                    rows = ttnn.slice(x, [0, 0, slot * TILE, 0], end) if slots > 1 else x
-                    text._fill_cache(cache, rows, TILE, region, batch=slot)
-                    if slots > 1:
-                        self._free(rows)
-            qb = self._by_slot(q, slots) if slots > 1 else q
-            a = ttnn.transformer.scaled_dot_product_attention(
+        def sdpa(qb: Any, cache_k: Any, cache_v: Any) -> Any:
+            return ttnn.transformer.scaled_dot_product_attention(
                 qb,
                 cache_k,
                 cache_v,
@@ -326,25 +318,11 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
                 ),
                 compute_kernel_config=text.ck["sdpa_prefill"],
             )
-            if slots == 1:
-                return a
-            self._free(qb)
-            end = [a.shape[1], a.shape[2], a.shape[3]]
-            parts = [ttnn.slice(a, [s, 0, 0, 0], [s + 1, *end]) for s in range(slots)]
-            self._free(a)
-            out = ttnn.concat(parts, dim=2)
-            self._free(*parts)
-            return out
+
+        def attend(q: Any, k: Any, v: Any) -> Any:
+            return attend_by_slot(self, text, state["cache"][i], q, k, v, slots, TILE, region, sdpa)
 
         return attend
-
-    def _by_slot(self, x: Any, slots: int) -> Any:
-        """[1, n, slots x 32, d] -> [slots, n, 32, d] (a new tensor; x is kept)."""
-        ttnn, n, d = self.ttnn, x.shape[1], x.shape[3]
-        parts = [ttnn.slice(x, [0, 0, s * TILE, 0], [1, n, (s + 1) * TILE, d]) for s in range(slots)]
-        out = ttnn.concat(parts, dim=0)
-        self._free(*parts)
-        return out
 
     def _block_graph(self, state: dict[str, Any]) -> list[Any]:
         """Every slot's block through the draft -> per slot the target head's logits rows 0..bs-1

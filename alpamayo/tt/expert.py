@@ -72,6 +72,7 @@ from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import TILE, round_up
 from alpamayo.tt.expert_weights import EXPERT_BANKS, EXPERT_GROUPS, expert_weight_specs
 from alpamayo.tt.program_config import ExpertPlan, plan_expert
+from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.text.upload import layer_weights
 from alpamayo.tt.weight_cache import upload_weights
@@ -358,19 +359,8 @@ class TTActionExpert(DeviceIO):
         ttnn, text = self.ttnn, self.text
         slots, block = plan.samples, plan.region_rows
 
-        def attend(q: Any, k: Any, v: Any) -> Any:
-            cache_k, cache_v = text.kv_cache[i]
-            for cache, x in ((cache_k, k), (cache_v, v)):
-                for slot in range(slots):
-                    end = [1, x.shape[1], (slot + 1) * block, x.shape[3]]
-                    rows = ttnn.slice(x, [0, 0, slot * block, 0], end) if slots > 1 else x
-                    text._fill_cache(cache, rows, block, plan.region_start, batch=slot)
-                    if slots > 1:
-                        self._free(rows)
-            # [1, heads, S x 64, hd] -> [S, heads, 64, hd]: one batch entry per cache slot (slices and a
-            # concat, new tensors each: the caller frees q)
-            qb = self._by_slot(q, slots, block) if slots > 1 else q
-            a = ttnn.transformer.scaled_dot_product_attention(
+        def sdpa(qb: Any, cache_k: Any, cache_v: Any) -> Any:
+            return ttnn.transformer.scaled_dot_product_attention(
                 qb,
                 cache_k,
                 cache_v,
@@ -381,25 +371,13 @@ class TTActionExpert(DeviceIO):
                 program_config=cfgs.sdpa(ttnn, plan.grid, plan.q_chunk, plan.k_chunk),
                 compute_kernel_config=text.ck["sdpa_prefill"],
             )
-            if slots == 1:
-                return a
-            self._free(qb)
-            end = [a.shape[1], a.shape[2], a.shape[3]]
-            parts = [ttnn.slice(a, [s, 0, 0, 0], [s + 1, *end]) for s in range(slots)]
-            self._free(a)
-            out = ttnn.concat(parts, dim=2)
-            self._free(*parts)
-            return out
+
+        def attend(q: Any, k: Any, v: Any) -> Any:
+            return attend_by_slot(
+                self, text, text.kv_cache[i], q, k, v, slots, block, plan.region_start, sdpa
+            )
 
         return attend
-
-    def _by_slot(self, x: Any, slots: int, block: int) -> Any:
-        """[1, n, slots x block, d] -> [slots, n, block, d] (a new tensor; x is kept)."""
-        ttnn, n, d = self.ttnn, x.shape[1], x.shape[3]
-        parts = [ttnn.slice(x, [0, 0, s * block, 0], [1, n, (s + 1) * block, d]) for s in range(slots)]
-        out = ttnn.concat(parts, dim=0)
-        self._free(*parts)
-        return out
 
     def _velocity(self, state: dict[str, Any]) -> Any:
         """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, mask."""
