@@ -31,7 +31,7 @@ from alpamayo.backends import TORCH_CPU, BackendOptions, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.contract import ImageFeatures, TrajectoryDecoder
-from alpamayo.drafts import Draft, DraftContext, check_draft_spec, load_draft
+from alpamayo.drafts import MODEL_FREE_BLOCK, Draft, DraftContext, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
@@ -209,14 +209,23 @@ class AlpamayoVLA:
         """
         check_draft_spec(draft)
         cfg = cfg or load_model_config(directory, base_model)
+        block = MODEL_FREE_BLOCK
         if draft.startswith("dflash:"):
             where = draft[len("dflash:") :]
             draft_cfg = read_config(where)
             draft_cfg.check_target(cfg.text, where)
+            block = draft_cfg.block_size
             if options.backend == "ttnn":
                 from alpamayo.tt.draft import check_device_draft
 
                 check_device_draft(draft_cfg, cfg.text, where)
+        if options.backend == "ttnn" and draft != "none":
+            from alpamayo.tt.program_config import check_decode_rows  # plans only: no ttnn import
+
+            try:  # a verify block is `block` rows of the decode program, which the device MoE cannot route
+                check_decode_rows(block, bool(cfg.text.sparse_layers))
+            except ValueError as e:
+                raise ValueError(f"--draft {draft} with --backend ttnn: its verify blocks are {e}") from None
         ckpt = weights or Checkpoint(directory, cfg.weight_prefix)
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)

@@ -152,6 +152,30 @@ def test_samples_on_moe_layers_are_refused_with_the_decode_message_before_anythi
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("draft", ["lookup", "previous"])
+def test_a_draft_on_moe_layers_is_refused_on_ttnn_before_any_weight_is_read(draft, tmp_path):
+    """A draft's verify blocks are rows of one decode program, which the device MoE decode cannot route: the
+    load refuses it with the decode program's own message, from the config alone (the safetensors file is
+    removed: a load would fail on it first), not at the first verify after the upload. The torch backend
+    takes the same draft on the same config."""
+    from alpamayo.backends import BackendOptions
+    from alpamayo.drafts import MODEL_FREE_BLOCK
+    from alpamayo.errors import CheckpointError
+    from alpamayo.runtime import AlpamayoVLA
+    from alpamayo.tt.program_config import check_decode_rows
+
+    moe = tmp_path / "moe"
+    save_checkpoint(moe, text_config(), moe=True, seed=3)
+    (moe / "model.safetensors").unlink()
+    with pytest.raises(ValueError) as decode:
+        check_decode_rows(MODEL_FREE_BLOCK, moe=True)
+    with pytest.raises(ValueError) as refused:
+        AlpamayoVLA.from_checkpoint(moe, BackendOptions(backend="ttnn"), draft=draft)
+    assert str(refused.value) == f"--draft {draft} with --backend ttnn: its verify blocks are {decode.value}"
+    with pytest.raises(CheckpointError, match=r"no model\.safetensors"):  # torch: past it, to the weights
+        AlpamayoVLA.from_checkpoint(moe, draft=draft)
+
+
 def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch, tmp_path):
     """`TT_METAL_SIMULATOR` (ttsim, docs/ttnn.md) counts as a device once everything ttsim reads is in place;
     until then the reason names the next missing piece."""

@@ -47,4 +47,12 @@ def load_draft(spec: str, target: Any) -> Draft | None:
     return DFlashDraft.load(spec[len("dflash:") :], target)
 
 
-__all__ = ["Draft", "DraftContext", "LookupDraft", "PreviousDraft", "check_draft_spec", "load_draft"]
+__all__ = [
+    "MODEL_FREE_BLOCK",
+    "Draft",
+    "DraftContext",
+    "LookupDraft",
+    "PreviousDraft",
+    "check_draft_spec",
+    "load_draft",
+]
