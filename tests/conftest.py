@@ -30,6 +30,18 @@ def demo_checkpoint(tmp_path_factory):
     return make_demo_checkpoint(tmp_path_factory.mktemp("demo") / "ckpt", seed=0)
 
 
+@pytest.fixture(scope="module")
+def device(request):
+    """Device 0 of a Blackhole p150 for one `blackhole` test module, closed at the module's end so that the next
+    module can open it, with the module's `TRACE_REGION` bytes of trace region (default 64 MiB; the tiny
+    models' decode and expert-step traces need ~10-12 MiB)."""
+    from alpamayo.tt.runtime import close_device, open_device
+
+    dev = open_device(getattr(request.module, "TRACE_REGION", 64 << 20))
+    yield dev
+    close_device(dev)
+
+
 @pytest.fixture
 def record_figure(request):
     """record_figure("PCC", 0.9999) -> a row in the 'measured figures' table at the end of the run."""

@@ -12,8 +12,6 @@ device draft must accept to the same length. Traced and untraced, K = 1 and K = 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,12 +19,11 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.drafts import DraftContext
 from alpamayo.drafts.dflash import DFlashDraft, read_config
 from alpamayo.numerics import pcc
-from alpamayo.text import TextModel
 from alpamayo.tt.draft_weights import draft_weight_specs
 from alpamayo.tt.precision import load_precision
-from alpamayo.tt.quantized import QuantizedCheckpoint, rounded
+from alpamayo.tt.quantized import rounded
 from tests.dflash_checkpoints import dflash_config, save_dflash
-from tests.tt_checkpoints import save_tt_checkpoint
+from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint
 
 pytestmark = pytest.mark.blackhole
 
@@ -35,27 +32,15 @@ LOGITS_PCC = 0.97  # as the target's decode logits (test_tt_text_device.py)
 PROMPT_LEN, MAX_SEQ_LEN, BLOCK = 45, 256, 8
 
 
-@pytest.fixture(scope="module")
-def device():
-    from alpamayo.tt.runtime import close_device, open_device
-
-    dev = open_device(64 << 20)
-    yield dev
-    close_device(dev)
-
-
 @pytest.fixture(scope="module", params=CASES)
 def drafts(request, device, tmp_path_factory):
     from alpamayo.tt.draft import TTDFlashDraft
-    from alpamayo.tt.text import TTTextModel
 
     name, recipe = request.param.rsplit("-", 1)
     path = tmp_path_factory.mktemp(request.param)
     save_tt_checkpoint(path, name, seed=17)
     precision = load_precision(recipe)
-    q = QuantizedCheckpoint(Path(path), precision)
-    ref = TextModel.from_checkpoint(q, q.config, dtype=torch.float32)
-    tt = TTTextModel.from_checkpoint(path, precision=precision, device=device)
+    ref, tt = reference_and_device(path, precision, device)
     t = ref.text_cfg
     heads = dict(
         num_attention_heads=t.num_attention_heads,

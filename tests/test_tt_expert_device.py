@@ -45,15 +45,6 @@ CASES = [f"{recipe}-K{k}" for recipe in ("accuracy", "performance") for k in (1,
 
 
 @pytest.fixture(scope="module")
-def device():
-    from alpamayo.tt.runtime import close_device, open_device
-
-    dev = open_device(64 << 20)  # tiny text decode + expert step traces need ~12 MiB
-    yield dev
-    close_device(dev)
-
-
-@pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     vlm = tmp_path_factory.mktemp("vlm")
     save_tt_checkpoint(vlm, TINY_VLM, seed=23)

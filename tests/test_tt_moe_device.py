@@ -22,10 +22,8 @@ import torch
 
 from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import max_abs_error, pcc
-from alpamayo.text import TextModel
-from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.routing import NEAR_TIE, routing_margin
-from tests.tt_checkpoints import REAL_ENV, real_recipe, save_tt_checkpoint
+from tests.tt_checkpoints import REAL_ENV, real_recipe, reference_and_device, save_tt_checkpoint
 from tests.tt_text_seams import moe_rows
 
 pytestmark = pytest.mark.blackhole
@@ -34,18 +32,8 @@ LAYER_PCC = 0.99
 PREFILL_ROWS, DECODE_TOKENS = 300, 16
 
 
-@pytest.fixture(scope="module")
-def device():
-    from alpamayo.tt.runtime import close_device, open_device
-
-    dev = open_device(64 << 20)
-    yield dev
-    close_device(dev)
-
-
 @pytest.fixture(scope="module", params=["moe-accuracy", "moe-performance", "real"])
 def case(request, device, tmp_path_factory):
-    from alpamayo.tt.text import TTTextModel
 
     if request.param == "real":
         path = os.environ.get(REAL_ENV)
@@ -59,9 +47,7 @@ def case(request, device, tmp_path_factory):
             torch.float32,
         )
         save_tt_checkpoint(path, "moe", seed=11)
-    rounded = QuantizedCheckpoint(path, recipe)
-    ref = TextModel.from_checkpoint(rounded, rounded.config, dtype=dtype)
-    tt = TTTextModel.from_checkpoint(path, precision=recipe, device=device)
+    ref, tt = reference_and_device(path, recipe, device, dtype)
     layers = sorted(tt.moe)[:2]
     yield ref, tt, layers, dtype
     tt.close()

@@ -11,16 +11,13 @@ backend's own logits, must be equal. Dense tiny checkpoints in both presets (MoE
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
 from alpamayo.tt.precision import load_precision
-from alpamayo.tt.quantized import QuantizedCheckpoint
-from tests.tt_checkpoints import save_tt_checkpoint
+from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint
 
 pytestmark = pytest.mark.blackhole
 
@@ -29,26 +26,12 @@ LOGITS_PCC = 0.97  # as the single-row decode's final logits (test_tt_text_devic
 PROMPT_LEN, MAX_SEQ_LEN, ROWS, BLOCK = 126, 256, 4, 8
 
 
-@pytest.fixture(scope="module")
-def device():
-    from alpamayo.tt.runtime import close_device, open_device
-
-    dev = open_device(64 << 20)
-    yield dev
-    close_device(dev)
-
-
 @pytest.fixture(scope="module", params=CASES)
 def models(request, device, tmp_path_factory):
-    from alpamayo.tt.text import TTTextModel
-
     name, recipe = request.param.rsplit("-", 1)
     path = tmp_path_factory.mktemp(request.param)
     save_tt_checkpoint(path, name, seed=17)
-    precision = load_precision(recipe)
-    rounded = QuantizedCheckpoint(Path(path), precision)
-    ref = TextModel.from_checkpoint(rounded, rounded.config, dtype=torch.float32)
-    tt = TTTextModel.from_checkpoint(path, precision=precision, device=device)
+    ref, tt = reference_and_device(path, load_precision(recipe), device)
     prompt = torch.randint(
         0, min(ref.text_cfg.vocab_size, 256), (PROMPT_LEN,), generator=torch.Generator().manual_seed(7)
     )

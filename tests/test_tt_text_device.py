@@ -17,7 +17,6 @@ each layer's figure is that layer's error alone.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,10 +30,16 @@ from alpamayo.text.inputs import text_position_ids
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.precision_planner import layer_io
 from alpamayo.tt.program_config import plan_text
-from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.hf_checkpoints import TOKEN_IDS
 from tests.routing import NEAR_TIE, router_margins
-from tests.tt_checkpoints import CACHE_ENV, REAL_ENV, TT_TINY, real_recipe, save_tt_checkpoint
+from tests.tt_checkpoints import (
+    CACHE_ENV,
+    REAL_ENV,
+    TT_TINY,
+    real_recipe,
+    reference_and_device,
+    save_tt_checkpoint,
+)
 from tests.tt_text_seams import kv_cache_host, layer_decode, layer_prefill, wrapped_decode_layers
 
 pytestmark = pytest.mark.blackhole
@@ -62,13 +67,9 @@ class Case:
     """A checkpoint on the device and in the torch reference (recipe-rounded weights), with a prompt."""
 
     def __init__(self, name, path, recipe, ref_dtype, device):
-        from alpamayo.tt.text import TTTextModel
-
         self.name, self.path, self.precision = name, path, load_precision(recipe)
-        rounded = QuantizedCheckpoint(Path(path), self.precision)
-        self.ref = TextModel.from_checkpoint(rounded, rounded.config, dtype=ref_dtype)
-        self.tt = TTTextModel.from_checkpoint(
-            path, precision=self.precision, device=device, cache_dir=os.environ.get(CACHE_ENV)
+        self.ref, self.tt = reference_and_device(
+            path, self.precision, device, ref_dtype, os.environ.get(CACHE_ENV)
         )
         vocab = self.ref.text_cfg.vocab_size
         self.prompt = torch.randint(
@@ -244,7 +245,6 @@ def test_profiling_spans_cover_every_stage(case):
 @pytest.fixture(scope="module")
 def image_case(device, tmp_path_factory):
     """A TT-shaped checkpoint with a vision tower, one 64x96 image prompt, transformers' features and positions."""
-    from alpamayo.tt.text import TTTextModel
 
     path = tmp_path_factory.mktemp("tt-image")
     hf = save_tt_checkpoint(path, "gqa2", seed=23)
@@ -266,9 +266,7 @@ def image_case(device, tmp_path_factory):
             attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
         )
     precision = load_precision("accuracy")
-    rounded = QuantizedCheckpoint(path, precision)
-    ref = TextModel.from_checkpoint(rounded, rounded.config)
-    tt = TTTextModel.from_checkpoint(path, precision=precision, device=device)
+    ref, tt = reference_and_device(path, precision, device)
     embeds = ref.embed(ids).clone()
     embeds[mask] = visual.pooler_output
     yield dict(

@@ -28,21 +28,13 @@ from vision.encoder import VisionEncoder, frame_segments
 from vision.positions import patch_rows_cols, rotary_cos_sin
 
 pytestmark = pytest.mark.blackhole
+TRACE_REGION = 16 << 20  # the `device` fixture's (tests/conftest.py)
 
 BLOCK_PCC, TOWER_PCC, ALONE_PCC = 0.99, 0.95, 0.999
 GRID = torch.tensor([[1, 20, 36], [2, 8, 12], [1, 20, 36]])  # a 320x576 frame, a 2-frame clip, another frame
 CASES = [f"{name}-{recipe}" for name in ("demo", "heads72") for recipe in ("accuracy", "performance")] + [
     "real"
 ]
-
-
-@pytest.fixture(scope="module")
-def device():
-    from alpamayo.tt.runtime import close_device, open_device
-
-    dev = open_device(16 << 20)
-    yield dev
-    close_device(dev)
 
 
 @pytest.fixture(scope="module", params=CASES)

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.config import ModelConfig, parse_config
+from alpamayo.text import TextModel
+from alpamayo.tt.precision import Precision
+from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.hf_checkpoints import hf_config, save_checkpoint, text_config
 
 # A real Qwen3-VL checkpoint directory for the device tests, its recipe, and where its packed weights are cached.
@@ -130,3 +134,21 @@ def save_tt_checkpoint(path: Path, name: str, seed: int, vision: dict | None = N
         tensors[key] = tensors[key] * ROUTER_SCALE
     save_file(tensors, file, metadata={"format": "pt"})
     return hf
+
+
+def reference_and_device(
+    path: str | Path,
+    precision: Precision,
+    device: Any,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | None = None,
+) -> tuple[TextModel, Any]:
+    """A card test's pair: the torch text model on `path`'s weights rounded as `precision` stores them on the
+    device (`QuantizedCheckpoint`, in `dtype`), so that a comparison measures the device program and not the
+    recipe, and the ttnn `TTTextModel` of `path` on `device` (with its packed-weight `cache_dir`)."""
+    from alpamayo.tt.text import TTTextModel
+
+    rounded = QuantizedCheckpoint(Path(path), precision)
+    ref = TextModel.from_checkpoint(rounded, rounded.config, dtype=dtype)
+    tt = TTTextModel.from_checkpoint(path, precision=precision, device=device, cache_dir=cache_dir)
+    return ref, tt
