@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -270,6 +270,20 @@ def random_tensor(name: str, shape: Sequence[int], g: torch.Generator) -> torch.
         return 0.05 * torch.randn(shape, generator=g)
     fan_in = shape[-1] if len(shape) != 5 else math.prod(shape[1:])
     return torch.randn(shape, generator=g) / math.sqrt(fan_in)
+
+
+def random_weights(
+    shapes: Mapping[str, Sequence[Sequence[int]]],
+    seed: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+) -> Callable[[str], torch.Tensor]:
+    """A tensor getter (`TextModel.from_weights`, `DFlashDraft`): the tensor `name` of `shapes` (name -> its
+    allowed shapes, the first one drawn: `text_tensor_shapes`, `draft_tensor_shapes`) drawn by `random_tensor`'s
+    rule when it is asked for, in `dtype` on `device`, so a model of any size is built in memory without a
+    checkpoint file or a second copy of its weights (the benchmarks at the 8B shape)."""
+    g = torch.Generator().manual_seed(seed)
+    return lambda name: random_tensor(name, shapes[name][0], g).to(device, dtype)
 
 
 def hf_vlm(vlm_config: dict[str, Any]) -> torch.nn.Module:

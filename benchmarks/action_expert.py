@@ -54,7 +54,7 @@ from transformers import DynamicCache, Qwen3VLTextConfig, Qwen3VLTextModel
 
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
-from alpamayo.demo_checkpoint import random_tensor
+from alpamayo.demo_checkpoint import random_weights
 from alpamayo.devices import DTYPES, resolve_device
 from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder
@@ -74,12 +74,7 @@ def vlm_model(layers: int, dtype: torch.dtype, device: torch.device) -> TextMode
     raw["text_config"].update(num_hidden_layers=layers, vocab_size=VOCAB)
     raw["tie_word_embeddings"] = True
     cfg = parse_config(raw)
-    g = torch.Generator().manual_seed(0)
-    weights = {
-        name: random_tensor(name, shape, g).to(device, dtype)
-        for name, (shape, *_) in text_tensor_shapes(cfg).items()
-    }
-    return TextModel.from_weights(cfg, weights.__getitem__)
+    return TextModel.from_weights(cfg, random_weights(text_tensor_shapes(cfg), 0, dtype, device))
 
 
 def fill_cache(model: TextModel, rows: int, prefix: int) -> None:

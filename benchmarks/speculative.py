@@ -42,6 +42,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
+from alpamayo.demo_checkpoint import random_weights
 from alpamayo.drafts import DraftContext
 from alpamayo.drafts.dflash import DFlashConfig, DFlashDraft, draft_tensor_shapes
 from alpamayo.generation import Sampling, verify_token
@@ -59,16 +60,7 @@ def random_8b_text(layers: int) -> TextModel:
     raw = json.loads((CONFIG_DIR / "qwen3-vl-8b.json").read_text())
     raw["text_config"]["num_hidden_layers"] = layers
     cfg = parse_config(raw, "qwen3-vl-8b.json")
-    shapes = text_tensor_shapes(cfg)
-    g = torch.Generator().manual_seed(0)
-
-    def get(name: str) -> torch.Tensor:
-        shape = shapes[name][0]
-        if len(shape) == 1:
-            return (1.0 + 0.1 * torch.randn(shape, generator=g)).to(torch.bfloat16)
-        return (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(torch.bfloat16)
-
-    return TextModel.from_weights(cfg, get)
+    return TextModel.from_weights(cfg, random_weights(text_tensor_shapes(cfg), seed=0))
 
 
 def weight_bytes(model: TextModel) -> int:
@@ -225,16 +217,8 @@ def dflash_side(model: TextModel, args: argparse.Namespace) -> dict:
         "dflash_config": {"mask_token_id": t.vocab_size - 1, "target_layer_ids": layers},
     }
     cfg = DFlashConfig.from_dict(raw, "benchmark draft")
-    shapes = draft_tensor_shapes(cfg)
+    draft = DFlashDraft(cfg, random_weights(draft_tensor_shapes(cfg), seed=3), model)
     g = torch.Generator().manual_seed(3)
-
-    def get(name: str) -> torch.Tensor:
-        shape = shapes[name][0]
-        if len(shape) == 1:
-            return (1.0 + 0.1 * torch.randn(shape, generator=g)).to(torch.bfloat16)
-        return (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(torch.bfloat16)
-
-    draft = DFlashDraft(cfg, get, model)
     feats = torch.randn(args.context, len(layers) * t.hidden_size, generator=g, dtype=torch.bfloat16)
     accepted = torch.randn(4, len(layers) * t.hidden_size, generator=g, dtype=torch.bfloat16)
     ctx = DraftContext([0] * args.context, 1, None, feats)

@@ -5,7 +5,6 @@ bitwise equal to the same verify with every op on the whole pool."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ import torch
 import alpamayo.text.threads as threads
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
+from alpamayo.demo_checkpoint import random_weights
 from alpamayo.text import TextModel
 from alpamayo.text.weights import text_tensor_shapes
 
@@ -48,16 +48,7 @@ def wide_mlp_model() -> TextModel:
     raw["text_config"].update(num_attention_heads=8, num_key_value_heads=2)
     raw["vision_config"]["out_hidden_size"] = 1024
     cfg = parse_config(raw, "qwen3-vl-8b.json (cut)")
-    shapes = text_tensor_shapes(cfg)
-    g = torch.Generator().manual_seed(0)
-
-    def get(name: str) -> torch.Tensor:
-        shape = shapes[name][0]
-        if len(shape) == 1:
-            return (1.0 + 0.1 * torch.randn(shape, generator=g)).to(torch.bfloat16)
-        return (torch.randn(shape, generator=g) / math.sqrt(shape[-1])).to(torch.bfloat16)
-
-    return TextModel.from_weights(cfg, get)
+    return TextModel.from_weights(cfg, random_weights(text_tensor_shapes(cfg), seed=0))
 
 
 @pool
