@@ -97,7 +97,8 @@ def test_a_prompt_that_is_not_whole_windows_gets_no_tick_line(capsys):
 
 def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
     """The model-free floor of a stream's tick at tau = 4: its rest (everything but the decode), the first
-    block (verified in the prefill) and the other 15 verifies' weight reads; the fidelity trades it names are
+    block (verified in the prefill) and the other 15 verifies' reads (the weights and the context's K/V, once
+    each); the fidelity trades it names are
     the verify estimate at those bfp4 groups over those 15, and one more token per verify drops the verifies
     it saves."""
     from alpamayo.configs import builtin_expert
@@ -116,13 +117,14 @@ def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
     )
     rest, first, floor, least = re.search(
         r"floor, model-free: the rest of a stream's tick .* ([\d.]+) ms, the first block ([\d.]+) ms and the 15 "
-        r"verifies' weight reads alone ([\d.]+) ms .*: ([\d.]+) ms at the least",
+        r"verifies' reads alone ([\d.]+) ms .*: ([\d.]+) ms at the least",
         out,
     ).groups()
     assert float(rest) == pytest.approx(tick - 64 * step.ms(P150), abs=0.15)
     assert float(first) == pytest.approx(first_block_ms(cfg, precision, 3072, 7), abs=0.05)
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
-    assert float(floor) == pytest.approx(15e3 * weights / P150.dram_bandwidth, abs=0.05)
+    kv = sum(op.dram_bytes for op in verify.ops if ".sdpa." in op.name)
+    assert kv > 0 and float(floor) == pytest.approx(15e3 * (weights + kv) / P150.dram_bandwidth, abs=0.05)
     assert float(least) == pytest.approx(float(rest) + float(first) + float(floor), abs=0.15)
     head = re.search(r"a bfp4 lm_head ([\d.]+) ms less", out).group(1)
     bfp4 = load_precision("performance")

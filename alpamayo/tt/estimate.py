@@ -327,7 +327,7 @@ def speculative_lines(
     drafted rows, and one verify fewer runs) and with a DFlash draft on the device (it drafts from the
     prefill's features: every block is a verify). `context`: the prompt plus the `tokens`. The last lines are
     the model-free floor at this accepted length: the rest of the prediction, the first block and the
-    verifies' weight reads, and what fidelity trades (for a user recipe) or a longer accepted length would
+    verifies' reads (every weight and the context's K/V once each), and what fidelity trades (for a user recipe) or a longer accepted length would
     take off it."""
     if not 1 <= accept_len <= block:
         raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
@@ -343,8 +343,10 @@ def speculative_lines(
     free = first + verify.ms(device) * (steps - 1) - plain.ms(device) * tokens
     dflash = (verify.ms(device) + draft.ms(device)) * steps - plain.ms(device) * tokens
     rest = plain_total_ms - plain.ms(device) * tokens
+    # a verify cannot read less than every weight once and the context's K/V once (its block attends over it)
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
-    floor = 1e3 * (steps - 1) * weights / device.dram_bandwidth
+    kv = verify.dram_bytes() - weights
+    floor = 1e3 * (steps - 1) * (weights + kv) / device.dram_bandwidth
     lines = [
         f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
         f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
@@ -378,9 +380,9 @@ def speculative_lines(
     of = "a stream's tick" if tick_total_ms is not None else "the prediction"
     lines += [
         f"  floor, model-free: the rest of {of} (vision, prefill, expert) {rest:.1f} ms, the first block "
-        f"{first:.1f} ms and the {steps - 1} verifies' weight reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB "
-        f"each at {device.dram_bandwidth / 1e9:.0f} GB/s): {rest + first + floor:.1f} ms at the least at this "
-        "accepted length",
+        f"{first:.1f} ms and the {steps - 1} verifies' reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB of "
+        f"weights and {kv / 1e9:.3f} GB of K/V each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
+        f"{rest + first + floor:.1f} ms at the least at this accepted length",
         f"  below it only by reading less per verify, fidelity trades for a user recipe (measured with `alpamayo "
         f"precision`, not presets): a bfp4 lm_head {trade(('lm_head',))} ms less, bfp4 lm_head, qkv and o "
         f"{trade(('lm_head', 'qkv', 'o'))} ms less{longer}",
