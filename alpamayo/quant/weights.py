@@ -32,12 +32,11 @@ from alpamayo.quant.recipe import QuantRecipe
 # Rows (x flattened to [M, K]) from which a CPU call dequantises the weight and runs the dense matmul instead
 # of the weight-only kernel: where the dense path overtakes the kernel, whose cost grows by about a decode
 # call per row while the dense path's is nearly flat below ~128 rows. Measured side by side in one process
-# (bf16, 2 threads, 2026-12-02 15:03 UTC, load ~1.8; docs/quantisation.md "Where the time goes"), kernel /
-# dense ms:
-# int8 at 12288 x 2048 7.9 / 10.2 at 8 rows, 5.4 / 5.7 at 16, 8.0 / 6.4 at 24; at 24576 x 4096 11.8 / 23.8,
-# 23.4 / 25.2, 35.6 / 26.5 (within 10 % at 16 on every shape, the dense path 1.2-1.35x ahead at 24); int4 at
-# 12288 x 2048 14.8 / 18.7 at 48 rows, 20.3 / 19.0 at 64, 29.9 / 20.1 at 96; at 24576 x 4096 60.3 / 71.0,
-# 79.4 / 71.3, 120.8 / 75.1.
+# (bf16, 2 threads, 2026-12-02 15:03 UTC, load ~1.8; docs/quantisation.md "Prefill: the dense path against
+# bf16"), kernel / dense ms: int8 at 12288 x 2048 7.9 / 10.2 at 8 rows, 5.4 / 5.7 at 16, 8.0 / 6.4 at 24;
+# at 24576 x 4096 11.8 / 23.8, 23.4 / 25.2, 35.6 / 26.5 (within 10 % at 16 on every shape, the dense path
+# 1.2-1.35x ahead at 24); int4 at 12288 x 2048 14.8 / 18.7 at 48 rows, 20.3 / 19.0 at 64, 29.9 / 20.1 at
+# 96; at 24576 x 4096 60.3 / 71.0, 79.4 / 71.3, 120.8 / 75.1.
 DEQUANTISE_FROM_ROWS = {"int8": 16, "int4": 64}
 # Output channels that path dequantises at a time: the largest power of two whose slice of the activation
 # dtype fits in DENSE_CHUNK_BYTES (8 MiB: 2048 channels at K = 2048 in bf16, 1024 at K = 4096), and at least
@@ -48,7 +47,7 @@ DEQUANTISE_FROM_ROWS = {"int8": 16, "int4": 64}
 # (bf16 8.5), 4096 x 12288 65-71 ms at 512 rows against 38 at 256 or 1024 (bf16 35), hence powers of two
 # and the floor of 1024. A slice past glibc's largest mmap threshold (32 MiB) would be a fresh mapping each
 # call whose page faults cost more than the matmul (0.27x at 32 MiB), as a whole weight's temporary would
-# (the 8B head's is 2.5 GB).
+# (the 8B head's is 2.5 GB); the floor of 1024 reaches it only from K = 16384, wider than any linear here.
 DENSE_CHUNK_BYTES = 8 << 20
 DENSE_MIN_ROWS = 1024
 
