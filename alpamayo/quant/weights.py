@@ -39,23 +39,26 @@ from alpamayo.quant.recipe import QuantRecipe
 # 96; at 24576 x 4096 60.3 / 71.0, 79.4 / 71.3, 120.8 / 75.1.
 DEQUANTISE_FROM_ROWS = {"int8": 16, "int4": 64}
 # Output channels that path dequantises at a time: the largest power of two whose slice of the activation
-# dtype fits in DENSE_CHUNK_BYTES (8 MiB: 2048 channels at K = 2048 in bf16, 1024 at K = 4096), and at least
-# DENSE_MIN_ROWS. Measured side by side (bf16, 2 threads, idle machine, 2026-12-02 15:36 UTC), int8 ms per
-# slice size: oneDNN's matmul loses efficiency at small N and re-reads the activation for every slice
-# (12288 x 2048, M = 128, one thread: 256 / 512 / 1024 / 2048 rows at 0.38 / 0.46 / 0.54 / 0.60x bf16), and
-# some slice shapes are slow outright: 2048 x 6144 at M = 512 15.7 ms at 512 or 640 rows against 8.5 at 1024
-# (bf16 8.5), 4096 x 12288 65-71 ms at 512 rows against 38 at 256 or 1024 (bf16 35), hence powers of two
-# and the floor of 1024. A slice past glibc's largest mmap threshold (32 MiB) would be a fresh mapping each
-# call whose page faults cost more than the matmul (0.27x at 32 MiB), as a whole weight's temporary would
-# (the 8B head's is 2.5 GB); the floor of 1024 reaches it only from K = 16384, wider than any linear here.
-DENSE_CHUNK_BYTES = 8 << 20
+# dtype together with its columns of the output ([M, n]) fits in DENSE_CHUNK_BYTES (16 MiB: 2048 channels
+# at K = 2048 up to ~2000 rows, 1024 at K = 4096), and at least DENSE_MIN_ROWS. Measured side by side (bf16,
+# 2 threads, idle machine, 2026-12-02 15:36-15:55 UTC), int8: oneDNN's matmul loses efficiency at small N
+# and re-reads the activation for every slice (12288 x 2048, M = 128, one thread: 256 / 512 / 1024 / 2048
+# rows at 0.38 / 0.46 / 0.54 / 0.60x bf16), but at M = 3000 2048 rows ran at 0.95x and 1024 at 1.14x
+# (131.8 / 112.6 ms, bf16 128.1); some slice shapes are slow outright: 2048 x 6144 at M = 512 15.7 ms at
+# 512 or 640 rows against 8.5 at 1024 (bf16 8.5), 4096 x 12288 65-71 ms at 512 rows against 38 at 256 or
+# 1024 (bf16 35), hence powers of two and the floor of 1024. A slice past glibc's largest mmap threshold
+# (32 MiB) would be a fresh mapping each call whose page faults cost more than the matmul (0.27x at
+# 32 MiB), as a whole weight's temporary would (the 8B head's is 2.5 GB); the floor of 1024 reaches it only
+# from K = 16384, wider than any linear here.
+DENSE_CHUNK_BYTES = 16 << 20
 DENSE_MIN_ROWS = 1024
 
 
-def dense_chunk_rows(in_features: int, dtype: torch.dtype) -> int:
-    """Output channels per dequantised slice (a power of two, so whole blocks of the CPU int4 layout)."""
-    rows = DENSE_CHUNK_BYTES // (in_features * dtype.itemsize)
-    return max(DENSE_MIN_ROWS, 1 << (max(rows, 1).bit_length() - 1))
+def dense_chunk_rows(in_features: int, rows: int, dtype: torch.dtype) -> int:
+    """Output channels per dequantised slice for an [rows, in_features] activation (a power of two, so whole
+    blocks of the CPU int4 layout)."""
+    n = DENSE_CHUNK_BYTES // ((in_features + rows) * dtype.itemsize)
+    return max(DENSE_MIN_ROWS, 1 << (max(n, 1).bit_length() - 1))
 
 
 class Int8Weight:
@@ -95,7 +98,7 @@ class Int8Weight:
         x @ (q * s)^T = (x @ q^T) * s, and the codes (|q| <= 127) are exact in every activation dtype: only
         the output is rounded (twice in bf16)."""
         n = self.out_features
-        step = min(n, dense_chunk_rows(self.in_features, flat.dtype))
+        step = min(n, dense_chunk_rows(self.in_features, flat.shape[0], flat.dtype))
         buf = torch.empty(step, self.in_features, dtype=flat.dtype)
         y = flat.new_empty(flat.shape[0], n)
         for i in range(0, n, step):
@@ -169,7 +172,7 @@ class Int4Weight:
         `cpu_int4_layout_known()`."""
         k, g, half = self.in_features, self.group, CPU_INT4_BLOCK // 2
         blocks = self.packed.view(-1, k, half)  # [N'/64, K, 32]: byte j holds rows j and j + 32
-        step = min(blocks.shape[0], dense_chunk_rows(k, flat.dtype) // CPU_INT4_BLOCK)
+        step = min(blocks.shape[0], dense_chunk_rows(k, flat.shape[0], flat.dtype) // CPU_INT4_BLOCK)
         flipped = torch.empty(k, step, half, dtype=torch.uint8)
         nibbles = torch.empty(k, step, 2, half, dtype=torch.int8)  # [K, n]: rows j, then j + 32 of each block
         w = torch.empty(k, step * CPU_INT4_BLOCK, dtype=flat.dtype)
