@@ -311,9 +311,9 @@ def test_serve_at_int8_from_the_node_yaml_streams_trajectories(demo_checkpoint, 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_the_dense_path_in_several_chunks_equals_the_kernel(monkeypatch, mode):
-    """Prefill-sized calls dequantise `DENSE_CHUNK` output channels at a time; with a chunk of 64 a 200-row
-    weight takes four chunks (int4: padded to 256) and still equals the weight-only kernel's result."""
-    monkeypatch.setattr(quant_weights, "DENSE_CHUNK", 64)
+    """Prefill-sized calls dequantise `dense_chunk_rows` output channels at a time; with slices of 64 a
+    200-row weight takes four (int4: padded to 256) and still equals the weight-only kernel's result."""
+    monkeypatch.setattr(quant_weights, "dense_chunk_rows", lambda in_features, rows, dtype: 64)
     w = _weight(200, 256)
     q = Int8Weight.quantise(w) if mode == "int8" else quantise_weight(w, QuantRecipe("int4", 64), "x")
     x = torch.randn(DEQUANTISE_FROM_ROWS[mode] + 1, 256)

@@ -11,8 +11,7 @@ never served by a dequantising fallback. Under int4 a layer whose input width th
 multiple of 128) does not divide is packed at int8 instead (`alpamayo.quant.kernels.layer_mode`). On the CPU a call with many rows (prefill, the expert's K samples x
 64 tokens) instead dequantises the weight to the activation dtype, slice by slice, once per call, and runs the
 dense oneDNN matmul, which is compute-bound there while the weight-only kernels cost about a decode call per
-row (int8 from 16 rows, int4 from 256: `DEQUANTISE_FROM_ROWS`); both paths read the same codes, scales and
-zeros.
+row (from `DEQUANTISE_FROM_ROWS` rows); both paths read the same codes, scales and zeros.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from alpamayo.quant.kernels import (
     CUDA_INNER_K_TILES,
@@ -32,16 +30,35 @@ from alpamayo.quant.kernels import (
 from alpamayo.quant.recipe import QuantRecipe
 
 # Rows (x flattened to [M, K]) from which a CPU call dequantises the weight and runs the dense matmul instead
-# of the weight-only kernel. Measured by `benchmarks/quantised_decode.py` (section 1) at the 8B MLP shape
-# (12288 x 4096, bf16, 1 thread, shared 2-core machine, docs/quantisation.md): int8 kernel / dense 82 / 87 ms
-# at 16 rows, 166 / 92 at 32, 340 / 161 at 64 (bf16 100); int4 kernel / dense 251 / 562 ms at 64 rows: the
-# kernel costs ~3.9 ms a row, the dequantising ~0.5 s a call, so int4 switches only at 256 rows.
-DEQUANTISE_FROM_ROWS = {"int8": 16, "int4": 256}
-# Output channels dequantised at a time on that path: the temporary slice (512 x 4096 float32, 8 MB) stays in
-# the cache and in the allocator's reused heap, where a whole weight's temporary (the 8B head's would be
-# 2.5 GB) is a fresh mapping each call whose page faults cost more than the matmul; oneDNN stays efficient
-# at N = 512.
-DENSE_CHUNK = 512
+# of the weight-only kernel: where the dense path overtakes the kernel, whose cost grows by about a decode
+# call per row while the dense path's is nearly flat below ~128 rows. Measured side by side in one process
+# (bf16, 2 threads, 2026-12-02 15:03 UTC, load ~1.8; docs/quantisation.md "Prefill: the dense path against
+# bf16"), kernel / dense ms: int8 at 12288 x 2048 7.9 / 10.2 at 8 rows, 5.4 / 5.7 at 16, 8.0 / 6.4 at 24;
+# at 24576 x 4096 11.8 / 23.8, 23.4 / 25.2, 35.6 / 26.5 (within 10 % at 16 on every shape, the dense path
+# 1.2-1.35x ahead at 24); int4 at 12288 x 2048 14.8 / 18.7 at 48 rows, 20.3 / 19.0 at 64, 29.9 / 20.1 at
+# 96; at 24576 x 4096 60.3 / 71.0, 79.4 / 71.3, 120.8 / 75.1.
+DEQUANTISE_FROM_ROWS = {"int8": 16, "int4": 64}
+# Output channels that path dequantises at a time: the largest power of two whose slice of the activation
+# dtype together with its columns of the output ([M, n]) fits in DENSE_CHUNK_BYTES (16 MiB: 2048 channels
+# at K = 2048 up to ~2000 rows, 1024 at K = 4096), and at least DENSE_MIN_ROWS. Measured side by side (bf16,
+# 2 threads, idle machine, 2026-12-02 15:36-15:55 UTC), int8: oneDNN's matmul loses efficiency at small N
+# and re-reads the activation for every slice (12288 x 2048, M = 128, one thread: 256 / 512 / 1024 / 2048
+# rows at 0.38 / 0.46 / 0.54 / 0.60x bf16), but at M = 3000 2048 rows ran at 0.95x and 1024 at 1.14x
+# (131.8 / 112.6 ms, bf16 128.1); some slice shapes are slow outright: 2048 x 6144 at M = 512 15.7 ms at
+# 512 or 640 rows against 8.5 at 1024 (bf16 8.5), 4096 x 12288 65-71 ms at 512 rows against 38 at 256 or
+# 1024 (bf16 35), hence powers of two and the floor of 1024. A slice past glibc's largest mmap threshold
+# (32 MiB) would be a fresh mapping each call whose page faults cost more than the matmul (0.27x at
+# 32 MiB), as a whole weight's temporary would (the 8B head's is 2.5 GB); the floor of 1024 reaches it only
+# from K = 16384, wider than any linear here.
+DENSE_CHUNK_BYTES = 16 << 20
+DENSE_MIN_ROWS = 1024
+
+
+def dense_chunk_rows(in_features: int, rows: int, dtype: torch.dtype) -> int:
+    """Output channels per dequantised slice for an [rows, in_features] activation (a power of two, so whole
+    blocks of the CPU int4 layout)."""
+    n = DENSE_CHUNK_BYTES // ((in_features + rows) * dtype.itemsize)
+    return max(DENSE_MIN_ROWS, 1 << (max(n, 1).bit_length() - 1))
 
 
 class Int8Weight:
@@ -75,17 +92,19 @@ class Int8Weight:
         return torch._weight_int8pack_mm(flat, self.q, self.scales)
 
     def dense_matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        """[M, K] -> [M, N] by the dense matmul of `flat`'s dtype on the codes converted, `DENSE_CHUNK` output
-        channels at a time. The per-channel scales commute with the matmul, x @ (q * s)^T = (x @ q^T) * s, and
-        the codes (|q| <= 127) are exact in every activation dtype: only the output is rounded (twice in
-        bf16)."""
+        """[M, K] -> [M, N] by the dense matmul of `flat`'s dtype on the codes converted (one pass per slice
+        of `dense_chunk_rows` output channels, into a reused buffer; each slice's product written straight
+        into the output's columns). The per-channel scales commute with the matmul,
+        x @ (q * s)^T = (x @ q^T) * s, and the codes (|q| <= 127) are exact in every activation dtype: only
+        the output is rounded (twice in bf16)."""
         n = self.out_features
-        buf = torch.empty(min(n, DENSE_CHUNK), self.in_features, dtype=flat.dtype)  # reused by every slice
-        parts = []
-        for i in range(0, n, DENSE_CHUNK):
-            codes = self.q[i : i + DENSE_CHUNK]
-            parts.append(F.linear(flat, buf[: codes.shape[0]].copy_(codes)))
-        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).mul_(self.scales)
+        step = min(n, dense_chunk_rows(self.in_features, flat.shape[0], flat.dtype))
+        buf = torch.empty(step, self.in_features, dtype=flat.dtype)
+        y = flat.new_empty(flat.shape[0], n)
+        for i in range(0, n, step):
+            codes = self.q[i : i + step]
+            torch.mm(flat, buf[: codes.shape[0]].copy_(codes).t(), out=y[:, i : i + step])
+        return y.mul_(self.scales)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"q": self.q, "scales": self.scales}
@@ -141,29 +160,46 @@ class Int4Weight:
         return torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)
 
     def dense_matmul(self, flat: torch.Tensor) -> torch.Tensor:
-        """[M, K] -> [M, N'] by the dense matmul of `flat`'s dtype on the CPU-packed weight dequantised
-        `DENSE_CHUNK` output channels at a time, (c - 8) * scale + zero as the kernel computes it (in float32,
-        then rounded once to the dtype). Needs `cpu_int4_layout_known()`."""
+        """[M, K] -> [M, N'] by the dense matmul of `flat`'s dtype on the CPU-packed weight dequantised one
+        slice of `dense_chunk_rows` output channels (whole blocks of 64) at a time into reused buffers. Per
+        slice: the packed bytes are transposed to [K, nb, 32], the nibbles unpacked into [K, n] in int8 as
+        c - 8 (xor 8, then arithmetic shifts), converted to the dtype (exact: |c - 8| <= 8), and one
+        `addcmul` forms zero + (c - 8) * scale in float32 (a fused multiply-add: one rounding) and rounds it
+        to the dtype. That is the kernel's rule (c - 8) * scale + zero in float32, rounded once more to a
+        bf16 / fp16 activation's dtype: with scales in those dtypes the product is exact in float32 (4 by 8
+        or 11 bits), so the weights equal the rule's evaluated op by op, bit for bit; with float32 scales the
+        fused form is correctly rounded where op by op rounds twice (within an ulp of float32). Needs
+        `cpu_int4_layout_known()`."""
         k, g, half = self.in_features, self.group, CPU_INT4_BLOCK // 2
-        blocks = self.packed.view(-1, k, half)
-        sz = self.scales_and_zeros.float()  # [K/group, N', 2]
-        step = min(DENSE_CHUNK // CPU_INT4_BLOCK, blocks.shape[0])
-        # reused by every slice: the codes unpacked and dequantised in float32, and rounded to the dtype
-        wide = torch.empty(k, step * CPU_INT4_BLOCK)
-        narrow = torch.empty(k, step * CPU_INT4_BLOCK, dtype=flat.dtype)
-        parts = []
+        blocks = self.packed.view(-1, k, half)  # [N'/64, K, 32]: byte j holds rows j and j + 32
+        step = min(blocks.shape[0], dense_chunk_rows(k, flat.shape[0], flat.dtype) // CPU_INT4_BLOCK)
+        flipped = torch.empty(k, step, half, dtype=torch.uint8)
+        nibbles = torch.empty(k, step, 2, half, dtype=torch.int8)  # [K, n]: rows j, then j + 32 of each block
+        w = torch.empty(k, step * CPU_INT4_BLOCK, dtype=flat.dtype)
+        y = flat.new_empty(flat.shape[0], blocks.shape[0] * CPU_INT4_BLOCK)
         for b in range(0, blocks.shape[0], step):
-            src = blocks[b : b + step].transpose(0, 1)  # [K, nb, 32]: byte j holds rows j and j + 32
-            nb = src.shape[1]
+            src = blocks[b : b + step]
+            nb = src.shape[0]
             n0, n = b * CPU_INT4_BLOCK, nb * CPU_INT4_BLOCK
-            w = wide[:, :n]
-            lo_hi = w.view(k, nb, 2, half)
-            lo_hi[:, :, 0].copy_(src & 15)
-            lo_hi[:, :, 1].copy_(src >> 4)
-            grouped = w.view(k // g, g, n)
-            grouped.sub_(8).mul_(sz[:, None, n0 : n0 + n, 0]).add_(sz[:, None, n0 : n0 + n, 1])
-            parts.append(flat @ narrow[:, :n].copy_(w))
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            flip = flipped[:, :nb]
+            flip.copy_(src.transpose(0, 1))  # the bytes in [K, nb, 32]
+            flip.bitwise_xor_(0x88)  # c ^ 8 read as a signed nibble is c - 8
+            codes = nibbles[:, :nb]
+            # each nibble into the high half of its own byte (x 16 rather than << 4: torch's shift does not
+            # vectorise into a strided output, 3.5x slower)
+            torch.mul(flip, 16, out=codes[:, :, 0].view(torch.uint8))
+            torch.bitwise_and(flip, 0xF0, out=codes[:, :, 1].view(torch.uint8))
+            codes.bitwise_right_shift_(4)  # arithmetic: c - 8, sign-extended
+            dense = w[:, :n]
+            dense.copy_(codes.view(k, n))
+            # contiguous per slice: addcmul's vectorised loop needs unit-stride operands (2048 x 2048 at one
+            # thread: 1.5 ms, against 6.1 on the interleaved scale / zero views)
+            sz = self.scales_and_zeros[:, n0 : n0 + n].to(flat.dtype)
+            scale, zero = sz[..., 0].contiguous(), sz[..., 1].contiguous()
+            grouped = dense.view(k // g, g, n)
+            torch.addcmul(zero[:, None], grouped, scale[:, None], out=grouped)
+            torch.mm(flat, dense, out=y[:, n0 : n0 + n])
+        return y
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"packed": self.packed, "scales_and_zeros": self.scales_and_zeros}
