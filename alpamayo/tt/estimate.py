@@ -327,8 +327,8 @@ def speculative_lines(
     drafted rows, and one verify fewer runs) and with a DFlash draft on the device (it drafts from the
     prefill's features: every block is a verify). `context`: the prompt plus the `tokens`. The last lines are
     the model-free floor at this accepted length: the rest of the prediction, the first block and the
-    verifies' reads (every weight and the context's K/V once each), and what fidelity trades (for a user recipe) or a longer accepted length would
-    take off it."""
+    verifies' reads (every weight and the context's K/V once each), and what fidelity trades (for a user
+    recipe) or a longer accepted length would take off it."""
     if not 1 <= accept_len <= block:
         raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
     if not 1 <= block <= TILE:
@@ -346,7 +346,7 @@ def speculative_lines(
     # a verify cannot read less than every weight once and the context's K/V once (its block attends over it)
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
     kv = verify.dram_bytes() - weights
-    floor = 1e3 * (steps - 1) * (weights + kv) / device.dram_bandwidth
+    floor = 1e3 * (steps - 1) * verify.dram_bytes() / device.dram_bandwidth
     lines = [
         f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
         f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
