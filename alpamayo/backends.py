@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -30,6 +30,15 @@ if TYPE_CHECKING:
     from alpamayo.tt.text import TTTextModel
 
 BACKENDS = ("torch", "ttnn")
+
+
+class TorchLoadArgs(TypedDict):
+    """The keyword arguments every torch loader (text, vision, expert) takes from `BackendOptions`."""
+
+    dtype: torch.dtype
+    device: torch.device
+    quant: QuantRecipe
+    quant_cache: PackedWeightCache | None
 
 
 @dataclass(frozen=True)
@@ -58,11 +67,20 @@ class BackendOptions:
                 "with --recipe (accuracy, performance or a recipe YAML: bfp8 / bfp4 weights)"
             )
 
-    def packed_weight_cache(self) -> PackedWeightCache | None:
-        """The torch backend's packed-weight cache in `quant_cache` (None without one or without `quant`)."""
-        if self.quant_cache is None or not self.quant.enabled:
-            return None
-        return PackedWeightCache(self.quant_cache)
+    def torch_load_args(self) -> TorchLoadArgs:
+        """dtype, resolved device, quantisation and its packed-weight cache in `quant_cache` (None without one
+        or without `quant`), as the torch loaders' keyword arguments."""
+        cache = (
+            None
+            if self.quant_cache is None or not self.quant.enabled
+            else PackedWeightCache(self.quant_cache)
+        )
+        return TorchLoadArgs(
+            dtype=self.torch_dtype,
+            device=resolve_device(self.device),
+            quant=self.quant,
+            quant_cache=cache,
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -139,14 +157,7 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
         )
     from alpamayo.text import TextModel
 
-    return TextModel.from_checkpoint(
-        source,
-        cfg,
-        options.torch_dtype,
-        resolve_device(options.device),
-        options.quant,
-        options.packed_weight_cache(),
-    )
+    return TextModel.from_checkpoint(source, cfg, **options.torch_load_args())
 
 
 def load_vision_encoder(
@@ -161,14 +172,7 @@ def load_vision_encoder(
         )
     from vision.encoder import VisionEncoder
 
-    return VisionEncoder.from_checkpoint(
-        source,
-        cfg,
-        options.torch_dtype,
-        resolve_device(options.device),
-        options.quant,
-        options.packed_weight_cache(),
-    )
+    return VisionEncoder.from_checkpoint(source, cfg, **options.torch_load_args())
 
 
 def load_expert_decoder(
@@ -196,16 +200,7 @@ def load_expert_decoder(
     from alpamayo.expert.decoding import ExpertDecoder
     from alpamayo.expert.weights import load_expert
 
-    model = load_expert(
-        source,
-        expert,
-        cfg.text,
-        options.torch_dtype,
-        resolve_device(options.device),
-        n_tokens,
-        quant=options.quant,
-        quant_cache=options.packed_weight_cache(),
-    )
+    model = load_expert(source, expert, cfg.text, n_tokens=n_tokens, **options.torch_load_args())
     return ExpertDecoder(model, settings)
 
 
