@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import zmq
 from mcap.reader import make_reader
 from PIL import Image
 
@@ -16,8 +18,11 @@ from alpamayo.commands.replay_args import settings_from_args
 from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.profiling import plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
+from alpamayo.replay.realtime import _Collector, _drain
 from alpamayo.replay.report import REPORT_SCHEMA
 from alpamayo.replay.settings import ReplaySettings
+from bridges.client import TrajectorySubscriber
+from bridges.protocol import TrajectoryMessage, encode_trajectory
 from tests.test_recording import rewrite
 from tests.test_tracer import assert_tracks_nest
 
@@ -163,6 +168,44 @@ def test_realtime_replay_drives_the_node_and_accounts_for_every_tick(
     for prediction in answered:
         assert round((prediction["t0_ns"] - START_NS) / 1e8) in (15, 16)
         assert len(prediction["samples"][0]["x"]) == 64 and len(prediction["samples"][0]["token_ids"]) == 128
+
+
+def test_the_real_time_collector_counts_an_undecodable_output_and_raises_what_ends_it():
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    good = encode_trajectory(
+        TrajectoryMessage(seq=7, t0_ns=None, valid=False, invalid_reasons=["ego: stale"])
+    )
+    collector = _Collector(TrajectorySubscriber(f"tcp://127.0.0.1:{port}"))
+    collector.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while not collector.outputs:  # PUB drops what it sends before the subscription arrives
+            assert time.monotonic() < deadline, "the collector received nothing"
+            pub.send(b"\x93not a trajectory")
+            pub.send(good)
+            time.sleep(0.05)
+        assert collector.is_alive() and collector.error is None
+        assert collector.undecodable and all(
+            r.startswith("an output that does not decode (malformed): ") for r in collector.undecodable
+        )
+        assert collector.outputs[0][1].seq == 7
+    finally:
+        collector.stop.set()
+        collector.join()
+        collector.subscriber.close()
+        pub.close()
+
+    # A socket error is no output to skip: it ends the collector, which ends the drain at once.
+    dead = _Collector(TrajectorySubscriber(f"tcp://127.0.0.1:{port}"))
+    dead.subscriber.close()
+    dead.start()
+    dead.join(5.0)
+    assert not dead.is_alive() and isinstance(dead.error, zmq.ZMQError)
+    start = time.monotonic()
+    _drain(dead, 0)
+    assert time.monotonic() - start < 1.0
 
 
 @pytest.mark.parametrize(

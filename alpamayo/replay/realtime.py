@@ -46,7 +46,7 @@ from bridges.config import (
 )
 from bridges.drives import DriveSource
 from bridges.node import InferenceNode
-from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
+from bridges.protocol import ProtocolError, TrajectoryMessage, encode_ego, encode_frame
 from bridges.recording import CameraFrame, FrameError, Warn
 
 LOOPBACK = "tcp://127.0.0.1:*"
@@ -97,19 +97,31 @@ def _frame_message(frame: CameraFrame, frame_id: int) -> bytearray:
 
 
 class _Collector(threading.Thread):
-    """Receives the node's outputs until stopped: (arrival perf_counter ns, message)."""
+    """Receives the node's outputs until stopped: (arrival perf_counter ns, message). An output that does not
+    decode is kept by its error (`undecodable`, reported with the outputs that carry no trajectory) and the
+    collector goes on; any other error ends it, is kept in `error` and ends the drain, and the replay raises
+    it (a silently dead collector would wait out DRAIN_MAX_S and report every tick dropped)."""
 
     def __init__(self, subscriber: TrajectorySubscriber):
         super().__init__(name="replay-collector", daemon=True)
         self.subscriber = subscriber
         self.outputs: list[tuple[int, TrajectoryMessage]] = []
+        self.undecodable: list[str] = []
+        self.error: Exception | None = None
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            msg = self.subscriber.recv(0.1)
-            if msg is not None:
-                self.outputs.append((time.perf_counter_ns(), msg))
+        try:
+            while not self.stop.is_set():
+                try:
+                    msg = self.subscriber.recv(0.1)
+                except ProtocolError as e:
+                    self.undecodable.append(f"an output that does not decode ({e.reason}): {e}")
+                    continue
+                if msg is not None:
+                    self.outputs.append((time.perf_counter_ns(), msg))
+        except Exception as e:  # kept for the replay to raise: this thread has no one to tell
+            self.error = e
 
 
 def replay_realtime(job: ReplayJob) -> ReplayRun:
@@ -147,6 +159,10 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
             finally:
                 collector.stop.set()
                 collector.join()
+            if collector.error is not None:
+                raise RuntimeError(
+                    f"receiving the node's outputs failed: {collector.error}"
+                ) from collector.error
             wall_s = time.perf_counter() - wall_start
         status = node.status()
     finally:
@@ -154,6 +170,7 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
     # Outputs published before the first frame was sent (inputs not yet flowing) say nothing about the replay.
     outputs = [(t, m) for t, m in collector.outputs if t >= first_send_ns]
     ticks, stale = _results(drive, outputs, set(offered), job.recorder, settings.route)
+    stale += collector.undecodable
     answered = {t.t0_ns for t in ticks}
     info = {
         **job.info,
@@ -223,9 +240,9 @@ def _publish_drive(
 
 
 def _drain(collector: _Collector, last_t0_ns: int) -> None:
-    """Wait until the node has answered the last tick (or DRAIN_MAX_S passed)."""
+    """Wait until the node has answered the last tick (or DRAIN_MAX_S passed, or the collector stopped)."""
     deadline = time.monotonic() + DRAIN_MAX_S
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and collector.is_alive():
         if any(m.t0_ns is not None and m.t0_ns >= last_t0_ns for _, m in collector.outputs):
             return
         time.sleep(0.05)
