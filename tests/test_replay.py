@@ -62,7 +62,7 @@ def test_lockstep_replay_is_byte_identical_across_runs_except_timings(
     first, second = (messages(p) for p in outs)
     timings = first.pop(TIMINGS_TOPIC), second.pop(TIMINGS_TOPIC)
     assert len(timings[0]) == len(timings[1]) == 2
-    assert first == second
+    assert first == second, _replay_difference(first, second)
     assert len(first["/alpamayo/prediction"]) == 2 and len(first["/alpamayo/recorded_future"]) == 2
     # The inputs are copied in, so one file opens in Foxglove with cameras, poses and predictions.
     assert {"/cameras/camera_front_wide_120fov/compressed", "/ego/pose", "/tf"} <= set(first)
@@ -72,6 +72,23 @@ def test_lockstep_replay_is_byte_identical_across_runs_except_timings(
     assert len(prediction["samples"][0]["x"]) == 64 and prediction["samples"][0]["token_ids"] == []
     assert "ADE" in printed and "Latency per stage" in printed and "t/s/u" in printed
     record_figure("ADE@6.4s of the first tick (m, random weights)", prediction["errors_m"]["ade@6.4s"])
+
+
+def _replay_difference(first: dict, second: dict) -> str:
+    """Which topics of two replays' outputs differ, and by how much their waypoints and reasoning do: this
+    comparison failed twice in ~40 runs on the loaded 2-core machine (2026-12-03) and never in 75 repeats in
+    one process, and the next failure should say whether it is rounding or another input."""
+    topics = sorted(t for t in first.keys() | second.keys() if first.get(t) != second.get(t))
+    lines = [f"differing topics: {topics}"]
+    pairs = zip(first.get("/alpamayo/prediction", []), second.get("/alpamayo/prediction", []), strict=False)
+    for (_, a), (_, b) in pairs:
+        sa, sb = json.loads(a)["samples"][0], json.loads(b)["samples"][0]
+        drift = max(abs(u - v) for k in "xyz" for u, v in zip(sa[k], sb[k], strict=True))
+        same = sa["reasoning_token_ids"] == sb["reasoning_token_ids"]
+        lines.append(
+            f"t0 {json.loads(a)['t0_ns']}: max waypoint difference {drift:.3g} m, same reasoning {same}"
+        )
+    return "; ".join(lines)
 
 
 def test_profile_writes_the_report_a_valid_trace_and_plots(tmp_path, demo_checkpoint, capsys):
