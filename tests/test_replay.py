@@ -82,12 +82,11 @@ def _replay_difference(first: dict, second: dict) -> str:
     lines = [f"differing topics: {topics}"]
     pairs = zip(first.get("/alpamayo/prediction", []), second.get("/alpamayo/prediction", []), strict=False)
     for (_, a), (_, b) in pairs:
-        sa, sb = json.loads(a)["samples"][0], json.loads(b)["samples"][0]
+        pa, pb = json.loads(a), json.loads(b)
+        sa, sb = pa["samples"][0], pb["samples"][0]
         drift = max(abs(u - v) for k in "xyz" for u, v in zip(sa[k], sb[k], strict=True))
         same = sa["reasoning_token_ids"] == sb["reasoning_token_ids"]
-        lines.append(
-            f"t0 {json.loads(a)['t0_ns']}: max waypoint difference {drift:.3g} m, same reasoning {same}"
-        )
+        lines.append(f"t0 {pa['t0_ns']}: max waypoint difference {drift:.3g} m, same reasoning {same}")
     return "; ".join(lines)
 
 
