@@ -143,11 +143,12 @@ SDPA_OP = "ttnn.transformer.paged_scaled_dot_product_attention_decode"
 
 
 @pytest.mark.parametrize("rows, block, calls", [(1, 8, 1), (3, 8, 3), (3, 10, 6), (1, 32, 4)])
-def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block, calls):
+def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block, calls, monkeypatch):
     """Where one position's heads fit a tile (every case here: up to 32 heads), each slot's T rows attend in
     calls of up to 8 (`block_chunks`), each reading that slot's K/V once (its n_kv heads are the users, pages
     slot x n_kv + 0..n_kv-1), not once per row: K = 3 ragged rows x 8 are 3 calls per layer; 3 x 10 (30 rows,
-    padded to 32 with copies of the last row on the last slot) are 8 + 2, 8 + 2, 8 + 4."""
+    padded to 32 with copies of the last row on the last slot) are 8 + 2, 8 + 2, 8 + 4. Every call runs on
+    the device's whole grid (`TextPlan.block_sdpa_grid`), which its program factory accepts."""
     from alpamayo.tt.text.decode import block_chunks, program_key, program_rows
 
     ttnn, t, vocab = model.ttnn, model.text_cfg, model.text_cfg.vocab_size
@@ -172,10 +173,21 @@ def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block,
         assert values[f"kv_pos.{c}"].tolist() == positions[first : first + n] * n_kv
     assert program_key(values) == (rows * block + pad, True, tuple(n for _, n in chunks))
     inputs = model._write_inputs(values)
+    grids, op = [], ttnn.transformer.paged_scaled_dot_product_attention_decode
+
+    def recorded(*args, **kwargs):
+        grid = kwargs["program_config"].compute_with_storage_grid_size
+        grids.append((grid.x, grid.y))
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(ttnn.transformer, "paged_scaled_dot_product_attention_decode", recorded)
     with Capture(ttnn) as step:
         out = model._decode_graph(inputs)
+    monkeypatch.undo()
     assert step.host_transfers() == []
     assert step.functions().count(SDPA_OP) == calls * t.num_hidden_layers
+    whole = model.device.compute_with_storage_grid_size()
+    assert grids == [(whole.x, whole.y)] * (calls * t.num_hidden_layers)
     assert tuple(out.shape) == (1, 1, rows * block + pad, model.plan.head.n_padded)
     model._free(out)
 

@@ -146,7 +146,7 @@ def test_a_smaller_grid_is_planned_within_that_grid():
     cfg = builtin_config("qwen3-vl-8b")
     plan = plan_text(cfg, PRESETS["performance"], harvested)
     check_plan_invariants(plan, cfg)
-    assert plan.prefill_grid == CoreGrid(6, 4) and plan.sdpa_decode_grid == CoreGrid(6, 4)
+    assert plan.prefill_grid == plan.sdpa_decode_grid == plan.block_sdpa_grid == CoreGrid(6, 4)
 
 
 def test_l1_that_cannot_hold_a_matmul_is_refused():

@@ -22,7 +22,12 @@ from alpamayo.tt.estimate import (
     verify_estimate,
 )
 from alpamayo.tt.precision import load_precision
-from alpamayo.tt.program_config import BLOCK_SDPA_POSITIONS, block_sdpa_applies
+from alpamayo.tt.program_config import (
+    BLOCK_SDPA_POSITIONS,
+    block_sdpa_applies,
+    flash_decode_cores,
+    plan_text,
+)
 
 RELEASE = "alpamayo-1.5-10b"
 CONTEXT = 3136
@@ -51,11 +56,42 @@ def test_a_verify_of_one_token_is_a_decode_step_and_a_block_reads_the_weights_on
 def test_a_verify_whose_heads_span_two_tiles_reads_the_kv_per_row():
     cfg, precision = builtin_config("qwen3-vl-32b"), load_precision("performance")
     assert cfg.text.num_attention_heads == 64 and not block_sdpa_applies(64)
-    _, kv = split(decode_estimate(cfg, precision, CONTEXT, 1))
+    step = decode_estimate(cfg, precision, CONTEXT, 1)
+    _, kv = split(step)
     for block in (2, 8):
-        assert split(verify_estimate(cfg, precision, CONTEXT, block, 1))[1] == pytest.approx(
-            block * kv, rel=1e-12
-        )
+        verify = verify_estimate(cfg, precision, CONTEXT, block, 1)
+        assert split(verify)[1] == pytest.approx(block * kv, rel=1e-12)
+        # each row its own flash-decode, on the decode grid
+        assert {op.cores for op in sdpa_ops(verify)} == {op.cores for op in sdpa_ops(step)}
+
+
+def sdpa_ops(stage):
+    return [op for op in stage.ops if ".sdpa." in op.name]
+
+
+def test_a_decode_row_multiplies_its_tile_of_heads_by_every_kv_head():
+    """ttnn's flash-decode runs a row's query heads, padded to whole tiles, against each K/V head in full (the
+    writer keeps each group's rows): its FLOPs follow the K/V heads and the head tiles, not the query heads."""
+    base, precision = builtin_config("qwen3-vl-8b"), load_precision("performance")
+
+    def flops(heads: int, kv: int) -> float:
+        text = replace(base.text, num_attention_heads=heads, num_key_value_heads=kv)
+        return sdpa_ops(decode_estimate(replace(base, text=text), precision, CONTEXT, 1))[0].flops
+
+    assert flops(16, 8) == flops(32, 8)  # one tile of heads either way
+    assert flops(32, 4) * 2 == flops(32, 8) and flops(64, 8) == 2 * flops(32, 8)
+
+
+def test_a_verify_block_attends_on_the_whole_grid():
+    """The block attention's FLOPs are its rows' flash-decodes' (each position's tile of heads against every
+    K/V head), run on the whole grid: 16 cores per K/V head of the p150's 13 x 10, against the decode grid's 8."""
+    cfg, precision = builtin_expert(RELEASE)[0], load_precision("performance")
+    plan = plan_text(cfg, precision)
+    n_kv = cfg.text.num_key_value_heads
+    step, verify = decode_estimate(cfg, precision, CONTEXT, 1), verify_estimate(cfg, precision, CONTEXT, 8, 1)
+    for one, block in zip(sdpa_ops(step), sdpa_ops(verify), strict=True):
+        assert block.flops == 8 * one.flops
+        assert block.cores == flash_decode_cores(plan.block_sdpa_grid, n_kv) == 2 * one.cores
 
 
 def test_a_block_of_eight_costs_about_one_decode_step_on_the_release():

@@ -12,9 +12,11 @@ the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
   * a linear weight `[K, N]` applied to M rows: 2 M K N FLOPs, its tile bytes read once;
   * routed MoE experts `[1, E, K, N]`: each row runs through k of the E experts (k/E of the FLOPs); decode
     reads the k experts' weights, prefill every expert's;
-  * attention of Sq query rows to Sk keys over all heads: 4 Sq Sk n_heads head_dim FLOPs (halved when causal),
-    K and V read once per layer at the KV cache dtype; a prefill-style SDPA (prefill, vision, the action
-    expert) runs on the cores its batch x heads x Q chunks fill (`sdpa_cores`), a flash-decode on its grid.
+  * a prefill-style SDPA (prefill, vision, the action expert, the DFlash draft) of Sq query rows to Sk keys
+    over all heads: 4 Sq Sk n_heads head_dim FLOPs (halved when causal), on the cores its batch x heads x Q
+    chunks fill (`sdpa_cores`); a flash-decode (decode, verify) of one row: its tile of heads against every
+    K/V head, 4 x 32 x Sk x head_dim FLOPs per K/V head at up to 32 heads, on its grid
+    (`flash_decode_cores`); either reads K and V once per layer at the KV cache dtype.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from alpamayo.tt.program_config import (
     BLOCK_SDPA_POSITIONS,
     VISION_SDPA_CHUNK,
     block_sdpa_applies,
+    flash_decode_cores,
     plan_expert,
     plan_text,
     plan_vision,
@@ -153,9 +156,24 @@ def matmul_ops(
 def attention_ops(
     cfg: TextConfig, q_rows: int, keys: int, precision: Precision, cores: float, causal: bool, name: str
 ) -> list[OpCost]:
-    """One attention OpCost per layer of `cfg`: `q_rows` queries over `keys` cached positions."""
+    """One prefill-style attention OpCost per layer of `cfg`: `q_rows` queries over `keys` cached positions."""
     flops = 4.0 * round_up(q_rows, TILE) * keys * cfg.num_attention_heads * cfg.head_dim
     flops *= 0.5 if causal else 1.0
+    kv = kv_bytes(cfg, keys, precision.dtype("kv_cache"))
+    fidelity = precision.math_fidelity("sdpa")
+    return [OpCost(f"{name}.{i}", flops, kv, fidelity, cores) for i in range(cfg.num_hidden_layers)]
+
+
+def decode_attention_ops(
+    cfg: TextConfig, keys: int, precision: Precision, cores: float, name: str
+) -> list[OpCost]:
+    """One flash-decode OpCost per layer of `cfg` (`ttnn.transformer.scaled_dot_product_attention_decode`)
+    for one query row over `keys` cached positions: its query heads, padded to whole 32-row tiles, are one Q
+    chunk that every K/V head multiplies in full (the kernel reads the chunk once and runs it against each of
+    its K/V heads' chunks; the writer keeps the n_heads / n_kv rows of that head's group: ttnn 0.81.1's
+    `sdpa_flash_decode.cpp` and `writer_decode_all.cpp`), so 4 x round_up(n_heads, 32) x keys x head_dim
+    FLOPs per K/V head, and K and V read once."""
+    flops = 4.0 * round_up(cfg.num_attention_heads, TILE) * keys * cfg.head_dim * cfg.num_key_value_heads
     kv = kv_bytes(cfg, keys, precision.dtype("kv_cache"))
     fidelity = precision.math_fidelity("sdpa")
     return [OpCost(f"{name}.{i}", flops, kv, fidelity, cores) for i in range(cfg.num_hidden_layers)]
@@ -209,7 +227,7 @@ def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens
     k = cfg.text.moe.num_experts_per_tok if cfg.text.moe is not None else 0
     specs = text_weight_specs(cfg, plan.device.dram_banks)
     ops = matmul_ops(specs, 1, precision, cores, k, all_experts_read=False)  # one row of a 32-row tile
-    ops += attention_ops(cfg.text, 1, context, precision, plan.sdpa_decode_grid.cores, False, "decode.sdpa")
+    ops += decode_attention_ops(cfg.text, context, precision, plan.sdpa_decode_grid.cores, "decode.sdpa")
     return StageEstimate("decode step", tuple(ops), tokens)
 
 
@@ -238,23 +256,25 @@ def verify_estimate(
     the block's tokens are rows of one decode program (`alpamayo.tt.text.decode`), so up to 32 of them read
     every weight once, as one decode step does. Its attention (`TextDecode._block_sdpa`, where
     `block_sdpa_applies`) reads the context's K/V once per `BLOCK_SDPA_POSITIONS` rows, each of its n_kv
-    users attending with one full 32-row tile of heads per position; otherwise each row's flash-decode reads
-    the K/V itself. One row (T = 1) is a decode step. One sequence's block, as the plan's reasoning; K rows'
-    blocks in one program read the weights once for all K x T rows and each slot's K/V as here."""
+    users attending with one full 32-row tile of heads per position, on the whole grid (`block_sdpa_grid`);
+    otherwise each row's flash-decode reads the K/V itself, on the decode grid. One row (T = 1) is a decode
+    step. One sequence's block, as the plan's reasoning; K rows' blocks in one program read the weights once
+    for all K x T rows and each slot's K/V as here."""
     plan = plan_text(cfg, precision)
     t = cfg.text
     k = t.moe.num_experts_per_tok if t.moe is not None else 0
     specs = text_weight_specs(cfg, plan.device.dram_banks)
     ops = matmul_ops(specs, block, precision, plan.qkv.grid.cores, k, all_experts_read=False)
-    sdpa = attention_ops(t, 1, context, precision, plan.sdpa_decode_grid.cores, False, "verify.sdpa")
     if block > 1 and block_sdpa_applies(t.num_attention_heads):
-        reads = -(-block // BLOCK_SDPA_POSITIONS)
-        # 4 x (block x 32 query rows) x keys x head_dim per K/V head, against `attention_ops`' one row's
-        # 4 x 32 x keys x head_dim per query head
-        flops = block * t.num_key_value_heads / t.num_attention_heads
+        reads, cores = (
+            -(-block // BLOCK_SDPA_POSITIONS),
+            flash_decode_cores(plan.block_sdpa_grid, t.num_key_value_heads),
+        )
     else:
-        reads = flops = block
-    ops += [replace(op, flops=op.flops * flops, dram_bytes=op.dram_bytes * reads) for op in sdpa]
+        reads, cores = block, plan.sdpa_decode_grid.cores
+    sdpa = decode_attention_ops(t, context, precision, cores, "verify.sdpa")
+    # either way each row's tile of heads meets every K/V head once: block x one row's FLOPs
+    ops += [replace(op, flops=op.flops * block, dram_bytes=op.dram_bytes * reads) for op in sdpa]
     return StageEstimate(f"verify ({block} rows)", tuple(ops), steps)
 
 

@@ -77,6 +77,13 @@ class PlanError(ConfigError):
     """The model, recipe and device cannot be planned: the message names the dimension and the rule."""
 
 
+def flash_decode_cores(grid: CoreGrid, users: int) -> int:
+    """Cores a flash-decode (`ttnn.transformer.scaled_dot_product_attention_decode`, paged or not) of `users`
+    batch rows keeps busy on `grid`: its program factory gives each user grid.cores // users of them (split
+    over the user's K/V heads, then the keys) and leaves the remainder idle."""
+    return grid.cores // users * users
+
+
 def sdpa_cores(grid_cores: int, units: int) -> float:
     """Cores busy on average in a prefill-style SDPA (`ttnn.transformer.scaled_dot_product_attention`, which
     parallelizes over batch, query heads and Q chunks only) of `units` = batch x heads x Q chunks work units
@@ -183,6 +190,10 @@ class TextPlan:
     head: HeadMatmul
     prefill_grid: CoreGrid
     sdpa_decode_grid: CoreGrid
+    # a verify block's attention (`TextDecode._block_sdpa`): Q and the output interleaved in DRAM, so nothing
+    # ties it to the decode rows' 8x8 height-sharded heads and it takes the whole grid, 2x the cores at 8 K/V
+    # heads; its padded FLOPs are compute-bound at 8 rows (`alpamayo.tt.estimate.verify_estimate`)
+    block_sdpa_grid: CoreGrid
     n_kv_heads: int
     trace_region_bytes: int
 
@@ -226,7 +237,9 @@ class TextPlan:
             f"decode lm_head  [{self.head.k}, {self.head.n_padded}] 1D mcast grid {self.head.grid} "
             f"in0_block_w {self.head.in0_block_w} per_core_N {self.head.per_core_n}; "
             f"L1 ~{self.head.l1_bytes / 1024:.0f} KiB/core",
-            f"decode SDPA: flash-decode grid {self.sdpa_decode_grid}, k_chunk {SDPA_DECODE_K_CHUNK}; "
+            f"decode SDPA: flash-decode grid {self.sdpa_decode_grid}, k_chunk {SDPA_DECODE_K_CHUNK}; a verify "
+            f"block's (where one position's heads fit a tile) on {self.block_sdpa_grid}, "
+            f"{flash_decode_cores(self.block_sdpa_grid, self.n_kv_heads) // self.n_kv_heads} cores per K/V head; "
             f"trace region {self.trace_region_bytes / 2**20:.0f} MiB",
             f"prefill: minimal_matmul + causal SDPA on {self.prefill_grid}, length padded to a multiple of "
             f"{PREFILL_PAD}, SDPA chunk 256 (128 when 256 does not divide)",
@@ -422,6 +435,7 @@ def plan_text(
         head=_head_matmul(hp, t.vocab_size, precision.dtype("lm_head"), device),
         prefill_grid=CoreGrid(*_device_grid(device, PREFILL_MAX_GRID)),
         sdpa_decode_grid=CoreGrid(*_device_grid(device, SDPA_DECODE_GRID)),
+        block_sdpa_grid=CoreGrid(device.grid_x, device.grid_y),
         n_kv_heads=t.num_key_value_heads,
         trace_region_bytes=TRACE_BYTES_PER_LAYER * t.num_hidden_layers + TRACE_BYTES_FIXED,
     )

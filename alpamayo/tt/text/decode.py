@@ -105,6 +105,7 @@ class TextDecode(TextState):
         self.rot_mem = [cfgs.per_row_sharded(ttnn, b, TILE, t.head_dim) for b in range(1, MAX_ROWS + 1)]
         self.heads_mem = [cfgs.per_row_sharded(ttnn, b, heads, t.head_dim) for b in range(1, MAX_ROWS + 1)]
         self.sdpa_decode_pc = cfgs.sdpa(ttnn, plan.sdpa_decode_grid, TILE, SDPA_DECODE_K_CHUNK)
+        self.block_sdpa_pc = cfgs.sdpa(ttnn, plan.block_sdpa_grid, TILE, SDPA_DECODE_K_CHUNK)
         self.block_sdpa = block_sdpa_applies(t.num_attention_heads)
 
     def _res_norm(self, x: Any, gamma: Any) -> Any:
@@ -241,10 +242,12 @@ class TextDecode(TextState):
         read from user h // (n_heads / n_kv): `block["head_select"]` [n_kv, 1, 32, hd] is 1 on the heads of
         each user's group, 0 elsewhere, and the masked users are summed (adding zeros: exact; one K/V head
         needs no pick). The calls' outputs are concatenated back in row order (a padding row, a copy of the
-        last row, attends as it on the last slot; its output is unread). The extra FLOPs (each user attends
-        with all 32 head rows, 32 / (n_heads / n_kv) times what its own heads need: 8x at 32 heads over 8)
-        cost far less than the K/V reads they save at verify sizes (`alpamayo.tt.estimate.verify_estimate`:
-        1.06x a decode step at 8 rows, against 1.42x per row)."""
+        last row, attends as it on the last slot; its output is unread). Its FLOPs are the per-row
+        flash-decodes' (there too every K/V head runs the whole tile of heads: 32 / (n_heads / n_kv) times
+        what its group needs, 8x at 32 heads over 8), so what it saves is the K/V reads; at 8 rows they are
+        compute-bound, so the calls run on the whole grid (`block_sdpa_pc`: Q and the output are in DRAM, so
+        no shard ties them to the decode grid), 16 cores per K/V head on a p150 against the decode grid's 8
+        (`alpamayo.tt.estimate.verify_estimate`: 1.02x a decode step at 8 rows, against 1.31x per row)."""
         ttnn, t = self.ttnn, self.text_cfg
         rows, n_kv, hd = q.shape[1], t.num_key_value_heads, t.head_dim
         dram = ttnn.DRAM_MEMORY_CONFIG
@@ -268,7 +271,7 @@ class TextDecode(TextState):
             q1 = ttnn.reshape(qc, (1, 1, n * TILE, hd))  # a view of qc's buffer, freed once through qc
             # one K/V head (MQA): q is its one user's query as it is
             qg = q1 if n_kv == 1 else ttnn.repeat(q1, ttnn.Shape((1, n_kv, 1, 1)), memory_config=dram)
-            args = {**sdpa, "cur_pos_tensor": block[f"kv_pos.{c}"]}
+            args = {**sdpa, "cur_pos_tensor": block[f"kv_pos.{c}"], "program_config": self.block_sdpa_pc}
             a = ttnn.transformer.paged_scaled_dot_product_attention_decode(
                 qg, k, v, block[f"kv_page.{c}"], spec_multi_pos_tiles=n, **args
             )
