@@ -33,9 +33,14 @@ RELEASE = "alpamayo-1.5-10b"
 CONTEXT = 3136
 
 
+def sdpa_ops(stage):
+    """The attention ops of a stage (one per layer)."""
+    return [op for op in stage.ops if ".sdpa." in op.name]
+
+
 def split(stage):
     """(matmul bytes, attention bytes) of a stage's ops."""
-    sdpa = sum(op.dram_bytes for op in stage.ops if ".sdpa." in op.name)
+    sdpa = sum(op.dram_bytes for op in sdpa_ops(stage))
     return stage.dram_bytes() - sdpa, sdpa
 
 
@@ -63,10 +68,6 @@ def test_a_verify_whose_heads_span_two_tiles_reads_the_kv_per_row():
         assert split(verify)[1] == pytest.approx(block * kv, rel=1e-12)
         # each row its own flash-decode, on the decode grid
         assert {op.cores for op in sdpa_ops(verify)} == {op.cores for op in sdpa_ops(step)}
-
-
-def sdpa_ops(stage):
-    return [op for op in stage.ops if ".sdpa." in op.name]
 
 
 def test_a_decode_row_multiplies_its_tile_of_heads_by_every_kv_head():

@@ -158,10 +158,7 @@ def attention_ops(
 ) -> list[OpCost]:
     """One prefill-style attention OpCost per layer of `cfg`: `q_rows` queries over `keys` cached positions."""
     flops = 4.0 * round_up(q_rows, TILE) * keys * cfg.num_attention_heads * cfg.head_dim
-    flops *= 0.5 if causal else 1.0
-    kv = kv_bytes(cfg, keys, precision.dtype("kv_cache"))
-    fidelity = precision.math_fidelity("sdpa")
-    return [OpCost(f"{name}.{i}", flops, kv, fidelity, cores) for i in range(cfg.num_hidden_layers)]
+    return _layer_attention(cfg, flops * (0.5 if causal else 1.0), keys, precision, cores, name)
 
 
 def decode_attention_ops(
@@ -174,6 +171,14 @@ def decode_attention_ops(
     `sdpa_flash_decode.cpp` and `writer_decode_all.cpp`), so 4 x round_up(n_heads, 32) x keys x head_dim
     FLOPs per K/V head, and K and V read once."""
     flops = 4.0 * round_up(cfg.num_attention_heads, TILE) * keys * cfg.head_dim * cfg.num_key_value_heads
+    return _layer_attention(cfg, flops, keys, precision, cores, name)
+
+
+def _layer_attention(
+    cfg: TextConfig, flops: float, keys: int, precision: Precision, cores: float, name: str
+) -> list[OpCost]:
+    """One attention OpCost per layer of `cfg`: `flops` at the `sdpa` fidelity, `keys` positions of K and V
+    read at the KV cache dtype."""
     kv = kv_bytes(cfg, keys, precision.dtype("kv_cache"))
     fidelity = precision.math_fidelity("sdpa")
     return [OpCost(f"{name}.{i}", flops, kv, fidelity, cores) for i in range(cfg.num_hidden_layers)]
