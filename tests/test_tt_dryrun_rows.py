@@ -142,6 +142,75 @@ def test_verify_runs_a_block_per_row_on_its_own_slot_ragged(model, rows, block):
 SDPA_OP = "ttnn.transformer.paged_scaled_dot_product_attention_decode"
 
 
+def verify_layout(lengths: list[int], block: int) -> tuple[list[int], list[int]]:
+    """(pages, positions) of the program rows of a verify of `block` tokens per row at cache `lengths`, as
+    `TTTextModel.verify` lays them out: row b's tokens on slot b, then the padding rows to `program_rows`
+    (copies of the last row)."""
+    from alpamayo.tt.text.decode import program_rows
+
+    rows = len(lengths)
+    pad = program_rows(rows * block) - rows * block
+    pages = [b for b in range(rows) for _ in range(block)] + [rows - 1] * pad
+    positions = [n + j for n in lengths for j in range(block)] + [lengths[-1] + block - 1] * pad
+    return pages, positions
+
+
+@pytest.mark.parametrize("lengths, block", [([126], 8), ([126], 32), ([126, 120, 97], 10), ([30, 31], 4)])
+def test_a_verify_writes_each_k_v_row_once_and_no_two_rows_of_a_pass_share_a_tile(lengths, block):
+    """`paged_update_cache` runs its rows on separate cores at once, each rewriting its row's whole 32-row
+    tile, so two rows of one call on one tile would race. Each pass writes at most one row per slot, every
+    (slot, position) of the block exactly once, by its first row; the padding rows write nothing."""
+    from alpamayo.tt.text.decode import kv_write_passes
+
+    pages, positions = verify_layout(lengths, block)
+    passes = kv_write_passes(pages, positions)
+    assert len(passes) == block
+    owners = {}
+    for r, key in enumerate(zip(pages, positions, strict=True)):
+        owners.setdefault(key, r)
+    written = []
+    for idxs in passes:
+        active = [r for r, i in enumerate(idxs) if i != -1]
+        assert all(idxs[r] == positions[r] for r in active)
+        assert len({pages[r] for r in active}) == len(active)
+        written += active
+    assert sorted(written) == sorted(owners.values())
+    tiles = [(p, pos // 32) for p, pos in zip(pages, positions, strict=True)]
+    assert len(set(tiles)) < len(tiles)  # one call over these rows would write shared tiles
+
+
+@pytest.mark.parametrize("rows, block", [(1, 8), (3, 10)])
+def test_a_verify_layer_writes_k_and_v_in_its_passes(model, rows, block, monkeypatch):
+    """Each layer of a verify program calls `paged_update_cache` once per pass for K and once for V, each
+    with that pass's update indices and the page table; a decode step writes K and V once, at `pos`."""
+    from alpamayo.tt.text.decode import kv_writes
+
+    ttnn, t = model.ttnn, model.text_cfg
+    model.prefill(prompt(model))
+    model.fork(rows)
+    pages, positions = verify_layout(list(model.lengths), block)
+    values = model._decode_host_inputs([1] * len(pages), positions, pages)
+    inputs = model._write_inputs(values)
+    calls, op = [], ttnn.experimental.paged_update_cache
+
+    def recorded(cache, rows_in, update_idxs_tensor, page_table=None):
+        calls.append((update_idxs_tensor, page_table))
+        return op(cache, rows_in, update_idxs_tensor=update_idxs_tensor, page_table=page_table)
+
+    monkeypatch.setattr(ttnn.experimental, "paged_update_cache", recorded)
+    out = model._decode_graph(inputs)
+    model._free(out)
+    writes = kv_writes(inputs)
+    assert len(writes) == block
+    per_layer = [(w, inputs["page"]) for w in writes for _ in "kv"]
+    assert [tuple(map(id, c)) for c in calls] == [tuple(map(id, c)) for c in per_layer] * t.num_hidden_layers
+    calls.clear()
+    idle = model.max_batch - rows  # a decode step runs every slot (idle ones at position 0)
+    step = model._write_inputs(model._decode_host_inputs([1] * model.max_batch, model.lengths + [0] * idle))
+    model._free(model._decode_graph(step))
+    assert [tuple(map(id, c)) for c in calls] == [(id(step["pos"]), id(None))] * 2 * t.num_hidden_layers
+
+
 @pytest.mark.parametrize("rows, block, calls", [(1, 8, 1), (3, 8, 3), (3, 10, 6), (1, 32, 4)])
 def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block, calls, monkeypatch):
     """Where one position's heads fit a tile (every case here: up to 32 heads), each slot's T rows attend in
@@ -171,7 +240,7 @@ def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block,
     for c, (first, n) in enumerate(chunks):
         assert values[f"kv_page.{c}"].view(-1).tolist() == [pages[first] * n_kv + g for g in range(n_kv)]
         assert values[f"kv_pos.{c}"].tolist() == positions[first : first + n] * n_kv
-    assert program_key(values) == (rows * block + pad, True, tuple(n for _, n in chunks))
+    assert program_key(values) == (rows * block + pad, True, tuple(n for _, n in chunks), block)
     inputs = model._write_inputs(values)
     grids, op = [], ttnn.transformer.paged_scaled_dot_product_attention_decode
 
@@ -204,7 +273,8 @@ def test_a_verify_whose_heads_span_two_tiles_attends_per_row(dryrun_device):
         tt.fork(2)
         pages = [0] * 4 + [1] * 4
         values = tt._decode_host_inputs(list(range(8)), [PROMPT_LEN + j % 4 for j in range(8)], pages)
-        assert sorted(values) == ["cos", "page", "pos", "sin", "x"]
+        writes = [f"kv_write.{p}" for p in range(4)]  # 4 rows per slot
+        assert sorted(values) == ["cos", *writes, "page", "pos", "sin", "x"]
         inputs = tt._write_inputs(values)
         with Capture(tt.ttnn) as step:
             out = tt._decode_graph(inputs)

@@ -16,7 +16,7 @@ from alpamayo.text.inputs import check_prefill, rope_delta
 from alpamayo.tt.device_spec import TILE
 from alpamayo.tt.program_config import TextPlan
 
-# layer(i, x, cos, sin, pos, page=None, block=None) -> x: as `TextDecode._layer_decode`
+# layer(i, x, cos, sin, pos, page=None, block=None, writes=()) -> x: as `TextDecode._layer_decode`
 DecodeLayer = Callable[..., Any]
 
 

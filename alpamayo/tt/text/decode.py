@@ -63,14 +63,54 @@ def head_select(n_heads: int, n_kv: int, head_dim: int) -> torch.Tensor:
     return sel
 
 
-def program_key(values: dict[str, Any]) -> tuple[int, bool, tuple[int, ...]]:
+def kv_write_passes(pages: Sequence[int], positions: Sequence[int]) -> list[list[int]]:
+    """The K/V writes of a verify program whose row r holds cache index positions[r] of slot pages[r], as
+    passes of `paged_update_cache`: pass p's update index per program row, the row's position where the
+    row writes in pass p, else -1 (ttnn skips that row's read and write).
+
+    `paged_update_cache` runs its rows at once, one per core, and each rewrites its row's whole 32-row
+    tile (read, untilize, patch the row, tilize, write back: ttnn 0.81.1's `reader_`/`writer_update_cache_
+    interleaved_start_id.cpp`; only `share_cache`, refused with a page table, chains the cores). A block's
+    consecutive positions share tiles, so in one call the rows' rewrites of a tile would race and the last
+    one would win. Pass p writes the p-th row of every slot: no two rows of a pass touch one slot. A row at
+    a slot and position an earlier row holds (the padding rows, copies of the last row: the same K/V) is
+    written by that row only."""
+    order: dict[int, int] = {}
+    seen: set[tuple[int, int]] = set()
+    passes: list[int | None] = []
+    for page, pos in zip(pages, positions, strict=True):
+        if (page, pos) in seen:
+            passes.append(None)
+            continue
+        seen.add((page, pos))
+        passes.append(order.get(page, 0))
+        order[page] = order.get(page, 0) + 1
+    return [
+        [pos if p == q else -1 for p, pos in zip(passes, positions, strict=True)]
+        for q in range(max(order.values()))
+    ]
+
+
+ProgramKey = tuple[int, bool, tuple[int, ...], int]  # `program_key`
+
+
+def program_key(values: dict[str, Any]) -> ProgramKey:
     """What fixes a decode program's graph, from its persistent inputs (host or device tensors): (rows,
-    paged, the block attention's rows per call: `block_chunks`' sizes, () on the per-row path). The slots
-    and positions are values of the inputs, rewritten before each replay."""
+    paged, the block attention's rows per call: `block_chunks`' sizes, () on the per-row path, the K/V
+    write passes: `kv_write_passes`, 0 unpaged). The slots and positions are values of the inputs,
+    rewritten before each replay."""
     chunks: list[int] = []
     while f"kv_pos.{len(chunks)}" in values:
         chunks.append(values[f"kv_pos.{len(chunks)}"].shape[0] // values[f"kv_page.{len(chunks)}"].shape[0])
-    return values["pos"].shape[0], "page" in values, tuple(chunks)
+    return values["pos"].shape[0], "page" in values, tuple(chunks), len(kv_writes(values))
+
+
+def kv_writes(values: dict[str, Any]) -> list[Any]:
+    """The K/V write passes' update indices among a decode program's persistent inputs ("kv_write.p")."""
+    writes: list[Any] = []
+    while f"kv_write.{len(writes)}" in values:
+        writes.append(values[f"kv_write.{len(writes)}"])
+    return writes
 
 
 class TextDecode(TextState):
@@ -80,8 +120,8 @@ class TextDecode(TextState):
 
     embed_table: torch.Tensor
     trace_switch: TraceSwitch
-    _inputs: dict[tuple[int, bool, tuple[int, ...]], dict[str, Any]]
-    _traces: dict[tuple[tuple[int, bool, tuple[int, ...]], tuple[int, ...]], DecodeTrace]
+    _inputs: dict[ProgramKey, dict[str, Any]]
+    _traces: dict[tuple[ProgramKey, tuple[int, ...]], DecodeTrace]
     lengths: list[int]
     _head: Callable[[Any, int], Any]  # the prefill's lm_head (`TextPrefill._head`)
 
@@ -165,6 +205,7 @@ class TextDecode(TextState):
         pos: Any,
         page: Any = None,
         block: dict[str, Any] | None = None,
+        writes: Sequence[Any] = (),
     ) -> Any:
         """One decoder layer for B rows: x [1, 1, 32, H_p] (freed; rows 0..B-1 real) width-sharded on the
         residual grid, cos/sin [1, B, 32(1), head_dim] one row per core, pos [B] int32 (row b's cache index)
@@ -172,7 +213,9 @@ class TextDecode(TextState):
         consecutive rows are one sequence's consecutive tokens) row r reads and writes slot page[r] instead:
         the cache [slots, n_kv, S, hd] is written as a paged cache of `slots` blocks of S rows, and `page`
         [B, 1] int32 maps row r to its block (ttnn's `share_cache` wants a one-slot cache, and its SDPA
-        returns one user's rows: measured on the dry run). The attention then reads each slot's K/V once
+        returns one user's rows: measured on the dry run); the K/V are written in the passes `writes` ([B]
+        int32 update indices each, `kv_write_passes`), so no two rows of one call share a cache tile. The
+        attention then reads each slot's K/V once
         per `BLOCK_SDPA_POSITIONS` of its rows with `block` (the block attention's persistent inputs of
         `_decode_host_inputs`; `_block_sdpa`), else once per row (paged flash-decode)."""
         ttnn, t, plan, w = self.ttnn, self.text_cfg, self.plan, self.layer_weights[i]
@@ -195,9 +238,14 @@ class TextDecode(TextState):
         kr = ttnn.experimental.rotary_embedding_hf(k, cos, sin, is_decode_mode=True)
         self._free(q, k)
         cache_k, cache_v = self.kv_cache[i]
+        if (page is None) == bool(writes):
+            raise ValueError(
+                "a paged decode layer writes its K/V in passes (`kv_write_passes`), unpaged in one"
+            )
         # bf16 K/V rows: paged_update_cache repacks them into the cache dtype itself
-        ttnn.experimental.paged_update_cache(cache_k, kr, update_idxs_tensor=pos, page_table=page)
-        ttnn.experimental.paged_update_cache(cache_v, v, update_idxs_tensor=pos, page_table=page)
+        for idxs in writes or [pos]:
+            ttnn.experimental.paged_update_cache(cache_k, kr, update_idxs_tensor=idxs, page_table=page)
+            ttnn.experimental.paged_update_cache(cache_v, v, update_idxs_tensor=idxs, page_table=page)
         self._free(kr, v)
         sdpa = dict(
             cur_pos_tensor=pos,
@@ -337,8 +385,9 @@ class TextDecode(TextState):
         taken: dict[int, Any] = {}
         x, cos, sin = self._sharded_inputs(inputs)
         block = inputs if program_key(inputs)[2] else None
+        writes = kv_writes(inputs)
         for i in range(last + 1):
-            x = self._layer_decode(i, x, cos, sin, inputs["pos"], inputs.get("page"), block)
+            x = self._layer_decode(i, x, cos, sin, inputs["pos"], inputs.get("page"), block, writes)
             if i in capture and i != last:
                 taken[i] = ttnn.to_memory_config(x, ttnn.DRAM_MEMORY_CONFIG)
         self._free(cos, sin)
@@ -356,7 +405,8 @@ class TextDecode(TextState):
     ) -> dict[str, torch.Tensor]:
         """Host values of the persistent decode inputs: row b holds `tokens[b]` at cache index
         `positions[b]` (rope position `positions[b] + rope_delta`); `pages`: row b's cache slot (the page
-        table of `_layer_decode`; None: row b in slot b), and where `block_sdpa_applies` the block
+        table of `_layer_decode` and its K/V write passes "kv_write.p", `kv_write_passes`; None: row b in
+        slot b), and where `block_sdpa_applies` the block
         attention's inputs per call c of `block_chunks(pages)` ("kv_pos.c", "kv_page.c") and "head_select"
         (`_block_sdpa`)."""
         t, rows = self.text_cfg, len(tokens)
@@ -367,6 +417,8 @@ class TextDecode(TextState):
         values = {"x": x, "cos": cos.view(1, rows, 1, -1), "sin": sin.view(1, rows, 1, -1), "pos": pos}
         if pages is not None:
             values["page"] = torch.tensor(pages, dtype=torch.int32).view(rows, 1)
+            for p, idxs in enumerate(kv_write_passes(pages, positions)):
+                values[f"kv_write.{p}"] = torch.tensor(idxs, dtype=torch.int32)
             if self.block_sdpa:
                 n_kv = t.num_key_value_heads
                 for c, (first, n) in enumerate(block_chunks(pages)):

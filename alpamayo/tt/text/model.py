@@ -29,7 +29,7 @@ from alpamayo.tt.moe import TTMoE
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import PREFILL_PAD, TextPlan, plan_text
 from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
-from alpamayo.tt.text.decode import MAX_ROWS, TextDecode, program_rows
+from alpamayo.tt.text.decode import MAX_ROWS, ProgramKey, TextDecode, program_rows
 from alpamayo.tt.text.prefill import TextPrefill
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 from alpamayo.tt.text.upload import layer_weights, upload_text_weights
@@ -77,8 +77,8 @@ class TTTextModel(TextPrefill, TextDecode):
         # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
         self.reserved_rows = 0
         # (program_key, capture) -> trace; program_key -> persistent inputs (alpamayo.tt.text.decode)
-        self._traces: dict[tuple[tuple[int, bool, tuple[int, ...]], tuple[int, ...]], DecodeTrace] = {}
-        self._inputs: dict[tuple[int, bool, tuple[int, ...]], dict[str, Any]] = {}
+        self._traces: dict[tuple[ProgramKey, tuple[int, ...]], DecodeTrace] = {}
+        self._inputs: dict[ProgramKey, dict[str, Any]] = {}
         self.trace_switch = TraceSwitch()
         t = cfg.text
         self.scale = t.head_dim**-0.5
