@@ -13,8 +13,8 @@ implementation; the drift from the unrounded float32 expert is recorded beside t
     float32 expert on unrounded weights), and at least 0.5 m of slack: the rollout amplifies small velocity
     errors (measured on this tiny random expert: bfp8 rounding alone, per-step velocity PCC 0.9997, drifts
     0.46-0.81 m over the three samples), so a fixed bound in metres would measure the random weights;
-  * the SDPA's block map the device builds equals `ExpertPlan.visible_chunks` per slot and flags exactly the
-    K chunks where the device mask has a visible column (the tiny cache skips its middle chunk);
+  * the attention's causal bounds the device builds are `ExpertPlan.cur_pos` of each slot's offset, one per
+    query tile of each of the slot's K/V heads, and its page table is `ExpertPlan.page_table`;
   * the traced sampling equals the untraced one bit for bit.
 """
 
@@ -146,19 +146,16 @@ def test_sampled_waypoints_match_the_torch_expert(case, record_figure):
     assert drift <= max(ADE_FLOOR_M, ADE_FACTOR * rounding)
 
 
-def test_the_block_map_flags_exactly_the_chunks_the_mask_leaves_visible(case):
-    """The device-built block map is `ExpertPlan.visible_chunks` per slot, and a chunk is flagged iff the
-    device mask has a visible (0) column in it: the SDPA skips only chunks that add nothing to any row."""
+def test_the_device_builds_each_slots_causal_bound_and_keeps_the_page_table(case):
+    """The bounds the device builds per prediction are `ExpertPlan.cur_pos` of slot s's offset on each of
+    its n_kv x q_tiles entries (an idle slot: its own region only), the uploaded page table the plan's."""
     state = case.tt._setup(case.tt_text.max_batch, case.cfg.num_inference_steps)
     case.tt._prepare(state, case.offset, case.rope_delta)
     plan, b = state["plan"], state["buffers"]
-    got = case.tt._download(b["block_map"]).reshape(case.samples, plan.q_chunks, plan.k_chunks)
-    mask = case.tt._download(b["mask"]).float()[:, 0].reshape(case.samples, 64, plan.k_chunks, plan.k_chunk)
-    for slot, offset in enumerate(case.offset):
-        flags = [int(f) for f in plan.visible_chunks(offset)]
-        assert got[slot].tolist() == [flags] * plan.q_chunks  # every Q chunk of the slot: the same flags
-        assert flags == (mask[slot] == 0).any(dim=-1).any(dim=0).int().tolist()
-    assert not all(plan.visible_chunks(max(case.offset)))  # some chunk is skipped: the map is exercised
+    got = case.tt._download(b["cur_pos"]).reshape(plan.samples, -1)
+    offsets = [*case.offset, *[0] * (plan.samples - len(case.offset))]
+    assert got.tolist() == [[plan.cur_pos(o)] * (plan.kv_heads * plan.q_tiles) for o in offsets]
+    assert case.tt._download(b["page_table"]).tolist() == plan.page_table()
 
 
 def test_traced_sampling_is_identical_to_untraced(case):

@@ -65,8 +65,8 @@ def case(request, dryrun_device, tmp_path_factory):
 
 @pytest.mark.parametrize("samples", [1, 3, 6])
 def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
-    """K samples over K cache slots (the K decoded rows), each at its own offset: the mask and the SDPA are
-    batched over the slots, the action stream is one [1, 1, 64 K, 32]."""
+    """K samples over K cache slots (the K decoded rows), each at its own offset: the attention is batched
+    over the slots (their K/V heads its users), the action stream is one [1, 1, 64 K, 32]."""
     text, expert = case
     plan = expert.plan_for(MAX_SEQ_LEN, samples)
     assert text.reserved_rows == plan.region_rows == 64
@@ -79,12 +79,53 @@ def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
     actions = expert.sample(noise, offsets, rope_delta=-40, steps=STEPS, traced=False)
     assert actions.shape == (samples, 64, 2) and actions.dtype == torch.float32
     b = expert._state["buffers"]
-    assert list(b["mask"].shape) == [samples, 1, 64, plan.cache_rows]
-    # the SDPA's block map: one int32 row of K-chunk flags per slot, row-major (the op's checks)
-    assert list(b["block_map"].shape) == [samples, 1, plan.q_chunks, plan.k_chunks]
-    assert b["block_map"].dtype == expert.ttnn.int32 and b["block_map"].layout == expert.ttnn.ROW_MAJOR_LAYOUT
+    # the flash-decode's page table (a row per user) and causal bounds (one per user's query tile): int32
+    # rows, row-major (the op's checks)
+    users = samples * expert.cfg.text.num_key_value_heads
+    assert list(b["page_table"].shape) == [users, plan.pages]
+    assert list(b["cur_pos"].shape) == [users * plan.q_tiles]
+    for name in ("page_table", "cur_pos"):
+        assert b[name].dtype == expert.ttnn.int32 and b[name].layout == expert.ttnn.ROW_MAJOR_LAYOUT
     assert list(b["cos"].shape) == [1, 1, plan.rows, expert.cfg.text.head_dim]
     assert list(b["x"].shape) == [1, 1, plan.rows, 32]
+
+
+ATTENTION_OP = "paged_scaled_dot_product_attention_decode"
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_each_layer_attends_in_one_paged_flash_decode_over_the_whole_grid(case, samples, monkeypatch):
+    """Every layer's attention is one paged flash-decode: slot s's K/V head g is user s x n_kv + g, its
+    query the 64 action rows of that head's query heads as `q_tiles` tiles, the cache read in place as
+    pages of 64 rows through the persistent page table and bounds, on the device's whole grid."""
+    text, expert = case
+    ttnn, t = expert.ttnn, expert.cfg.text
+    plan = expert.plan_for(MAX_SEQ_LEN, samples)
+    filled(text, samples)
+    expert.sample(torch.zeros(samples, 64, 2), [200] * samples, rope_delta=0, steps=STEPS, traced=False)
+    b, op, calls = expert._state["buffers"], getattr(ttnn.transformer, ATTENTION_OP), []
+
+    def recorded(q, k, v, page_table, **kwargs):
+        grid = kwargs["program_config"].compute_with_storage_grid_size
+        calls.append(
+            (tuple(q.shape), tuple(k.shape), page_table is b["page_table"], kwargs, (grid.x, grid.y))
+        )
+        return op(q, k, v, page_table, **kwargs)
+
+    monkeypatch.setattr(ttnn.transformer, ATTENTION_OP, recorded)
+    with Capture(ttnn) as step:
+        expert._euler_step(expert._state)
+    monkeypatch.undo()
+    assert step.host_transfers() == []
+    users, whole = samples * t.num_key_value_heads, expert.device.compute_with_storage_grid_size()
+    assert plan.q_tiles * 32 == 64 * t.num_attention_heads // t.num_key_value_heads
+    assert len(calls) == t.num_hidden_layers
+    for q, k, own_table, kwargs, grid in calls:
+        assert q == (1, users, plan.q_tiles * 32, t.head_dim)
+        assert k == (users * plan.pages, 1, 64, t.head_dim)
+        assert own_table and kwargs["cur_pos_tensor"] is b["cur_pos"]
+        assert kwargs["spec_multi_pos_tiles"] == plan.q_tiles
+        assert grid == (whole.x, whole.y)
 
 
 def test_fewer_samples_than_slots_run_the_slots_step_and_read_back_their_own(case):

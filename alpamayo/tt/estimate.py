@@ -12,11 +12,12 @@ the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
   * a linear weight `[K, N]` applied to M rows: 2 M K N FLOPs, its tile bytes read once;
   * routed MoE experts `[1, E, K, N]`: each row runs through k of the E experts (k/E of the FLOPs); decode
     reads the k experts' weights, prefill every expert's;
-  * a prefill-style SDPA (prefill, vision, the action expert, the DFlash draft) of Sq query rows to Sk keys
-    over all heads: 4 Sq Sk n_heads head_dim FLOPs (halved when causal), on the cores its batch x heads x Q
-    chunks fill (`sdpa_cores`); a flash-decode (decode, verify) of one row: its tile of heads against every
-    K/V head, 4 x 32 x Sk x head_dim FLOPs per K/V head at up to 32 heads, on its grid
-    (`flash_decode_cores`); either reads K and V once per layer at the KV cache dtype.
+  * a prefill-style SDPA (prefill, vision, the DFlash draft) of Sq query rows to Sk keys over all heads:
+    4 Sq Sk n_heads head_dim FLOPs (halved when causal), on the cores its batch x heads x Q chunks fill
+    (`sdpa_cores`); a flash-decode (decode, verify) of one row: its tile of heads against every K/V head,
+    4 x 32 x Sk x head_dim FLOPs per K/V head at up to 32 heads, on its grid (`flash_decode_cores`); the
+    action expert's flash-decode: each slot's K/V heads' query tiles (`ExpertPlan`) over their keys; each
+    reads K and V once per layer at the KV cache dtype.
 """
 
 from __future__ import annotations
@@ -239,18 +240,16 @@ def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens
 def expert_estimate(
     cfg: ModelConfig, expert: ExpertConfig, precision: Precision, max_seq_len: int, samples: int, offset: int
 ) -> StageEstimate:
-    """One Euler step of the action expert (`plan_expert`): every layer on the 64 x K action rows, attention
-    over the cache in place reading the K chunks its block map flags for samples at cache `offset` (prompt
-    plus reasoning: `ExpertPlan.attended_rows`, the prefix's chunks and the own region's), the in- and
-    out-projections."""
+    """One Euler step of the action expert (`plan_expert`): every layer on the 64 x K action rows, its
+    attention a paged flash-decode of every slot's K/V heads (`ExpertPlan`: each user's 64 x group query
+    rows over the K chunks of its own region and prefix, `ExpertPlan.attended_rows` for samples at cache
+    `offset`, prompt plus reasoning, on `flash_decode_cores` of the whole grid), the in- and out-projections."""
     plan = plan_expert(cfg, expert, precision, max_seq_len, samples)
-    cores = plan.grid.cores
-    ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, cores)
+    ops = matmul_ops(expert_weight_specs(expert), plan.rows, precision, plan.grid.cores)
     keys = plan.attended_rows(offset)
-    busy = sdpa_cores(
-        cores, plan.samples * expert.text.num_attention_heads * plan.region_rows // plan.q_chunk
-    )
-    ops += attention_ops(expert.text, plan.rows, keys, precision, busy, False, "expert.sdpa")
+    flops = 4.0 * plan.q_tiles * TILE * keys * expert.text.head_dim * plan.users
+    busy = flash_decode_cores(plan.sdpa_grid, plan.users)
+    ops += _layer_attention(expert.text, flops, keys * samples, precision, busy, "expert.sdpa")
     return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)
 
 

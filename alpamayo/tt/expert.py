@@ -11,16 +11,15 @@ Same weights (every family's names, `ExpertConfig.prefixes`) and tensor contract
 
 Per prediction (`sample`), host transfers are the initial noise in and the final actions out, nothing else:
 
-  * on the device, once per prediction: the attention mask [S, 1, 64, cache rows] (`ExpertPlan`: sample b
-    attends to cache slot b's columns [0, offsets[b]) plus its own expert region; built per slot with
-    `where(cols < offsets[b], 0, own)` from column indices and the own-region mask uploaded with the step's
-    inputs), the SDPA's block map [S, 1, Q chunks, K chunks] int32 (`ExpertPlan.visible_chunks`: the same
-    `where` over the chunks' first columns and the own region's chunk flags) and cos/sin of positions
-    arange(64) + rope_delta + offsets[b] on all three M-RoPE rows (slices of rope tables uploaded with the
-    step's inputs, one per sample);
+  * on the device, once per prediction: the attention's causal bounds [S x n_kv x tiles] int32
+    (`ExpertPlan.cur_pos`: sample b attends to its own expert region plus cache slot b's columns
+    [0, offsets[b]), built with `where(slot == b, cur_pos(offsets[b]), 0)` summed over the slots from the
+    entries' slot indices uploaded with the step's inputs) and cos/sin of positions arange(64) + rope_delta
+    + offsets[b] on all three M-RoPE rows (slices of rope tables uploaded with the step's inputs, one per
+    sample);
   * the Euler step, captured once per sample count as a trace whose persistent inputs are x (float32
     [1, 1, 64K, 32], columns 0-1 the normalised (accel, curvature)), the step's t features, cos, sin and the
-    mask: Fourier features of x, the in-projection MLP, every expert layer (the text backbone's
+    causal bounds: Fourier features of x, the in-projection MLP, every expert layer (the text backbone's
     `block_prefill` with the expert's weights and attention), the final norm, `action_out_proj` and
     x <- x + v / N written into x itself; between replays the next step's t features are copied into their
     buffer on the device.
@@ -36,10 +35,11 @@ are one row per step, computed on the host with the reference's own `fourier_fea
 
 Attention (`ExpertPlan`): sample b reads cache slot b, where the text backbone decoded row b of the K rows
 (each its own length). Each layer writes sample b's 64 K/V rows into slot b at the fixed cache rows
-[region_start, cache_rows) and runs SDPA batched over the S cache slots, over each slot in place with the
-mask, reading only the K chunks the mask leaves visible (the block map: 3328 of 8320 rows per layer at a 3.1k
-prompt in an 8k cache; `ExpertPlan.attended_rows`): the VLM's cache is never copied, and no step's program depends on the prompt or
-reasoning lengths (the map is a persistent input, rewritten per prediction). The step runs
+[region_start, cache_rows) and runs one paged flash-decode over the S cache slots in place, each slot's K/V
+heads its users, each user's page table listing its own region's page, then its slot's pages, cut at the
+causal bound: it reads only the region and the prefix (3200 of 8320 rows per layer at a 3.1k prompt in an
+8k cache; `ExpertPlan.attended_rows`), the VLM's cache is never copied, and no step's program depends on
+the prompt or reasoning lengths (the bounds are a persistent input, rewritten per prediction). The step runs
 one sample per cache slot (S = the text model's `max_batch`, as its decode runs every slot): with K < S
 active rows the idle samples attend to their own region only and are not read back.
 
@@ -190,14 +190,9 @@ class TTActionExpert(DeviceIO):
                 f"the text model's KV cache has {text.kv_cache[0][0].shape[-2]} rows, the expert needs "
                 f"{plan.cache_rows}: call text.setup_cache({text.max_seq_len}, reserve_rows={plan.region_rows})"
             )
-        rows, cols, block = plan.rows, plan.cache_rows, plan.region_rows
-        own = torch.full((1, 1, block, cols), float("-inf"))  # every sample's own region, in its own slot
-        own[..., plan.region_start : plan.region_start + block] = 0
-        index = torch.arange(cols, dtype=torch.float32).expand(1, 1, block, cols).contiguous()
-        # the block map's inputs, one identical row per Q chunk of a slot
-        chunks, q_chunks = plan.k_chunks, plan.q_chunks
-        starts = (torch.arange(chunks, dtype=torch.float32) * plan.k_chunk).expand(1, 1, q_chunks, chunks)
-        own_chunks = torch.tensor(plan.visible_chunks(0), dtype=torch.float32).expand(1, 1, q_chunks, chunks)
+        rows, entries = plan.rows, plan.users * plan.q_tiles
+        # the causal bounds' input: the slot of every (user, query tile) entry, in entry order
+        slot_of = torch.arange(samples, dtype=torch.float32).repeat_interleave(entries // samples)
         hd = self.cfg.text.head_dim
         width = round_up(self.cfg.in_proj.num_features, TILE)
         buffers = {
@@ -206,17 +201,12 @@ class TTActionExpert(DeviceIO):
             "t": self._upload(torch.zeros(1, 1, 1, width), ttnn.float32),
             "cos": self._upload(torch.zeros(1, 1, rows, hd)),
             "sin": self._upload(torch.zeros(1, 1, rows, hd)),
-            "mask": self._upload(torch.zeros(samples, 1, block, cols)),
-            "own": self._upload(own, ttnn.float32),
-            "columns": self._upload(index, ttnn.float32),
-            "chunk_starts": self._upload(starts.contiguous(), ttnn.float32),
-            "own_chunks": self._upload(own_chunks.contiguous(), ttnn.float32),
-            "block_map": ttnn.allocate_tensor_on_device(
-                ttnn.Shape([samples, 1, q_chunks, chunks]),
-                ttnn.int32,
-                ttnn.ROW_MAJOR_LAYOUT,
-                self.device,
-                ttnn.DRAM_MEMORY_CONFIG,
+            "slot_of": self._upload(slot_of.view(1, 1, 1, entries), ttnn.float32),
+            "page_table": self._upload(
+                torch.tensor(plan.page_table(), dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT
+            ),
+            "cur_pos": ttnn.allocate_tensor_on_device(
+                ttnn.Shape([entries]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, self.device, ttnn.DRAM_MEMORY_CONFIG
             ),
             **self._rope_tables(),
         }
@@ -234,9 +224,9 @@ class TTActionExpert(DeviceIO):
 
     # ------------------------------------------------------------------ per prediction (device only)
     def _prepare(self, state: dict[str, Any], offsets: Sequence[int], rope_delta: int) -> None:
-        """Mask, block map and cos/sin of one prediction (sample b: cache slot b, `offsets[b]`), built on the
-        device into the persistent inputs; the slots past len(offsets) see their own region only, at
-        offsets[0]'s positions."""
+        """The attention's causal bounds and cos/sin of one prediction (sample b: cache slot b, `offsets[b]`),
+        built on the device into the persistent inputs; the slots past len(offsets) see their own region
+        only, at offsets[0]'s positions."""
         ttnn, b, text = self.ttnn, state["buffers"], self.text
         last = text.max_seq_len
         if len(offsets) > text.batch:
@@ -248,23 +238,22 @@ class TTActionExpert(DeviceIO):
                     f"row {row}: offset {offset} must be in [1, its length {filled}] (after "
                     f"<|traj_future_start|>) and rope_delta + offset = {base} in [0, {last}]"
                 )
-        slots = state["samples"]
-        masks, flags = [], []
-        for offset in [*offsets, *[0] * (slots - len(offsets))]:
-            visible = ttnn.lt(b["columns"], float(offset))
-            masks.append(ttnn.where(visible, 0.0, b["own"]))
-            # K chunk c holds a prefix row where c * k_chunk < offset (`ExpertPlan.visible_chunks`)
-            prefix = ttnn.lt(b["chunk_starts"], float(offset))
-            flags.append(ttnn.where(prefix, 1.0, b["own_chunks"]))
-            self._free(visible, prefix)
-        mask = ttnn.concat(masks, dim=0) if slots > 1 else masks[0]
-        self._into(ttnn.typecast(mask, ttnn.bfloat16), b["mask"])
-        self._free(*masks, *([mask] if slots > 1 else []))
-        chunks = ttnn.concat(flags, dim=0) if slots > 1 else flags[0]
-        as_int = ttnn.typecast(chunks, ttnn.int32)
-        self._free(*flags, *([chunks] if slots > 1 else []))
-        self._into(ttnn.to_layout(as_int, ttnn.ROW_MAJOR_LAYOUT), b["block_map"])  # the op reads int32 rows
+        slots, plan = state["samples"], state["plan"]
+        bound = None  # the causal bound of every (user, query tile) entry: its slot's `ExpertPlan.cur_pos`
+        for slot, offset in enumerate([*offsets, *[0] * (slots - len(offsets))]):
+            mine = ttnn.eq(b["slot_of"], float(slot))
+            term = ttnn.where(mine, float(plan.cur_pos(offset)), 0.0)
+            self._free(mine)
+            if bound is not None:
+                total = ttnn.add(bound, term)
+                self._free(bound, term)
+                term = total
+            bound = term
+        as_int = ttnn.typecast(bound, ttnn.int32)
+        self._free(bound)
+        flat = ttnn.to_layout(as_int, ttnn.ROW_MAJOR_LAYOUT)  # the op reads int32 rows
         self._free(as_int)
+        self._into(ttnn.reshape(flat, [plan.users * plan.q_tiles]), b["cur_pos"])  # a view of flat
         bases = [rope_delta + o for o in offsets] + [rope_delta + offsets[0]] * (slots - len(offsets))
         for name in ("cos", "sin"):
             parts = [
@@ -352,25 +341,33 @@ class TTActionExpert(DeviceIO):
             out = padded
         return out
 
-    def _attend(self, i: int, plan: ExpertPlan, mask: Any, block_map: Any) -> Callable[[Any, Any, Any], Any]:
-        """Layer i's attention: sample b's K/V into slot b's cache region, then SDPA batched over the slots,
-        sample b's 64 query rows over slot b in place with the mask [S, 1, 64, cache rows], reading the
-        chunks `block_map` [S, 1, Q chunks, K chunks] flags only."""
+    def _attend(self, i: int, plan: ExpertPlan, b: dict[str, Any]) -> Callable[[Any, Any, Any], Any]:
+        """Layer i's attention: sample b's K/V into slot b's cache region, then one paged flash-decode over
+        every slot in place (`ExpertPlan`): the queries [S, n_heads, 64, hd] read as [1, S x n_kv, 64 x group,
+        hd] (user s x n_kv + g: the rows of K/V head g's query heads, head-major), the cache
+        [S, n_kv, cache_rows, hd] as pages [S x n_kv x pages, 1, 64, hd], the persistent page table and
+        causal bounds `b["page_table"]`, `b["cur_pos"]`; the output is read back as [S, n_heads, 64, hd]."""
         ttnn, text = self.ttnn, self.text
-        slots, block = plan.samples, plan.region_rows
+        slots, block, hd = plan.samples, plan.region_rows, self.cfg.text.head_dim
+        config = cfgs.sdpa(ttnn, plan.sdpa_grid, TILE, plan.k_chunk)
 
         def sdpa(qb: Any, cache_k: Any, cache_v: Any) -> Any:
-            return ttnn.transformer.scaled_dot_product_attention(
-                qb,
-                cache_k,
-                cache_v,
-                attn_mask=mask,
-                attn_mask_block_map=block_map,
-                is_causal=False,
+            # reshapes of whole tiles in the same order: views of their inputs' buffers
+            q = ttnn.reshape(qb, (1, plan.users, plan.q_tiles * TILE, hd))
+            pages = (plan.users * plan.pages, 1, block, hd)
+            a = ttnn.transformer.paged_scaled_dot_product_attention_decode(
+                q,
+                ttnn.reshape(cache_k, pages),
+                ttnn.reshape(cache_v, pages),
+                b["page_table"],
+                cur_pos_tensor=b["cur_pos"],
+                spec_multi_pos_tiles=plan.q_tiles,
                 scale=self.scale,
-                program_config=cfgs.sdpa(ttnn, plan.grid, plan.q_chunk, plan.k_chunk),
+                program_config=config,
                 compute_kernel_config=text.ck["sdpa_prefill"],
+                memory_config=ttnn.DRAM_MEMORY_CONFIG,
             )
+            return ttnn.reshape(a, (slots, self.cfg.text.num_attention_heads, block, hd))
 
         def attend(q: Any, k: Any, v: Any) -> Any:
             return attend_by_slot(
@@ -380,11 +377,11 @@ class TTActionExpert(DeviceIO):
         return attend
 
     def _velocity(self, state: dict[str, Any]) -> Any:
-        """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, mask."""
+        """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, bounds."""
         ttnn, b, plan, text = self.ttnn, state["buffers"], state["plan"], self.text
         h = self._in_proj(self._features(b), plan)
         for i in range(self.cfg.text.num_hidden_layers):
-            attend = self._attend(i, plan, b["mask"], b["block_map"])
+            attend = self._attend(i, plan, b)
             h = text.block_prefill(
                 self.cfg.text,
                 self.layer_weights[i],

@@ -18,9 +18,8 @@ With the flow-matching action expert (`expert`, by default the config's own: `ex
 weights join the budget (the recipe's `expert` group for
 its linears), the KV cache grows by the expert's K/V region (`alpamayo.tt.program_config.ExpertPlan`), its
 step's trace region is added, and its step's activations compete for the peak: the residual and the layer's
-widest intermediate per action row as in a text layer, plus what lives through a prediction: the mask
-(bf16, one row per action row over the cache), its float32 column indices, cos/sin, x (float32) and the
-in-projection's widest rows.
+widest intermediate per action row as in a text layer, plus what lives through a prediction: the attention's
+page table and causal bounds (int32), cos/sin, x (float32) and the in-projection's widest rows.
 """
 
 from __future__ import annotations
@@ -132,9 +131,10 @@ def _expert_activation_bytes(expert: ExpertConfig, plan: ExpertPlan) -> int:
     t = expert.text
     widest = max(3 * (t.q_dim + 2 * t.kv_dim), 3 * round_up(t.intermediate_size, TILE))
     step = plan.rows * (plan.hidden_padded + widest + 3 * round_up(expert.in_proj.hidden_size, TILE)) * BF16
-    mask = plan.rows * plan.cache_rows * (BF16 + 4)  # bf16 mask + float32 column indices
+    # the page table and the bounds (int32; the bounds' float32 slot indices, a tile row)
+    tables = plan.users * plan.pages * 4 + plan.users * plan.q_tiles * (4 + TILE * 4)
     persistent = plan.rows * (2 * t.head_dim * BF16 + 2 * TILE * 4)  # cos, sin; x and v in float32
-    return step + mask + persistent
+    return step + tables + persistent
 
 
 def plan_memory(

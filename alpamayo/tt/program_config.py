@@ -597,68 +597,81 @@ class ExpertPlan:
     model's K rows decode as K slots, each at its own length). Each layer writes sample b's 64 K/V rows into
     slot b of the VLM cache at the fixed tile-aligned rows [region_start, region_start + region_rows) behind
     every prompt position (`TextPlan.cache_length(max_seq_len + 64)` rows per slot), so the captured step
-    never depends on the prompt lengths; SDPA then runs batched over the K slots, reading the cache in place
-    with an explicit mask [K, 1, 64, cache_rows] built once per prediction: columns [0, offset_b) of slot b
-    plus its own region (non-causal). NVIDIA's expert appends its K/V to the cache and crops them away
-    again, which is the same computation.
+    never depends on the prompt lengths. Sample b attends non-causally to columns [0, offset_b) of slot b
+    plus its own region. NVIDIA's expert appends its K/V to the cache and crops them away again, which is the
+    same computation.
 
-    The SDPA runs 32-row Q chunks (`q_chunk`): it parallelizes over slots, heads and Q chunks only, so one
-    64-row chunk per slot and head kept 16 of the 110 cores busy at K = 1 (`alpamayo.tt.estimate.sdpa_cores`),
-    two keep 32; a row's attention does not depend on the chunking. It reads only the K chunks the mask
-    leaves visible (`visible_chunks`): a block map [K, 1, q_chunks, k_chunks] int32, built with the mask,
-    flags them and ttnn's SDPA neither reads nor computes the others (`attn_mask_block_map`). A fully masked
-    chunk adds exactly nothing to a row's softmax, so the output is the masked attention's. ttnn ignores the
-    map on heads whose K/V it forwards along a chain of cores (a head's Q chunks on several cores, as here)
-    where more than 60% of the chunks are visible, reading every chunk once per chain
-    (`attended_rows`): at a 3.1k prompt in an 8k cache a step reads 3328 of the 8320 rows of every layer's
-    K and V, in a cache the prompt nearly fills (the runtime's) all of them."""
+    The attention is one paged flash-decode over the cache in place (`TTActionExpert._attend`), not a
+    prefill-style SDPA: that one parallelizes over slots, heads and 32-row Q chunks only, 32 work units at
+    K = 1 (16 heads x 2 chunks) on a 110-core grid, compute-bound at 1.42 ms a step against 0.51 ms of K/V
+    reads (`alpamayo plan`, Alpamayo 1.5). Flash-decode splits the keys over cores too. Its users are the K
+    slots' K/V heads (`users`), each a query of `q_tiles` tiles: the 64 action rows of the `group` query
+    heads that K/V head serves (head-major: q [K, n_heads, 64, hd] read as [1, users, 64 x group, hd], the
+    same tiles in order), every tile at the same causal bound (`spec_multi_pos_tiles`, one `cur_pos` per
+    tile). The cache is read as pages of `region_rows` rows of one K/V head ([K x n_kv x pages, 1,
+    region_rows, hd], the same tiles in order) and each user's page table (`page_table`) lists its own
+    region's page first, then the slot's pages in order: its visible keys are then the logical positions
+    [0, region_rows + offset), which the causal bound `cur_pos(offset)` cuts exactly, so no mask is read and
+    the prefix's stale tail (the rest of its last page) lies past the bound. Softmax attention does not
+    depend on the order of its keys. Only those positions' K chunks are read (`attended_rows`)."""
 
     samples: int
     rows: int  # action rows per step: FUTURE_STEPS x samples, whole tiles
     hidden_padded: int
     cache_rows: int  # rows of each layer's K / V per cache slot, expert region included
     region_start: int
-    region_rows: int  # one sample's action rows, kept behind max_seq_len in every slot
-    grid: CoreGrid
-    q_chunk: int
+    region_rows: int  # one sample's action rows, kept behind max_seq_len in every slot (one page)
+    kv_heads: int
+    group: int  # query heads per K/V head
+    grid: CoreGrid  # the matmuls'
+    sdpa_grid: CoreGrid  # the attention's: the whole device grid
     k_chunk: int
     trace_region_bytes: int
 
     @property
-    def k_chunks(self) -> int:
-        """K chunks of the SDPA per cache slot (the block map's width)."""
-        return self.cache_rows // self.k_chunk
+    def pages(self) -> int:
+        """Pages of `region_rows` rows per slot and K/V head (the page table's width)."""
+        return self.cache_rows // self.region_rows
 
     @property
-    def q_chunks(self) -> int:
-        """Q chunks of the SDPA per cache slot and head (the block map's rows per slot)."""
-        return self.region_rows // self.q_chunk
+    def users(self) -> int:
+        """Flash-decode users: every slot's K/V heads."""
+        return self.samples * self.kv_heads
 
-    def visible_chunks(self, offset: int) -> tuple[bool, ...]:
-        """Per K chunk of a slot, whether the mask of a sample at `offset` (its prefix is the cache rows
-        [0, offset); 0: an idle slot) leaves any of its columns visible: the chunks holding prefix rows and
-        those holding the own region. The block map's flags, in chunk order."""
-        k = self.k_chunk
-        return tuple(c * k < offset or (c + 1) * k > self.region_start for c in range(self.k_chunks))
+    @property
+    def q_tiles(self) -> int:
+        """Query tiles per user: the 64 action rows of each of its `group` query heads."""
+        return self.region_rows * self.group // TILE
+
+    def page_table(self) -> list[list[int]]:
+        """[users] rows of `pages` physical pages: user s x n_kv + g (slot s, K/V head g) reads its own
+        region's page, then pages 0, 1, ... of its slot and head (the region's page last among them, never
+        reached: the causal bound stops at max_seq_len)."""
+        own = self.region_start // self.region_rows
+        return [
+            [base + own, *(base + j for j in range(self.pages - 1))]
+            for base in (u * self.pages for u in range(self.users))
+        ]
+
+    def cur_pos(self, offset: int) -> int:
+        """The causal bound (last visible logical key) of a sample at `offset`: its own region, then the
+        prefix rows [0, offset) (0: an idle slot, its own region only)."""
+        return self.region_rows + offset - 1
 
     def attended_rows(self, offset: int) -> int:
-        """Cache rows per layer, K and V each, that the SDPA reads for a sample at `offset`: the visible
-        chunks, or every chunk where the heads chain (Q chunks > 1) and ttnn's reader ignores the map (more
-        than 60% visible: `visible * 5 > chunks * 3` in its `reader_interleaved.cpp`)."""
-        visible = sum(self.visible_chunks(offset))
-        if self.q_chunks > 1 and visible * 5 > self.k_chunks * 3:
-            return self.cache_rows
-        return visible * self.k_chunk
+        """Cache rows per layer, K and V each, the attention reads for a sample at `offset`: its logical
+        positions in whole K chunks."""
+        return min(round_up(self.region_rows + offset, self.k_chunk), self.cache_rows)
 
     def describe(self) -> list[str]:
         return [
             f"expert step: {self.samples} sample(s) x {FUTURE_STEPS} action rows = {self.rows} rows, residual "
             f"{self.hidden_padded} wide, minimal_matmul on {self.grid}",
-            f"expert attention: non-causal SDPA with mask over the VLM cache in place, sample b in slot b "
+            f"expert attention: paged flash-decode over the VLM cache in place, sample b in slot b "
             f"({self.cache_rows} rows per layer and slot; own K/V at rows {self.region_start}.."
-            f"{self.region_start + self.region_rows - 1}), q_chunk "
-            f"{self.q_chunk} k_chunk {self.k_chunk}, a block map reading only the visible chunks (the prefix "
-            f"and the own region); step trace region {self.trace_region_bytes / 2**20:.0f} MiB",
+            f"{self.region_start + self.region_rows - 1}, read first), {self.users} users (slots x K/V heads) "
+            f"of {self.q_tiles} query tiles on {self.sdpa_grid}, {flash_decode_cores(self.sdpa_grid, self.users)} "
+            f"cores busy, k_chunk {self.k_chunk}; step trace region {self.trace_region_bytes / 2**20:.0f} MiB",
         ]
 
 
@@ -695,7 +708,20 @@ def plan_expert(
         )
     rows, region = expert_rows(samples), expert_rows(1)
     cache_rows = TextPlan.cache_length(max_seq_len + region)
-    grid = CoreGrid(*_device_grid(device, PREFILL_MAX_GRID))
+    group = t.num_attention_heads // t.num_key_value_heads
+    if region * group // TILE > BLOCK_SDPA_POSITIONS:
+        raise PlanError(
+            f"{source}: the action expert has {group} query heads per K/V head; its attention runs one K/V "
+            f"head's {region} x {group} query rows as at most {BLOCK_SDPA_POSITIONS} tiles of one flash-decode "
+            f"user (L1), so at most {BLOCK_SDPA_POSITIONS * TILE // region} query heads per K/V head"
+        )
+    sdpa_grid = CoreGrid(device.grid_x, device.grid_y)
+    if samples * t.num_key_value_heads > sdpa_grid.cores:
+        raise PlanError(
+            f"samples = {samples}: the expert's attention runs a flash-decode user per slot and K/V head, "
+            f"{samples} x {t.num_key_value_heads} of them on {sdpa_grid.cores} cores; at most "
+            f"{sdpa_grid.cores // t.num_key_value_heads} samples"
+        )
     return ExpertPlan(
         samples=samples,
         rows=rows,
@@ -703,8 +729,10 @@ def plan_expert(
         cache_rows=cache_rows,
         region_start=cache_rows - region,
         region_rows=region,
-        grid=grid,
-        q_chunk=TILE,  # two per sample's 64 rows: twice the SDPA's work units of one (see the class docstring)
-        k_chunk=TextPlan.prefill_sdpa_chunk(cache_rows),
+        kv_heads=t.num_key_value_heads,
+        group=group,
+        grid=CoreGrid(*_device_grid(device, PREFILL_MAX_GRID)),
+        sdpa_grid=sdpa_grid,
+        k_chunk=SDPA_DECODE_K_CHUNK,
         trace_region_bytes=TRACE_BYTES_PER_LAYER * t.num_hidden_layers + TRACE_BYTES_FIXED,
     )
