@@ -108,6 +108,21 @@ def test_an_expert_that_cannot_read_the_vlm_cache_is_refused_naming_both(release
         plan_expert(cfg, expert, PRESETS["performance"], 4096, samples=0)
 
 
+def test_an_attention_the_flash_decode_cannot_hold_is_refused_naming_the_limit(release):
+    """One K/V head's query rows (64 x query heads per K/V head) must fit one flash-decode user's 8 tiles, and
+    every slot's K/V heads need a core each: 16 samples x 8 heads on a 120-core grid do not fit."""
+    from alpamayo.tt.device_spec import P150
+
+    cfg, expert = release
+    narrow = replace(cfg, text=replace(cfg.text, num_key_value_heads=2))
+    wide = replace(expert, text=replace(expert.text, num_key_value_heads=2))
+    with pytest.raises(PlanError, match=r"8 query heads per K/V head.*at most 4 query heads per K/V head"):
+        plan_expert(narrow, wide, PRESETS["performance"], 4096)
+    with pytest.raises(PlanError, match=r"samples = 16: .* 16 x 8 of them on 120 cores; at most 15 samples"):
+        plan_expert(cfg, expert, PRESETS["performance"], 4096, samples=16, device=replace(P150, grid_x=12))
+    assert plan_expert(cfg, expert, PRESETS["performance"], 4096, samples=15, device=replace(P150, grid_x=12))
+
+
 @pytest.mark.parametrize("samples", [1, 3])
 @pytest.mark.parametrize("max_seq_len", [256, 3000, 8192])
 def test_each_user_sees_exactly_its_own_region_and_its_slots_prefix(release, max_seq_len, samples):
