@@ -29,7 +29,7 @@ from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
 from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
 from alpamayo.runtime import CACHE_STEP, frames_to_encode
-from alpamayo.tt.calibration.anchors import ANCHORS_PATH, load_anchors
+from alpamayo.tt.calibration.anchors import ANCHORS_PATH, UNITS, load_anchors
 from alpamayo.tt.calibration.model import FIT_TOLERANCE, ExpectedModel, calibration, fitted
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import (
@@ -282,11 +282,10 @@ def calibration_lines(extra: list[str]) -> list[str]:
     for c in checks:
         a = c.anchor
         unit = a.unit
-
         def fmt(ms: float | None, unit: str = unit) -> str:
-            from alpamayo.tt.calibration.anchors import UNITS
-
-            return "-" if ms is None or ms <= 0 else f"{UNITS[unit][1](ms):.4g} {unit}"
+            if ms is None:
+                return "-"
+            return "0 (no anchor)" if ms < 1e-6 else f"{UNITS[unit][1](ms):.4g} {unit}"
 
         # a figure in t/s/u grows as the time shrinks: ratios are of times (modelled / measured ms)
         left = c.left_out_ratio
