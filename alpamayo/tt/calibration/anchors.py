@@ -7,7 +7,7 @@ A file is `{"format": "alpamayo.p150-anchors/1", "anchors": [row, ...]}`; a row:
   * `workload`: what was measured, in terms the model can rebuild (`alpamayo.tt.calibration.workloads`): the
     `model` (a built-in config or release name, or a name with `base` + `dims` overriding the base's text
     dimensions), the `recipe`, the `stage` (`STAGES`) and its sizes (`batch`, `context`, `prompt`,
-    `minus_prompt`, `images`, `image_size`, `samples`, `layers` to cut the model, `op`, `bytes`), `logits_to_host`
+    `minus_prompt`, `images`, `image_size`, `samples`, `layers` and `vision_layers` to cut the model, `op`, `bytes`), `logits_to_host`
     (false where the measured program picked the token on the device), `traced` (false for a decode
     dispatched op by op) and `op_class` (a measurement of one op class only);
   * `measured` with its `unit` (`ms`, `us` or `t/s/u`), and `fit`: whether the model is fitted to it (rows kept for
@@ -59,6 +59,7 @@ WORKLOAD_KEYS = {
     "image_size",
     "samples",
     "layers",
+    "vision_layers",
     "op",
     "bytes",
     "logits_to_host",

@@ -43,7 +43,8 @@ def _named(name: str) -> tuple[ModelConfig, ExpertConfig | None]:
 def model_of(w: dict[str, Any]) -> tuple[ModelConfig, ExpertConfig | None]:
     """The workload's model: a built-in by `model`, or `base` with its text `dims` replaced (a published
     model of another family at its dimensions, e.g. Llama-3.1-8B on Qwen3-VL-8B's layout); `layers` cuts
-    the text decoder (and the action expert, which reads every VLM layer's cache) to that many layers."""
+    the text decoder (and the action expert, which reads every VLM layer's cache) to that many layers,
+    `vision_layers` the vision tower to that many blocks."""
     if "dims" in w:
         if "base" not in w:
             raise ConfigError(f"workload {w['model']!r}: dims need a base config to replace them in")
@@ -59,6 +60,11 @@ def model_of(w: dict[str, Any]) -> tuple[ModelConfig, ExpertConfig | None]:
         cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=n))
         if expert is not None:
             expert = replace(expert, text=replace(expert.text, num_hidden_layers=n))
+    if "vision_layers" in w and cfg.vision is not None:  # the DeepStack levels move to the last blocks
+        v, n = cfg.vision, w["vision_layers"]
+        levels = len(v.deepstack_visual_indexes)
+        deepstack = tuple(sorted({max(0, n - levels + i) for i in range(levels)}))
+        cfg = replace(cfg, vision=replace(v, depth=n, deepstack_visual_indexes=deepstack))
     return cfg, expert
 
 
