@@ -178,7 +178,11 @@ def profile(args: argparse.Namespace, dry: bool) -> list[dict[str, Any]]:
         patches = torch.randn(int(grid.prod()), v.patch_dim)
         ms, classes = watch.time(lambda: vision.encode(patches, grid), args.iters)
         vision.close()
-        work = base | {"stage": "vision_frame", "image_size": args.image_size, "vision_layers": args.vision_layers}
+        work = base | {
+            "stage": "vision_frame",
+            "image_size": args.image_size,
+            "vision_layers": args.vision_layers,
+        }
         rows.append({"workload": work, "ms": ms, "classes": classes})
 
         text = text_model(cfg, args.recipe, device)
@@ -186,7 +190,9 @@ def profile(args: argparse.Namespace, dry: bool) -> list[dict[str, Any]]:
         ids = torch.arange(args.prompt) % 1000
 
         ms, classes = watch.time(lambda: text.prefill(ids), args.iters)
-        rows.append({"workload": base | {"stage": "prefill", "prompt": args.prompt}, "ms": ms, "classes": classes})
+        rows.append(
+            {"workload": base | {"stage": "prefill", "prompt": args.prompt}, "ms": ms, "classes": classes}
+        )
 
         def steps() -> None:
             for _ in range(args.decode_steps):
@@ -236,7 +242,9 @@ def report(args: argparse.Namespace, out: Path, rows: list[dict[str, Any]], test
             },
         }
         if dry:
-            data["note"] = "dry run: the mock p150 runs no kernels, so this time is host-side only and meaningless"
+            data["note"] = (
+                "dry run: the mock p150 runs no kernels, so this time is host-side only and meaningless"
+            )
         anchors.append(parse_anchor(f"card-check row {i}", data))
     write_anchors(out / "anchors.json", anchors)
     lines = [
