@@ -17,7 +17,12 @@ def gpu_check(out: Path, *extra: str) -> subprocess.CompletedProcess:
     argv = ["--device", "cpu", "--tiny", "--skip-tests", "--out", str(out), *extra]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHON": sys.executable}
     return subprocess.run(
-        [str(ROOT / "scripts/gpu-check"), *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        [str(ROOT / "scripts/gpu-check"), *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -40,7 +45,9 @@ def test_every_stage_runs_beside_transformers_and_the_report_is_written(tmp_path
 
 def test_a_spent_budget_is_reported_and_the_partial_report_kept(tmp_path):
     proc = gpu_check(tmp_path, "--budget-s", "0.5")
-    assert proc.returncode == 1, proc.stderr[-3000:]  # the checkpoint could not be made in time: nothing to time
+    assert proc.returncode == 1, proc.stderr[
+        -3000:
+    ]  # the checkpoint could not be made in time: nothing to time
     stages = json.loads((tmp_path / "report.json").read_text())["stages"]
     assert stages[0]["stage"] == "random checkpoint"
     assert stages[0]["status"].startswith(("timed out", "skipped"))

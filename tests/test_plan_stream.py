@@ -76,7 +76,9 @@ def test_plan_prints_a_stream_tick_with_the_runtimes_frame_counts(encoded_per_ti
     argv = ["plan", "--checkpoint", "alpamayo-1.5-10b", "--images", str(images), "--accept-len", "4"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    cold = float(re.search(r"total per prediction: +roofline +([\d.]+) ms .*: a first prediction", out).group(1))
+    cold = float(
+        re.search(r"total per prediction: +roofline +([\d.]+) ms .*: a first prediction", out).group(1)
+    )
     tick = re.search(r"a stream's tick: +roofline +([\d.]+) ms .*: (\d+) of (\d+) frames through vision", out)
     assert (int(tick.group(2)), int(tick.group(3))) == (encoded_per_tick[1], encoded_per_tick[0])
     per_frame, frames = re.search(r"vision \((\d+) frames\) +([\d.]+) ms x", out).group(2, 1)

@@ -282,6 +282,7 @@ def calibration_lines(extra: list[str]) -> list[str]:
     for c in checks:
         a = c.anchor
         unit = a.unit
+
         def fmt(ms: float | None, unit: str = unit) -> str:
             if ms is None:
                 return "-"
