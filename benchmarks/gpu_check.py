@@ -53,6 +53,7 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/gpu_check.py` from an
     sys.path.insert(0, str(ROOT))
 
 from action_expert import N_TOKENS, HFComposed, fill_cache  # noqa: E402
+from text_backbone import save_random_model  # noqa: E402
 
 from alpamayo.configs import CONFIG_DIR  # noqa: E402
 from alpamayo.devices import resolve_device  # noqa: E402
@@ -161,26 +162,6 @@ def vlm_config(args: argparse.Namespace) -> Any:
     vision.deepstack_visual_indexes = list(range(vision.depth))[-3:]
     text.bos_token_id = text.eos_token_id = None
     return cfg
-
-
-def save_checkpoint(cfg: Any, out: Path) -> None:
-    """Random weights (norms 1 + 0.1 N, biases 0, matrices N / sqrt(fan_in)) saved with `save_pretrained`."""
-    from transformers import AutoModelForImageTextToText
-
-    with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(cfg)
-    model = model.to_empty(device="cpu").to(torch.bfloat16)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(
-                    1.0 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name else torch.zeros(p.shape)
-                )
-            else:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=g)
-    model.tie_weights()
-    model.save_pretrained(out)
 
 
 def auto_layers(device: torch.device) -> int:
@@ -405,7 +386,13 @@ def main(argv: list[str] | None = None) -> int:
         stage("cuda tests", lambda: run_tests(device))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
-        if stage("random checkpoint", lambda: (save_checkpoint(vlm_config(args), path), {})[1]) is None:
+        if (
+            stage(
+                "random checkpoint",
+                lambda: (save_random_model(vlm_config(args), path, torch.bfloat16), {})[1],
+            )
+            is None
+        ):
             return 1
         stage("vision, one frame", lambda: vision_stage(path, args, device))
         hf = stage("text, transformers bf16", lambda: hf_text_stage(path, args, device))

@@ -28,16 +28,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from alpamayo.configs import builtin_expert
 from alpamayo.tt.calibration.anchors import Anchor, parse_anchor, write_anchors
 from alpamayo.tt.calibration.model import fitted
-from alpamayo.tt.calibration.workloads import stages
+from alpamayo.tt.calibration.workloads import model_of, stages
 from alpamayo.tt.device_spec import P150
 
 RELEASE = "alpamayo-1.5-10b"
@@ -68,16 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def cut_release(layers: int, vision_layers: int) -> Any:
     """Alpamayo 1.5's config with `layers` text layers (its action expert too) and `vision_layers` vision
-    blocks (the DeepStack levels at the last blocks, as `alpamayo.tt.dryrun.models.cut_config`)."""
-    cfg = builtin_expert(RELEASE)[0]
-    v = cfg.vision
-    levels = len(v.deepstack_visual_indexes)
-    deepstack = tuple(sorted({max(0, vision_layers - levels + i) for i in range(levels)}))
-    vision = replace(v, depth=vision_layers, deepstack_visual_indexes=deepstack)
-    # the action expert (read from the raw config) mirrors the VLM's layers: cut it with them
-    raw = {**(cfg.raw_text_config or {}), "num_hidden_layers": layers}
-    text = replace(cfg.text, num_hidden_layers=layers)
-    return replace(cfg, text=text, vision=vision, raw_text_config=raw)
+    blocks, as the workloads of the report's rows cut it (`alpamayo.tt.calibration.workloads.model_of`)."""
+    return model_of({"model": RELEASE, "layers": layers, "vision_layers": vision_layers})[0]
 
 
 class Stopwatch:

@@ -57,7 +57,9 @@ def model_of(w: dict[str, Any]) -> tuple[ModelConfig, ExpertConfig | None]:
         cfg, expert = _named(w["model"])
     if "layers" in w:
         n = w["layers"]
-        cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=n))
+        # the raw text config too: a release's action expert is read from it and mirrors the VLM's layers
+        raw = {**(cfg.raw_text_config or {}), "num_hidden_layers": n}
+        cfg = replace(cfg, text=replace(cfg.text, num_hidden_layers=n), raw_text_config=raw)
         if expert is not None:
             expert = replace(expert, text=replace(expert.text, num_hidden_layers=n))
     if "vision_layers" in w and cfg.vision is not None:  # the DeepStack levels move to the last blocks
