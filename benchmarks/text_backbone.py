@@ -42,13 +42,21 @@ def save_random_checkpoint(
     config_name: str, out: Path, dtype: torch.dtype, text_overrides: dict | None = None
 ) -> None:
     """A published config (vision tower shrunk; `text_overrides` replace text_config fields) with random weights."""
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(CONFIG_DIR / f"{config_name}.json")
     for key, value in TINY_VISION.items():
         setattr(cfg.vision_config, key, value)
     for key, value in (text_overrides or {}).items():
         setattr(cfg.text_config, key, value)
+    save_random_model(cfg, out, dtype)
+
+
+def save_random_model(cfg, out: Path, dtype: torch.dtype) -> None:
+    """transformers' model of `cfg` with random weights (norms 1 + 0.1 N, other vectors 0, matrices
+    N / sqrt(fan_in)), saved with `save_pretrained`."""
+    from transformers import AutoModelForImageTextToText
+
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(cfg)
     model = model.to_empty(device="cpu").to(dtype)

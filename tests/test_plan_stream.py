@@ -77,16 +77,16 @@ def test_plan_prints_a_stream_tick_with_the_runtimes_frame_counts(encoded_per_ti
     assert main(argv) == 0
     out = capsys.readouterr().out
     cold = float(
-        re.search(r"total per prediction +([\d.]+) ms \(estimate\): a first prediction", out).group(1)
+        re.search(r"total per prediction: +roofline +([\d.]+) ms .*: a first prediction", out).group(1)
     )
-    tick = re.search(r"a stream's tick +([\d.]+) ms \(estimate\): (\d+) of (\d+) frames through vision", out)
+    tick = re.search(r"a stream's tick: +roofline +([\d.]+) ms .*: (\d+) of (\d+) frames through vision", out)
     assert (int(tick.group(2)), int(tick.group(3))) == (encoded_per_tick[1], encoded_per_tick[0])
     per_frame, frames = re.search(r"vision \((\d+) frames\) +([\d.]+) ms x", out).group(2, 1)
     assert int(frames) == encoded_per_tick[0]
     saved = (encoded_per_tick[0] - encoded_per_tick[1]) * float(per_frame)
     assert float(tick.group(1)) == pytest.approx(cold - saved, abs=0.15)
-    free = float(re.search(r"model-free draft \(lookup, previous\) +([\d.]+) ms", out).group(1))
-    tick_free = float(re.search(r"a stream's tick, model-free draft ([\d.]+) ms", out).group(1))
+    free = float(re.search(r"model-free draft \(lookup, previous\): roofline +([\d.]+) ms", out).group(1))
+    tick_free = float(re.search(r"a stream's tick, model-free draft: roofline +([\d.]+) ms", out).group(1))
     assert tick_free == pytest.approx(free - saved, abs=0.15)
 
 
@@ -108,7 +108,7 @@ def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
 
     assert main(["plan", "--checkpoint", "alpamayo-1.5-10b", "--accept-len", "4"]) == 0
     out = capsys.readouterr().out
-    tick = float(re.search(r"a stream's tick +([\d.]+) ms \(estimate\)", out).group(1))
+    tick = float(re.search(r"a stream's tick: +roofline +([\d.]+) ms", out).group(1))
     cfg, precision = builtin_expert("alpamayo-1.5-10b")[0], load_precision("performance")
     context = 3072 + 64
     step, verify = (
@@ -116,7 +116,7 @@ def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
         verify_estimate(cfg, precision, context, 8, 16),
     )
     rest, first, floor, least = re.search(
-        r"floor, model-free: the rest of a stream's tick .* ([\d.]+) ms, the first block ([\d.]+) ms and the 15 "
+        r"roofline floor, model-free: the rest of a stream's tick .* ([\d.]+) ms, the first block ([\d.]+) ms and the 15 "
         r"verifies' reads alone ([\d.]+) ms .*: ([\d.]+) ms at the least",
         out,
     ).groups()

@@ -189,7 +189,7 @@ def test_plan_cli_prints_the_alpamayo_1_5_budget_fit_and_estimates(capsys):
     assert "action expert with 1 sample(s), recipe 'performance', max_seq_len 4096" in out
     assert "weights expert" in out
     assert "presets that fit on one Blackhole p150: accuracy (" in out and "performance (" in out
-    assert "ESTIMATED ms per stage" in out and "16 images 320x576, prompt 3072 tokens" in out
+    assert "p150 TIME PER STAGE: the roofline" in out and "16 images 320x576, prompt 3072 tokens" in out
     assert "expert step (K=1)" in out and "x 10 =" in out
     assert "expert attention: paged flash-decode over the VLM cache in place" in out
 

@@ -119,9 +119,9 @@ def test_plan_prints_the_prediction_estimate_with_speculation(capsys, record_fig
     assert main(["plan", "--checkpoint", RELEASE, "--accept-len", "4"]) == 0
     out = capsys.readouterr().out
     assert "WITH SPECULATION at 4 tokens per verify (64 tokens: 16 verifies of 8 rows" in out
-    plain = float(re.search(r"total per prediction +([\d.]+) ms", out).group(1))
-    free = float(re.search(r"model-free draft \(lookup, previous\) +([\d.]+) ms", out).group(1))
-    dflash = float(re.search(r"DFlash draft on the device +([\d.]+) ms", out).group(1))
+    plain = float(re.search(r"total per prediction: +roofline +([\d.]+) ms", out).group(1))
+    free = float(re.search(r"model-free draft \(lookup, previous\): roofline +([\d.]+) ms", out).group(1))
+    dflash = float(re.search(r"DFlash draft on the device: +roofline +([\d.]+) ms", out).group(1))
     cfg, precision = builtin_expert(RELEASE)[0], load_precision("performance")
     context = 3072 + 64  # the plan's prompt at 16 images of 320x576, plus the reasoning
     step, verify = (

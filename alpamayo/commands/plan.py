@@ -4,8 +4,10 @@
 
 With an Alpamayo checkpoint that carries an action expert (or a built-in release such as `alpamayo-1.5-10b`),
 the expert joins the DRAM budget and the grid plan, every preset is checked for fit, and the stages of one
-prediction (vision, prefill, reasoning decode, the expert's Euler steps) get a roofline ESTIMATE from the
-device's compute and bandwidth figures (`alpamayo.tt.estimate`).
+prediction (vision, prefill, reasoning decode, the expert's Euler steps) get two times: the roofline from the
+device's compute and bandwidth figures (`alpamayo.tt.estimate`) and the expected time, the same ops at
+efficiencies and fixed costs fitted to published p150 measurements (`alpamayo.tt.calibration`);
+`--calibration` prints that fit against each measurement.
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
 from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
 from alpamayo.runtime import CACHE_STEP, frames_to_encode
+from alpamayo.tt.calibration.anchors import ANCHORS_PATH, UNITS, load_anchors
+from alpamayo.tt.calibration.model import FIT_TOLERANCE, ExpectedModel, calibration, fitted
 from alpamayo.tt.device_spec import P150
 from alpamayo.tt.estimate import (
+    StageEstimate,
+    both,
     decode_estimate,
     expert_estimate,
     prefill_estimate,
+    roofline_timer,
     speculative_lines,
     vision_estimate,
 )
@@ -53,8 +60,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--checkpoint",
-        required=True,
-        help=f"checkpoint directory, or a built-in config name ({', '.join(NAMES + EXPERT_NAMES)})",
+        help=f"checkpoint directory, or a built-in config name ({', '.join(NAMES + EXPERT_NAMES)}); required "
+        "unless --calibration",
+    )
+    p.add_argument(
+        "--calibration",
+        action="store_true",
+        help="print the expected model's calibration: each published p150 measurement against the model, "
+        "with leave-one-out (no --checkpoint needed)",
+    )
+    p.add_argument(
+        "--anchors",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="more p150 measurements to fit the expected model to (the anchors file format, e.g. the "
+        "anchors.json that scripts/card-check writes); repeatable",
     )
     p.add_argument("--base-model", default=None, help=BASE_MODEL_HELP)
     p.add_argument(
@@ -139,6 +160,21 @@ def image_size(spec: str) -> tuple[int, int]:
     return h, w
 
 
+def stage_lines(stage: StageEstimate, model: ExpectedModel) -> list[str]:
+    """A stage's roofline line and its expected line: ms per pass and per prediction, the factor over the
+    roofline and the op classes that take most of it."""
+    roof, per = stage.ms(P150), model.pass_ms(stage)
+    times = f" x {stage.repeat} = {per * stage.repeat:.2f} ms" if stage.repeat > 1 else ""
+    parts = model.by_class(stage)
+    total = sum(parts.values())
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    where = ", ".join(f"{name} {100 * ms / total:.0f}%" for name, ms in top if ms > 0)
+    return [
+        f"  {stage.describe(P150)}",
+        f"  {'':<22} expected {per:8.3f} ms{times} (x{per / roof:.2f} the roofline; {where})",
+    ]
+
+
 def _estimates(
     args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig | None, precision: Precision
 ) -> list[str]:
@@ -146,36 +182,49 @@ def _estimates(
     prompt = TEXT_TOKENS
     stages = []
     vision = tick_vision = None
+    image_rows = 0
     if cfg.vision is not None and args.images:
         v = cfg.vision
-        prompt += args.images * (hw[0] // v.patch_size) * (hw[1] // v.patch_size) // v.spatial_merge_size**2
+        image_rows = (
+            args.images * (hw[0] // v.patch_size) * (hw[1] // v.patch_size) // v.spatial_merge_size**2
+        )
+        prompt += image_rows
         vision = vision_estimate(cfg, precision, args.images, hw)
         stages.append(vision)
         cameras, partial = divmod(args.images, FRAMES_PER_CAMERA)
         if cameras and not partial:  # the frames the runtime encodes at a stream's 10 Hz tick
             tick_vision = vision_estimate(cfg, precision, frames_to_encode(cameras, shift=1), hw)
-    stages.append(prefill_estimate(cfg, precision, prompt))
+    stages.append(prefill_estimate(cfg, precision, prompt, image_rows))
     stages.append(decode_estimate(cfg, precision, prompt + args.reasoning_tokens, args.reasoning_tokens))
     if expert is not None:
         offset = prompt + args.reasoning_tokens  # the cache index after <|traj_future_start|>
         stages.append(expert_estimate(cfg, expert, precision, args.max_seq_len, args.samples, offset))
-    total = sum(s.ms(P150) * s.repeat for s in stages)
+    model = fitted(*(Path(a) for a in args.anchors))
+    timers = {"roofline": roofline_timer(P150), "expected": model.pass_ms}
+    total = {k: sum(t(s) * s.repeat for s in stages) for k, t in timers.items()}
     lines = [
-        f"ESTIMATED ms per stage (roofline lower bound from {P150.dram_bandwidth / 1e9:.0f} GB/s DRAM and "
-        f"{P150.matmul_flops_per_cycle} FLOP/cycle/core at {P150.clock_hz / 1e9:.2f} GHz per LoFi pass; not "
-        f"measured): {args.images} images {hw[0]}x{hw[1]}, prompt {prompt} tokens, "
+        f"p150 TIME PER STAGE: the roofline (a lower bound from {P150.dram_bandwidth / 1e9:.0f} GB/s DRAM and "
+        f"{P150.matmul_flops_per_cycle} FLOP/cycle/core at {P150.clock_hz / 1e9:.2f} GHz per LoFi pass) and the "
+        f"expected time (the roofline's ops at per-class efficiencies and fixed costs fitted to "
+        f"{len(model.anchor_ids)} published p150 measurements: `alpamayo plan --calibration`); neither is "
+        f"measured on these programs: {args.images} images {hw[0]}x{hw[1]}, prompt {prompt} tokens, "
         f"{args.reasoning_tokens} reasoning tokens",
-        *(f"  {s.describe(P150)}" for s in stages),
-        f"  total per prediction   {total:8.1f} ms (estimate): a first prediction, every frame through vision",
+        *(line for s in stages for line in stage_lines(s, model)),
+        f"  total per prediction:  {both(total)}: a first prediction, every frame through vision",
     ]
     tick = None
     if vision is not None and tick_vision is not None:
-        tick = total - vision.ms(P150) * vision.repeat + tick_vision.ms(P150) * tick_vision.repeat
+        tick = {
+            k: total[k] - t(vision) * vision.repeat + t(tick_vision) * tick_vision.repeat
+            for k, t in timers.items()
+        }
         lines.append(
-            f"  a stream's tick        {tick:8.1f} ms (estimate): {tick_vision.repeat} of {vision.repeat} frames "
+            f"  a stream's tick:       {both(tick)}: {tick_vision.repeat} of {vision.repeat} frames "
             f"through vision, one new frame per camera at 10 Hz (the runtime's frame cache keeps the last "
             f"window, `alpamayo.runtime.frames_to_encode`)"
         )
+    shown = [*stages] if tick_vision is None else [tick_vision, *stages[1:]]
+    lines += dominant_lines(shown, model, "a stream's tick" if tick_vision is not None else "a prediction")
     if args.accept_len is not None:
         context = prompt + args.reasoning_tokens
         lines += speculative_lines(
@@ -186,8 +235,87 @@ def _estimates(
             args.accept_len,
             args.block_size,
             total,
-            tick_total_ms=tick,
+            timers,
+            tick_total=tick,
+            stage_lines=lambda stage: stage_lines(stage, model),
         )
+    return lines
+
+
+def dominant_lines(stages: list[StageEstimate], model: ExpectedModel, of: str) -> list[str]:
+    """Where the expected time of `of` goes: by stage and by op class, largest first."""
+    by_stage = {s.name: model.ms(s) for s in stages}
+    classes: dict[str, float] = {}
+    for s in stages:
+        for name, ms in model.by_class(s).items():
+            classes[name] = classes.get(name, 0.0) + ms
+    total = sum(by_stage.values())
+
+    def shares(parts: dict[str, float]) -> str:
+        return ", ".join(
+            f"{k} {v:.0f} ms ({100 * v / total:.0f}%)"
+            for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+            if v >= 0.5
+        )
+
+    return [
+        f"  expected, where {of} goes: by stage {shares(by_stage)}",
+        f"  {'':<22} by op class {shares(classes)}",
+    ]
+
+
+def calibration_lines(extra: list[str]) -> list[str]:
+    """`--calibration`: every anchor measured against modelled, the fitted ones also against a fit made
+    without them (leave-one-out), and the fitted coefficients."""
+    anchors = load_anchors(ANCHORS_PATH)
+    for path in extra:
+        anchors += load_anchors(path)
+    model, checks = calibration(anchors)
+    fitted_checks = [c for c in checks if c.anchor.fit]
+    lines = [
+        f"p150 CALIBRATION: {len(checks)} published measurements ({ANCHORS_PATH.name}"
+        + "".join(f", {p}" for p in extra)
+        + f"), {len(fitted_checks)} fitted; measured, modelled by the expected model, and modelled by a fit "
+        "made without the anchor (leave-one-out: how the model generalises)",
+    ]
+    rows = [["anchor", "stage", "measured", "modelled", "ratio", "left out", "ratio", "source"]]
+    for c in checks:
+        a = c.anchor
+        unit = a.unit
+
+        def fmt(ms: float | None, unit: str = unit) -> str:
+            if ms is None:
+                return "-"
+            return "0 (no anchor)" if ms < 1e-6 else f"{UNITS[unit][1](ms):.4g} {unit}"
+
+        # a figure in t/s/u grows as the time shrinks: ratios are of times (modelled / measured ms)
+        left = c.left_out_ratio
+        rows.append(
+            [
+                a.id if a.fit else f"{a.id} (reference)",
+                a.workload["stage"],
+                fmt(a.measured_ms),
+                fmt(c.modelled_ms),
+                f"{c.ratio:.2f}",
+                fmt(c.left_out_ms),
+                "-" if left is None else f"{left:.2f}",
+                a.source.describe(),
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    worst = max(fitted_checks, key=lambda c: abs(c.ratio - 1))
+    loo = sorted(abs(c.left_out_ratio - 1) for c in fitted_checks if c.left_out_ratio is not None)
+    lines += [
+        f"  fitted anchors: worst {worst.anchor.id} at {worst.ratio:.2f}x (the test holds each within "
+        f"{100 * FIT_TOLERANCE:.0f}%); leave-one-out: median error {100 * loo[len(loo) // 2]:.0f}%, "
+        f"{sum(e <= FIT_TOLERANCE for e in loo)} of {len(loo)} within {100 * FIT_TOLERANCE:.0f}% (a class "
+        "whose only anchor is left out falls back to its roofline)",
+        "  ratios are modelled / measured times; reference rows are not fitted: their notes in the anchors "
+        "file say why",
+        "fitted coefficients (expected = the roofline's ops at these efficiencies, plus these fixed costs):",
+        *model.describe(),
+    ]
     return lines
 
 
@@ -287,6 +415,11 @@ def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.calibration:
+        print("\n".join(calibration_lines(args.anchors)))
+        return 0
+    if args.checkpoint is None:
+        raise ValueError("--checkpoint is required (a directory or a built-in name), unless --calibration")
     cfg, expert = resolve_config(args.checkpoint, args.base_model)
     print(f"model family: {cfg.family.title} ({cfg.family.name})")
     if args.backend == "torch":

@@ -22,7 +22,7 @@ the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from alpamayo.config import ModelConfig, TextConfig
@@ -52,8 +52,24 @@ from alpamayo.tt.weights import (
     weight_dtype,
 )
 
+Timer = Callable[["StageEstimate"], float]  # ms of one pass of a stage (the roofline, the expected model)
 FIDELITY_PASSES = {"lofi": 1, "hifi2": 2, "hifi3": 3, "hifi4": 4}
 MATMUL_GROUPS_BF16 = ("router",)  # bf16 tensors that are matmul weights (norms and biases are not)
+# Device programs of one decode layer, from the dry run's graph capture (docs/ttnn.md, "Dry run": 29 per dense
+# layer at 2B/8B/32B, 57 per MoE layer): an MoE layer's norms, eltwise ops and dispatches count ~twice.
+DENSE_LAYER_PROGRAMS, MOE_LAYER_PROGRAMS = 29, 57
+BF16_BYTES = 2  # host <-> device activations, logits rows and embeddings are bf16
+
+
+def layer_passes(cfg: TextConfig) -> float:
+    """The decoder layers of `cfg` in dense-layer equivalents of device programs (`MOE_LAYER_PROGRAMS`)."""
+    sparse = len(cfg.sparse_layers)
+    return cfg.num_hidden_layers - sparse + sparse * MOE_LAYER_PROGRAMS / DENSE_LAYER_PROGRAMS
+
+
+def logits_bytes(cfg: TextConfig, rows: int) -> float:
+    """Host bytes of `rows` bf16 logits rows (the device untilizes the rows it returns: padded vocabulary)."""
+    return rows * round_up(cfg.vocab_size, TILE) * BF16_BYTES
 
 
 @dataclass(frozen=True)
@@ -83,11 +99,17 @@ class OpCost:
 @dataclass(frozen=True)
 class StageEstimate:
     """The ops of one pass of a stage (a prefill, one decode step, one expert Euler step), `repeat` passes per
-    prediction."""
+    prediction, and what the roofline leaves out but the expected model (`alpamayo.tt.calibration`) counts:
+    `layers` decoder layers (or vision blocks) per pass, MoE layers weighted by their device programs
+    (`layer_passes`), dispatched from a trace (`traced`: decode, verify, expert, draft) or op by op from the
+    host (prefill, vision), and `host_bytes` copied between host and device per pass."""
 
     name: str
     ops: tuple[OpCost, ...]
     repeat: int = 1
+    layers: float = 0.0
+    traced: bool = True
+    host_bytes: float = 0.0
 
     def ms(self, device: DeviceSpec) -> float:
         """Estimated ms of one pass."""
@@ -209,11 +231,21 @@ def vision_estimate(
         OpCost(f"vision.sdpa.{j}", flops, 0.0, precision.math_fidelity("sdpa"), busy)  # `TTVisionEncoder.ck`
         for j in range(v.depth)
     ]
-    return StageEstimate(f"vision ({frames} frames)", tuple(ops), frames)
+    # per frame: its patch rows in, the merger's image rows and every DeepStack level out
+    io = rows * v.patch_dim + rows // v.spatial_merge_size**2 * v.out_hidden_size * (
+        1 + len(v.deepstack_visual_indexes)
+    )
+    return StageEstimate(
+        f"vision ({frames} frames)", tuple(ops), frames, v.depth, traced=False, host_bytes=io * BF16_BYTES
+    )
 
 
-def prefill_estimate(cfg: ModelConfig, precision: Precision, prompt: int) -> StageEstimate:
-    """The text prefill of `prompt` rows (padded as the device pads them); the lm_head on the last tile only."""
+def prefill_estimate(
+    cfg: ModelConfig, precision: Precision, prompt: int, image_rows: int = 0
+) -> StageEstimate:
+    """The text prefill of `prompt` rows (padded as the device pads them); the lm_head on the last tile only.
+    Host traffic: the token ids, `image_rows` image embeddings with every DeepStack level in (the vision
+    tower's host outputs), the last row's logits out."""
     plan = plan_text(cfg, precision)
     rows = plan.padded_length(prompt)
     cores = plan.prefill_grid.cores
@@ -223,7 +255,11 @@ def prefill_estimate(cfg: ModelConfig, precision: Precision, prompt: int) -> Sta
     ops += matmul_ops([s for s in specs if s.name == "lm_head"], TILE, precision, cores)
     busy = sdpa_cores(cores, cfg.text.num_attention_heads * rows // plan.prefill_sdpa_chunk(rows))
     ops += attention_ops(cfg.text, rows, rows, precision, busy, causal=True, name="prefill.sdpa")
-    return StageEstimate(f"prefill ({prompt} rows)", tuple(ops))
+    levels = 1 + (len(cfg.vision.deepstack_visual_indexes) if cfg.vision is not None else 0)
+    io = 4 * prompt + image_rows * cfg.text.hidden_size * levels * BF16_BYTES + logits_bytes(cfg.text, 1)
+    return StageEstimate(
+        f"prefill ({prompt} rows)", tuple(ops), 1, layer_passes(cfg.text), traced=False, host_bytes=io
+    )
 
 
 def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens: int) -> StageEstimate:
@@ -234,7 +270,9 @@ def decode_estimate(cfg: ModelConfig, precision: Precision, context: int, tokens
     specs = text_weight_specs(cfg, plan.device.dram_banks)
     ops = matmul_ops(specs, 1, precision, cores, k, all_experts_read=False)  # one row of a 32-row tile
     ops += decode_attention_ops(cfg.text, context, precision, plan.sdpa_decode_grid.cores, "decode.sdpa")
-    return StageEstimate("decode step", tuple(ops), tokens)
+    return StageEstimate(
+        "decode step", tuple(ops), tokens, layer_passes(cfg.text), host_bytes=logits_bytes(cfg.text, 1)
+    )
 
 
 def expert_estimate(
@@ -250,7 +288,13 @@ def expert_estimate(
     flops = 4.0 * plan.q_tiles * TILE * keys * expert.text.head_dim * plan.users
     busy = flash_decode_cores(plan.sdpa_grid, plan.users)
     ops += _layer_attention(expert.text, flops, keys * samples, precision, busy, "expert.sdpa")
-    return StageEstimate(f"expert step (K={samples})", tuple(ops), expert.num_inference_steps)
+    # the noise goes in and the actions come out once per prediction, not per step
+    return StageEstimate(
+        f"expert step (K={samples})",
+        tuple(ops),
+        expert.num_inference_steps,
+        layer_passes(expert.text),
+    )
 
 
 def verify_estimate(
@@ -279,7 +323,9 @@ def verify_estimate(
     sdpa = decode_attention_ops(t, context, precision, cores, "verify.sdpa")
     # either way each row's tile of heads meets every K/V head once: block x one row's FLOPs
     ops += [replace(op, flops=op.flops * block, dram_bytes=op.dram_bytes * reads) for op in sdpa]
-    return StageEstimate(f"verify ({block} rows)", tuple(ops), steps)
+    return StageEstimate(
+        f"verify ({block} rows)", tuple(ops), steps, layer_passes(t), host_bytes=logits_bytes(t, block)
+    )
 
 
 # z-lab's DFlash drafts (dflash/model.py): a few dense Qwen3 layers at the target's dimensions reading the
@@ -314,22 +360,52 @@ def dflash_draft_estimate(
     ops += [
         replace(op, name=f"{op.name}.append") for op in matmul_ops(append, TILE - 1 + block, precision, cores)
     ]
-    return StageEstimate(f"DFlash draft ({layers} layers, {block} rows)", tuple(ops), steps)
+    return StageEstimate(
+        f"DFlash draft ({layers} layers, {block} rows)",
+        tuple(ops),
+        steps,
+        layers,
+        host_bytes=logits_bytes(
+            cfg.text, block - 1
+        ),  # the drafted rows' logits (`TTDFlashDraft.block_logits`)
+    )
+
+
+def roofline_timer(device: DeviceSpec = P150) -> Timer:
+    """The roofline's ms of one pass of a stage (`StageEstimate.ms`), as a `Timer`."""
+    return lambda stage: stage.ms(device)
 
 
 def first_block_ms(
-    cfg: ModelConfig, precision: Precision, prompt: int, drafted: int, device: DeviceSpec = P150
+    cfg: ModelConfig,
+    precision: Precision,
+    prompt: int,
+    drafted: int,
+    device: DeviceSpec = P150,
+    timer: Timer | None = None,
 ) -> float:
     """What verifying `drafted` tokens inside the prefill of `prompt` rows adds to it
     (`TextPrefill.prefill_block`): the padded rows they need beyond the prompt's (none while they fit its
-    padding to a multiple of 128) and one more lm_head pass per tile their scored rows cross into."""
-    extra = prefill_estimate(cfg, precision, prompt + drafted).ms(device)
-    extra -= prefill_estimate(cfg, precision, prompt).ms(device)
+    padding to a multiple of 128) and one more lm_head pass per tile their scored rows cross into; timed
+    by `timer` (ms of one pass; default the roofline)."""
+    time = timer or roofline_timer(device)
+    extra = time(prefill_estimate(cfg, precision, prompt + drafted))
+    extra -= time(prefill_estimate(cfg, precision, prompt))
     plan = plan_text(cfg, precision)
     head = [s for s in text_weight_specs(cfg, plan.device.dram_banks) if s.name == "lm_head"]
     tiles = (prompt + drafted - 1) // TILE - (prompt - 1) // TILE
     head_ms = StageEstimate("lm_head", tuple(matmul_ops(head, TILE, precision, plan.prefill_grid.cores)))
-    return extra + tiles * head_ms.ms(device)
+    return extra + tiles * time(head_ms)
+
+
+def hz(ms: float) -> str:
+    """Predictions per second of `ms` per prediction."""
+    return f"{1e3 / ms:.2f} Hz"
+
+
+def both(values: dict[str, float]) -> str:
+    """'roofline X ms (Y Hz), expected Z ms (W Hz)' of a total per prediction in each of `values`' columns."""
+    return ", ".join(f"{name} {ms:7.1f} ms ({hz(ms)})" for name, ms in values.items())
 
 
 def speculative_lines(
@@ -339,76 +415,88 @@ def speculative_lines(
     tokens: int,
     accept_len: float,
     block: int,
-    plain_total_ms: float,
+    plain_total: dict[str, float],
+    timers: dict[str, Timer],
     device: DeviceSpec = P150,
-    tick_total_ms: float | None = None,
+    tick_total: dict[str, float] | None = None,
+    stage_lines: Callable[[StageEstimate], list[str]] | None = None,
 ) -> list[str]:
-    """The per-prediction estimate with speculation: `tokens` reasoning tokens at `accept_len` tokens per
-    verify (the accepted prefix plus the target's own token), so ceil(tokens / accept_len) verifies of
-    `block` rows replace the `tokens` decode steps inside `plain_total_ms` (a first prediction) and
-    `tick_total_ms` (a stream's tick, where given); with a model-free draft (lookup, previous: host only, which
-    proposes the first block before the prefill: it is verified there, at `first_block_ms` for its block - 1
-    drafted rows, and one verify fewer runs) and with a DFlash draft on the device (it drafts from the
-    prefill's features: every block is a verify). `context`: the prompt plus the `tokens`. The last lines are
-    the model-free floor at this accepted length: the rest of the prediction, the first block and the
-    verifies' reads (every weight and the context's K/V once each), and what fidelity trades (for a user
-    recipe) or a longer accepted length would take off it."""
+    """The per-prediction estimate with speculation, in every column of `timers` (ms of one pass of a stage:
+    the roofline and the expected model; `plain_total` and `tick_total` are their totals without it):
+    `tokens` reasoning tokens at `accept_len` tokens per verify (the accepted prefix plus the target's own
+    token), so ceil(tokens / accept_len) verifies of `block` rows replace the `tokens` decode steps inside
+    the plain total of a first prediction and of a stream's tick (where given); with a model-free draft
+    (lookup, previous: host only, which proposes the first block before the prefill: it is verified there,
+    at `first_block_ms` for its block - 1 drafted rows, and one verify fewer runs) and with a DFlash draft on
+    the device (it drafts from the prefill's features: every block is a verify). `context`: the prompt plus
+    the `tokens`. `stage_lines` prints a stage (default its roofline line). The last lines are the roofline's
+    model-free floor at this accepted length: the rest of the prediction, the first block and the verifies'
+    reads (every weight and the context's K/V once each), and what fidelity trades (for a user recipe) or a
+    longer accepted length would take off it."""
     if not 1 <= accept_len <= block:
         raise ValueError(f"--accept-len {accept_len}: must be in [1, block size {block}]")
     if not 1 <= block <= TILE:
         raise ValueError(f"--block-size {block}: must be in [1, {TILE}] (the rows of one decode program)")
-    steps = -(-tokens // accept_len)
-    steps = int(steps)
+    steps = int(-(-tokens // accept_len))
     plain = decode_estimate(cfg, precision, context, tokens)
     verify = verify_estimate(cfg, precision, context, block, steps)
     draft = dflash_draft_estimate(cfg, precision, block, steps, context)
-    first = first_block_ms(cfg, precision, context - tokens, block - 1, device)
-    # what speculation changes in a prediction: model-free (first block in the prefill), DFlash (every block)
-    free = first + verify.ms(device) * (steps - 1) - plain.ms(device) * tokens
-    dflash = (verify.ms(device) + draft.ms(device)) * steps - plain.ms(device) * tokens
-    rest = plain_total_ms - plain.ms(device) * tokens
+    show = stage_lines or (lambda stage: [f"  {stage.describe(device)}"])
+    first, free, dflash, per_verify = {}, {}, {}, {}
+    for name, time in timers.items():
+        first[name] = first_block_ms(cfg, precision, context - tokens, block - 1, device, time)
+        # what speculation changes in a prediction: model-free (first block in the prefill), DFlash (every block)
+        free[name] = first[name] + time(verify) * (steps - 1) - time(plain) * tokens
+        dflash[name] = (time(verify) + time(draft)) * steps - time(plain) * tokens
+        per_verify[name] = f"{time(verify) / time(plain):.2f}x"
+    costs = ", ".join(f"{v} ({k})" for k, v in per_verify.items())
+    lines = [
+        f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
+        f"rows; a verify costs {costs} a decode step)",
+        *show(verify),
+        *show(draft),
+        f"  first block verified in the prefill ({block - 1} drafted rows, model-free drafts): "
+        + ", ".join(f"{k} {v:.3f} ms" for k, v in first.items())
+        + f" instead of a verify, then {steps - 1} verifies",
+        "  total per prediction, model-free draft (lookup, previous): "
+        + both({k: plain_total[k] + free[k] for k in timers}),
+        "  total per prediction, DFlash draft on the device:          "
+        + both({k: plain_total[k] + dflash[k] for k in timers}),
+    ]
+    roof = timers["roofline"]
+    if tick_total is not None:
+        lines += [
+            "  a stream's tick, model-free draft: " + both({k: tick_total[k] + free[k] for k in timers}),
+            "  a stream's tick, DFlash draft:     " + both({k: tick_total[k] + dflash[k] for k in timers}),
+        ]
+    rest = (tick_total or plain_total)["roofline"] - roof(plain) * tokens
     # a verify cannot read less than every weight once and the context's K/V once (its block attends over it)
     weights = sum(op.dram_bytes for op in verify.ops if ".sdpa." not in op.name)
     kv = verify.dram_bytes() - weights
     floor = 1e3 * (steps - 1) * verify.dram_bytes() / device.dram_bandwidth
-    lines = [
-        f"WITH SPECULATION at {accept_len:g} tokens per verify ({tokens} tokens: {steps} verifies of {block} "
-        f"rows; a verify costs {verify.ms(device) / plain.ms(device):.2f}x a decode step)",
-        f"  {verify.describe(device)}",
-        f"  {draft.describe(device)}",
-        f"  first block verified in the prefill ({block - 1} drafted rows, model-free drafts): {first:.3f} ms "
-        f"instead of a verify, then {steps - 1} verifies",
-        f"  total per prediction, model-free draft (lookup, previous) {plain_total_ms + free:8.1f} ms (estimate)",
-        f"  total per prediction, DFlash draft on the device          {plain_total_ms + dflash:8.1f} ms (estimate)",
-    ]
-    if tick_total_ms is not None:
-        lines.append(
-            f"  a stream's tick, model-free draft {tick_total_ms + free:.1f} ms, DFlash draft "
-            f"{tick_total_ms + dflash:.1f} ms (estimate)"
-        )
-        rest = tick_total_ms - plain.ms(device) * tokens
 
     def trade(groups: tuple[str, ...]) -> str:
-        """ms the model-free verifies would take less with `groups` at bfp4 (their weight reads: DRAM-bound)."""
+        """Roofline ms the model-free verifies would take less with `groups` at bfp4 (their weight reads)."""
         bfp4 = replace(
             precision, name="bfp4 trade", dtypes={**precision.dtypes, **dict.fromkeys(groups, "bfp4")}
         )
-        less = verify.ms(device) - verify_estimate(cfg, bfp4, context, block, steps).ms(device)
+        less = roof(verify) - roof(verify_estimate(cfg, bfp4, context, block, steps))
         return f"{(steps - 1) * less:.1f}"
 
     longer = ""
     if accept_len + 1 <= block:
         fewer = steps - int(-(-tokens // (accept_len + 1)))
-        gain = fewer * verify.ms(device)
+        gain = fewer * roof(verify)
         longer = f"; or by more tokens per verify: at {accept_len + 1:g}, {fewer} verifies fewer, {gain:.1f} ms less"
-    of = "a stream's tick" if tick_total_ms is not None else "the prediction"
+    of = "a stream's tick" if tick_total is not None else "the prediction"
     lines += [
-        f"  floor, model-free: the rest of {of} (vision, prefill, expert) {rest:.1f} ms, the first block "
-        f"{first:.1f} ms and the {steps - 1} verifies' reads alone {floor:.1f} ms ({weights / 1e9:.3f} GB of "
-        f"weights and {kv / 1e9:.3f} GB of K/V each at {device.dram_bandwidth / 1e9:.0f} GB/s): "
-        f"{rest + first + floor:.1f} ms at the least at this accepted length",
+        f"  roofline floor, model-free: the rest of {of} (vision, prefill, expert) {rest:.1f} ms, the first "
+        f"block {first['roofline']:.1f} ms and the {steps - 1} verifies' reads alone {floor:.1f} ms "
+        f"({weights / 1e9:.3f} GB of weights and {kv / 1e9:.3f} GB of K/V each at "
+        f"{device.dram_bandwidth / 1e9:.0f} GB/s): {rest + first['roofline'] + floor:.1f} ms at the least at "
+        "this accepted length",
         f"  below it only by reading less per verify, fidelity trades for a user recipe (measured with `alpamayo "
         f"precision`, not presets): a bfp4 lm_head {trade(('lm_head',))} ms less, bfp4 lm_head, qkv and o "
-        f"{trade(('lm_head', 'qkv', 'o'))} ms less{longer}",
+        f"{trade(('lm_head', 'qkv', 'o'))} ms less (roofline){longer}",
     ]
     return lines
