@@ -74,9 +74,8 @@ class Session:
     cameras: tuple[str, ...]
     frames: dict[str, CameraFrames] = field(default_factory=dict)  # logical id -> its frames
     poses: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)  # (t_us, xyz, quat_xyzw)
-    poses_lock: threading.Lock = field(
-        default_factory=threading.Lock
-    )  # egomotion merges are read-modify-write
+    # egomotion merges are read-modify-write: two in flight at once must not lose poses
+    poses_lock: threading.Lock = field(default_factory=threading.Lock)
     route: str | None = None
     last_query_us: int = -1
     previous_plan: tuple[np.ndarray, np.ndarray] | None = None  # (t_us [T], xyz_local [T,3])
