@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import pickle
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -20,6 +21,7 @@ from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from bridges.alpasim.client import AlpasimDriverClient, EgoDynamics, EgoPose, trajectory_arrays
 from bridges.alpasim.service import CAMERA_INDEX, DEFAULT_CAMERAS, EgodriverService, Limits, serve
+from bridges.alpasim.v0 import ALPASIM_GRPC_VERSION
 
 H, W = 96, 160
 FRAME_US = [1_200_000, 1_300_000, 1_400_000, 1_500_000]
@@ -124,7 +126,10 @@ def test_full_session_plan_frame_and_times(driver, vla):
     ts, xyz, _ = trajectory_arrays(client.drive("plain", T0, T0).trajectory)
     np.testing.assert_allclose(xyz[1:], _expected(vla, "plain", yaw, origin, 7), atol=2e-3)
     client.close_session("plain")
-    assert client.get_version().version_id.startswith("alpamayo-tt")
+    version = client.get_version()
+    assert version.version_id.startswith("alpamayo-tt")
+    api = version.grpc_api_version
+    assert (api.major, api.minor, api.patch) == ALPASIM_GRPC_VERSION
 
 
 def test_two_concurrent_sessions_do_not_mix(driver, vla):
@@ -145,6 +150,85 @@ def test_two_concurrent_sessions_do_not_mix(driver, vla):
     for uuid, (yaw, origin, seed) in specs.items():
         np.testing.assert_allclose(got[uuid][1:], _expected(vla, uuid, yaw, origin, seed), atol=2e-3)
         client.close_session(uuid)
+
+
+def _fire(client, uuid: str, frames: list[tuple[str, int, bytes]]) -> list[grpc.RpcError | None]:
+    """Submit `frames` (camera, frame_end_us, image) all at once from as many threads, as AlpaSim's runtime fires a
+    step's observations as concurrent tasks; each call's error or None."""
+
+    def one(frame: tuple[str, int, bytes]) -> grpc.RpcError | None:
+        cam, t, data = frame
+        try:
+            client.submit_image(uuid, cam, data, t - 30_000, t)
+        except grpc.RpcError as e:
+            return e
+        return None
+
+    with ThreadPoolExecutor(len(frames)) as pool:
+        return list(pool.map(one, frames))
+
+
+def test_frames_in_flight_at_20_and_40_hz_give_the_model_frames_100_ms_apart(driver, vla):
+    """Two cameras at 20 Hz and two at 40 Hz, each 100 ms step's frames fired concurrently in shuffled order
+    (one of them twice): the duplicate alone is refused, and the model sees each camera's frames at t0 - 0.3 ..
+    0 s, the plan the runtime makes of the 10 Hz frames."""
+    _service, client = driver
+    uuid, yaw, origin, seed = "fast", 0.2, (3.0, 4.0), 5
+    interval_us = dict(zip(DEFAULT_CAMERAS, (50_000, 50_000, 25_000, 25_000), strict=True))
+    client.start_session(uuid, DEFAULT_CAMERAS, random_seed=seed, resolution_hw=(H, W))
+    poses = _poses(yaw, origin)
+    client.submit_egomotion(uuid, poses, [EgoDynamics((5.0, 0.0, 0.0))] * len(poses))
+
+    def image(cam: str, t: int) -> bytes:  # the 10 Hz frames are those _expected feeds the runtime directly
+        i = FRAME_US.index(t) if t in FRAME_US else None
+        return _png(hash((uuid, cam, i)) % 2**31 if i is not None else hash((uuid, cam, t)) % 2**31)
+
+    rng = np.random.default_rng(0)
+    start = 1_000_000
+    for step_end in range(start, T0 + 1, 100_000):
+        step = [
+            (cam, t, image(cam, t))
+            for cam, dt in interval_us.items()
+            for t in range(start, T0 + 1, dt)
+            if step_end - 100_000 < t <= step_end
+        ]
+        if step_end == T0:
+            step.append(step[0])  # one frame twice, both in flight at once
+        order = rng.permutation(len(step))
+        errors = _fire(client, uuid, [step[j] for j in order])
+        refused = [e for e in errors if e is not None]
+        if step_end == T0:
+            assert [e.code() for e in refused] == [grpc.StatusCode.ALREADY_EXISTS]
+            assert "already held (duplicate frame)" in refused[0].details()
+        else:
+            assert refused == []
+        if step_end == start + 100_000:  # 0.1 s of frames: the session is still filling
+            assert len(client.drive(uuid, step_end, step_end).trajectory.poses) == 0
+    resp = client.drive(uuid, T0, T0)
+    debug = pickle.loads(resp.debug_info.unstructured_debug_info)
+    assert debug["t0_us"] == T0
+    assert debug["frame_times_us"] == {cam: FRAME_US for cam in DEFAULT_CAMERAS}
+    xyz = trajectory_arrays(resp.trajectory)[1]
+    np.testing.assert_allclose(xyz[1:], _expected(vla, uuid, yaw, origin, seed), atol=2e-3)
+    client.close_session(uuid)
+
+
+def test_a_camera_rate_not_a_multiple_of_10_hz_is_refused_by_name(driver):
+    _service, client = driver
+    client.start_session("r15", DEFAULT_CAMERAS, resolution_hw=(H, W))
+    odd = DEFAULT_CAMERAS[1]
+    for cam in DEFAULT_CAMERAS:
+        times = [T0 - round(k * 1e6 / 15) for k in range(7)] if cam == odd else FRAME_US
+        for t in sorted(times):
+            client.submit_image("r15", cam, _png(t % 97), t - 30_000, t)
+    poses = _poses(0.0, (0.0, 0.0))
+    client.submit_egomotion("r15", poses, [EgoDynamics((5.0, 0.0, 0.0))] * len(poses))
+    code, details = _code(lambda: client.drive("r15", T0, T0))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"camera {odd}: no frame within 5 ms of t0 - 100 ms (nearest 33.3 ms off)" in details
+    assert "frames 66.7 ms apart (15 Hz)" in details and "not a multiple of 10 Hz" in details
+    assert client.get_status()["rejected"]["frame_spacing"] >= 1
+    client.close_session("r15")
 
 
 def _code(fn) -> tuple[grpc.StatusCode, str]:
@@ -183,7 +267,12 @@ def test_bad_inputs_answer_precise_statuses_and_keep_the_session(driver, vla):
         "stale_frame": (
             lambda: client.submit_image("s", cam, _png(3), 0, 1_000_000),
             grpc.StatusCode.OUT_OF_RANGE,
-            "frame_end_us=1000000 is not after the newest frame 1500000",
+            "frame_end_us=1000000 is older than the camera's window (frames 1200000..1500000 us",
+        ),
+        "duplicate_frame": (
+            lambda: client.submit_image("s", cam, _png(4), 0, FRAME_US[2]),
+            grpc.StatusCode.ALREADY_EXISTS,
+            f"camera {cam}: a frame ending at {FRAME_US[2]} us is already held (duplicate frame)",
         ),
         "query_in_past": (
             lambda: client.drive("s", T0 - 200_000, T0),
@@ -238,8 +327,10 @@ def test_history_validation_is_failed_precondition(driver):
     code, details = _code(lambda: client.drive("h", T0, T0))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "stale" in details
     # no frame at or before the drive's time_now_us
-    code, details = _code(lambda: client.drive("h", T0 - 1, T0))
+    code, details = _code(lambda: client.drive("h", FRAME_US[0] - 1, T0))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "no frame at or before time_now_us" in details
+    # before T0 the frames do not reach 0.3 s back from the newest at or before the query: still filling
+    assert len(client.drive("h", T0 - 1, T0).trajectory.poses) == 0
     # the missing pose arrives: the session drives
     rest = _poses(0.0, (0.0, 0.0))[-1:]
     client.submit_egomotion("h", rest, [EgoDynamics((5.0, 0.0, 0.0))])

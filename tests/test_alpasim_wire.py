@@ -9,7 +9,7 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 from google.protobuf.internal import decoder
 
-from bridges.alpasim.v0 import common_pb2, egodriver_pb2, sensorsim_pb2
+from bridges.alpasim.v0 import ALPASIM_GRPC_VERSION, common_pb2, egodriver_pb2, sensorsim_pb2
 
 FACTS = json.loads((Path(__file__).parent / "alpasim_wire_facts.json").read_text())
 _TYPES = {v: k for k, v in descriptor_pb2.FieldDescriptorProto.Type.items()}
@@ -50,6 +50,12 @@ def _ours() -> tuple[dict, dict, dict]:
                 {"name": x.name, "input": x.input_type, "output": x.output_type} for x in s.method
             ]
     return msgs, enums, services
+
+
+def test_the_api_version_is_the_release_of_the_shipped_protos():
+    """get_version reports ALPASIM_GRPC_VERSION (tests/test_alpasim_service.py checks the answer over gRPC): the
+    alpasim_grpc version of the commit the protos and the facts were taken from."""
+    assert ".".join(map(str, ALPASIM_GRPC_VERSION)) == FACTS["alpasim_grpc_version"]
 
 
 def test_descriptors_equal_alpasim_facts():

@@ -76,7 +76,7 @@ def car_polygons(world: World, t: float) -> list[shapely.Polygon]:
     """Every scripted car's box at world time t (its replayed position: traffic does not react)."""
     polygons = []
     for car in world.cars:
-        (xy,), (yaw,) = world.at(np.array([car.s0 + car.speed * t]), car.d)
+        (xy,), (yaw,) = world.at(np.array([car.s_at(t)]), car.d)
         polygons.append(shapely.Polygon(box_corners(xy, yaw, CAR_LENGTH_M, CAR_WIDTH_M)))
     return polygons
 

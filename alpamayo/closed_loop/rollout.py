@@ -53,7 +53,7 @@ class Rollout:
 
 def make_world(scene: Scene, seconds: float) -> World:
     """The scene's world, with road and traffic to cover the drive and the plans' 6.4 s past its end."""
-    return World(scene.seed, T0_S + seconds + FUTURE_NS / 1e9)
+    return World(scene.seed, T0_S + seconds + FUTURE_NS / 1e9, scene.script)
 
 
 def run_scene(
@@ -75,7 +75,7 @@ def run_scene(
     recorded_v = np.gradient(world.arc_length(t_s), t_s)
     xy, yaw, v = recorded_xyz[:, :2].copy(), recorded_yaw.copy(), recorded_v.copy()
     rollout = Rollout(scene, world, t_s, xy, yaw)
-    session = scene.clip_id
+    session = scene.scene_id
     driver.start_session(session, seed, cameras)
     try:
         for i in range(round(T0_S / TICK_S) - FRAMES_PER_CAMERA + 1, n - 1):

@@ -1,4 +1,5 @@
-"""A closed-loop scene: the synthetic world of a seed, the ego's box and the rollout's timeline.
+"""A closed-loop scene: the synthetic world of a seed (or a script of it), the ego's box, the rollout's timeline,
+and an episode: one scene driven by one policy, the unit a run's results are kept by.
 
 Timeline (world seconds from the world's start): the ego drives its recorded path for the first HISTORY_S
 (16 poses at 10 Hz, the model's ego history, and 4 frames per camera), then from T0_S on it follows the
@@ -29,21 +30,36 @@ SHRINK = 0.02
 
 @dataclass(frozen=True)
 class Scene:
-    """One scene: the synthetic world of `seed`. clip_id, result_name and as_dict() are what the evaluation's
-    run directory and Ray dispatch key results by (`alpamayo.eval.results.RunDir`)."""
+    """One scene: the synthetic world of `seed`, or its `script` (`alpamayo.demo_drive.world.SCRIPTS`)."""
 
     seed: int
+    script: str | None = None
+
+    @property
+    def scene_id(self) -> str:
+        """scene-00003, or the script's name and seed: lead-brakes-00003."""
+        return f"{self.script or 'scene'}-{self.seed:05d}"
+
+
+@dataclass(frozen=True)
+class Episode:
+    """`scene` driven by `policy` (`alpamayo.closed_loop.policies.POLICIES`). clip_id, result_name and as_dict()
+    are what the evaluation's run directory and Ray dispatch key results by (`alpamayo.eval.results.RunDir`)."""
+
+    scene: Scene
+    policy: str
 
     @property
     def clip_id(self) -> str:
-        return f"scene-{self.seed:05d}"
+        return f"{self.scene.scene_id}.{self.policy}"
 
     @property
     def result_name(self) -> str:
         return f"{self.clip_id}.json"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"scene_id": self.clip_id, "seed": self.seed}
+        s = self.scene
+        return {"scene_id": s.scene_id, "seed": s.seed, "script": s.script, "policy": self.policy}
 
 
 def to_us(t_s: float | np.ndarray) -> np.ndarray:

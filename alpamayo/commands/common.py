@@ -32,10 +32,11 @@ BASE_MODEL_HELP = (
 )
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser, checkpoint_required: bool = True) -> None:
+    """The model's options; checkpoint_required False: a command that may run without a model checks it."""
     parser.add_argument(
         "--checkpoint",
-        required=True,
+        required=checkpoint_required,
         help="checkpoint directory: Hugging Face Qwen3-VL, Alpamayo R1 / 1.5 / 2 Super, or the demo layout",
     )
     parser.add_argument("--base-model", default=None, help=BASE_MODEL_HELP)
@@ -206,7 +207,7 @@ def run_fields(args: argparse.Namespace) -> dict[str, Any]:
     base model (resolved), the run directory, where it runs (in-process or Ray, workers, CPUs per worker,
     retries) and the progress bar."""
     return dict(
-        checkpoint=Path(args.checkpoint).resolve(),
+        checkpoint=None if args.checkpoint is None else Path(args.checkpoint).resolve(),
         out=args.out,
         base_model=None if args.base_model is None else Path(args.base_model).resolve(),
         ray=args.ray,

@@ -1,11 +1,13 @@
 """The AlpaSim policy service (`egodriver.EgodriverService`) backed by any `alpamayo.prediction` predictor.
 
-A session is what NVIDIA's driver (`alpasim_driver/main.py`) makes of one: the cameras it asked for, their last
-frames, the ego poses (``local->rig_est``) and dynamic states, the route as navigation text. ``drive`` answers
-an empty trajectory until every camera holds 4 frames and a pose exists (the simulator then holds the ego);
-an ego history that does not cover the model's 1.5 s before the newest frame answers FAILED_PRECONDITION;
-every other bad input a precise status that leaves the session as it was. Sessions share one model, served
-in the order their ``drive`` calls take its lock.
+A session is what NVIDIA's driver (`alpasim_driver/main.py`) makes of one: the cameras it asked for, each
+camera's frames in time order (`bridges.alpasim.frames`: frames may arrive in any order and concurrently), the
+ego poses (``local->rig_est``) and dynamic states, the route as navigation text. ``drive`` answers an empty
+trajectory until every camera's frames reach 0.3 s back and a pose exists (the simulator then holds the ego);
+it feeds the model 4 frames per camera 0.1 s apart ending at the newest at or before ``time_now_us``; an ego
+history that does not cover the model's 1.5 s before t0 answers FAILED_PRECONDITION; every other bad input a
+precise status that leaves the session as it was. Sessions share one model, served in the order their
+``drive`` calls take its lock.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import grpc
 import numpy as np
 from PIL import Image
 
-from alpamayo.prediction import FRAMES_PER_CAMERA, EgoHistory, Prediction, Predictor
+from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory, Prediction, Predictor
 from alpamayo.rotations import compose, from_frame, slerp_track, to_frame, yaw_to_quat
+from bridges.alpasim.frames import PERIOD_US, CameraFrames
 from bridges.alpasim.selection import select_sample
+from bridges.alpasim.status import InputRejected
 from bridges.alpasim.v0 import (
+    ALPASIM_GRPC_VERSION,
     common_pb2,
     driver_admin_pb2,
     driver_admin_pb2_grpc,
@@ -46,28 +51,17 @@ DEFAULT_CAMERAS = (
     "camera_cross_right_120fov",
     "camera_front_tele_30fov",
 )
-HISTORY_STEPS = 16
-HISTORY_DT_US = 100_000
-PLAN_DT_US = 100_000
-VERSION = "alpamayo-tt-alpasim-driver-0.1.0"
-# AlpaSim's alpasim_grpc release whose protos bridges/alpasim/v0 carries.
-API_VERSION = (0, 1, 0)
-
-
-class InputRejected(Exception):
-    """A request the service refuses: ``code`` the gRPC status, ``reason`` the counter it is counted under."""
-
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason = code, reason
+# The service's own version, reported as get_version's version_id (the API version is the protos').
+VERSION = "alpamayo-tt-alpasim-driver-0.2.0"
 
 
 @dataclass
 class Limits:
-    """Bounds of the service: open sessions, frames kept per camera, poses kept, image bytes and pixels."""
+    """Bounds of the service: open sessions, frames kept per camera (0.4 s of frames at most: 17 at 40 Hz,
+    25 at 60 Hz), poses kept, image bytes and pixels."""
 
     max_sessions: int = 8
-    frames_per_camera: int = 8
+    frames_per_camera: int = 32
     max_poses: int = 256
     max_image_bytes: int = 16 << 20
     max_image_pixels: int = 3840 * 2160
@@ -78,8 +72,10 @@ class Session:
     uuid: str
     seed: int
     cameras: tuple[str, ...]
-    frames: dict[str, deque] = field(default_factory=dict)  # logical id -> (frame_end_us, HxWx3 uint8)
+    frames: dict[str, CameraFrames] = field(default_factory=dict)  # logical id -> its frames
     poses: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)  # (t_us, xyz, quat_xyzw)
+    # egomotion merges are read-modify-write: two in flight at once must not lose poses
+    poses_lock: threading.Lock = field(default_factory=threading.Lock)
     route: str | None = None
     last_query_us: int = -1
     previous_plan: tuple[np.ndarray, np.ndarray] | None = None  # (t_us [T], xyz_local [T,3])
@@ -181,7 +177,7 @@ class EgodriverService(
                     uuid,
                     int(request.random_seed),
                     self._cameras,
-                    {c: deque(maxlen=self.limits.frames_per_camera) for c in self._cameras},
+                    {c: CameraFrames(c, self.limits.frames_per_camera) for c in self._cameras},
                 )
             return common_pb2.SessionRequestStatus()
 
@@ -223,18 +219,14 @@ class EgodriverService(
                     "image_too_large",
                     f"image of {n} bytes exceeds the limit of {self.limits.max_image_bytes} bytes",
                 )
-            cache = s.frames[img.logical_id]
-            if cache:
-                newest = cache[-1][0]
-                if img.frame_end_us <= newest:
-                    raise _status(
-                        grpc.StatusCode.OUT_OF_RANGE,
-                        "stale_frame",
-                        f"camera {img.logical_id}: frame_end_us={img.frame_end_us} is not after the newest frame "
-                        f"{newest}: frames older than the camera's window arrive too late to be used",
-                    )
-            rgb = self._decode(img.logical_id, img.image_bytes)
-            cache.append((int(img.frame_end_us), rgb))
+            frames, t_us = s.frames[img.logical_id], int(img.frame_end_us)
+            frames.reserve(t_us)  # refuses a duplicate, or a frame older than the window
+            try:
+                rgb = self._decode(img.logical_id, img.image_bytes)  # no lock held: other frames go on
+            except BaseException:
+                frames.release(t_us)
+                raise
+            frames.insert(t_us, rgb)
             return common_pb2.Empty()
 
         return self._call("submit_image_observation", context, body)
@@ -283,9 +275,10 @@ class EgodriverService(
                     )
                 xyz = np.array([p.pose.vec.x, p.pose.vec.y, p.pose.vec.z], dtype=np.float64)
                 new.append((int(p.timestamp_us), xyz, q / norm))
-            merged = {t: (t, x, q) for t, x, q in s.poses}
-            merged.update({t: (t, x, q) for t, x, q in new})
-            s.poses = sorted(merged.values(), key=lambda e: e[0])[-self.limits.max_poses :]
+            with s.poses_lock:
+                merged = {t: (t, x, q) for t, x, q in s.poses}
+                merged.update({t: (t, x, q) for t, x, q in new})
+                s.poses = sorted(merged.values(), key=lambda e: e[0])[-self.limits.max_poses :]
             return common_pb2.Empty()
 
         return self._call("submit_egomotion_observation", context, body)
@@ -307,7 +300,7 @@ class EgodriverService(
         return self._call("submit_recording_ground_truth", context, body)
 
     def get_version(self, request, context):
-        major, minor, patch = API_VERSION
+        major, minor, patch = ALPASIM_GRPC_VERSION
         return common_pb2.VersionId(
             version_id=f"{VERSION} {self._model_line}",
             git_hash="unknown",
@@ -332,22 +325,15 @@ class EgodriverService(
                 "query_in_past",
                 f"time_now_us={request.time_now_us} is before the previous drive's time_now_us={s.last_query_us}",
             )
-        if any(len(s.frames[c]) < FRAMES_PER_CAMERA for c in s.cameras) or not s.poses:
+        windows = {c: s.frames[c].window(int(request.time_now_us)) for c in s.cameras}
+        if any(w is None for w in windows.values()) or not s.poses:
             with self._lock:
                 self.counters["drive_not_ready"] += 1
             s.last_query_us = int(request.time_now_us)
             return egodriver_pb2.DriveResponse(trajectory=common_pb2.Trajectory())
-        frames = {CAMERA_INDEX[c]: [f for _, f in list(s.frames[c])[-FRAMES_PER_CAMERA:]] for c in s.cameras}
-        times_us = {
-            CAMERA_INDEX[c]: [t for t, _ in list(s.frames[c])[-FRAMES_PER_CAMERA:]] for c in s.cameras
-        }
+        frames = {CAMERA_INDEX[c]: [f for _, f in w] for c, w in windows.items()}
+        times_us = {c: [t for t, _ in w] for c, w in windows.items()}
         t0 = max(ts[-1] for ts in times_us.values())
-        if t0 > request.time_now_us:
-            raise _status(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "no_frame_before_t0",
-                f"no frame at or before time_now_us={request.time_now_us}: the newest frame ends at {t0}",
-            )
         ego = self._history(s, t0)
         seed = s.seed + s.drives
         prep_ms = (time.perf_counter() - start) * 1e3
@@ -362,11 +348,11 @@ class EgodriverService(
                 route=s.route,
                 num_samples=self._num_samples,
                 seed=seed,
-                frame_times_ns={k: [t * 1000 for t in v] for k, v in times_us.items()},
+                frame_times_ns={CAMERA_INDEX[c]: [t * 1000 for t in v] for c, v in times_us.items()},
             )
         after = time.perf_counter()
         pred.timings_ms["service_predict"] = (after - start) * 1e3 - prep_ms
-        response = self._response(s, pred, t0, ego)
+        response = self._response(s, pred, t0, ego, times_us)
         s.drives += 1
         s.last_query_us = int(request.time_now_us)
         self.overhead_ms.append(prep_ms + (time.perf_counter() - after) * 1e3)
@@ -375,8 +361,10 @@ class EgodriverService(
     def _history(self, s: Session, t0: int) -> EgoHistory:
         """16 poses at 10 Hz ending at t0, interpolated (linear xyz, slerp) from the session's poses; raises
         FAILED_PRECONDITION with NVIDIA's wording when they do not cover [t0 - 1.5 s, t0]."""
-        span_us = (HISTORY_STEPS - 1) * HISTORY_DT_US
-        ts = np.array([p[0] for p in s.poses], dtype=np.int64)
+        span_us = (HISTORY_STEPS - 1) * PERIOD_US
+        with s.poses_lock:
+            poses = list(s.poses)
+        ts = np.array([p[0] for p in poses], dtype=np.int64)
         if len(ts) < 2:
             raise _status(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -400,17 +388,17 @@ class EgodriverService(
                 f"{span_us / 1e3:.1f}ms, earliest_available_us={ts[0]}, earliest_required_us={t0 - span_us}, "
                 f"latest_camera_frame_us={t0}.",
             )
-        grid = t0 - HISTORY_DT_US * np.arange(HISTORY_STEPS - 1, -1, -1, dtype=np.int64)
-        xyz = np.stack([np.array([p[1] for p in s.poses])[:, i] for i in range(3)], axis=-1)
+        grid = t0 - PERIOD_US * np.arange(HISTORY_STEPS - 1, -1, -1, dtype=np.int64)
+        xyz = np.stack([np.array([p[1] for p in poses])[:, i] for i in range(3)], axis=-1)
         xyz_g = np.stack([np.interp(grid, ts, xyz[:, i]) for i in range(3)], axis=-1)
-        quat = slerp_track(ts, np.array([p[2] for p in s.poses]), grid)
+        quat = slerp_track(ts, np.array([p[2] for p in poses]), grid)
         return EgoHistory(xyz=xyz_g, quat_xyzw=quat, t_ns=grid * 1000)
 
     def _response(
-        self, s: Session, pred: Prediction, t0: int, ego: EgoHistory
+        self, s: Session, pred: Prediction, t0: int, ego: EgoHistory, frame_times_us: dict[str, list[int]]
     ) -> egodriver_pb2.DriveResponse:
         p0, q0 = ego.xyz[-1], ego.quat_xyzw[-1]
-        t_us = t0 + PLAN_DT_US * np.arange(1, len(pred.t_s) + 1, dtype=np.int64)
+        t_us = t0 + PERIOD_US * np.arange(1, len(pred.t_s) + 1, dtype=np.int64)
         cand = np.stack([smp.xyz for smp in pred.samples])  # [K, 64, 3] rig frame at t0
         prev_t = prev_rig = None
         if s.previous_plan is not None:
@@ -438,6 +426,7 @@ class EgodriverService(
             "selection": self._selection,
             "navigation_text": s.route,
             "t0_us": int(t0),
+            "frame_times_us": frame_times_us,
             "decoder": pred.decoder,
             "timings_ms": pred.timings_ms,
         }
