@@ -1,0 +1,83 @@
+"""The control socket against hostile or crowded clients, over real loopback sockets: envelopes of 100,000
+frames are dropped unread without a reply while `status` keeps answering, and 300 clients at once are all
+answered."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from bridges.client import ControlClient
+from bridges.protocol import CONTROL_REQUEST_FRAMES
+from tests.bridge_nodes import node_config, running_node
+
+ENVELOPES, FRAMES = 10, 100_000
+
+# A DEALER in its own process (its sends never hold the GIL of the node under test) sends ENVELOPES requests of
+# FRAMES routing frames plus a valid status request, back to back, then counts the replies that come within 2 s.
+SEND_ENVELOPES = """
+import sys, msgpack, zmq
+endpoint, envelopes, frames = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sock = zmq.Context.instance().socket(zmq.DEALER)
+sock.sndhwm, sock.linger = 0, 0
+sock.connect(endpoint)
+message = [b""] * frames + [msgpack.packb({"cmd": "status"})]
+for _ in range(envelopes):
+    sock.send_multipart(message)
+print("sent", flush=True)
+replies = 0
+while sock.poll(2000):
+    sock.recv_multipart()
+    replies += 1
+print("replies", replies, flush=True)
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[round(q * (len(ordered) - 1))]
+
+
+def poll_status(control: ControlClient, until, timeout_s: float) -> tuple[list[float], dict]:
+    """`status` in a loop until `until(status)`; each reply's latency in ms, and the last status."""
+    latencies, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        start = time.perf_counter()
+        status = control.status()
+        latencies.append((time.perf_counter() - start) * 1e3)
+        if until(status):
+            return latencies, status
+        time.sleep(0.002)
+    raise AssertionError(f"timed out after {timeout_s:g} s; last counters {status['counters']}")
+
+
+def test_envelopes_are_dropped_unread_without_a_reply_while_status_keeps_answering(record_figure):
+    with running_node(None, node_config(warmup={"runs": 0})) as c:
+        count = iter(range(200))
+        baseline, _ = poll_status(c.control, lambda s: next(count, None) is None, 60.0)  # 200 at idle
+        cmd = [sys.executable, "-c", SEND_ENVELOPES, c.node.endpoints["control"], str(ENVELOPES), str(FRAMES)]
+        sender = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            flood, status = poll_status(
+                c.control, lambda s: s["counters"]["control_rejected"].get("envelope") == ENVELOPES, 120.0
+            )
+            assert sender.wait(60) == 0
+        finally:
+            if sender.poll() is None:
+                sender.kill()
+        out = sender.stdout.read()
+    assert out.split() == ["sent", "replies", "0"]
+    counters = status["counters"]
+    assert counters["control_rejected"] == {"envelope": ENVELOPES}
+    assert status["last_error"]["message"] == (
+        f"a control request of {FRAMES + 2} ZeroMQ frames; a request is at most {CONTROL_REQUEST_FRAMES} (the "
+        "routing id, 2 routing frames, the request): dropped unread, no reply"
+    )
+    for name, values in (("idle", baseline), ("envelopes", flood)):
+        record_figure(
+            f"status under {name}: p50 / p99 / max ms, replies",
+            (
+                f"{percentile(values, 0.5):.1f} / {percentile(values, 0.99):.1f} / {max(values):.1f}, {len(values)}"
+            ),
+        )
