@@ -7,6 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import msgpack
+import zmq
 
 from bridges.client import ControlClient
 from bridges.protocol import CONTROL_REQUEST_FRAMES
@@ -81,3 +85,51 @@ def test_envelopes_are_dropped_unread_without_a_reply_while_status_keeps_answeri
                 f"{percentile(values, 0.5):.1f} / {percentile(values, 0.99):.1f} / {max(values):.1f}, {len(values)}"
             ),
         )
+
+
+def listen_overflows() -> int | None:
+    """The kernel's TcpExt ListenOverflows counter (connections dropped from a full accept queue), None if
+    /proc/net/netstat cannot be read."""
+    try:
+        lines = [
+            line.split()
+            for line in Path("/proc/net/netstat").read_text().splitlines()
+            if line.startswith("TcpExt:")
+        ]
+    except OSError:
+        return None
+    names, values = lines
+    return int(values[names.index("ListenOverflows")])
+
+
+def test_300_control_clients_at_once_are_all_answered(record_figure):
+    clients = 300
+    with running_node(None, node_config(warmup={"runs": 0})) as c:
+        ctx = zmq.Context()
+        try:
+            before = listen_overflows()
+            socks = []
+            for _ in range(clients):  # all connect and queue their request before any is answered
+                sock = ctx.socket(zmq.REQ)
+                sock.linger = 0
+                sock.connect(c.node.endpoints["control"])
+                sock.send(msgpack.packb({"cmd": "status"}))
+                socks.append(sock)
+            start = time.perf_counter()
+            poller, waiting = zmq.Poller(), set(socks)
+            for sock in socks:
+                poller.register(sock, zmq.POLLIN)
+            replies = []
+            while waiting and time.perf_counter() - start < 60:
+                for sock, _ in poller.poll(1000):
+                    replies.append(msgpack.unpackb(sock.recv()))
+                    poller.unregister(sock)
+                    waiting.discard(sock)
+            elapsed = time.perf_counter() - start
+            after = listen_overflows()
+        finally:
+            ctx.destroy(linger=0)
+    assert len(replies) == clients and all(r["ok"] for r in replies)
+    record_figure("300 control clients at once: all answered after (s)", elapsed)
+    if before is not None:
+        record_figure("300 control clients at once: ListenOverflows (whole host)", after - before)
