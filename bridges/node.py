@@ -163,7 +163,7 @@ class InferenceNode:
         self._started_at = 0.0
         self._stopping = threading.Event()
         self._shutdown_requested = threading.Event()
-        self._stop_cause = "stopped by its owner"  # what asked for the stop: the final output's reason
+        self._stop_cause = "stop() called"  # what asked for the stop: the final output's reason
         self._cancel = Cancellation()  # set by stop(): the running prediction ends at its next step
         self._cancelled: Window | None = None  # the window whose prediction stop() cancelled (predict thread)
         self.interrupted: str | None = None  # what stop() interrupted: "prediction cancelled", ... or None
@@ -269,7 +269,7 @@ class InferenceNode:
         step boundary within timing.shutdown_timeout_s and was abandoned, still running."""
         if not self._threads:
             return True
-        self.request_shutdown("stopped by its owner")
+        self.request_shutdown("stop() called")
         phase = self.phase
         self._stopping.set()
         self._cancel.cancel()
@@ -464,9 +464,9 @@ class InferenceNode:
         id the ROUTER prepends, at most MAX_ROUTING_FRAMES routing frames and the request map (protocol.md,
         "Control"); one with more frames is an envelope no REQ or DEALER client sends: it is dropped unparsed
         as it is read, without a reply (echoing it would amplify it), and counted once at its last frame
-        (`control_rejected` "envelope"). libzmq hands over a message whole, so requests queued behind it are
-        read once it is dropped: replying to 100,001-frame envelopes kept `status` waiting 241 ms (p99,
-        issue 45); dropped unparsed, see benchmarks/node_hardening.py."""
+        (`control_rejected` "envelope"). Echoing such envelopes took 0.52-0.60 s each (issue 45). libzmq hands
+        a message over whole, so a request queued behind an envelope still waits for it to be read, at pyzmq's
+        1-12 us a frame (docs/protocol.md, "Envelope limit"; benchmarks/node_hardening.py)."""
         recv = control.recv
         for _ in range(DRAIN_BATCH):
             try:

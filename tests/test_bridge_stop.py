@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from alpamayo.cli import COMMANDS, build_parser, command_name
 from bridges.client import ControlClient, TrajectorySubscriber
 from bridges.protocol import TrajectoryMessage
 from tests.bridge_nodes import wait_until
@@ -144,3 +145,16 @@ def test_node_ctl_shutdown_exits_0_and_so_does_the_node(record_figure):
     assert '"cmd": "shutdown"' in ctl.stdout
     assert code == 0
     assert outputs[-1].invalid_reasons == ["node stopped: shutdown requested over the control socket"]
+
+
+def test_main_imports_only_the_named_command_and_each_module_registers_its_name():
+    """`alpamayo node-ctl` must not pay for torch: `main` imports the one module named by `command_name`."""
+    for module in COMMANDS:
+        (action,) = build_parser([module])._subparsers._group_actions
+        assert list(action.choices) == [command_name(module)]
+    probe = (
+        "import sys\nfrom alpamayo.cli import main\ntry:\n    main(['node-ctl', '--help'])\nexcept SystemExit:\n"
+        "    pass\nprint('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("False"), done.stderr
