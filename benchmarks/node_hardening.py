@@ -47,6 +47,7 @@ from bridges.client import ControlClient, FramePublisher
 from bridges.config import DEFAULT_CAMERAS
 from bridges.protocol import encode_frame
 from tests.images import lying_jpeg
+from tests.test_bridge_serve import camera_sim as test_camera_sim
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WIDTH, HEIGHT = 3840, 2160
@@ -109,28 +110,10 @@ def stats(latencies: list[float]) -> dict[str, float]:
     return {"replies": len(ordered), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": ordered[-1]}
 
 
-def camera_sim(endpoint: str, seconds: float, width: int = 1920, height: int = 1080) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "alpamayo.cli",
-        "camera-sim",
-        "--endpoint",
-        endpoint,
-        "--seconds",
-        str(seconds),
-    ]
-    cmd += [
-        "--rate",
-        "10",
-        "--cameras",
-        ",".join(DEFAULT_CAMERAS),
-        "--width",
-        str(width),
-        "--height",
-        str(height),
-    ]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+def camera_sim(endpoint: str, seconds: float) -> subprocess.Popen:
+    """`alpamayo camera-sim`: the default 4 cameras, 1920x1080 rgb8 at 10 Hz."""
+    size = ["--width", "1920", "--height", "1080", "--rate", "10"]
+    return test_camera_sim(endpoint, seconds, "--cameras", ",".join(DEFAULT_CAMERAS), *size)
 
 
 # ------------------------------------------------------------------------------------------------ loads

@@ -12,9 +12,9 @@ from pathlib import Path
 import msgpack
 import zmq
 
-from bridges.client import ControlClient
 from bridges.protocol import CONTROL_REQUEST_FRAMES
 from tests.bridge_nodes import node_config, running_node
+from tests.test_bridge_hardening import control_latencies_ms
 
 ENVELOPES, FRAMES = 10, 100_000
 
@@ -43,29 +43,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[round(q * (len(ordered) - 1))]
 
 
-def poll_status(control: ControlClient, until, timeout_s: float) -> tuple[list[float], dict]:
-    """`status` in a loop until `until(status)`; each reply's latency in ms, and the last status."""
-    latencies, deadline = [], time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        start = time.perf_counter()
-        status = control.status()
-        latencies.append((time.perf_counter() - start) * 1e3)
-        if until(status):
-            return latencies, status
-        time.sleep(0.002)
-    raise AssertionError(f"timed out after {timeout_s:g} s; last counters {status['counters']}")
-
-
 def test_envelopes_are_dropped_unread_without_a_reply_while_status_keeps_answering(record_figure):
     with running_node(None, node_config(warmup={"runs": 0})) as c:
         count = iter(range(200))
-        baseline, _ = poll_status(c.control, lambda s: next(count, None) is None, 60.0)  # 200 at idle
+        baseline = control_latencies_ms(c.control, lambda s: next(count, None) is None, 60.0)  # 200 at idle
         cmd = [sys.executable, "-c", SEND_ENVELOPES, c.node.endpoints["control"], str(ENVELOPES), str(FRAMES)]
         sender = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         try:
-            flood, status = poll_status(
+            flood = control_latencies_ms(
                 c.control, lambda s: s["counters"]["control_rejected"].get("envelope") == ENVELOPES, 120.0
             )
+            status = c.control.status()
             assert sender.wait(60) == 0
         finally:
             if sender.poll() is None:
