@@ -23,6 +23,7 @@ import torch
 
 from alpamayo.config import ModelConfig
 from alpamayo.expert.sampler import FlowSettings
+from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.trajectory_generation import GeneratedPlan
 
@@ -245,8 +246,10 @@ class TrajectoryDecoder(Protocol):
         noise: torch.Tensor | None = None,
         unguided: DecoderContext | None = None,
         tracer: Tracer | None = None,
+        cancel: Cancellation | None = None,
     ) -> torch.Tensor:
-        """[K, n_tokens, 2] float32 normalised actions, K = ctx.rows, from `noise` or seeded noise."""
+        """[K, n_tokens, 2] float32 normalised actions, K = ctx.rows, from `noise` or seeded noise; `cancel`
+        is checked before each Euler step (`alpamayo.prediction.PredictionCancelled`)."""
         ...
 
     def close(self) -> None:

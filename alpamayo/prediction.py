@@ -8,6 +8,7 @@ Frames (SI units, Alpamayo conventions):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -87,12 +88,40 @@ class Answer:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
+class PredictionCancelled(Exception):
+    """Raised at a step boundary of a prediction whose `Cancellation` was set: the prediction is abandoned and
+    returns nothing. The model stays usable: the next prediction prefills its prompt afresh."""
+
+
+class Cancellation:
+    """Stops a running prediction within one step, from any thread: its owner (the node, on shutdown) calls
+    `cancel`; the runtime passes it down and the loops call `check` between vision encodes, decode steps,
+    speculative verify blocks and Euler steps, on either backend (the ttnn loops are host loops too). One
+    step is the latency: a prefill or one frame's vision encode is not interrupted."""
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+
+    def cancel(self) -> None:
+        self._set.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._set.is_set()
+
+    def check(self) -> None:
+        """Raise `PredictionCancelled` once `cancel` has been called."""
+        if self._set.is_set():
+            raise PredictionCancelled("prediction cancelled")
+
+
 class Predictor(Protocol):
     """What the node and replay call once per tick (implemented by `AlpamayoVLA`).
 
     frames: camera index -> 4 HxWx3 uint8 RGB frames, oldest first (t0-0.3 .. t0 s);
     frame_times_ns: the same layout with each frame's start-of-frame time, used to cache per-frame vision
-    features (only new frames are encoded at each tick); route: optional navigation text.
+    features (only new frames are encoded at each tick); route: optional navigation text; cancel: stops the
+    prediction within one step (`PredictionCancelled`).
     """
 
     def predict(
@@ -104,6 +133,7 @@ class Predictor(Protocol):
         seed: int | None = None,
         frame_times_ns: Mapping[int, Sequence[int]] | None = None,
         stream: str | None = None,
+        cancel: Cancellation | None = None,
     ) -> Prediction: ...
 
     def reset(self) -> None:

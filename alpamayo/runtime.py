@@ -41,7 +41,7 @@ from alpamayo.expert.weights import has_expert_weights, stored_action_statistics
 from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
-from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, EgoHistory, Prediction
+from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, Cancellation, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
 from alpamayo.trajectory_generation import FILLER, GeneratedPlan, first_draft, generate_plans
 from alpamayo.vlm import VisionLanguageModel
@@ -310,6 +310,7 @@ class AlpamayoVLA:
         sampling: Sampling | None = None,
         noise: np.ndarray | None = None,
         stream: str | None = None,
+        cancel: Cancellation | None = None,
     ) -> Prediction:
         """See `alpamayo.prediction.Predictor`. `sampling` defaults to the model's (`self.sampling`: the
         family's unless given at construction); K > 1 samples need a temperature > 0, and with a seed the
@@ -318,8 +319,11 @@ class AlpamayoVLA:
         With the action expert, `noise` [K, 64, 2] is its initial noise (for reproducible comparisons); without
         it the noise is drawn per sample from `seed` (stream i depends only on (seed, i); greedy decoding with
         no seed uses seed 0, so a greedy prediction stays deterministic). `stream`: the stream this
-        prediction belongs to (a camera stream, a replayed drive, an eval clip), for the `previous` draft."""
+        prediction belongs to (a camera stream, a replayed drive, an eval clip), for the `previous` draft.
+        `cancel`: checked between vision encodes, after the prefill, and before each decode step, verify block
+        and Euler step; once set, `alpamayo.prediction.PredictionCancelled` is raised there."""
         sampling = sampling or self.sampling
+        cancel = cancel or Cancellation()
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
         if num_samples > 1 and sampling.greedy:
@@ -343,7 +347,7 @@ class AlpamayoVLA:
         mark = self.tracer.mark()
         history = self.planner.history(ego_history)
         prompt = self.planner.prompt(cameras, FRAMES_PER_CAMERA, history, route)
-        features = self._features(frames, frame_times_ns, prompt.images)
+        features = self._features(frames, frame_times_ns, prompt.images, cancel)
         ids = self.vlm.expand_image_pads(prompt.token_ids, features)
         self._ensure_cache(len(ids) + self.limits.decode_positions, num_samples)
         draft = self.draft
@@ -376,11 +380,12 @@ class AlpamayoVLA:
             draft=self.draft,
             draft_context=draft_ctx,
             first_draft=first,
+            cancel=cancel,
         )
         normalised = None
         if self.expert is not None:
             noise_seed = 0 if seed is None and sampling.greedy else seed
-            normalised = self._expert_actions(self.expert, ids, features, plans, noise_seed, initial)
+            normalised = self._expert_actions(self.expert, ids, features, plans, noise_seed, initial, cancel)
         with self.tracer.span("rollout", samples=num_samples):
             samples = self.planner.samples(plans, history, normalised)
         return Prediction(
@@ -400,6 +405,7 @@ class AlpamayoVLA:
         plans: Sequence[GeneratedPlan],
         seed: int | None,
         noise: torch.Tensor | None,
+        cancel: Cancellation,
     ) -> np.ndarray:
         """The action expert's [K, 64, 2] normalised actions after `generate_plans(trajectory_tokens=False)`."""
         vocab = self.planner.vocab
@@ -417,7 +423,7 @@ class AlpamayoVLA:
                 unguided = branch(
                     self.vlm, plain, features, plans, vocab.marker("traj_future_start"), vocab.marker(FILLER)
                 )
-            actions = decoder.sample(ctx, seed, noise, unguided, self.tracer)
+            actions = decoder.sample(ctx, seed, noise, unguided, self.tracer, cancel)
         return actions.double().cpu().numpy()
 
     def ask(
@@ -463,11 +469,15 @@ class AlpamayoVLA:
         frames: Mapping[int, Sequence[np.ndarray]],
         frame_times_ns: Mapping[int, Sequence[int]] | None,
         order: Sequence[tuple[int, int]],
+        cancel: Cancellation | None = None,
     ) -> list[ImageFeatures]:
-        """Features of every (camera, frame) in prompt order; cached frames are looked up, new ones encoded."""
+        """Features of every (camera, frame) in prompt order; cached frames are looked up, new ones encoded
+        (`cancel` is checked before each)."""
         self.cache.capacity = FeatureCache.capacity_for(len(frames))
+        cancel = cancel or Cancellation()
         out = []
         for cam, i in order:
+            cancel.check()
             key = None if frame_times_ns is None else (cam, int(frame_times_ns[cam][i]))
             cached = None if key is None else self.cache.get(key)
             if cached is not None:

@@ -26,6 +26,7 @@ import torch
 
 from alpamayo.drafts.base import Draft, DraftContext
 from alpamayo.generation import ForkableLM, TokenSampler, verify_token
+from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
 from planner.tokenizers import TrajectoryVocab
 
@@ -125,6 +126,7 @@ def _speculate(
     start_id: int,
     filler: int,
     tracer: Tracer | None,
+    cancel: Cancellation,
 ) -> None:
     """Decode every row's reasoning speculatively, up to (not including) its `<|traj_future_start|>`, which
     the caller feeds. `bias` [V]: the reasoning logit bias.
@@ -142,7 +144,7 @@ def _speculate(
     the kept prefix. Drafts stop before `<|traj_future_start|>`, so it is always emitted by the target and
     the cap (`limits.max_reasoning_tokens`) forces it at the same count as plain decoding. A target that
     verifies at most `max_verify_rows` rows x tokens gets blocks of up to max_verify_rows // K tokens (the
-    draft proposes fewer; which tokens are kept does not depend on it)."""
+    draft proposes fewer; which tokens are kept does not depend on it). `cancel` is checked before each block."""
     k = len(plans)
     cap, sampling, gens = limits.max_reasoning_tokens, sampler.sampling, sampler.generators
     block = (
@@ -183,6 +185,7 @@ def _speculate(
         for plan, j in zip(plans, opened, strict=True):
             plan.accepted_lengths.append(j + 1)
     while not all(done):
+        cancel.check()
         t0 = time.perf_counter_ns()
         room = [
             0 if done[r] else max(0, min(block - 1, cap - len(p.reasoning_token_ids)))
@@ -228,6 +231,7 @@ def generate_plans(
     draft: Draft | None = None,
     draft_context: DraftContext | None = None,
     first_draft: Sequence[int] = (),
+    cancel: Cancellation | None = None,
 ) -> list[GeneratedPlan]:
     """K = len(sampler.generators) samples after a prefill whose last-position logits are `first_logits` [V]
     (or [n + 1, V]: the prefill also verified the n tokens `first_draft` of `draft`, see `_speculate`).
@@ -244,8 +248,11 @@ def generate_plans(
     span), and the tracer gets one `draft` and one `verify` span per verify block. The model must then
     be a `SpeculativeLM` (`verify` and `rollback`: the torch `TextModel`, the ttnn text model, or a VLM
     around either).
+
+    `cancel` is checked before each decode step and each verify block (`PredictionCancelled`).
     """
     k = len(sampler.generators)
+    cancel = cancel or Cancellation()
     scored = first_logits if first_logits.dim() == 2 else first_logits.unsqueeze(0)
     if scored.dim() != 2 or scored.shape[0] != len(first_draft) + 1:
         raise ValueError(
@@ -278,6 +285,7 @@ def generate_plans(
             start_id,
             end_id,
             tracer,
+            cancel,
         )
         logits = model.decode(
             torch.full((k,), start_id)
@@ -288,6 +296,7 @@ def generate_plans(
             phase = [TRAJECTORY] * k
             t_switch = time.perf_counter_ns()
     while any(p != DONE for p in phase):
+        cancel.check()
         in_reasoning = torch.tensor([p == REASONING for p in phase], device=logits.device).unsqueeze(1)
         chosen = sampler(logits + torch.where(in_reasoning, masks.reasoning, masks.trajectory)).tolist()
         feed = []

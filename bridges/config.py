@@ -206,7 +206,10 @@ class TimingSection:
     # 10 periods at 10 Hz, openpilot SubMaster's `alive` rule (reference/bridge.md §1.2).
     stale_after_ms: float = 1000.0
     max_ego_extrapolation_ms: float = 50.0  # the newest ego pose may lag t0 by this much
-    shutdown_timeout_s: float = 5.0  # how long SIGTERM waits for the current prediction
+    # How long a stop waits for the running prediction to reach its next step boundary, where it is cancelled
+    # (`alpamayo.prediction.Cancellation`); a step that takes longer (a prefill on a slow host) is abandoned,
+    # still running, and `alpamayo serve` exits at once (os._exit), so a stop takes under a second either way.
+    shutdown_timeout_s: float = 0.5
     linger_ms: int = DEFAULT_LINGER_MS
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # ZMTP ping interval; peers are dropped after 3 missed
     # Clock sanity (docs/protocol.md "Clock rules"). A message further ahead of the other streams' clocks is

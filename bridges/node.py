@@ -6,8 +6,8 @@ Python API (what `alpamayo serve` and real-time replay use):
     node.endpoints       # {"input": [...], "output": ..., "control": ...}, bound `:*` ports resolved
     node.status()        # liveness, readiness, counters, per-stream state, last error (as the control reply)
     node.ingest(buf)     # feed one message in-process, through the same validation and counters as the socket
-    node.wait(timeout)   # True once a shutdown was requested (control `shutdown`, or request_shutdown())
-    node.stop()          # stop intake, finish (or after timing.shutdown_timeout_s abandon) the prediction, close
+    node.wait(timeout)   # True once a shutdown was requested (control `shutdown`, or request_shutdown(why))
+    node.stop()          # stop intake, cancel the prediction at its next step, publish why it stopped, close
 
 With `predictor=None` the node runs intake-only: sockets, validation, windows, counters and control work, and
 each window is answered with a valid=false output ("no model loaded"); the node never reports ready. This is
@@ -42,12 +42,24 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory, Prediction, Predictor
+from alpamayo.prediction import (
+    FRAMES_PER_CAMERA,
+    HISTORY_STEPS,
+    Cancellation,
+    EgoHistory,
+    Prediction,
+    PredictionCancelled,
+    Predictor,
+)
 from alpamayo.profiling import Tracer
 from bridges.config import NodeConfig
 from bridges.disconnects import Cause, DisconnectCauses
 from bridges.jpeg import DecodePool, JpegError
 from bridges.protocol import (
+    CONTROL_COMMANDS,
+    CONTROL_REQUEST_FRAMES,
+    MAX_CONTROL_BYTES,
+    MAX_ROUTING_FRAMES,
     CameraFrame,
     CameraTable,
     ProtocolError,
@@ -61,9 +73,13 @@ from bridges.window import InputState, Selection, StoredFrame, Window
 log = logging.getLogger(__name__)
 
 POLL_MS = 50  # intake and control poll timeout: how quickly their threads notice stop()
-DRAIN_BATCH = 256  # messages (or parts of a multipart one) drained before the intake thread polls again
-MAX_CONTROL_BYTES = 4096
-CONTROL_COMMANDS = ("status", "reset", "shutdown")
+# messages (or parts of a multipart one) drained before the intake thread polls again; control frames read
+# before the control thread polls its monitors again
+DRAIN_BATCH = 256
+# Connections the kernel queues for the control socket before libzmq accepts them (listen(2)'s backlog; the
+# kernel caps it at net.core.somaxconn, 4096 since Linux 5.4). libzmq's default of 100 overflowed in 2 of 5
+# runs of 300 clients connecting at once, and those clients waited the 1 s SYN retransmit (issue 45).
+CONTROL_BACKLOG = 1024
 NO_MODEL = "no model loaded (intake-only node)"
 # While no window forms (cameras not connected yet, a stream gone) a stale output goes out every period, 10 per
 # second: each is logged only when the set of stale streams changes, and otherwise once this often with the
@@ -99,6 +115,7 @@ class NodeCounters:
     rejected: dict[str, int] = field(default_factory=dict)
     predictions: int = 0
     prediction_errors: int = 0
+    predictions_cancelled: int = 0  # stopped at a step boundary by a shutdown (warm-up predictions too)
     published: int = 0
     published_invalid: int = 0
     # Input connections ended after a completed handshake, told apart by `bridges.disconnects`: by the node
@@ -108,6 +125,9 @@ class NodeCounters:
     peer_disconnects: int = 0
     auth_failures: int = 0  # failed handshakes on any node socket (HANDSHAKE_FAILED), whatever the mechanism
     control_requests: int = 0
+    # control requests answered with an error ("malformed": not a msgpack map; "command": an unknown cmd) or,
+    # "envelope", dropped unread without a reply (more frames than a REQ or DEALER client sends)
+    control_rejected: dict[str, int] = field(default_factory=dict)
     internal_errors: int = 0  # unexpected exceptions in a node thread (bugs); logged with their traceback
 
     def as_dict(self) -> dict[str, Any]:
@@ -143,6 +163,11 @@ class InferenceNode:
         self._started_at = 0.0
         self._stopping = threading.Event()
         self._shutdown_requested = threading.Event()
+        self._stop_cause = "stop() called"  # what asked for the stop: the final output's reason
+        self._cancel = Cancellation()  # set by stop(): the running prediction ends at its next step
+        self._cancelled: Window | None = None  # the window whose prediction stop() cancelled (predict thread)
+        self.interrupted: str | None = None  # what stop() interrupted: "prediction cancelled", ... or None
+        self._predicting_since: float | None = None  # monotonic s when the running prediction began
         self._new_input = threading.Event()
         self._answered_ns = 0  # perf_counter_ns when a window was last answered (or the node started)
         self._failed_handshake: set[zmq.Socket] = set()  # monitors whose next DISCONNECTED ends a failed one
@@ -156,6 +181,10 @@ class InferenceNode:
         self._reconnect: deque[str] = deque()
         # Parts received so far of the multipart message being discarded (intake thread only); 0 between messages.
         self._multipart_parts = 0
+        # Control thread only: the frames read so far of the request being read, and of an envelope being
+        # dropped (0 between requests).
+        self._request: list[bytes] = []
+        self._envelope_frames = 0
         # endpoint -> (monotonic s of its last "connected again" line, reconnects since): a camera whose every
         # frame is oversize is dropped and reconnected at its frame rate, logged once per STALE_LOG_EVERY_S
         self._reconnect_log: dict[str, tuple[float, int]] = {}
@@ -187,6 +216,7 @@ class InferenceNode:
         )
         pub = make_socket(ctx, zmq.PUB, **opts)
         control = make_socket(ctx, zmq.ROUTER, max_message_bytes=MAX_CONTROL_BYTES, **opts)
+        control.setsockopt(zmq.BACKLOG, CONTROL_BACKLOG)
         sockets = (sub, pub, control)
         # Monitors before bind/connect: a connecting input's CONNECTED can come at once, and its fd is needed.
         monitors = {sock.get_monitor_socket(MONITORED): sock for sock in sockets}
@@ -220,8 +250,12 @@ class InferenceNode:
         log.info("node listening: %s", self.endpoints)
         return self
 
-    def request_shutdown(self) -> None:
-        """Ask the owner to stop (what the control `shutdown` command and SIGTERM do); see `wait`."""
+    def request_shutdown(self, cause: str = "shutdown requested") -> None:
+        """Ask the owner to stop (what the control `shutdown` command and SIGTERM do); see `wait`. The first
+        request's `cause` ("SIGTERM received") is the reason the node's last output gives."""
+        # no lock: a second signal can arrive while the main thread is in here
+        if not self._shutdown_requested.is_set():
+            self._stop_cause = cause
         self._shutdown_requested.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -229,25 +263,33 @@ class InferenceNode:
         return self._shutdown_requested.wait(timeout)
 
     def stop(self) -> bool:
-        """Stop intake, let the current prediction finish for at most timing.shutdown_timeout_s, close every
-        socket with the configured linger. Returns False if the prediction was abandoned."""
+        """Stop intake and control, cancel the running prediction (or warm-up) at its next step boundary,
+        publish a last valid=false output saying why the node stopped (answering the cancelled window, if
+        any), close every socket with the configured linger. Returns False if the prediction did not reach a
+        step boundary within timing.shutdown_timeout_s and was abandoned, still running."""
         if not self._threads:
             return True
-        self._shutdown_requested.set()
+        self.request_shutdown("stop() called")
+        phase = self.phase
         self._stopping.set()
+        self._cancel.cancel()
         self._new_input.set()
         intake, control, predict = self._threads
         intake.join()
         control.join()
-        # A warm-up prediction publishes nothing: it is abandoned at once, so a signal during warm-up ends
-        # the process in well under a second.
-        timeout_s = 0 if self._warming.is_set() else self.config.timing.shutdown_timeout_s
+        timeout_s = self.config.timing.shutdown_timeout_s
         predict.join(timeout_s)
         finished = not predict.is_alive()
         if not finished:
-            log.warning("%s still running after %.1f s: abandoned", self.phase, timeout_s)
+            self.interrupted = f"{phase} abandoned"
+            log.warning("%s still running after %.1f s: abandoned", phase, timeout_s)
         self.decoder.close()
-        with self._pub_lock:
+        reason = f"node stopped: {self._stop_cause}"
+        if self.interrupted is not None:
+            reason += f", {self.interrupted}"
+        window = self._cancelled if finished else None
+        with self._pub_lock:  # the last output: an abandoned prediction can publish nothing after it
+            self._send(self._message(window, [reason], time.perf_counter_ns()), window)
             self._pub.close()
             self._pub = None
         self._close_context()
@@ -417,34 +459,75 @@ class InferenceNode:
             control.close()
 
     def _serve_control(self, control: zmq.Socket) -> None:
-        while True:
+        """Read control requests frame by frame, DRAIN_BATCH frames per call (the control loop serves the
+        socket monitors and notices stop() in between), and answer each complete one. A request is the routing
+        id the ROUTER prepends, at most MAX_ROUTING_FRAMES routing frames and the request map (protocol.md,
+        "Control"); one with more frames is an envelope no REQ or DEALER client sends: it is dropped unparsed
+        as it is read, without a reply (echoing it would amplify it), and counted once at its last frame
+        (`control_rejected` "envelope"). Echoing such envelopes took 0.52-0.60 s each (issue 45). libzmq hands
+        a message over whole, so a request queued behind an envelope still waits for it to be read, at pyzmq's
+        1-12 us a frame (docs/protocol.md, "Envelope limit"; benchmarks/node_hardening.py)."""
+        recv = control.recv
+        for _ in range(DRAIN_BATCH):
             try:
-                frames = control.recv_multipart(zmq.NOBLOCK)
+                frame = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            with self._lock:
-                self.counters.control_requests += 1
-            reply = {"ok": False, "error": "internal error, see the node's log"}
-            with self._guard("control"):
-                reply = self.control_reply(frames[-1])
-            control.send_multipart([*frames[:-1], msgpack.packb(reply, use_bin_type=True)])
+            if self._envelope_frames:  # dropping an envelope
+                self._envelope_frames += 1
+                if not frame.more:
+                    self._count_envelope()
+            elif frame.more and len(self._request) == CONTROL_REQUEST_FRAMES - 1:
+                self._envelope_frames, self._request = len(self._request) + 1, []
+            elif frame.more:
+                self._request.append(frame.bytes)
+            else:
+                frames, self._request = [*self._request, frame.bytes], []
+                self._answer(control, frames)
+
+    def _answer(self, control: zmq.Socket, frames: list[bytes]) -> None:
+        """Reply to one request: its envelope (every frame but the last) back, then the reply map."""
+        with self._lock:
+            self.counters.control_requests += 1
+        reply = {"ok": False, "error": "internal error, see the node's log"}
+        with self._guard("control"):
+            reply = self.control_reply(frames[-1])
+        control.send_multipart([*frames[:-1], msgpack.packb(reply, use_bin_type=True)])
+
+    def _count_envelope(self) -> None:
+        frames, self._envelope_frames = self._envelope_frames, 0
+        message = (
+            f"a control request of {frames} ZeroMQ frames; a request is at most {CONTROL_REQUEST_FRAMES} (the "
+            f"routing id, {MAX_ROUTING_FRAMES} routing frames, the request): dropped unread, no reply"
+        )
+        with self._lock:
+            self.counters.control_requests += 1
+            self.counters.control_rejected["envelope"] = self.counters.control_rejected.get("envelope", 0) + 1
+            self._last_error = ("control_envelope", message, time.monotonic())
+        log.debug("control request dropped (envelope): %s", message)
 
     def control_reply(self, body: bytes) -> dict[str, Any]:
         """Answer one control request: a msgpack map {"cmd": "status" | "reset" | "shutdown"}."""
         try:
             request = msgpack.unpackb(body, raw=False, max_array_len=16, max_map_len=16)
         except (ValueError, TypeError) as e:
-            return {"ok": False, "error": f"request is not valid msgpack: {e}"}
+            return self._control_error("malformed", f"request is not valid msgpack: {e}")
         cmd = request.get("cmd") if isinstance(request, dict) else None
         if cmd not in CONTROL_COMMANDS:
-            return {"ok": False, "error": f"cmd {cmd!r} is not one of: {', '.join(CONTROL_COMMANDS)}"}
+            return self._control_error("command", f"cmd {cmd!r} is not one of: {', '.join(CONTROL_COMMANDS)}")
         if cmd == "reset":
             self.state.reset()
             log.info("reset: frame rings and ego history cleared")
         elif cmd == "shutdown":
             log.info("shutdown requested over the control socket")
-            self.request_shutdown()
+            self.request_shutdown("shutdown requested over the control socket")
         return {"ok": True, "cmd": cmd, **self.status()}
+
+    def _control_error(self, reason: str, message: str) -> dict[str, Any]:
+        """The reply to a bad control request, counted under `reason` in `control_rejected`."""
+        with self._lock:
+            self.counters.control_rejected[reason] = self.counters.control_rejected.get(reason, 0) + 1
+        return {"ok": False, "error": message}
 
     def status(self) -> dict[str, Any]:
         """Liveness (both threads running), readiness (warmed up, inputs fresh, not stopping), counters,
@@ -462,11 +545,13 @@ class InferenceNode:
             counters = self.counters.as_dict()
             connections = self._input_connections
             error, output = self._last_error, self._last_output
+        since = self._predicting_since
         return {
             "alive": bool(self._threads) and all(t.is_alive() for t in self._threads),
             "ready": not not_ready,
             "not_ready_reasons": not_ready,
             "uptime_s": time.monotonic() - self._started_at,
+            "prediction_running_s": None if since is None else time.monotonic() - since,
             "endpoints": self.endpoints,
             "counters": counters,
             "input_connections": connections,
@@ -584,6 +669,9 @@ class InferenceNode:
         try:
             for _ in range(w.runs):
                 self._call_predictor(frames, ego, None)
+        except PredictionCancelled:
+            self._count_cancelled("warm-up", None)
+            return
         except Exception as e:  # a failing model must leave the node up, to report it in `status`
             self._record_error("warmup", f"warm-up prediction failed: {type(e).__name__}: {e}")
             log.error("warm-up failed: %s", e)
@@ -600,15 +688,27 @@ class InferenceNode:
         frame_times_ns: dict[int, list[int]] | None,
     ) -> Prediction:
         m = self.config.model
-        return self.predictor.predict(
-            frames,
-            ego,
-            route=m.route,
-            num_samples=m.num_samples,
-            seed=m.seed,
-            frame_times_ns=frame_times_ns,
-            stream=f"node-epoch-{self._predictor_epoch}",  # the camera streams since they last (re)started
-        )
+        self._predicting_since = time.monotonic()
+        try:
+            return self.predictor.predict(
+                frames,
+                ego,
+                route=m.route,
+                num_samples=m.num_samples,
+                seed=m.seed,
+                frame_times_ns=frame_times_ns,
+                stream=f"node-epoch-{self._predictor_epoch}",  # the camera streams since they last (re)started
+                cancel=self._cancel,
+            )
+        finally:
+            self._predicting_since = None
+
+    def _count_cancelled(self, phase: str, window: Window | None) -> None:
+        """A prediction (of `window`; None: a warm-up one) that stop() cancelled: stop() publishes its answer."""
+        self._cancelled, self.interrupted = window, f"{phase} cancelled"
+        with self._lock:
+            self.counters.predictions_cancelled += 1
+        log.info("%s cancelled at a step boundary", phase)
 
     def _predict(self, window: Window, window_ms: float) -> None:
         if self.predictor is None:
@@ -626,6 +726,9 @@ class InferenceNode:
                 raise ValueError(
                     f"waypoints {list(xyz.shape)}, heading {list(heading.shape)} for {len(prediction.t_s)} times"
                 )
+        except PredictionCancelled:
+            self._count_cancelled("prediction", window)
+            return
         except Exception as e:  # one bad window must not stop the node; it is reported and published
             message = f"prediction failed: {type(e).__name__}: {e}"
             self._record_error("prediction", message)
@@ -671,12 +774,16 @@ class InferenceNode:
         with self._pub_lock:
             if self._pub is None:  # stopped while an abandoned prediction ran
                 return
-            msg.seq = self._seq
-            self._seq += 1
-            with self.tracer.span("serialise", seq=msg.seq):
-                data = encode_trajectory(msg)
-            with self.tracer.span("publish", seq=msg.seq, bytes=len(data)):
-                self._pub.send(data)
+            self._send(msg, window)
+
+    def _send(self, msg: TrajectoryMessage, window: Window | None) -> None:
+        """Publish `msg` (answering `window`, or None) and count it; the caller holds `_pub_lock`."""
+        msg.seq = self._seq
+        self._seq += 1
+        with self.tracer.span("serialise", seq=msg.seq):
+            data = encode_trajectory(msg)
+        with self.tracer.span("publish", seq=msg.seq, bytes=len(data)):
+            self._pub.send(data)
         end = time.perf_counter_ns()
         if window is not None:
             self.tracer.record(

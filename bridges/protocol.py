@@ -356,6 +356,18 @@ def _kind(value: object) -> str:
     return "nil" if value is None else type(value).__name__
 
 
+# ------------------------------------------------------------------------------------------------ control
+
+CONTROL_COMMANDS = ("status", "reset", "shutdown")
+MAX_CONTROL_BYTES = 4096  # the largest control frame (ZMQ_MAXMSGSIZE of the control socket)
+# Frames a REQ or DEALER client puts before its request map: a REQ with ZMQ_REQ_CORRELATE (`ControlClient`)
+# sends a request id and the empty delimiter, a plain REQ the delimiter, a DEALER none or the delimiter.
+MAX_ROUTING_FRAMES = 2
+# The most frames of a control request as the node's ROUTER reads it: the peer's routing id (the ROUTER
+# prepends it), the routing frames, the request map.
+CONTROL_REQUEST_FRAMES = 1 + MAX_ROUTING_FRAMES + 1
+
+
 # ----------------------------------------------------------------------------------------------- encoding
 
 

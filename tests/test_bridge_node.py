@@ -68,6 +68,7 @@ def test_control_reset_and_shutdown_and_bad_requests():
         }
         assert c.node.control_reply(b"\xc1")["error"].startswith("request is not valid msgpack")
         assert c.node.control_reply(msgpack.packb([1]))["ok"] is False
+        assert c.counters()["control_rejected"] == {"command": 2, "malformed": 1}
         assert not c.node.wait(0)
         assert c.control.shutdown()["ok"]
         assert c.node.wait(1.0)

@@ -6,7 +6,7 @@ import argparse
 import signal
 import threading
 
-from alpamayo.commands.common import add_curve_client_args, curve_client_keys
+from alpamayo.commands.curve_client import add_curve_client_args, curve_client_keys
 from bridges.camera_sim import CameraSim, SyntheticDrive
 from bridges.client import FramePublisher
 from bridges.config import DEFAULT_CAMERAS

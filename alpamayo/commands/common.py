@@ -17,7 +17,6 @@ from alpamayo.expert.sampler import FlowSettings
 from alpamayo.families.loader import check_checkpoint
 from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.runtime import AlpamayoVLA
-from bridges.sockets import CurveClientKeys
 
 RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
 MOE_CONFIG_HELP = (
@@ -240,17 +239,3 @@ def model_fields(args: argparse.Namespace) -> dict[str, Any]:
         quant=QuantRecipe(args.quant, args.quant_group, args.quant_head),
         quant_cache=args.quant_cache,
     )
-
-
-def add_curve_client_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--curve-key", help="CURVE: this client's NAME.key_secret file (enables CURVE)")
-    parser.add_argument("--curve-server-key", help="CURVE: the node's public NAME.key file")
-
-
-def curve_client_keys(args: argparse.Namespace) -> CurveClientKeys | None:
-    """The CURVE client keys named by --curve-key/--curve-server-key, or None when CURVE is off."""
-    if (args.curve_key is None) != (args.curve_server_key is None):
-        raise ValueError("--curve-key and --curve-server-key must be given together")
-    if args.curve_key is None:
-        return None
-    return CurveClientKeys.from_files(args.curve_key, args.curve_server_key)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from alpamayo.commands.common import add_curve_client_args, curve_client_keys
+from alpamayo.commands.curve_client import add_curve_client_args, curve_client_keys
 from bridges.client import ControlClient
-from bridges.node import CONTROL_COMMANDS
+from bridges.protocol import CONTROL_COMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

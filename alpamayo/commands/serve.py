@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
-import signal
 import sys
 import threading
+from typing import NoReturn
 
 import yaml
 
 from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples
 from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
+from alpamayo.commands.stop_signals import StopSignals
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
 from alpamayo.expert.sampler import FlowSettings
@@ -75,6 +77,8 @@ def effective_config(args: argparse.Namespace) -> NodeConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`args.stop_signals`: the SIGINT/SIGTERM handler `alpamayo.cli.main` installed before the imports."""
+    signals: StopSignals = args.stop_signals
     config = effective_config(args)
     print("# effective node config")
     print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="", flush=True)
@@ -90,46 +94,39 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stdout,
     )
-    # Signals are taken from here on, whatever is running: the model load happens on a worker thread so the
-    # main thread stays free to act on them (a load is one long call into torch or ttnn that Python signal
-    # handlers cannot interrupt).
-    signalled = threading.Event()
-    received: list[str] = []  # the signal's name, for the stderr line
+    # From here a signal stops the node (or abandons the model load) instead of exiting at once. The load runs
+    # on a worker thread so the main thread stays free to act on signals (a load is one long call into torch
+    # or ttnn that Python signal handlers cannot interrupt).
     node: InferenceNode | None = None
 
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(signal.Signals(signum).name)
-        signalled.set()
+    def stop_node(cause: str) -> None:
         if node is not None:
-            node.request_shutdown()
+            node.request_shutdown(cause)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    model = None if args.no_model else _load_or_abandon(config, signalled, received)
+    signals.take_over(stop_node)
+    model = None if args.no_model else _load_or_abandon(config, signals)
     try:
         node = InferenceNode(model, config).start()
     except BaseException:
         _close(model)
         raise
-    if signalled.is_set():
-        node.request_shutdown()
+    if signals.received:
+        node.request_shutdown(f"{signals.received[0]} received")
     print(f"serving: {node.endpoints}", flush=True)
     while not node.wait(0.2):
         pass
-    phase = node.phase
     finished = node.stop()
-    cause = f"{received[0]} received" if received else "shutdown requested"
+    cause = f"{signals.received[0]} received" if signals.received else "shutdown requested"
+    stopped = "stopped" if node.interrupted is None else f"stopped, {node.interrupted}"
+    print("stopped" if node.interrupted is None else f"stopped ({node.interrupted})", flush=True)
+    print(f"alpamayo serve: {cause}: {stopped}", file=sys.stderr, flush=True)
     if finished:
-        print("stopped", flush=True)
-        print(f"alpamayo serve: {cause}: stopped", file=sys.stderr, flush=True)
         _close(model)
-        return 0
-    print(f"stopped ({phase} abandoned)", flush=True)
-    print(f"alpamayo serve: {cause}: stopped, {phase} abandoned", file=sys.stderr)
+        _exit_now(clean=True)
     _exit_now()
 
 
-def _load_or_abandon(config: NodeConfig, signalled: threading.Event, received: list[str]) -> AlpamayoVLA:
+def _load_or_abandon(config: NodeConfig, signals: StopSignals) -> AlpamayoVLA:
     """Load the model on a worker thread; on SIGINT/SIGTERM meanwhile, leave at once with exit 0."""
     result: list = []
 
@@ -142,11 +139,11 @@ def _load_or_abandon(config: NodeConfig, signalled: threading.Event, received: l
     print(f"loading model from {config.model.checkpoint}", flush=True)
     loader = threading.Thread(target=load, name="serve-load", daemon=True)
     loader.start()
-    while loader.is_alive() and not signalled.wait(0.05):
+    while loader.is_alive() and not signals.event.wait(0.05):
         pass
-    if signalled.is_set():
+    if signals.received:
         print(
-            f"alpamayo serve: {received[0]} received during model load: exiting, load abandoned",
+            f"alpamayo serve: {signals.received[0]} received during model load: exiting, load abandoned",
             file=sys.stderr,
         )
         _exit_now()
@@ -155,9 +152,15 @@ def _load_or_abandon(config: NodeConfig, signalled: threading.Event, received: l
     return result[0]
 
 
-def _exit_now() -> None:
-    """Exit 0 while a thread may still be inside torch (an abandoned load or prediction)."""
-    # The abandoned work is still running in a daemon thread, inside torch (or on the ttnn device, which is
+def _exit_now(clean: bool = False) -> NoReturn:
+    """Exit 0 without finalising the interpreter: at once while a thread may still be inside torch (an
+    abandoned load or prediction), or, `clean`, after the atexit handlers (logging's flush, pyzmq's, torch's)
+    once everything is closed. Finalising tears down every imported module (torch, transformers, pandas, ...):
+    2.8-3.2 s measured under load (importing alpamayo.commands.serve, then exiting), which a supervisor
+    stopping the node would wait through, for nothing of ours."""
+    if clean:
+        atexit._run_exitfuncs()
+    # Abandoned work is still running in a daemon thread, inside torch (or on the ttnn device, which is
     # therefore not closed). Finalising the interpreter under it aborts the process: on CPython 3.12 and 3.13
     # the thread, re-taking the GIL in the destructor of torch's `pybind11::gil_scoped_release`, is ended with
     # pthread_exit, and the forced unwind through that noexcept destructor calls std::terminate (SIGABRT,

@@ -23,6 +23,7 @@ from alpamayo.contract import DecoderContext, ImageFeatures, PromptModel, TextBa
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.expert.model import ActionExpert, ExpertContext
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, euler_sample, noise_for
+from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.model import TextModel
@@ -140,6 +141,7 @@ class ExpertDecoder:
         noise: torch.Tensor | None = None,
         unguided: DecoderContext | None = None,
         tracer: Tracer | None = None,
+        cancel: Cancellation | None = None,
     ) -> torch.Tensor:
         """[K, 64, 2] float32 normalised actions, K = ctx.rows: Euler steps from `noise` (or seeded noise).
         `ctx` and `unguided`: this decoder's `context` / `unguided_context`."""
@@ -153,6 +155,7 @@ class ExpertDecoder:
             None if unguided is None else self.step(_own(unguided)),
             1.0 if self.settings.guidance is None else self.settings.guidance,
             tracer,
+            cancel,
         )
 
     def step(self, ctx: ExpertContext) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

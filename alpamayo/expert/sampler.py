@@ -20,6 +20,7 @@ import torch
 
 from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
 from alpamayo.generation import row_seeds
+from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
 
 Velocity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x [K, T, 2], t [K] -> v [K, T, 2]
@@ -89,11 +90,12 @@ def euler_sample(
     unguided: Velocity | None = None,
     guidance: float = 1.0,
     tracer: Tracer | None = None,
+    cancel: Cancellation | None = None,
 ) -> torch.Tensor:
     """Integrate x0 [K, T, 2] float32 from t = 0 to 1 in `steps` Euler steps -> [K, T, 2] float32.
 
     With `unguided`, each step mixes (1 - guidance) unguided + guidance guided velocities (two forwards). With a
-    tracer, each step is an `expert_step` span (args: step, t).
+    tracer, each step is an `expert_step` span (args: step, t). `cancel` is checked before each step.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"flow steps must be an integer >= 1, got {steps!r}")
@@ -101,7 +103,9 @@ def euler_sample(
     x = x0.float()
     rows = x.shape[0]
     tracer = tracer or Tracer(enabled=False)
+    cancel = cancel or Cancellation()
     for k in range(steps):
+        cancel.check()
         t = times[k].expand(rows)
         with tracer.span("expert_step", step=k, t=float(times[k])):
             v = velocity(x, t)

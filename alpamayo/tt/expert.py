@@ -64,7 +64,7 @@ from alpamayo.expert.decoding import offsets_after_reasoning
 from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise, noise_for
 from alpamayo.expert.weights import validate_expert_tensors
-from alpamayo.prediction import FUTURE_STEPS
+from alpamayo.prediction import FUTURE_STEPS, Cancellation
 from alpamayo.profiling import Tracer
 from alpamayo.trajectory_generation import GeneratedPlan
 from alpamayo.tt import ttnn_configs as cfgs
@@ -450,6 +450,7 @@ class TTActionExpert(DeviceIO):
         rope_delta: int,
         steps: int | None = None,
         traced: bool = True,
+        cancel: Cancellation | None = None,
     ) -> torch.Tensor:
         """Integrate `noise` [K, 64, 2] (float32, normalised) over `steps` Euler steps (the config's by
         default), sample b against cache slot b -> [K, 64, 2] float32 normalised (accel, curvature).
@@ -457,7 +458,7 @@ class TTActionExpert(DeviceIO):
         `offsets`: per sample, its slot's cache index of `<|traj_future_start|>` plus 1 (an int: every
         sample's); `rope_delta`: the text model's M-RoPE delta. Traced (default; card only, a dry run falls
         back to untraced): step 0 compiles the step eagerly, the step is captured once per slot count and
-        replayed for the rest; untraced: every step runs eagerly."""
+        replayed for the rest; untraced: every step runs eagerly. `cancel` is checked before each step."""
         noise, offsets = self._check(torch.as_tensor(noise), offsets)
         steps = steps or self.cfg.num_inference_steps
         samples = noise.shape[0]
@@ -465,10 +466,12 @@ class TTActionExpert(DeviceIO):
         ttnn = self.ttnn
         state = self._setup(self.text.max_batch, steps)
         b = state["buffers"]
+        cancel = cancel or Cancellation()
         with self.tracer.span("tt.expert_prepare"):
             self._write_noise(state, noise)
             self._prepare(state, offsets, rope_delta)
         for k in range(steps):
+            cancel.check()
             ttnn.copy(state["t_rows"][k], b["t"])
             with self.tracer.span("expert_step", step=k, traced=traced):
                 if traced and state["trace"] is not None:
@@ -576,6 +579,7 @@ class TTExpertDecoder:
         noise: torch.Tensor | None = None,
         unguided: DecoderContext | None = None,
         tracer: Tracer | None = None,
+        cancel: Cancellation | None = None,
     ) -> torch.Tensor:
         """[K, 64, 2] float32 normalised actions, K = ctx.rows (traced Euler steps on the device); `ctx`: this
         decoder's `context`."""
@@ -588,4 +592,4 @@ class TTExpertDecoder:
         x0 = noise_for(ctx.rows, FUTURE_STEPS, self.settings, seed, noise)
         if tracer is not None:
             self.expert.tracer = tracer
-        return self.expert.sample(x0, ctx.offsets, ctx.rope_delta, self.steps)
+        return self.expert.sample(x0, ctx.offsets, ctx.rope_delta, self.steps, cancel=cancel)
