@@ -16,6 +16,7 @@ from alpamayo.runtime import AlpamayoVLA
 from bridges.camera_sim import CameraSim, SyntheticCamera, SyntheticDrive
 from bridges.client import FramePublisher
 from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
+from tests.protocol_doc import doc_problems, plain_subscriber, received
 
 MS = 1_000_000
 PERIOD_NS = 100 * MS
@@ -55,13 +56,23 @@ def window_inputs(t0_tick: int, drive: SyntheticDrive) -> tuple[dict, EgoHistory
 
 def test_frames_in_valid_trajectory_out_equal_to_a_direct_prediction(vla, record_figure):
     config = node_config(warmup={"runs": 1}, timing={"stale_after_ms": 600_000})
+    seen: list[bytes] = []
     with running_node(vla, config) as c:
         assert "model not warmed up yet" in c.control.status()["not_ready_reasons"]
         wait_until(lambda: c.node.warmed_up, MODEL_TIMEOUT_S, "the warm-up prediction")
-        simulate(c.publisher, ticks=16)
-        msg = wait_until(lambda: answering_window(c.subscriber.recv(1.0)), MODEL_TIMEOUT_S, "the trajectory")
+        # a plain SUB socket beside the subscriber, for the output's bytes as published (read once subscribed:
+        # the node publishes once per period while it has no window)
+        with plain_subscriber(c.node.endpoints["output"]) as plain:
+            wait_until(lambda: plain.poll(100), 10.0, "a first output on a plain SUB socket")
+            simulate(c.publisher, ticks=16)
+            msg = wait_until(
+                lambda: answering_window(c.subscriber.recv(1.0)), MODEL_TIMEOUT_S, "the trajectory"
+            )
+            published = wait_until(lambda: received(plain, seen, msg.seq), 10.0, "the trajectory, plain")
         status = c.control.status()
         assert status["ready"], status["not_ready_reasons"]
+    # docs/protocol.md's table read with plain msgpack, as a subscriber written from the doc would
+    assert doc_problems(published) == []
     assert msg.valid and msg.invalid_reasons == []
     assert msg.t0_ns == T_START + 15 * PERIOD_NS
     assert [(w.name, w.frame_ids) for w in msg.cameras] == [(n, [12, 13, 14, 15]) for n in CAMERAS]
