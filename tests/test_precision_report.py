@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from alpamayo.cli import main
@@ -18,6 +19,7 @@ from alpamayo.demo_drive import make_demo_drive
 from alpamayo.families.loader import load_model_config
 from alpamayo.tt.memory import plan_memory
 from alpamayo.tt.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS
+from alpamayo.tt.precision_planner import DriveRun, _drive_figures
 
 # 1.7 s of one camera: ticks at t0 = 1.5 and 1.6 s (as tests/test_replay.py)
 DRIVE = {"seconds": 1.7, "cameras": 1, "seed": 5, "size": (72, 128)}
@@ -187,3 +189,41 @@ def test_the_expert_group_reaches_the_action_experts_velocity_and_waypoints(
     assert figures["bf16"]["ade_drift_m"] < figures["bfp4-expert"]["ade_drift_m"]
     table = report.table()
     assert "expert v PCC min" in table and "action expert velocity PCC per Euler step" in table
+
+
+def test_drive_figures_compare_runs_whose_tokens_and_trajectories_vary():
+    """The drive comparison on two lock-step runs that part (the demo checkpoint emits one token for all 128
+    positions under every recipe, so its drive figures cannot tell a right comparison from a constant one):
+    token agreement is the mean over ticks of the positions that agree, the drift the mean over ticks of the
+    XY ADE between the two trajectories, each model's ADE to the recorded future over the ticks that have
+    one. Expected values from numpy on the definitions (the module docstring)."""
+    rng = np.random.default_rng(0)
+    ref_tokens = [rng.integers(3000, 4000, 128).tolist() for _ in range(3)]
+    run_tokens = [list(t) for t in ref_tokens]
+    run_tokens[0][:32] = [t + 1 for t in run_tokens[0][:32]]  # 96 / 128 agree
+    run_tokens[2] = [t + 1 for t in run_tokens[2]]  # none agree
+    ref_xyz = [np.cumsum(rng.normal(1.0, 0.2, (64, 3)), 0) for _ in range(3)]
+    run_xyz = [xyz.copy() for xyz in ref_xyz]
+    run_xyz[0][:, :2] += [3.0, 4.0]  # 5 m everywhere in XY
+    run_xyz[2][32:, 2] += 7.0  # Z only: no XY drift
+    future = [ref_xyz[0] + [0.0, 1.0, 0.0], None, ref_xyz[2] - [2.0, 0.0, 0.0]]
+    ref, run = DriveRun(ref_tokens, ref_xyz, future), DriveRun(run_tokens, run_xyz, future)
+    got = _drive_figures(ref, run)
+
+    def xy_ade(a, b):
+        return float(np.mean(np.linalg.norm(a[:, :2] - b[:, :2], axis=1)))
+
+    assert got["ticks"] == 3
+    assert got["token_agreement"] == pytest.approx(np.mean([96 / 128, 1.0, 0.0]))
+    assert got["ade_drift_m"] == pytest.approx(
+        np.mean([xy_ade(a, b) for a, b in zip(ref_xyz, run_xyz, strict=True)])
+    )
+    assert got["ade_drift_m"] == pytest.approx(5.0 / 3)
+    assert got["ade_reference_m"] == pytest.approx(np.mean([1.0, 2.0]))
+    assert got["ade_recipe_m"] == pytest.approx(np.mean([xy_ade(run_xyz[0], future[0]), 2.0]))
+    # a run against itself agrees on every token and does not drift
+    same = _drive_figures(ref, ref)
+    assert (same["token_agreement"], same["ade_drift_m"]) == (1.0, 0.0)
+    # without any recorded future there is nothing to compare each model with
+    blind = DriveRun(ref_tokens, ref_xyz, [None] * 3)
+    assert set(_drive_figures(blind, blind)) == {"ticks", "token_agreement", "ade_drift_m"}
