@@ -18,10 +18,33 @@ from typing import Any
 import msgpack
 import zmq
 
+from bridges.protocol import CameraWindow, TrajectoryMessage
+
 PROTOCOL_DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 OUTPUT_HEADING = "## Output message (node PUB)"
 
 Check = Callable[[Any], bool]
+
+# An output with every field filled: one camera, 128 tokens, 64 waypoints, timings.
+FULL_TRAJECTORY = TrajectoryMessage(
+    seq=3,
+    t0_ns=123,
+    valid=True,
+    invalid_reasons=[],
+    cameras=[CameraWindow("front", 1, [4, 5, 6, 7], [1, 2, 3, 4])],
+    token_ids=list(range(128)),
+    t=[0.1 * (i + 1) for i in range(64)],
+    x=[float(i) for i in range(64)],
+    y=[0.5] * 64,
+    z=[0.0] * 64,
+    heading=[0.01] * 64,
+    reasoning="Keep lane; the road ahead is clear.",
+    decoder="tokens",
+    frame_age_ms=81.5,
+    frame_drop_perc=12.5,
+    model_execution_ms=75.0,
+    timings_ms={"vision": 20.0, "prefill": 30.0},
+)
 
 
 def output_table(doc: Path = PROTOCOL_DOC) -> dict[str, dict[str, str]]:

@@ -12,9 +12,10 @@ import pytest
 
 from bridges.camera_sim import CameraSim
 from bridges.node import NO_MODEL
-from bridges.protocol import CameraWindow, TrajectoryMessage, encode_trajectory
+from bridges.protocol import TrajectoryMessage, encode_trajectory
 from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, node_config, running_node, wait_until
 from tests.protocol_doc import (
+    FULL_TRAJECTORY,
     PROTOCOL_DOC,
     doc_problems,
     inner_keys,
@@ -22,26 +23,6 @@ from tests.protocol_doc import (
     plain_subscriber,
     received,
     type_check,
-)
-
-FULL = TrajectoryMessage(
-    seq=3,
-    t0_ns=123,
-    valid=True,
-    invalid_reasons=[],
-    cameras=[CameraWindow("front", 1, [4, 5, 6, 7], [1, 2, 3, 4])],
-    token_ids=list(range(128)),
-    t=[0.1 * (i + 1) for i in range(64)],
-    x=[float(i) for i in range(64)],
-    y=[0.5] * 64,
-    z=[0.0] * 64,
-    heading=[0.01] * 64,
-    reasoning="Keep lane; the road ahead is clear.",
-    decoder="tokens",
-    frame_age_ms=81.5,
-    frame_drop_perc=12.5,
-    model_execution_ms=75.0,
-    timings_ms={"vision": 20.0, "prefill": 30.0},
 )
 
 
@@ -77,13 +58,13 @@ def test_type_cells_mean_what_a_typed_consumer_reads(text, good, bad):
 
 
 def test_encoded_messages_follow_the_doc():
-    assert doc_problems(encode_trajectory(FULL)) == []
+    assert doc_problems(encode_trajectory(FULL_TRAJECTORY)) == []
     invalid = TrajectoryMessage(seq=4, t0_ns=None, valid=False, invalid_reasons=["ego: stale"])
     assert doc_problems(encode_trajectory(invalid)) == []
 
 
 def test_a_key_or_type_off_the_doc_is_named(tmp_path):
-    d = msgpack.unpackb(encode_trajectory(FULL), raw=False)
+    d = msgpack.unpackb(encode_trajectory(FULL_TRAJECTORY), raw=False)
     d["age_ms"] = d.pop("frame_age_ms")
     d["seq"] = True
     d["waypoints"]["yaw"] = d["waypoints"].pop("heading")
@@ -96,7 +77,7 @@ def test_a_key_or_type_off_the_doc_is_named(tmp_path):
     # and the doc is what decides: the same bytes against a doc whose table renamed the field
     doc = tmp_path / "protocol.md"
     doc.write_text(PROTOCOL_DOC.read_text().replace("| `frame_age_ms` |", "| `age_ms` |", 1))
-    assert doc_problems(encode_trajectory(FULL), output_table(doc)) == [
+    assert doc_problems(encode_trajectory(FULL_TRAJECTORY), output_table(doc)) == [
         "key 'frame_age_ms' is not in docs/protocol.md's table",
         "documented key 'age_ms' is missing",
     ]
