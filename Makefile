@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   ?= demo
 
-.PHONY: venv test demo lint bench clean
+.PHONY: venv test demo lint bench mutants clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,11 @@ lint: venv
 
 bench: venv
 	$(PY) benchmarks/text_backbone.py
+
+# Plant each known bug of tests/mutants.py in a copy of the checkout and run the tests that must catch it (after
+# an unmutated baseline run); `make test` runs the same set as tests/test_mutation_check.py.
+mutants: venv
+	$(PY) -m tests.mutants
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

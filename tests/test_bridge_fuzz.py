@@ -9,7 +9,6 @@ generated headers and payloads plus random mutations of valid frames and poses.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import time
 from collections import Counter
@@ -242,8 +241,11 @@ def test_node_survives_fuzzing_and_accounts_for_every_message(vla, record_figure
 @settings(max_examples=300, deadline=None, database=None, derandomize=True)
 @given(st.binary(max_size=256))
 def test_trajectory_decoder_rejects_arbitrary_bytes_with_protocol_errors_only(data):
-    with contextlib.suppress(ProtocolError):
+    # 256 random bytes are never a 15-field trajectory map: each is rejected, as malformed, and nothing else
+    # escapes (a msgpack or Python error would fail the test)
+    with pytest.raises(ProtocolError) as info:
         decode_trajectory(data)
+    assert info.value.reason == "malformed", str(info.value)
 
 
 @settings(max_examples=300, deadline=None, database=None, derandomize=True)
@@ -251,8 +253,11 @@ def test_trajectory_decoder_rejects_arbitrary_bytes_with_protocol_errors_only(da
     st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=4) | st.none())
 )
 def test_trajectory_decoder_rejects_arbitrary_maps(d):
-    with contextlib.suppress(ProtocolError):
+    # keys of up to 8 characters cannot name every field (`frame_drop_perc` has 15): each map is rejected,
+    # naming the fields it lacks
+    with pytest.raises(ProtocolError) as info:
         decode_trajectory(msgpack.packb({"kind": "trajectory", **d}))
+    assert info.value.reason == "missing_field" and "frame_drop_perc" in str(info.value), str(info.value)
 
 
 def test_hostile_jpegs_and_clocks_over_sockets_are_accounted_and_control_stays_responsive(record_figure):
@@ -325,4 +330,5 @@ def test_hostile_jpegs_and_clocks_over_sockets_are_accounted_and_control_stays_r
         "control replies under the stream: n, p50 / max ms",
         (f"{len(latencies)}, {np.percentile(latencies, 50):.1f} / {max(latencies):.1f}"),
     )
-    assert max(latencies) < 1000  # loose for CI noise; the node answers control on its own thread
+    # every request was answered within the client's timeout during the stream (control has its own thread);
+    # how fast is a speed, measured by benchmarks/node_hardening.py (`--load-seconds`), recorded here only

@@ -15,7 +15,6 @@ from bridges.protocol import (
     MAX_OUTPUT_BYTES,
     CameraFrame,
     CameraTable,
-    CameraWindow,
     EgoPose,
     Limits,
     ProtocolError,
@@ -27,6 +26,7 @@ from bridges.protocol import (
     encode_trajectory,
     join_message,
 )
+from tests.protocol_doc import FULL_TRAJECTORY
 
 CAMERAS = CameraTable({"front": 1, "left": 0})
 LIMITS = Limits(max_width=320, max_height=200)
@@ -245,24 +245,7 @@ def test_ego_message_with_a_payload_is_rejected():
 
 
 def test_trajectory_message_round_trips():
-    msg = TrajectoryMessage(
-        seq=3,
-        t0_ns=123,
-        valid=True,
-        invalid_reasons=[],
-        cameras=[CameraWindow("front", 1, [4, 5, 6, 7], [1, 2, 3, 4])],
-        token_ids=list(range(128)),
-        t=[0.1 * (i + 1) for i in range(64)],
-        x=[float(i) for i in range(64)],
-        y=[0.5] * 64,
-        z=[0.0] * 64,
-        heading=[0.01] * 64,
-        reasoning="Keep lane; the road ahead is clear.",
-        frame_age_ms=81.5,
-        frame_drop_perc=12.5,
-        model_execution_ms=75.0,
-        timings_ms={"vision": 20.0, "prefill": 30.0},
-    )
+    msg = FULL_TRAJECTORY
     assert decode_trajectory(encode_trajectory(msg)) == msg
     invalid = TrajectoryMessage(seq=4, t0_ns=None, valid=False, invalid_reasons=["ego: stale"])
     assert decode_trajectory(encode_trajectory(invalid)) == invalid

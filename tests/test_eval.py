@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -295,7 +297,16 @@ def test_physicalai_av_clips_need_the_dataset_directory(tmp_path, demo_checkpoin
 
 
 def test_per_clip_seeds_depend_on_the_clip_and_the_run_seed_only():
-    assert clip_seed("drive0", 0) == clip_seed("drive0", 0)
+    # the same in another process with another string-hash salt (as on another Ray worker or machine)
+    ids = [("drive0", 0), ("drive1", 0), ("drive0", 1), ("pai:abc@5100000", 42)]
+    here = [clip_seed(c, s) for c, s in ids]
+    code = f"from alpamayo.eval.clips import clip_seed; print([clip_seed(c, s) for c, s in {ids!r}])"
+    for salt in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": salt}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == str(here)
     assert len({clip_seed("drive0", 0), clip_seed("drive1", 0), clip_seed("drive0", 1)}) == 3
     assert all(0 <= clip_seed(f"clip{i}", 42) < 2**63 for i in range(100))
     # Result files of ids differing only in unsafe characters do not collide.

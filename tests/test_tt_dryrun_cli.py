@@ -88,14 +88,15 @@ def test_predict_backend_ttnn_decodes_with_the_device_expert(dryrun_device, tmp_
 
 
 @pytest.mark.parametrize("samples, draft", [(3, "none"), (6, "lookup")])
-def test_predict_backend_ttnn_draws_k_samples_as_rows_of_one_program(
+def test_predict_backend_ttnn_returns_k_samples_each_with_its_reasoning_and_waypoints(
     dryrun_device, demo_checkpoint, tmp_path, samples, draft
 ):
-    """K samples on the device, with and without a draft (eval's default K = 6): the prompt forked into K
-    cache slots, the K rows decoded (or verified, B x T <= 32) in one program per step, and the device
-    expert sampling every row over its own slot. With `lookup`, each row's accepted lengths add up to its
-    reasoning (the start token is fed after the last block). What the mock's zero logits draw decides whether
-    a block holds drafts; the K-row blocks themselves are pinned in tests/test_tt_dryrun_rows.py."""
+    """K samples from `alpamayo predict --backend ttnn`, with and without a draft (eval's default K = 6): K
+    rows of reasoning and 64 expert waypoints each, the device's trace notice once. With `lookup`, each row's
+    accepted lengths add up to its reasoning (the start token is fed after the last block). What the mock's
+    zero logits draw decides whether a block holds drafts. That the K rows are one program per step (decode
+    and verify, B x T <= 32) is pinned in tests/test_tt_dryrun_rows.py, the expert's slots in
+    tests/test_tt_expert_dryrun.py; this is the command end to end."""
     write_prediction_inputs(tmp_path, *frames_at(5), straight_history())
     argv = [*predict_argv(demo_checkpoint, tmp_path), "--backend", "ttnn", "--json", "--flow-steps", "2"]
     sampling = ["--samples", str(samples), "--temperature", "0.6", "--seed", "3", "--draft", draft]

@@ -15,10 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from alpamayo.tt.device_spec import TILE, round_up
 from alpamayo.tt.dryrun.graph import Capture
 from alpamayo.tt.ttnn_configs import ttnn_dtype
-from alpamayo.tt.weight_cache import placement
-from alpamayo.tt.weights import text_weight_specs, weight_dtype
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 from tests.tt_text_seams import moe_rows, wrapped_decode_layers
 
@@ -54,14 +53,50 @@ def prompt(tt) -> torch.Tensor:
     return torch.arange(PROMPT_LEN) % min(tt.text_cfg.vocab_size, 256)
 
 
+def decode_matmuls(t, banks: int) -> dict[str, tuple[int, int, str]]:
+    """The plan of docs/ttnn-text.md stated from the text config alone: each decode matmul weight `[K, N]`
+    (name suffix -> padded K, padded N, precision group), DRAM width-sharded with N padded to 32 x banks so each
+    bank holds whole tiles; K is the residual stream's padded width where the input is the residual stream, the
+    gate/up output's padded width for the down projection, the attention output's own width for `wo`."""
+    wide = TILE * banks
+    hidden = round_up(t.hidden_size, wide)
+    attn = t.num_attention_heads * t.head_dim
+    qkv = (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
+    plan = {"wqkv": (hidden, round_up(qkv, wide), "qkv"), "wo": (attn, hidden, "o")}
+    if t.moe is None:
+        inter = round_up(t.intermediate_size, wide)
+        plan |= {
+            "w_gate": (hidden, inter, "mlp_gate_up"),
+            "w_up": (hidden, inter, "mlp_gate_up"),
+            "w_down": (inter, hidden, "mlp_down"),
+        }
+    return plan
+
+
 def test_weights_and_kv_cache_are_placed_as_planned(model):
-    ttnn, banks = model.ttnn, model.plan.device.dram_banks
-    for spec in text_weight_specs(model.cfg, banks):
-        w = model.weights[spec.name]
-        assert tuple(w.shape) == spec.padded, spec.name
-        assert w.dtype == ttnn_dtype(ttnn, weight_dtype(spec, model.precision)), spec.name
-        assert w.memory_config() == placement(ttnn, spec, banks), spec.name
-    t = model.text_cfg
+    """Every device weight against the plan restated from the config (not the loader's own `placement()`):
+    the decode matmuls DRAM width-sharded over every bank, [K, N / banks] per bank, in their group's dtype;
+    everything else interleaved in DRAM; the K/V cache one DRAM tensor per layer, K and V each."""
+    ttnn, banks, t = model.ttnn, model.plan.device.dram_banks, model.text_cfg
+    plan = decode_matmuls(t, banks)
+    sharded = []
+    for name, w in model.weights.items():
+        config = w.memory_config()
+        assert config.buffer_type == ttnn.BufferType.DRAM, name
+        suffix = name.rsplit(".", 1)[-1]
+        if name.startswith("layers.") and suffix in plan:
+            k, n, group = plan[suffix]
+            assert tuple(w.shape) == (k, n), name
+            assert config.memory_layout == ttnn.TensorMemoryLayout.WIDTH_SHARDED, name
+            assert tuple(config.shard_spec.shape) == (k, n // banks), name
+            assert config.shard_spec.grid.num_cores() == banks, name
+            assert w.dtype == ttnn_dtype(ttnn, model.precision.dtype(group)), name
+            sharded.append(name)
+        else:
+            assert config == ttnn.DRAM_MEMORY_CONFIG, name
+    assert len(sharded) == t.num_hidden_layers * len(plan)
+    head = model.weights["lm_head"]
+    assert tuple(head.shape) == (round_up(t.hidden_size, TILE * banks), round_up(t.vocab_size, TILE))
     assert len(model.kv_cache) == t.num_hidden_layers
     for k, v in model.kv_cache:
         for c in (k, v):

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from alpamayo.families.loader import load_model_config
-from alpamayo.numerics import max_abs_error, pcc
+from alpamayo.numerics import assert_agrees
 from tests.routing import NEAR_TIE, routing_margin
 from tests.tt_checkpoints import REAL_ENV, real_recipe, reference_and_device, save_tt_checkpoint
 from tests.tt_text_seams import moe_rows
@@ -66,9 +66,8 @@ def test_prefill_moe_layers_match_the_reference(case, record_figure):
         with torch.inference_mode():
             expected = ref.layers[i].mlp(x.to(dtype))
         got = moe_rows(tt.moe[i], x)
-        p = pcc(expected, got)
-        assert p >= LAYER_PCC, f"prefill MoE layer {i}: PCC {p}"
-        worst, worst_abs = min(worst, p), max(worst_abs, max_abs_error(expected, got))
+        p = assert_agrees(expected, got, min_pcc=LAYER_PCC, what=f"prefill MoE layer {i}")
+        worst, worst_abs = min(worst, p.pcc), max(worst_abs, p.max_abs)
     record_figure(f"prefill MoE layer worst PCC ({PREFILL_ROWS} rows)", worst)
     record_figure("prefill MoE layer worst max abs error", worst_abs)
 
@@ -87,11 +86,11 @@ def test_decode_moe_layers_match_the_reference_token_by_token(case, record_figur
             if margin < NEAR_TIE:
                 ties += 1
                 continue
-            p = pcc(expected, got)
-            assert p >= LAYER_PCC, (
-                f"decode MoE layer {i}, token {token}: PCC {p} (routing margin {margin:.3f})"
+            what = f"decode MoE layer {i}, token {token} (routing margin {margin:.3f})"
+            worst, checks = (
+                min(worst, assert_agrees(expected, got, min_pcc=LAYER_PCC, what=what).pcc),
+                checks + 1,
             )
-            worst, checks = min(worst, p), checks + 1
     record_figure("decode MoE layer worst PCC", worst)
     record_figure("decode MoE tokens skipped at routing near-ties", f"{ties} of {ties + checks}")
     assert 2 * checks >= ties + checks

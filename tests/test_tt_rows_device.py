@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alpamayo.numerics import pcc
+from alpamayo.numerics import assert_agrees
 from alpamayo.text import TextModel
 from alpamayo.tt.precision import load_precision
 from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint
@@ -24,6 +24,11 @@ pytestmark = pytest.mark.blackhole
 CASES = [f"{name}-{recipe}" for name in ("gqa2", "gqa8-tied") for recipe in ("accuracy", "performance")]
 LOGITS_PCC = 0.97  # as the single-row decode's final logits (test_tt_text_device.py)
 PROMPT_LEN, MAX_SEQ_LEN, ROWS, BLOCK = 126, 256, 4, 8
+
+
+def logits_pcc(expected: torch.Tensor, got: torch.Tensor, what: str) -> float:
+    """The PCC of one position's logits, gated with its relative error (`assert_agrees` at LOGITS_PCC)."""
+    return assert_agrees(expected, got, min_pcc=LOGITS_PCC, what=what).pcc
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -63,11 +68,13 @@ def test_k_ragged_rows_decode_as_their_own_sequences(models, traced, record_figu
         first = [int(steps[0, b])]
         expected = reference_logits(ref, prompt, ([*first] if keep[b] else []) + steps[1:, b].tolist())
         if keep[b]:
-            worst = min(worst, pcc(expected[0], got[0][b]))
+            worst = min(worst, logits_pcc(expected[0], got[0][b], f"row {b} step 0"))
         else:  # the dropped token's logits were real too: its row then continues from the prompt
-            worst = min(worst, pcc(reference_logits(ref, prompt, first)[0], got[0][b]))
+            worst = min(
+                worst, logits_pcc(reference_logits(ref, prompt, first)[0], got[0][b], f"row {b} step 0")
+            )
         for j in range(1, 4):
-            worst = min(worst, pcc(expected[j - 1 + int(keep[b])], got[j][b]))
+            worst = min(worst, logits_pcc(expected[j - 1 + int(keep[b])], got[j][b], f"row {b} step {j}"))
     record_figure(f"K={ROWS} ragged rows: worst logits PCC (traced={traced})", worst)
     assert worst >= LOGITS_PCC
 
@@ -94,7 +101,9 @@ def test_a_verify_block_scores_like_plain_decoding_and_accepts_the_same_length(
     tt.setup_cache(MAX_SEQ_LEN, max_batch=1)
     tt.prefill(prompt)
     got = tt.verify(torch.tensor([block]))[0]
-    worst = min(pcc(e, g) for e, g in zip(expected, got, strict=True))
+    worst = min(
+        logits_pcc(e, g, f"verify row {j}") for j, (e, g) in enumerate(zip(expected, got, strict=True))
+    )
     record_figure(f"verify of {BLOCK}: worst logits PCC", worst)
     assert worst >= LOGITS_PCC
 
@@ -110,7 +119,9 @@ def test_a_verify_block_scores_like_plain_decoding_and_accepts_the_same_length(
     tt.rollback([PROMPT_LEN + n])  # the rejected tail's K/V are stale; the next rows overwrite them
     bonus = int(torch.argmax(expected[n - 1]))
     after = tt.decode(bonus)
-    assert pcc(reference_logits(ref, prompt, [*block[:n], bonus])[-1], after) >= LOGITS_PCC
+    logits_pcc(
+        reference_logits(ref, prompt, [*block[:n], bonus])[-1], after, "the bonus token after rollback"
+    )
 
 
 @pytest.mark.parametrize("wrong_at", [0, 3, BLOCK - 1])
@@ -138,7 +149,9 @@ def test_a_first_block_in_the_prefill_scores_like_plain_decoding_and_forks_ragge
     tt.setup_cache(MAX_SEQ_LEN, max_batch=3)
     got = tt.prefill_block(prompt, drafted=draft)
     assert got.shape == (BLOCK, vocab) and tt.cache_len == PROMPT_LEN + len(draft)
-    worst = min(pcc(e, g) for e, g in zip(expected, got, strict=True))
+    worst = min(
+        logits_pcc(e, g, f"scored row {j}") for j, (e, g) in enumerate(zip(expected, got, strict=True))
+    )
     record_figure(f"first block of {BLOCK - 1} in the prefill: worst logits PCC", worst)
     assert worst >= LOGITS_PCC
 
@@ -154,7 +167,7 @@ def test_a_first_block_in_the_prefill_scores_like_plain_decoding_and_forks_ragge
     tt.rollback([PROMPT_LEN + j for j in kept])
     after = tt.decode(torch.tensor([1, 2, 3]))
     for r, j in enumerate(kept):
-        assert pcc(reference_logits(ref, prompt, [*draft[:j], r + 1])[-1], after[r]) >= LOGITS_PCC
+        logits_pcc(reference_logits(ref, prompt, [*draft[:j], r + 1])[-1], after[r], f"forked row {r}")
 
 
 def test_traced_rows_are_identical_to_untraced_rows(models):
@@ -189,7 +202,10 @@ def test_verify_captures_the_layers_a_draft_reads(models, record_figure):
     tt.setup_cache(MAX_SEQ_LEN, max_batch=1)
     tt.prefill(prompt)
     _, feats = tt.verify(torch.tensor([block]), capture=layers)
-    worst = min(pcc(e, f) for e, f in zip(expected, feats[0].float(), strict=True))
+    worst = min(
+        logits_pcc(e, f, f"captured features of token {j}")
+        for j, (e, f) in enumerate(zip(expected, feats[0].float(), strict=True))
+    )
     record_figure(f"verify of {BLOCK}: captured layers (0, last) worst PCC", worst)
     assert worst >= LOGITS_PCC
 
@@ -254,8 +270,10 @@ def test_k_ragged_rows_verify_their_own_blocks_and_accept_the_torch_lengths(
     worst, lengths = 1.0, []
     for b in range(rows):
         expected = reference_logits(ref, prompt, prefixes[b] + blocks[b])[len(prefixes[b]) :]
-        row = min(pcc(e, g) for e, g in zip(expected, got[b], strict=True))
-        assert row >= LOGITS_PCC, f"row {b}: worst logits PCC {row}"
+        row = min(
+            logits_pcc(e, g, f"row {b} token {j}")
+            for j, (e, g) in enumerate(zip(expected, got[b], strict=True))
+        )
         worst = min(worst, row)
         n = accepted(blocks[b], expected)
         assert n == wrong[b]  # the reference accepts up to the corruption, by construction
@@ -270,4 +288,4 @@ def test_k_ragged_rows_verify_their_own_blocks_and_accept_the_torch_lengths(
     after = tt.decode(torch.tensor(bonus), traced=traced)
     for b in range(rows):
         expected = reference_logits(ref, prompt, prefixes[b] + blocks[b][: lengths[b]] + [bonus[b]])[-1]
-        assert pcc(expected, after[b]) >= LOGITS_PCC, f"row {b} after its rollback"
+        logits_pcc(expected, after[b], f"row {b} after its rollback")

@@ -11,7 +11,8 @@ the "measured figures" table at the end of the run.
 The tiny cases include a Qwen3-VL-MoE model (`TT_TINY["moe"]`): its sparse layers run the ttnn MoE block.
 
 Per-layer checks feed the reference's own input to one device layer (`layer_prefill` / `layer_decode`), so
-each layer's figure is that layer's error alone.
+each layer's figure is that layer's error alone. Every PCC gate is `alpamayo.numerics.assert_agrees`: PCC and,
+beside it, the relative error that PCC allows for noise (PCC cannot see a wrong scale or offset).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from alpamayo.families.loader import load_model_config
 from alpamayo.generation import greedy_continue
-from alpamayo.numerics import pcc
+from alpamayo.numerics import agreement, assert_agrees, pcc
 from alpamayo.profiling import Tracer
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import text_position_ids
@@ -117,11 +118,18 @@ def test_prefill_layers_and_kv_cache_match_the_reference(case, record_figure):
     ios = layer_io(ref, ref.embed(case.prompt), positions)
     worst, worst_kv = 1.0, 1.0
     for i, (x, y) in enumerate(ios):
-        p = pcc(y, layer_prefill(tt, i, x, positions))
+        p = assert_agrees(
+            y, layer_prefill(tt, i, x, positions), min_pcc=LAYER_PCC, what=f"prefill layer {i}"
+        ).pcc
         k, v = kv_cache_host(tt, i, PROMPT_LEN)
-        kv = min(pcc(ref.cache.k[i][0, :, :PROMPT_LEN], k), pcc(ref.cache.v[i][0, :, :PROMPT_LEN], v))
-        assert p >= LAYER_PCC, f"prefill layer {i}: PCC {p}"
-        assert kv >= KV_PCC, f"layer {i} KV cache: PCC {kv}"
+        kv = min(
+            assert_agrees(
+                ref.cache.k[i][0, :, :PROMPT_LEN], k, min_pcc=KV_PCC, what=f"layer {i} K cache"
+            ).pcc,
+            assert_agrees(
+                ref.cache.v[i][0, :, :PROMPT_LEN], v, min_pcc=KV_PCC, what=f"layer {i} V cache"
+            ).pcc,
+        )
         worst, worst_kv = min(worst, p), min(worst_kv, kv)
     record_figure("prefill worst layer PCC", worst)
     record_figure("KV cache worst PCC", worst_kv)
@@ -139,11 +147,11 @@ def test_decode_layers_match_the_reference_at_several_positions(case, record_fig
         with router_margins(ref) as margins:
             ios = reference_decode_io(ref, token, position)
         for i, (x, y) in enumerate(ios):
-            p = pcc(y, layer_decode(tt, i, x, position))  # always run: it writes the layer's K/V row
+            out = layer_decode(tt, i, x, position)  # always run: it writes the layer's K/V row
             if i in margins and float(margins[i][0]) < NEAR_TIE:  # an MoE routing either way is right
                 ties += 1
                 continue
-            assert p >= LAYER_PCC, f"decode layer {i} at position {position}: PCC {p}"
+            p = assert_agrees(y, out, min_pcc=LAYER_PCC, what=f"decode layer {i} at position {position}").pcc
             worst, checks = min(worst, p), checks + 1
     record_figure("decode worst layer PCC (positions 126..129)", worst)
     record_figure("decode layer checks skipped at MoE routing near-ties", f"{ties} of {ties + checks}")
@@ -157,18 +165,20 @@ def test_prefill_logits_match_the_reference(case, length, record_figure):
     tt.setup_cache(length)
     ids = torch.cat([case.prompt] * 3)[:length]
     expected, actual = ref.prefill(ids), tt.prefill(ids)
-    p = pcc(expected, actual)
-    record_figure(f"prefill logits PCC (L={length})", p)
+    logits = agreement(expected, actual)
+    record_figure(f"prefill logits PCC (L={length})", logits.pcc)
+    record_figure(f"prefill logits relative error (L={length})", logits.relative)
     if case.name != "real":  # what the recipe's rounding costs on top: against the unrounded float32 model
         plain = TextModel.from_checkpoint(case.path)
         plain.setup_cache(length)
         record_figure(
             f"prefill logits PCC vs unrounded weights (L={length})", pcc(plain.prefill(ids), actual)
         )
-    assert p >= LOGITS_PCC
-    hidden = pcc(ref.prefill_hidden(ids), tt.prefill_hidden(ids))
-    record_figure(f"prefill final hidden PCC (L={length})", hidden)
-    assert hidden >= LOGITS_PCC
+    assert_agrees(expected, actual, min_pcc=LOGITS_PCC, what=f"prefill logits (L={length})")
+    hidden = assert_agrees(
+        ref.prefill_hidden(ids), tt.prefill_hidden(ids), min_pcc=LOGITS_PCC, what="prefill final hidden"
+    )
+    record_figure(f"prefill final hidden PCC (L={length})", hidden.pcc)
 
 
 def test_teacher_forced_top1_agreement_over_128_tokens(case, record_figure):
@@ -285,9 +295,10 @@ def test_image_prompt_with_deepstack_matches_the_reference(image_case, record_fi
     args = (c["embeds"], c["positions"], c["mask"], c["deepstack"])
     ref.setup_cache(64)
     tt.setup_cache(64)
-    p = pcc(ref.prefill(*args), tt.prefill(*args))
-    record_figure("image prompt logits PCC", p)
-    assert p >= LOGITS_PCC
+    got = assert_agrees(ref.prefill(*args), tt.prefill(*args), min_pcc=LOGITS_PCC, what="image prompt logits")
+    record_figure("image prompt logits PCC", got.pcc)
     assert tt.rope_delta == ref.rope_delta < 0
     for token in (11, 12, 13):  # decode positions carry the prompt's rope delta
-        assert pcc(ref.decode(token), tt.decode(token)) >= LOGITS_PCC
+        assert_agrees(
+            ref.decode(token), tt.decode(token), min_pcc=LOGITS_PCC, what=f"decode logits of {token}"
+        )

@@ -20,7 +20,7 @@ import os
 import pytest
 import torch
 
-from alpamayo.numerics import max_abs_error, pcc
+from alpamayo.numerics import assert_agrees
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.tt_checkpoints import REAL_ENV, VISION_72, real_recipe, save_tt_checkpoint
 from tests.tt_vision_seams import vision_block
@@ -77,9 +77,8 @@ def test_every_block_matches_the_reference(case, record_figure):
     for j, block in enumerate(ref.blocks):
         with torch.inference_mode():
             expected = block(x, cos, sin, frame_segments(GRID))
-        p = pcc(expected, vision_block(tt, j, x, GRID))
-        assert p >= BLOCK_PCC, f"vision block {j}: PCC {p}"
-        worst = min(worst, p)
+        p = assert_agrees(expected, vision_block(tt, j, x, GRID), min_pcc=BLOCK_PCC, what=f"vision block {j}")
+        worst = min(worst, p.pcc)
         x = expected
     record_figure("vision block worst PCC", worst)
 
@@ -90,11 +89,13 @@ def test_the_whole_tower_matches_the_reference(case, record_figure):
     embeds, deepstack = ref.encode(pixels.to(ref.dtype), GRID)
     got, got_deepstack = tt.encode(pixels, GRID)
     assert got.shape == embeds.shape and len(got_deepstack) == len(deepstack)
-    figures = [pcc(embeds, got)] + [pcc(a, b) for a, b in zip(deepstack, got_deepstack, strict=True)]
-    record_figure("vision tower embeds PCC", figures[0])
-    record_figure("vision tower worst DeepStack PCC", min(figures[1:]))
-    record_figure("vision tower embeds max abs error", max_abs_error(embeds, got))
-    assert min(figures) >= TOWER_PCC, f"tower PCC (embeds, DeepStack levels): {figures}"
+    figures = [assert_agrees(embeds, got, min_pcc=TOWER_PCC, what="vision tower embeds")] + [
+        assert_agrees(a, b, min_pcc=TOWER_PCC, what=f"DeepStack level {n}")
+        for n, (a, b) in enumerate(zip(deepstack, got_deepstack, strict=True))
+    ]
+    record_figure("vision tower embeds PCC", figures[0].pcc)
+    record_figure("vision tower worst DeepStack PCC", min(f.pcc for f in figures[1:]))
+    record_figure("vision tower embeds max abs error", figures[0].max_abs)
 
 
 def test_an_image_alone_gets_the_features_it_gets_among_others(case, record_figure):
@@ -103,6 +104,7 @@ def test_an_image_alone_gets_the_features_it_gets_among_others(case, record_figu
     together, _ = tt.encode(pixels, GRID)
     first = int(GRID[0].prod())
     alone, _ = tt.encode(pixels[:first], GRID[:1])
-    p = pcc(together[: alone.shape[0]], alone)
-    record_figure("image alone vs among others PCC", p)
-    assert p >= ALONE_PCC
+    p = assert_agrees(
+        together[: alone.shape[0]], alone, min_pcc=ALONE_PCC, what="an image alone vs among others"
+    )
+    record_figure("image alone vs among others PCC", p.pcc)
