@@ -20,11 +20,18 @@ from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import MARKERS_1_5, MARKERS_R1, TRAJ_MARKERS
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.generation import Sampling
+from alpamayo.numerics import max_abs_error
 from alpamayo.runtime import AlpamayoVLA, planner_config
 from alpamayo.vlm import VisionLanguageModel
 from planner.tokenizers import TrajectoryVocab
-from tests.hf_checkpoints import hf_image_processor, hf_plan_tokens
+from tests.hf_checkpoints import (
+    hf_float_image_processor,
+    hf_image_processor,
+    hf_plan_tokens,
+    nvidia_float_pixels,
+)
 from tests.test_runtime import frames_at, straight_history, write_prediction_inputs
+from vision.preprocess import preprocess_images
 
 RELEASES = ("r1", "alpamayo1.5", "super")
 BASE_LEN = 538  # demo base vocabulary: 512 BPE tokens + the 26 Qwen added tokens (real: 151643 + 26)
@@ -278,7 +285,11 @@ def test_greedy_tokens_equal_transformers_on_the_same_weights(releases, vla_of, 
     planner, cfg = vla.planner, vla.vlm.config
     prompt = planner.prompt([1], 4, planner.history(straight_history()))
     images = [frames[c][i] for c, i in prompt.images]
-    vision = hf_image_processor(163840, 196608)(images=images, return_tensors="pt")
+    if layout == "super":  # NVIDIA's Super helper: float images / 255, do_rescale=False (torchvision)
+        pixels, grid = nvidia_float_pixels(hf_float_image_processor(163840, 196608), images)
+        vision = {"pixel_values": pixels, "image_grid_thw": grid}
+    else:
+        vision = hf_image_processor(163840, 196608)(images=images, return_tensors="pt")
     ids = vla.vlm.expand_image_pads(prompt.token_ids, vla._features(frames, times, prompt.images))
     ids = torch.tensor(ids)
     hf = hf_vlm(vlm_config_dict(path, cfg))
@@ -294,6 +305,25 @@ def test_greedy_tokens_equal_transformers_on_the_same_weights(releases, vla_of, 
     assert sample.token_ids[:TRAJ] == out[start + 1 : start + 1 + TRAJ]
     assert sample.xyz.shape == (64, 3) and np.isfinite(sample.xyz).all()
     record_figure("greedy tokens equal to transformers", len(out))
+
+
+@pytest.mark.parametrize("layout", RELEASES)
+def test_image_path_follows_the_family(releases, vla_of, layout):
+    """Super's processor resizes float images x / 255 (its helper's `do_rescale=False`): its features are the
+    torchvision processor's pixels through the vision tower; R1 and 1.5 keep the uint8 path."""
+    vlm = vla_of(layout).vlm
+    assert vlm.preprocess.float_input == (layout == "super")
+    frames, _ = one_camera()
+    images = frames[1][:2]
+    if layout == "super":
+        expected, grid = nvidia_float_pixels(hf_float_image_processor(163840, 196608), images)
+    else:
+        out = hf_image_processor(163840, 196608)(images=images, return_tensors="pt")
+        expected, grid = out["pixel_values"], out["image_grid_thw"]
+    pixels, ours_grid = preprocess_images(images, vlm.preprocess)
+    assert torch.equal(ours_grid, grid)
+    # the float path is transformers' bit for bit; the uint8 path within one level (`vision.resize`)
+    assert max_abs_error(expected, pixels) <= (0.0 if layout == "super" else 2 / 255 + 1e-6)
 
 
 @pytest.mark.parametrize("layout", RELEASES)

@@ -63,6 +63,8 @@ class Family:
     route_tokens: navigation text goes inside `<|route_start|>..<|route_end|>` (else as its own text item);
     reasoning_end: marker that ends the reasoning text (None: all of it, up to `<|traj_future_start|>`);
     vqa: the model answers `<|question_start|>..` questions (`AlpamayoVLA.ask`);
+    float_pixels: its processor is given float32 images x / 255 (`do_rescale=False`) and resizes them in float
+        (`vision.preprocess`, Super's helper), else uint8 images;
     sampling: default decoding; exact_vocab: the embedding rows must equal the tokenizer's length.
     """
 
@@ -80,6 +82,7 @@ class Family:
     route_tokens: bool = True
     reasoning_end: str | None = "cot_end"
     vqa: bool = False
+    float_pixels: bool = False
     sampling: Sampling = GREEDY
     exact_vocab: bool = False
 
@@ -126,6 +129,7 @@ SUPER = Family(
     route_tokens=False,
     reasoning_end=None,
     vqa=True,
+    float_pixels=True,  # `helper.prepare_model_inputs`: images.float() / 255.0, do_rescale=False
     sampling=REFERENCE_SAMPLING,
 )
 FAMILIES = {f.name: f for f in (QWEN3_VL, DEMO, R1, ALPAMAYO_1_5, SUPER)}
