@@ -22,6 +22,7 @@ from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.generation import Sampling
 from alpamayo.numerics import max_abs_error
 from alpamayo.runtime import AlpamayoVLA, planner_config
+from alpamayo.tokenizer import load_tokenizer
 from alpamayo.vlm import VisionLanguageModel
 from planner.tokenizers import TrajectoryVocab
 from tests.hf_checkpoints import (
@@ -571,6 +572,56 @@ def test_a_vocabulary_that_does_not_match_the_embeddings_names_both(releases, tm
         rf"rows but the tokenizer \(base model {base}, extended\) has {n + 1} tokens; they must equal",
     ):
         VisionLanguageModel.from_checkpoint(ckpt)
+
+
+def with_plain_tokenizer(source, ckpt):
+    """A copy of the Super checkpoint `source` whose tokenizer is the base Qwen one, without the `<iN>` and the
+    Alpamayo markers (as a checkpoint re-saved from the base model's processor would ship it)."""
+    shutil.copytree(source, ckpt)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (ckpt / name).unlink()
+    base_tokenizer().save_pretrained(ckpt)
+    return ckpt
+
+
+def test_a_super_checkpoint_with_a_plain_tokenizer_is_completed_at_load(releases, tmp_path, capsys):
+    """NVIDIA's `build_alpamayo2_super_tokenizer` adds the `<iN>` and the markers to the checkpoint's tokenizer
+    at every load: a plain one gets the shipped extended tokenizer's ids, and the load says so once."""
+    ckpt = with_plain_tokenizer(releases["super"], tmp_path / "plain")
+    assert "<i0>" not in load_tokenizer(ckpt).get_vocab()
+    capsys.readouterr()
+    vla = AlpamayoVLA.from_checkpoint(ckpt, decoder="tokens", max_reasoning_tokens=2)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert f"{ckpt}: the tokenizer lacks 4028 of Alpamayo 2 Super's trajectory tokens and markers" in lines[0]
+    assert "added at load as NVIDIA's code adds them (<i0>..<i3999>, then the markers)" in lines[0]
+    completed = model_tokenizer(vla.vlm.config)
+    shipped = model_tokenizer(load_model_config(releases["super"]))
+    assert completed.get_vocab() == shipped.get_vocab() and len(completed) == BASE_LEN + 4028
+    assert completed.convert_tokens_to_ids("<|traj_future_start|>") == BASE_LEN + 4012
+    # the whole driving prompt (history bins, markers, route text) is the same token sequence
+    shipped_planner = AlpamayoVLA.from_checkpoint(releases["super"], decoder="tokens").planner
+    bins = vla.planner.history(straight_history())
+    prompt = vla.planner.prompt([1, 6], 4, bins, "Turn left in 11m").token_ids
+    assert prompt == shipped_planner.prompt([1, 6], 4, bins, "Turn left in 11m").token_ids
+    # a shipped complete tokenizer is taken as it is, silently
+    capsys.readouterr()
+    assert model_tokenizer(load_model_config(releases["super"])) is shipped
+    assert capsys.readouterr().err == ""
+
+
+def test_a_super_tokenizer_that_disagrees_with_the_saved_traj_ids_is_refused(releases, tmp_path):
+    ckpt = tmp_path / "other"
+    shutil.copytree(releases["super"], ckpt)
+    raw = json.loads((ckpt / "config.json").read_text())
+    raw["traj_ids"]["future_start"] += 1
+    (ckpt / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(
+        ConfigError,
+        match=rf"config.json: field 'traj_ids.future_start' = {BASE_LEN + 4013}, but the checkpoint's tokenizer "
+        rf"gives <\|traj_future_start\|> id {BASE_LEN + 4012}; the tokenizer is not the one",
+    ):
+        AlpamayoVLA.from_checkpoint(ckpt, decoder="tokens")
 
 
 @pytest.mark.parametrize(

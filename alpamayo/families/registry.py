@@ -5,7 +5,7 @@
     demo            any other config with a nested vlm_config  vlm_config             the checkpoint
     r1              AlpamayoR1 / alpamayo_r1, flat              vlm_name_or_path       base model, extended
     alpamayo1.5     Alpamayo1_5 / alpamayo1_5, flat             vlm_name_or_path       base model, extended
-    super           Alpamayo2Super / alpamayo2_super + vlm_cfg  vlm_config             the checkpoint
+    super           Alpamayo2Super / alpamayo2_super + vlm_cfg  vlm_config             the checkpoint, completed
 
 Everything that differs between families (weight prefix, token order, prompt, reasoning, sampling defaults)
 is a field of `Family`, so the rest of the package asks the family instead of testing its name.
@@ -53,7 +53,8 @@ class Family:
     vlm_source: where the Qwen3-VL config comes from: "root" (the file is one), "vlm_config" (nested),
         "base_model" (the base model `vlm_name_or_path` names; vocabulary = the extended tokenizer's length);
     weight_prefix: prefix of every VLM tensor on disk;
-    markers: marker names in the order the tokenizer adds them (None: the tokenizer ships with the checkpoint);
+    markers: marker names in the order the tokenizer adds them: to the base model's tokenizer (R1 / 1.5), or to
+        the checkpoint's own where it lacks them (Super); None: the checkpoint's tokenizer is taken as it is;
     history_first: the `<iN>` tokens hold the history bins first (Super), else the future bins first;
     future_key: config key of the future (discrete) trajectory tokenizer settings;
     action_space_path: config keys leading to the action-space settings;
@@ -121,7 +122,7 @@ SUPER = Family(
     "Alpamayo 2 Super",
     "vlm_config",
     "vlm.",
-    None,
+    MARKERS_R1,  # `build_alpamayo2_super_tokenizer` adds what the checkpoint's tokenizer lacks, at every load
     history_first=True,
     future_key="future_traj_tokenizer_cfg",
     action_space_path=("expert_config", "action_space_cfg"),
