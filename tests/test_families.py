@@ -610,6 +610,51 @@ def test_a_super_checkpoint_with_a_plain_tokenizer_is_completed_at_load(releases
     assert capsys.readouterr().err == ""
 
 
+def test_super_reasoning_masks_what_nvidias_logits_processors_mask(releases, tmp_path):
+    """NVIDIA's reasoning: `MaskDiscreteTrajectoryLogitsProcessor` over [min(history_id0, future_id0), + 4000)
+    of config.json's `traj_ids`, `MaskTokenIdsLogitsProcessor` over the nested VLM's generation-config EOS ids
+    (`GenerationConfig.from_model_config(vlm_config)`: a generation_config.json beside it is never read) except
+    `<|traj_future_start|>`; the padding rows of the vocabulary stay open."""
+    from transformers import GenerationConfig, Qwen3VLConfig
+
+    from alpamayo.trajectory_generation import _Masks
+    from planner.pipeline import Planner
+
+    ckpt = tmp_path / "super"
+    shutil.copytree(releases["super"], ckpt)
+    raw = json.loads((ckpt / "config.json").read_text())
+    start = raw["traj_ids"]["future_start"]
+    raw["vlm_config"]["eos_token_id"] = [raw["vlm_config"]["text_config"]["eos_token_id"], start]
+    (ckpt / "config.json").write_text(json.dumps(raw))
+    (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))  # not NVIDIA's source
+    cfg = load_model_config(ckpt)
+    fields = {k: v for k, v in raw["vlm_config"].items() if k not in ("architectures", "model_type")}
+    nvidia_eos = GenerationConfig.from_model_config(Qwen3VLConfig(**fields)).eos_token_id
+    assert list(cfg.eos_token_ids) == nvidia_eos
+    vocab = Planner.from_config(planner_config(cfg), model_tokenizer(cfg)).vocab
+    bias = _Masks(vocab, cfg.text.vocab_size, cfg.eos_token_ids, torch.device("cpu")).reasoning
+    expected = torch.zeros(cfg.text.vocab_size)
+    first = min(raw["traj_ids"]["history_id0"], raw["traj_ids"]["future_id0"])
+    expected[first : first + raw["traj_vocab_size"]] = float("-inf")
+    expected[[e for e in nvidia_eos if e != start]] = float("-inf")
+    assert torch.equal(bias, expected)
+    assert bias[start] == 0 and not bias[len(model_tokenizer(cfg)) :].any()  # padding rows 4566..4607 open
+
+
+def test_physicalai_av_clips_open_the_familys_driving_cameras(releases, tmp_path):
+    """Replay and eval open a PhysicalAI-AV clip with the family's driving cameras unless --cameras picks
+    them: Super's trajectory task shows six (NVIDIA's `DRIVING_SIX_CAMERA_FOUR_FRAME`), R1 / 1.5 four."""
+    from alpamayo.replay.session import pai_cameras
+    from alpamayo.replay.settings import ReplaySettings
+
+    expected = {"super": (0, 1, 2, 3, 5, 6), "alpamayo1.5": (0, 1, 2, 6), "r1": (0, 1, 2, 6)}
+    for layout, cameras in expected.items():
+        assert pai_cameras(ReplaySettings(drive="pai:clip@100", checkpoint=releases[layout])) == cameras
+    chosen = ReplaySettings(drive="pai:clip@100", checkpoint=releases["super"], cameras=(1, 6))
+    assert pai_cameras(chosen) == (1, 6)
+    assert pai_cameras(ReplaySettings(drive=tmp_path / "drive.mcap", checkpoint=releases["super"])) is None
+
+
 def test_a_super_tokenizer_that_disagrees_with_the_saved_traj_ids_is_refused(releases, tmp_path):
     ckpt = tmp_path / "other"
     shutil.copytree(releases["super"], ckpt)

@@ -86,7 +86,7 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
     source = str(cfg_path)
     raw = _read_config(cfg_path)
     family = detect_family(raw)
-    eos = generation_eos(directory)
+    eos = generation_eos(directory) if family.generation_eos else ()
     if not family.uses_base_model:
         if base_model is not None:
             raise ConfigError(

@@ -66,6 +66,11 @@ class Family:
     vqa: the model answers `<|question_start|>..` questions (`AlpamayoVLA.ask`);
     float_pixels: its processor is given float32 images x / 255 (`do_rescale=False`) and resizes them in float
         (`vision.preprocess`, Super's helper), else uint8 images;
+    driving_cameras: the PhysicalAI-AV cameras a drive's trajectory prompt shows when none are chosen (NVIDIA's
+        loaders: Alpamayo's four; Super's trajectory task profile six, `input_profiles.py`);
+    generation_eos: the EOS ids the reasoning masks come from the checkpoint's generation_config.json where it
+        has one (else the VLM config's); Super: always its `vlm_config`'s (NVIDIA's nested VLM builds its
+        generation config from it and never reads the file);
     sampling: default decoding; exact_vocab: the embedding rows must equal the tokenizer's length.
     """
 
@@ -84,6 +89,8 @@ class Family:
     reasoning_end: str | None = "cot_end"
     vqa: bool = False
     float_pixels: bool = False
+    generation_eos: bool = True
+    driving_cameras: tuple[int, ...] = (0, 1, 2, 6)
     sampling: Sampling = GREEDY
     exact_vocab: bool = False
 
@@ -131,6 +138,8 @@ SUPER = Family(
     reasoning_end=None,
     vqa=True,
     float_pixels=True,  # `helper.prepare_model_inputs`: images.float() / 255.0, do_rescale=False
+    generation_eos=False,  # `self.vlm.generation_config`: GenerationConfig.from_model_config(vlm_config)
+    driving_cameras=(0, 1, 2, 3, 5, 6),  # `DRIVING_SIX_CAMERA_FOUR_FRAME`: trajectory, meta action, grounding
     sampling=REFERENCE_SAMPLING,
 )
 FAMILIES = {f.name: f for f in (QWEN3_VL, DEMO, R1, ALPAMAYO_1_5, SUPER)}
