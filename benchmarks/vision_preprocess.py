@@ -31,6 +31,16 @@ from vision.encoder import VisionEncoder
 from vision.preprocess import PreprocessConfig, preprocess_images
 
 ALPAMAYO_PIXELS = dict(min_pixels=163840, max_pixels=196608)
+# transformers' processors configured with Qwen3-VL's values and Alpamayo's pixel bounds
+QWEN3VL_PROCESSOR = dict(
+    patch_size=16,
+    merge_size=2,
+    temporal_patch_size=2,
+    image_mean=[0.5] * 3,
+    image_std=[0.5] * 3,
+    resample=3,
+    **ALPAMAYO_PIXELS,
+)
 
 
 def camera_frame(seed: int) -> np.ndarray:
@@ -54,15 +64,7 @@ def median_ms(fn, rounds: int) -> tuple[float, object]:
 def bench_preprocess(rounds: int) -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    hf = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        resample=3,
-        **ALPAMAYO_PIXELS,
-    )
+    hf = Qwen2VLImageProcessorPil(**QWEN3VL_PROCESSOR)
     cfg = PreprocessConfig(**ALPAMAYO_PIXELS)
     print(f"preprocessing, {torch.get_num_threads()} torch threads, median of {rounds} rounds")
     print(f"{'':28s} {'transformers':>13s} {'alpamayo':>9s} {'speed-up':>9s} {'max abs diff':>13s}")
@@ -84,15 +86,7 @@ def bench_float_preprocess(rounds: int) -> None:
     except ImportError as e:  # torchvision missing
         print(f"float path (Alpamayo 2 Super): skipped, {e}")
         return
-    hf = Qwen2VLImageProcessor(
-        patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        resample=3,
-        **ALPAMAYO_PIXELS,
-    )
+    hf = Qwen2VLImageProcessor(**QWEN3VL_PROCESSOR)
     cfg = PreprocessConfig(**ALPAMAYO_PIXELS).with_float_input("benchmark")
     print("float path (Alpamayo 2 Super): transformers' torchvision processor fed images / 255")
     for n in (1, 4):
