@@ -188,7 +188,8 @@ def guidance_arg(text: str) -> float | str:
     try:
         return parse_guidance(text, "--nav-guidance")
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        hint = "; without a weight, follow --nav-guidance with another option or end the command with it"
+        raise argparse.ArgumentTypeError(f"{e}{hint}") from None
 
 
 def flow_settings(args: argparse.Namespace) -> FlowSettings:
