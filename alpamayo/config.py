@@ -390,7 +390,11 @@ def parse_config(
         video_token_id=vlm.optional_id("video_token_id"),
         vision_start_token_id=vlm.optional_id("vision_start_token_id"),
         vision_end_token_id=vlm.optional_id("vision_end_token_id"),
-        eos_token_ids=tuple(eos_token_ids) or _eos_ids(text_fields.data.get("eos_token_id")),
+        # without generation_config.json: transformers' `GenerationConfig.from_model_config`, the VLM config's
+        # own `eos_token_id`, else its text config's
+        eos_token_ids=tuple(eos_token_ids)
+        or _eos_ids(vlm.data.get("eos_token_id"))
+        or _eos_ids(text_fields.data.get("eos_token_id")),
         extra=extra,
         source=source,
         family_name=family.name,

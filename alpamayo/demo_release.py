@@ -49,7 +49,7 @@ from alpamayo.demo_checkpoint import (
     write_json,
 )
 from alpamayo.expert.config import ExpertConfig
-from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, MARKERS_R1, R1, RELEASE_IDS, SUPER
+from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, R1, RELEASE_IDS, SUPER
 from alpamayo.families.vocabulary import bin_token, marker
 from alpamayo.tt.device_spec import round_up
 from planner.settings import PlannerSettings
@@ -264,7 +264,7 @@ def make_release_checkpoint(out: Path, seed: int, layout: str, base_model_out: s
         config = flat_config(layout, tokenizer, name)
         vlm = vlm_config(tokenizer)
     else:
-        tokenizer = build_tokenizer(MARKERS_R1)
+        tokenizer = build_tokenizer(family.markers)  # Super: the checkpoint ships it complete
         config = super_config(tokenizer)
         vlm = config["vlm_config"]
     out.mkdir(parents=True, exist_ok=True)

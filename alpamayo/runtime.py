@@ -45,6 +45,7 @@ from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, Cancellation, EgoHist
 from alpamayo.profiling import Tracer
 from alpamayo.trajectory_generation import FILLER, GeneratedPlan, first_draft, generate_plans
 from alpamayo.vlm import VisionLanguageModel
+from planner.ego_frame import LocalHistory
 from planner.pipeline import Planner
 from planner.settings import PlannerConfig
 from vision.preprocess import check_image_size, preprocess_images
@@ -234,6 +235,10 @@ class AlpamayoVLA:
         if decoder == "expert" and expert_cfg is not None:  # choose_decoder: the expert only where described
             validate_expert_tensors(ckpt, expert_cfg, cfg.text)
             ExpertDecoder.check_settings(expert_cfg, flow)
+            if options.backend == "ttnn":
+                from alpamayo.tt.expert import TTExpertDecoder  # plans only: no ttnn import
+
+                TTExpertDecoder.check_settings(flow)
             # R1 un-normalises the expert's actions with the statistics its checkpoint stores (bf16 in a bf16
             # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
             statistics = stored_action_statistics(ckpt, expert_cfg)
@@ -274,8 +279,8 @@ class AlpamayoVLA:
         )
         trajectory = "trajectory tokens"
         if self.expert is not None:
-            f = self.expert.settings
-            guidance = "" if f.guidance is None else f", navigation guidance {f.guidance:g}"
+            f, weight = self.expert.settings, self.expert.record()["guidance"]
+            guidance = "" if weight is None else f", navigation guidance {weight:g}"
             trajectory = f"action expert ({self.expert.steps} flow steps, noise temperature {f.temperature:g}{guidance})"
         return (
             f"model family: {self.family.title} ({self.family.name}); decoding: {decoding}; "
@@ -385,7 +390,12 @@ class AlpamayoVLA:
         normalised = None
         if self.expert is not None:
             noise_seed = 0 if seed is None and sampling.greedy else seed
-            normalised = self._expert_actions(self.expert, ids, features, plans, noise_seed, initial, cancel)
+            plain = None
+            if self.expert.settings.guidance is not None:
+                plain = self._unguided_ids(ids, cameras, history, features)
+            normalised = self._expert_actions(
+                self.expert, ids, plain, features, plans, noise_seed, initial, cancel
+            )
         with self.tracer.span("rollout", samples=num_samples):
             samples = self.planner.samples(plans, history, normalised)
         return Prediction(
@@ -397,29 +407,43 @@ class AlpamayoVLA:
             accepted_lengths=[p.accepted_lengths for p in plans] if self.draft is not None else [],
         )
 
+    def _unguided_ids(
+        self, ids: list[int], cameras: Sequence[int], history: LocalHistory, features: Sequence[ImageFeatures]
+    ) -> list[int]:
+        """Navigation guidance's unguided prompt, expanded like `ids`: NVIDIA's 1.5 deletes the
+        `<|route_start|>..<|route_end|>` span from the guided ids (`remove_nav_text`); Super's guided example
+        renders the prompt again without the route (its raw route text is its own text item, which BPE merges
+        with the instruction after it, so no span of the guided ids is the route)."""
+        vocab = self.planner.vocab
+        if self.family.route_tokens:
+            return unguided_prompt(ids, vocab.marker("route_start"), vocab.marker("route_end"))
+        plain = self.planner.prompt(cameras, FRAMES_PER_CAMERA, history, None)
+        return self.vlm.expand_image_pads(plain.token_ids, features)
+
     def _expert_actions(
         self,
         decoder: TrajectoryDecoder,
         ids: list[int],
+        plain: list[int] | None,
         features: Sequence[ImageFeatures],
         plans: Sequence[GeneratedPlan],
         seed: int | None,
         noise: torch.Tensor | None,
         cancel: Cancellation,
     ) -> np.ndarray:
-        """The action expert's [K, 64, 2] normalised actions after `generate_plans(trajectory_tokens=False)`."""
+        """The action expert's [K, 64, 2] normalised actions after `generate_plans(trajectory_tokens=False)`;
+        `plain`: navigation guidance's unguided prompt (`_unguided_ids`), None without guidance."""
         vocab = self.planner.vocab
         with self.tracer.span("expert", samples=len(plans), steps=decoder.steps):
             ctx = decoder.context(self.vlm.text, len(ids), plans)
             unguided = None
-            if decoder.settings.guidance is not None:
+            if plain is not None:
                 branch = decoder.unguided
                 if branch is None:  # the decoder declares that it cannot build the unguided branch
                     raise ValueError(
                         f"navigation guidance: this backend's trajectory decoder ({type(decoder).__name__}) has "
                         "no unguided branch; drop the guidance weight"
                     )
-                plain = unguided_prompt(ids, vocab.marker("route_start"), vocab.marker("route_end"))
                 unguided = branch(
                     self.vlm, plain, features, plans, vocab.marker("traj_future_start"), vocab.marker(FILLER)
                 )

@@ -69,16 +69,19 @@ class GeneratedPlan:
 
 class _Masks:
     """Additive logit biases [V] of the two phases: reasoning (trajectory tokens and `blocked_ids` at
-    -inf) and trajectory (everything but the future-trajectory tokens at -inf)."""
+    -inf, except `<|traj_future_start|>`, which ends it, as NVIDIA's `_append_text_eos_mask` keeps it; padding
+    rows of the vocabulary stay open, as NVIDIA's masks leave them) and trajectory (everything but the
+    future-trajectory tokens at -inf)."""
 
     def __init__(
         self, vocab: TrajectoryVocab, vocab_size: int, blocked_ids: Sequence[int], device: torch.device
     ):
         future = torch.as_tensor(vocab.future_ids, device=device)
         traj = torch.cat([future, torch.as_tensor(vocab.history_ids, device=device)])
+        blocked = [i for i in blocked_ids if i != vocab.marker("traj_future_start")]
         self.reasoning = torch.zeros(vocab_size, device=device)
         self.reasoning[traj] = float("-inf")
-        self.reasoning[torch.as_tensor(list(blocked_ids), dtype=torch.long, device=device)] = float("-inf")
+        self.reasoning[torch.as_tensor(blocked, dtype=torch.long, device=device)] = float("-inf")
         self.trajectory = torch.full((vocab_size,), float("-inf"), device=device)
         self.trajectory[future] = 0.0
 

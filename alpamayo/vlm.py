@@ -68,6 +68,8 @@ class VisionLanguageModel:
         pre = PreprocessConfig.from_checkpoint(cfg.base_model or directory).with_pixel_bounds(
             cfg.extra, cfg.source
         )
+        if cfg.family.float_pixels:
+            pre = pre.with_float_input(cfg.source)
         v = cfg.vision
         model_side = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
         if (pre.patch_size, pre.merge_size, pre.temporal_patch_size) != model_side:

@@ -4,6 +4,8 @@ Preprocessing: one camera-like 1080x1920 RGB frame with Alpamayo's pixel bounds 
 max_pixels 196608) becomes a 320x576 image, pixel_values [720, 1536] (180 tokens); also a 4-camera tick
 (4 frames in one call). transformers runs `Qwen2VLImageProcessorPil` (the backend Qwen3-VL uses without
 torchvision) configured with Qwen3-VL's values. Medians over `--rounds`; the ratio is theirs / ours.
+Alpamayo 2 Super's float path (`PreprocessConfig.float_input`) against transformers' torchvision processor fed
+as Super's helper feeds it (`images.float() / 255`, `do_rescale=False`; needs torchvision, a dev dependency).
 
 Encoder (skip with --encoder-depth 0): the Qwen3-VL-2B vision tower shape (hidden 1024, 16 heads, MLP 4096,
 out 2048) cut to `--encoder-depth` blocks, random weights saved with `save_pretrained`, on that one frame.
@@ -29,6 +31,16 @@ from vision.encoder import VisionEncoder
 from vision.preprocess import PreprocessConfig, preprocess_images
 
 ALPAMAYO_PIXELS = dict(min_pixels=163840, max_pixels=196608)
+# transformers' processors configured with Qwen3-VL's values and Alpamayo's pixel bounds
+QWEN3VL_PROCESSOR = dict(
+    patch_size=16,
+    merge_size=2,
+    temporal_patch_size=2,
+    image_mean=[0.5] * 3,
+    image_std=[0.5] * 3,
+    resample=3,
+    **ALPAMAYO_PIXELS,
+)
 
 
 def camera_frame(seed: int) -> np.ndarray:
@@ -52,21 +64,39 @@ def median_ms(fn, rounds: int) -> tuple[float, object]:
 def bench_preprocess(rounds: int) -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    hf = Qwen2VLImageProcessorPil(
-        patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        image_mean=[0.5] * 3,
-        image_std=[0.5] * 3,
-        resample=3,
-        **ALPAMAYO_PIXELS,
-    )
+    hf = Qwen2VLImageProcessorPil(**QWEN3VL_PROCESSOR)
     cfg = PreprocessConfig(**ALPAMAYO_PIXELS)
     print(f"preprocessing, {torch.get_num_threads()} torch threads, median of {rounds} rounds")
     print(f"{'':28s} {'transformers':>13s} {'alpamayo':>9s} {'speed-up':>9s} {'max abs diff':>13s}")
     for n in (1, 4):
         frames = [camera_frame(seed) for seed in range(n)]
         theirs, expected = median_ms(lambda f=frames: hf(images=f, return_tensors="pt"), rounds)
+        ours, (pixel_values, grid) = median_ms(lambda f=frames: preprocess_images(f, cfg), rounds)
+        assert torch.equal(grid, expected["image_grid_thw"])
+        err = max_abs_error(expected["pixel_values"], pixel_values)
+        label = f"{n} x 1080x1920 -> 320x576"
+        print(f"{label:28s} {theirs:10.2f} ms {ours:6.2f} ms {theirs / ours:8.1f}x {err:13.6f}")
+    bench_float_preprocess(rounds)
+
+
+def bench_float_preprocess(rounds: int) -> None:
+    """Super's float path against transformers' torchvision processor, fed one stacked [N, 3, H, W] tensor."""
+    try:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    except ImportError as e:  # torchvision missing
+        print(f"float path (Alpamayo 2 Super): skipped, {e}")
+        return
+    hf = Qwen2VLImageProcessor(**QWEN3VL_PROCESSOR)
+    cfg = PreprocessConfig(**ALPAMAYO_PIXELS).with_float_input("benchmark")
+    print("float path (Alpamayo 2 Super): transformers' torchvision processor fed images / 255")
+    for n in (1, 4):
+        frames = [camera_frame(seed) for seed in range(n)]
+        stacked = torch.stack([torch.from_numpy(f).permute(2, 0, 1) for f in frames])
+
+        def theirs_fn(images=stacked):
+            return hf(images=images.float() / 255.0, do_rescale=False, return_tensors="pt")
+
+        theirs, expected = median_ms(theirs_fn, rounds)
         ours, (pixel_values, grid) = median_ms(lambda f=frames: preprocess_images(f, cfg), rounds)
         assert torch.equal(grid, expected["image_grid_thw"])
         err = max_abs_error(expected["pixel_values"], pixel_values)

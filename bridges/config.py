@@ -7,6 +7,7 @@ the key path, the value and the allowed range. `NodeConfig.to_dict()` is the eff
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from alpamayo.errors import ConfigError
+from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.tt.precision import PRESETS
@@ -69,11 +71,12 @@ class ModelSection:
     max_reasoning_tokens: int = 256  # after this many, <|traj_future_start|> is forced
     # Trajectory decoder: "expert" (flow-matching action expert) or "tokens"; null: the expert whenever the
     # checkpoint has expert weights. The expert's Euler steps (null: the config's), noise temperature and
-    # navigation guidance weight (null: no CFG; needs model.route).
+    # navigation guidance weight (null: no CFG; "checkpoint": the checkpoint's inference_guidance_weight;
+    # needs model.route).
     decoder: str | None = None
     flow_steps: int | None = None
     flow_temperature: float = 1.0
-    nav_guidance: float | None = None
+    nav_guidance: float | str | None = None
     # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous or dflash:DIR
     draft: str = "none"
 
@@ -134,6 +137,13 @@ class ModelSection:
             "1..1000, or null for the checkpoint's",
         )
         _check(0 < self.flow_temperature <= 10, "model.flow_temperature", self.flow_temperature, "(0, 10]")
+        _check(
+            self.nav_guidance in (None, CHECKPOINT_GUIDANCE)
+            or (isinstance(self.nav_guidance, float) and math.isfinite(self.nav_guidance)),
+            "model.nav_guidance",
+            self.nav_guidance,
+            f"a finite number, {CHECKPOINT_GUIDANCE!r} (the checkpoint's weight) or null",
+        )
         _check(
             self.nav_guidance is None or self.route is not None,
             "model.nav_guidance",
@@ -462,8 +472,15 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(inner, value, key)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # `float | str`: the type the value is spelled in
+            inner = (
+                [a for a in inner if a is str]
+                if isinstance(value, str)
+                else [a for a in inner if a is not str]
+            )
+        _check(len(inner) == 1, key, value, " or ".join(a.__name__ for a in args if a is not type(None)))
+        return _coerce(inner[0], value, key)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key + ".")
     if origin is list:

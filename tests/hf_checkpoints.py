@@ -299,6 +299,24 @@ def hf_image_processor(min_pixels: int = 65536, max_pixels: int = 16777216):
     return Qwen2VLImageProcessorPil(**QWEN3VL_PREPROCESSOR, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
+def hf_float_image_processor(min_pixels: int = 65536, max_pixels: int = 16777216, **overrides: Any):
+    """transformers' torchvision-backend Qwen2-VL image processor with Qwen3-VL's values: the one NVIDIA's
+    Alpamayo 2 Super code runs (transformers 4.57 makes `Qwen2VLImageProcessor` its fast class whenever
+    torchvision is installed, and Super's pyproject requires torchvision)."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    settings = dict(QWEN3VL_PREPROCESSOR, **overrides)
+    return Qwen2VLImageProcessor(**settings, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def nvidia_float_pixels(processor: Any, frames: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pixel_values, image_grid_thw) as Super's `helper.prepare_model_inputs` makes them: the uint8 RGB frames
+    [H, W, 3] stacked as `image_frames` [N, 3, H, W], `images.float() / 255.0`, `do_rescale=False`."""
+    images = torch.stack([torch.from_numpy(f).permute(2, 0, 1) for f in frames]).contiguous()
+    out = processor(images=images.float() / 255.0, do_rescale=False, return_tensors="pt")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
 def save_preprocessor_config(out_dir: Path, min_pixels: int, max_pixels: int) -> None:
     """Write preprocessor_config.json with transformers' own writer (`size: {shortest_edge, longest_edge}`)."""
     hf_image_processor(min_pixels, max_pixels).save_pretrained(out_dir)

@@ -125,6 +125,29 @@ def test_serve_takes_the_ttnn_settings(tmp_path, capsys):
     assert model["moe_config"] is None
 
 
+def test_navigation_guidance_takes_a_weight_or_the_checkpoints(capsys):
+    """`model.nav_guidance`: a number, `checkpoint` (the checkpoint's inference_guidance_weight) or null;
+    `serve --nav-guidance` without a value asks for the checkpoint's."""
+    route = {"route": "Turn right in 30m"}
+    assert NodeConfig.from_dict({"model": {**route, "nav_guidance": 2}}).model.nav_guidance == 2.0
+    assert (
+        NodeConfig.from_dict({"model": {**route, "nav_guidance": "checkpoint"}}).model.nav_guidance
+        == "checkpoint"
+    )
+    for bad in ("strong", float("nan")):
+        with pytest.raises(
+            ConfigError, match=r"model.nav_guidance = .* is invalid; allowed: a finite number, "
+        ):
+            NodeConfig.from_dict({"model": {**route, "nav_guidance": bad}})
+    with pytest.raises(ConfigError, match=r"model.nav_guidance = \[1\] is invalid; allowed: a number"):
+        NodeConfig.from_dict({"model": {**route, "nav_guidance": [1]}})
+    argv = ["serve", "--set", "model.route=left", "--print-config"]
+    assert main([*argv, "--nav-guidance"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["nav_guidance"] == "checkpoint"
+    assert main([*argv, "--nav-guidance", "1.5"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["nav_guidance"] == 1.5
+
+
 def test_serve_without_a_checkpoint_is_a_clear_error(capsys):
     assert main(["serve", "--set", "warmup.runs=0"]) == 2
     assert "no checkpoint: pass --checkpoint DIR" in capsys.readouterr().err

@@ -39,7 +39,9 @@ def vlm_text(raw: dict):
 
 def test_release_flat_config_copies_the_vlm_text_config_with_expert_cfg():
     cfg = parse_expert_config(RELEASE_FLAT, VLM_8B_TEXT)
-    assert cfg is not None and cfg.layout == FLAT and cfg.supports_guidance and cfg.non_causal
+    assert cfg is not None and cfg.layout == FLAT and cfg.non_causal
+    # NVIDIA's FlowMatching defaults: guidance weight 1 (pure guided), any noise temperature
+    assert (cfg.guidance_weight, cfg.guided_temperature) == (1.0, None)
     t = cfg.text
     assert (t.hidden_size, t.num_attention_heads, t.head_dim, t.intermediate_size) == (2048, 16, 128, 8256)
     # Inherited from the VLM: the layer count and the K/V layout that let it read the VLM cache.
@@ -89,7 +91,11 @@ def test_super_uses_its_full_llm_config_and_nested_prefixes():
     }
     assert has_expert(raw)
     cfg = parse_expert_config(raw)
-    assert cfg.layout == SUPER and not cfg.supports_guidance
+    assert cfg.layout == SUPER
+    # the guided example's weight is the config's (default 1.0) and its noise temperature 1
+    assert (cfg.guidance_weight, cfg.guided_temperature) == (1.0, 1.0)
+    raw["expert_config"]["diffusion_cfg"]["inference_guidance_weight"] = 2.5
+    assert parse_expert_config(raw).guidance_weight == 2.5
     assert (cfg.text.hidden_size, cfg.text.num_hidden_layers, cfg.num_inference_steps) == (32, 2, 6)
     shapes = cfg.weight_shapes()
     assert "expert.expert.layers.1.mlp.down_proj.weight" in shapes
@@ -98,6 +104,28 @@ def test_super_uses_its_full_llm_config_and_nested_prefixes():
     validate_against_vlm(cfg, vlm_text(TINY_TEXT))
     # Super builds its expert only with an action space (its `enable_expert` rule).
     assert not has_expert({"expert_config": {"llm_config": TINY_TEXT}})
+
+
+def test_super_config_that_turns_guidance_on_is_refused_as_nvidia_refuses_it():
+    """NVIDIA's `ExpertModel` raises on `diffusion_cfg.use_classifier_free_guidance: true`; its guidance is
+    asked for at sampling. The flat layout's sampler reads the flag at sampling only, so it loads."""
+    raw = {
+        "model_type": "alpamayo2_super",
+        "expert_config": {
+            "llm_config": dict(TINY_TEXT),
+            "action_space_cfg": {"n_waypoints": 64},
+            "diffusion_cfg": {"use_classifier_free_guidance": True},
+        },
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"'expert_config.diffusion_cfg.use_classifier_free_guidance' = true, which NVIDIA's "
+        r"Alpamayo2Super refuses to load",
+    ):
+        parse_expert_config(raw)
+    flat = copy.deepcopy(RELEASE_FLAT)
+    flat["diffusion_cfg"]["use_classifier_free_guidance"] = True
+    assert parse_expert_config(flat, VLM_8B_TEXT) is not None
 
 
 def test_no_expert_keys_means_no_expert():

@@ -117,7 +117,8 @@ def sub_state(weights: dict, prefix: str) -> dict:
 
 
 class HFExpert:
-    """NVIDIA's composition: in-proj, Qwen3VLTextModel over the prompt cache (append, then crop), out-proj."""
+    """NVIDIA's composition: in-proj, Qwen3VLTextModel over the prompt cache (append, then crop), out-proj; the
+    tensors under the layout's names (`cfg.prefixes`: 1.5's `expert.*`, Super's `expert.expert.*`)."""
 
     def __init__(self, cfg, weights: dict, dtype: torch.dtype):
         # NVIDIA's flat layout copies the VLM's text config: an MoE VLM's copy builds an MoE text model
@@ -127,14 +128,15 @@ class HFExpert:
         )
         self.model = model_cls(config_cls(**cfg.text_dict))
         del self.model.embed_tokens
-        state = sub_state(weights, "expert.")
+        prefixes = cfg.prefixes
+        state = sub_state(weights, prefixes.expert)
         for name in [n for n in state if n.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]:
             state[name] = state[name].transpose(1, 2)  # the released hub layout -> transformers 5's modules
         self.model.load_state_dict(state)
         self.in_proj = RefInProj(cfg.in_proj, cfg.text.hidden_size)
-        self.in_proj.load_state_dict(sub_state(weights, "action_in_proj."))
+        self.in_proj.load_state_dict(sub_state(weights, prefixes.in_proj))
         self.out_proj = nn.Linear(cfg.text.hidden_size, 2)
-        self.out_proj.load_state_dict(sub_state(weights, "action_out_proj."))
+        self.out_proj.load_state_dict(sub_state(weights, prefixes.out_proj))
         inv_freq = self.model.rotary_emb.inv_freq.clone()
         for m in (self.model, self.in_proj, self.out_proj):
             m.to(dtype).eval()
@@ -515,15 +517,38 @@ def test_missing_or_misshaped_expert_tensor_names_it(golden, tmp_path):
     )
 
 
-def test_guidance_without_route_and_on_super_is_refused(golden, fp32):
+def test_guidance_without_route_and_super_guidance_off_its_noise_temperature_are_refused(golden, fp32):
     with pytest.raises(ValueError, match="navigation guidance needs a route"):
         unguided_prompt(fp32.ids.tolist(), ROUTE_START + 10, ROUTE_END)
     import dataclasses
 
-    super_expert = load_expert(golden["path"], golden["cfg"], golden["cfg"].text)
-    super_expert.cfg = dataclasses.replace(super_expert.cfg, supports_guidance=False)
-    with pytest.raises(ValueError, match="not supported by this checkpoint's expert"):
-        ExpertDecoder(super_expert, FlowSettings(guidance=1.5))
+    expert = load_expert(golden["path"], golden["cfg"], golden["cfg"].text)
+    ExpertDecoder(expert, FlowSettings(temperature=0.6, guidance=1.5))  # 1.5: any noise temperature
+    expert.cfg = dataclasses.replace(expert.cfg, guided_temperature=1.0)  # Super's
+    ExpertDecoder(expert, FlowSettings(temperature=0.6))  # without guidance: any
+    with pytest.raises(
+        ValueError,
+        match=r"--flow-temperature 0.6 with --nav-guidance: this checkpoint's navigation guidance draws its "
+        r"noise at temperature 1 \(Alpamayo 2 Super",
+    ):
+        ExpertDecoder(expert, FlowSettings(temperature=0.6, guidance="checkpoint"))
+
+
+def test_guidance_at_the_checkpoint_weight_reads_diffusion_cfg(golden):
+    import dataclasses
+
+    expert = load_expert(golden["path"], golden["cfg"], golden["cfg"].text)
+    expert.cfg = dataclasses.replace(expert.cfg, guidance_weight=2.5)
+    settings = FlowSettings(guidance="checkpoint")
+    assert (
+        settings.guidance_for(expert.cfg) == 2.5
+        and FlowSettings(guidance=1.5).guidance_for(expert.cfg) == 1.5
+    )
+    assert ExpertDecoder(expert, settings).record() == {"steps": 10, "temperature": 1.0, "guidance": 2.5}
+    with pytest.raises(
+        ValueError, match=r"navigation guidance weight must be a finite number or 'checkpoint'"
+    ):
+        FlowSettings(guidance="config")
 
 
 @pytest.mark.cuda

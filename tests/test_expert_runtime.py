@@ -112,6 +112,45 @@ def test_guidance_and_tokens_decoder_on_the_same_checkpoint(release):
         tokens.predict(frames, ego, noise=np.zeros((1, 64, 2)))
 
 
+def test_nav_guidance_flag_without_a_weight_takes_the_checkpoints(release):
+    """`--nav-guidance` alone: the checkpoint's diffusion_cfg.inference_guidance_weight (the demo's: NVIDIA's
+    default 1.0), recorded resolved; a weight that is not a number is refused by argparse, naming it."""
+    import argparse
+
+    from alpamayo.commands.common import add_decoder_args, flow_settings
+
+    parser = argparse.ArgumentParser()
+    add_decoder_args(parser)
+    settings = flow_settings(parser.parse_args(["--nav-guidance", "--flow-steps", "3"]))
+    assert settings.guidance == "checkpoint"
+    assert flow_settings(parser.parse_args(["--nav-guidance", "2"])).guidance == 2.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--nav-guidance", "strong"])
+    path, _ = release
+    guided = AlpamayoVLA.from_checkpoint(path, max_reasoning_tokens=REASONING_CAP, flow=settings)
+    assert "navigation guidance 1" in guided.model_line()
+    frames, ego = inputs()
+    assert guided.predict(frames, ego, route="turn left", seed=0).flow == {
+        "steps": 3,
+        "temperature": 1.0,
+        "guidance": 1.0,
+    }
+
+
+def test_guidance_on_ttnn_is_refused_by_name_before_anything_loads(tmp_path):
+    """The device expert reads one cache; navigation guidance (1.5's or Super's) is refused before the VLM or
+    the expert is loaded."""
+    from alpamayo.backends import BackendOptions
+
+    path = make_demo_checkpoint(tmp_path / "super", 0, layout="super")
+    with pytest.raises(
+        ValueError, match=r"navigation guidance \(--nav-guidance\) is not implemented on --backend ttnn"
+    ):
+        AlpamayoVLA.from_checkpoint(
+            path, BackendOptions(backend="ttnn"), flow=FlowSettings(guidance="checkpoint")
+        )
+
+
 class WithoutGuidance(ExpertDecoder):
     """The torch decoder declaring, as the ttnn one does, that it cannot build the unguided branch."""
 

@@ -20,11 +20,19 @@ from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import MARKERS_1_5, MARKERS_R1, TRAJ_MARKERS
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.generation import Sampling
+from alpamayo.numerics import max_abs_error
 from alpamayo.runtime import AlpamayoVLA, planner_config
+from alpamayo.tokenizer import load_tokenizer
 from alpamayo.vlm import VisionLanguageModel
 from planner.tokenizers import TrajectoryVocab
-from tests.hf_checkpoints import hf_image_processor, hf_plan_tokens
+from tests.hf_checkpoints import (
+    hf_float_image_processor,
+    hf_image_processor,
+    hf_plan_tokens,
+    nvidia_float_pixels,
+)
 from tests.test_runtime import frames_at, straight_history, write_prediction_inputs
+from vision.preprocess import preprocess_images
 
 RELEASES = ("r1", "alpamayo1.5", "super")
 BASE_LEN = 538  # demo base vocabulary: 512 BPE tokens + the 26 Qwen added tokens (real: 151643 + 26)
@@ -278,7 +286,11 @@ def test_greedy_tokens_equal_transformers_on_the_same_weights(releases, vla_of, 
     planner, cfg = vla.planner, vla.vlm.config
     prompt = planner.prompt([1], 4, planner.history(straight_history()))
     images = [frames[c][i] for c, i in prompt.images]
-    vision = hf_image_processor(163840, 196608)(images=images, return_tensors="pt")
+    if layout == "super":  # NVIDIA's Super helper: float images / 255, do_rescale=False (torchvision)
+        pixels, grid = nvidia_float_pixels(hf_float_image_processor(163840, 196608), images)
+        vision = {"pixel_values": pixels, "image_grid_thw": grid}
+    else:
+        vision = hf_image_processor(163840, 196608)(images=images, return_tensors="pt")
     ids = vla.vlm.expand_image_pads(prompt.token_ids, vla._features(frames, times, prompt.images))
     ids = torch.tensor(ids)
     hf = hf_vlm(vlm_config_dict(path, cfg))
@@ -294,6 +306,25 @@ def test_greedy_tokens_equal_transformers_on_the_same_weights(releases, vla_of, 
     assert sample.token_ids[:TRAJ] == out[start + 1 : start + 1 + TRAJ]
     assert sample.xyz.shape == (64, 3) and np.isfinite(sample.xyz).all()
     record_figure("greedy tokens equal to transformers", len(out))
+
+
+@pytest.mark.parametrize("layout", RELEASES)
+def test_image_path_follows_the_family(releases, vla_of, layout):
+    """Super's processor resizes float images x / 255 (its helper's `do_rescale=False`): its features are the
+    torchvision processor's pixels through the vision tower; R1 and 1.5 keep the uint8 path."""
+    vlm = vla_of(layout).vlm
+    assert vlm.preprocess.float_input == (layout == "super")
+    frames, _ = one_camera()
+    images = frames[1][:2]
+    if layout == "super":
+        expected, grid = nvidia_float_pixels(hf_float_image_processor(163840, 196608), images)
+    else:
+        out = hf_image_processor(163840, 196608)(images=images, return_tensors="pt")
+        expected, grid = out["pixel_values"], out["image_grid_thw"]
+    pixels, ours_grid = preprocess_images(images, vlm.preprocess)
+    assert torch.equal(ours_grid, grid)
+    # the float path is transformers' bit for bit; the uint8 path within one level (`vision.resize`)
+    assert max_abs_error(expected, pixels) <= (0.0 if layout == "super" else 2 / 255 + 1e-6)
 
 
 @pytest.mark.parametrize("layout", RELEASES)
@@ -541,6 +572,101 @@ def test_a_vocabulary_that_does_not_match_the_embeddings_names_both(releases, tm
         rf"rows but the tokenizer \(base model {base}, extended\) has {n + 1} tokens; they must equal",
     ):
         VisionLanguageModel.from_checkpoint(ckpt)
+
+
+def with_plain_tokenizer(source, ckpt):
+    """A copy of the Super checkpoint `source` whose tokenizer is the base Qwen one, without the `<iN>` and the
+    Alpamayo markers (as a checkpoint re-saved from the base model's processor would ship it)."""
+    shutil.copytree(source, ckpt)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (ckpt / name).unlink()
+    base_tokenizer().save_pretrained(ckpt)
+    return ckpt
+
+
+def test_a_super_checkpoint_with_a_plain_tokenizer_is_completed_at_load(releases, tmp_path, capsys):
+    """NVIDIA's `build_alpamayo2_super_tokenizer` adds the `<iN>` and the markers to the checkpoint's tokenizer
+    at every load: a plain one gets the shipped extended tokenizer's ids, and the load says so once."""
+    ckpt = with_plain_tokenizer(releases["super"], tmp_path / "plain")
+    assert "<i0>" not in load_tokenizer(ckpt).get_vocab()
+    capsys.readouterr()
+    vla = AlpamayoVLA.from_checkpoint(ckpt, decoder="tokens", max_reasoning_tokens=2)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert f"{ckpt}: the tokenizer lacks 4028 of Alpamayo 2 Super's trajectory tokens and markers" in lines[0]
+    assert "added at load as NVIDIA's code adds them (<i0>..<i3999>, then the markers)" in lines[0]
+    completed = model_tokenizer(vla.vlm.config)
+    shipped = model_tokenizer(load_model_config(releases["super"]))
+    assert completed.get_vocab() == shipped.get_vocab() and len(completed) == BASE_LEN + 4028
+    assert completed.convert_tokens_to_ids("<|traj_future_start|>") == BASE_LEN + 4012
+    # the whole driving prompt (history bins, markers, route text) is the same token sequence
+    shipped_planner = AlpamayoVLA.from_checkpoint(releases["super"], decoder="tokens").planner
+    bins = vla.planner.history(straight_history())
+    prompt = vla.planner.prompt([1, 6], 4, bins, "Turn left in 11m").token_ids
+    assert prompt == shipped_planner.prompt([1, 6], 4, bins, "Turn left in 11m").token_ids
+    # a shipped complete tokenizer is taken as it is, silently
+    capsys.readouterr()
+    assert model_tokenizer(load_model_config(releases["super"])) is shipped
+    assert capsys.readouterr().err == ""
+
+
+def test_super_reasoning_masks_what_nvidias_logits_processors_mask(releases, tmp_path):
+    """NVIDIA's reasoning: `MaskDiscreteTrajectoryLogitsProcessor` over [min(history_id0, future_id0), + 4000)
+    of config.json's `traj_ids`, `MaskTokenIdsLogitsProcessor` over the nested VLM's generation-config EOS ids
+    (`GenerationConfig.from_model_config(vlm_config)`: a generation_config.json beside it is never read) except
+    `<|traj_future_start|>`; the padding rows of the vocabulary stay open."""
+    from transformers import GenerationConfig, Qwen3VLConfig
+
+    from alpamayo.trajectory_generation import _Masks
+    from planner.pipeline import Planner
+
+    ckpt = tmp_path / "super"
+    shutil.copytree(releases["super"], ckpt)
+    raw = json.loads((ckpt / "config.json").read_text())
+    start = raw["traj_ids"]["future_start"]
+    raw["vlm_config"]["eos_token_id"] = [raw["vlm_config"]["text_config"]["eos_token_id"], start]
+    (ckpt / "config.json").write_text(json.dumps(raw))
+    (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))  # not NVIDIA's source
+    cfg = load_model_config(ckpt)
+    fields = {k: v for k, v in raw["vlm_config"].items() if k not in ("architectures", "model_type")}
+    nvidia_eos = GenerationConfig.from_model_config(Qwen3VLConfig(**fields)).eos_token_id
+    assert list(cfg.eos_token_ids) == nvidia_eos
+    vocab = Planner.from_config(planner_config(cfg), model_tokenizer(cfg)).vocab
+    bias = _Masks(vocab, cfg.text.vocab_size, cfg.eos_token_ids, torch.device("cpu")).reasoning
+    expected = torch.zeros(cfg.text.vocab_size)
+    first = min(raw["traj_ids"]["history_id0"], raw["traj_ids"]["future_id0"])
+    expected[first : first + raw["traj_vocab_size"]] = float("-inf")
+    expected[[e for e in nvidia_eos if e != start]] = float("-inf")
+    assert torch.equal(bias, expected)
+    assert bias[start] == 0 and not bias[len(model_tokenizer(cfg)) :].any()  # padding rows 4566..4607 open
+
+
+def test_physicalai_av_clips_open_the_familys_driving_cameras(releases, tmp_path):
+    """Replay and eval open a PhysicalAI-AV clip with the family's driving cameras unless --cameras picks
+    them: Super's trajectory task shows six (NVIDIA's `DRIVING_SIX_CAMERA_FOUR_FRAME`), R1 / 1.5 four."""
+    from alpamayo.replay.session import pai_cameras
+    from alpamayo.replay.settings import ReplaySettings
+
+    expected = {"super": (0, 1, 2, 3, 5, 6), "alpamayo1.5": (0, 1, 2, 6), "r1": (0, 1, 2, 6)}
+    for layout, cameras in expected.items():
+        assert pai_cameras(ReplaySettings(drive="pai:clip@100", checkpoint=releases[layout])) == cameras
+    chosen = ReplaySettings(drive="pai:clip@100", checkpoint=releases["super"], cameras=(1, 6))
+    assert pai_cameras(chosen) == (1, 6)
+    assert pai_cameras(ReplaySettings(drive=tmp_path / "drive.mcap", checkpoint=releases["super"])) is None
+
+
+def test_a_super_tokenizer_that_disagrees_with_the_saved_traj_ids_is_refused(releases, tmp_path):
+    ckpt = tmp_path / "other"
+    shutil.copytree(releases["super"], ckpt)
+    raw = json.loads((ckpt / "config.json").read_text())
+    raw["traj_ids"]["future_start"] += 1
+    (ckpt / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(
+        ConfigError,
+        match=rf"config.json: field 'traj_ids.future_start' = {BASE_LEN + 4013}, but the checkpoint's tokenizer "
+        rf"gives <\|traj_future_start\|> id {BASE_LEN + 4012}; the tokenizer is not the one",
+    ):
+        AlpamayoVLA.from_checkpoint(ckpt, decoder="tokens")
 
 
 @pytest.mark.parametrize(

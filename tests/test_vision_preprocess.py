@@ -1,9 +1,12 @@
-"""`vision.preprocess` against transformers' `Qwen2VLImageProcessorPil` configured with Qwen3-VL's values."""
+"""`vision.preprocess` against transformers' `Qwen2VLImageProcessorPil` configured with Qwen3-VL's values (the
+uint8 path), and against its torchvision `Qwen2VLImageProcessor` fed float images / 255 with `do_rescale=False`
+as Alpamayo 2 Super's helper feeds it (the float path)."""
 
 from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +15,12 @@ from PIL import Image
 
 from alpamayo.errors import ConfigError
 from alpamayo.numerics import max_abs_error
-from tests.hf_checkpoints import hf_image_processor, save_preprocessor_config
+from tests.hf_checkpoints import (
+    hf_float_image_processor,
+    hf_image_processor,
+    nvidia_float_pixels,
+    save_preprocessor_config,
+)
 from tests.images import noise_frame, synthetic_frame
 from vision.preprocess import PreprocessConfig, preprocess_images, smart_resize
 from vision.resize import uses_fast_path
@@ -215,3 +223,64 @@ def test_other_filters_and_flags_follow_the_config_exactly():
     )
     expected = hf(images=[image], return_tensors="pt")["pixel_values"]
     assert max_abs_error(expected, preprocess_images([image], cfg)[0]) == 0.0
+
+
+# ---------------------------------------------------------------- the float path (Alpamayo 2 Super)
+
+FLOAT32_ROUNDING = 1e-6  # a few ulps of values up to ~1.2 (ulp 1.2e-7); measured: exactly 0
+# (frames [height, width] given at once as Super stacks a camera's frames, pixel bounds, resample): the
+# Alpamayo frame both ways round, an upscale, a mild downscale, a size that needs no resize, bilinear, nearest.
+FLOAT_CASES = {
+    "alpamayo-1080x1920": ((1080, 1920), ALPAMAYO_PIXELS, 3),
+    "portrait-1920x1080": ((1920, 1080), ALPAMAYO_PIXELS, 3),
+    "upscale-50x70": ((50, 70), {}, 3),
+    "mild-downscale-700x1000": ((700, 1000), ALPAMAYO_PIXELS, 3),
+    "no-resize-64x96": ((64, 96), SMALL_PIXELS, 3),
+    "bilinear-1080x1920": ((1080, 1920), ALPAMAYO_PIXELS, 2),
+    "nearest-300x500": ((300, 500), ALPAMAYO_PIXELS, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT_CASES))
+def test_float_input_equals_transformers_fed_float_images(name, record_figure):
+    (h, w), bounds, resample = FLOAT_CASES[name]
+    frames = [synthetic_frame(h, w, seed=s) for s in range(2)] + [noise_frame(h, w, seed=2)]
+    cfg = replace(PreprocessConfig(resample=resample, **bounds), float_input=True)
+    pixel_values, grid = preprocess_images(frames, cfg)
+    hf = hf_float_image_processor(cfg.min_pixels, cfg.max_pixels, resample=resample)
+    expected, expected_grid = nvidia_float_pixels(hf, frames)
+    assert torch.equal(grid, expected_grid)
+    err = max_abs_error(expected, pixel_values)
+    record_figure(f"{name} float pixel_values max abs vs transformers", err)
+    assert err <= FLOAT32_ROUNDING
+    if (h, w) == (1080, 1920) and resample == 3:
+        # bicubic overshoot at the checkerboard's edges survives: no uint8 rounding, no clamp
+        assert float(expected.min()) < -1.05 and float(expected.max()) > 1.05
+        # and the uint8 path, which does round and clamp, is far from it (the test tells the two apart)
+        uint8_values, _ = preprocess_images(frames, replace(cfg, float_input=False))
+        assert max_abs_error(expected, uint8_values) > 0.05
+
+
+def test_float_input_channel_orders_and_pil_images_agree():
+    frame = synthetic_frame(700, 1000, seed=6)
+    cfg = PreprocessConfig(**ALPAMAYO_PIXELS).with_float_input("test")
+    rgb, _ = preprocess_images([frame], cfg)
+    assert torch.equal(preprocess_images([frame[..., ::-1]], cfg, "BGR")[0], rgb)
+    assert torch.equal(preprocess_images([Image.fromarray(frame)], cfg)[0], rgb)
+
+
+def test_float_input_refuses_filters_torchvision_cannot_run_on_floats():
+    with pytest.raises(ConfigError, match=r"config.json: 'resample' = 1 \(lanczos\) cannot resize the float"):
+        PreprocessConfig(resample=1).with_float_input("config.json")
+
+
+def test_the_uint8_path_is_unchanged_by_the_float_flag():
+    """The default (R1, 1.5, the project's layouts) keeps resizing uint8 images: float_input is off and the
+    pixels are the uint8 resize's, whatever the float path would give."""
+    frame = synthetic_frame(1080, 1920, seed=7)
+    cfg = PreprocessConfig(**ALPAMAYO_PIXELS)
+    assert not cfg.float_input
+    pixel_values, _ = preprocess_images([frame], cfg)
+    table = (np.arange(256, dtype=np.float64) / 255).astype(np.float32)
+    levels = np.round((pixel_values.numpy() * 0.5 + 0.5) * 255).astype(np.int64)
+    assert np.array_equal((table[levels] - np.float32(0.5)) / np.float32(0.5), pixel_values.numpy())

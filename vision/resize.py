@@ -14,6 +14,10 @@ rounded and clipped to uint8 after each pass). Two paths produce that result her
 
 So the fast path is taken only where it measured within one level, with margin: both axes shrink by at least
 `FAST_MIN_SHRINK`.
+
+`resize_float` is the other processor's resize, transformers' torchvision one fed float32 images (Alpamayo 2
+Super): torchvision's `resize` on a float tensor is `F.interpolate` in float32, antialiased for bilinear and
+bicubic, with nothing rounded or clamped.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from PIL import Image
 # PIL resample ids (`PIL.Image.Resampling`) that torch has an antialiased uint8 kernel for.
 TORCH_MODES = {2: "bilinear", 3: "bicubic"}
 PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+# PIL resample ids -> the `F.interpolate` mode torchvision resizes a float tensor with, as transformers maps
+# them (`pil_torch_interpolation_mapping`: NEAREST -> NEAREST_EXACT); lanczos, box and hamming have no tensor
+# kernel in the torchvision NVIDIA's Super code pins (0.23).
+FLOAT_MODES = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}
 FAST_MIN_SHRINK = 2.0
 # Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many pixels as the
 # width (Resample.c, ImagingResampleInner); earlier versions always run the horizontal pass first. The
@@ -76,3 +84,24 @@ def resize(image: np.ndarray, target: tuple[int, int], resample: int) -> np.ndar
         x = F.interpolate(x, size=(target[0], size[1]), mode=mode, antialias=True)
     # torch's 2-D kernel runs the horizontal pass first, as Pillow does in every other case
     return F.interpolate(x, size=target, mode=mode, antialias=True)[0].numpy()
+
+
+def resize_float(image: np.ndarray, target: tuple[int, int], resample: int) -> torch.Tensor:
+    """uint8 [H, W, 3] -> float32 [3, h, w] for `target` = (h, w): x / 255 in float32, then resized in float32
+    as torchvision resizes a float tensor (`F.interpolate`, antialiased for bilinear and bicubic; nothing
+    rounded or clamped, so bicubic overshoot leaves [0, 1]). A tensor view of the frame's channels-last memory
+    goes in; the result is bit-identical to resizing a contiguous copy (measured: max difference 0)."""
+    if resample not in FLOAT_MODES:
+        raise ValueError(
+            f"resample {resample} ({PIL_FILTERS.get(resample, '?')}) has no float resize; torchvision resizes "
+            f"float images with {sorted(FLOAT_MODES)} ({', '.join(FLOAT_MODES.values())})"
+        )
+    # one pass: uint8 -> float32 and the division (the same float32 quotient as `.float() / 255.0`)
+    x = torch.div(_readonly_tensor(image).permute(2, 0, 1), 255.0)
+    if tuple(image.shape[:2]) == tuple(target):
+        return x
+    mode = FLOAT_MODES[resample]
+    smooth = mode in ("bilinear", "bicubic")  # torchvision antialiases (and aligns no corners) only these
+    return F.interpolate(
+        x[None], size=target, mode=mode, align_corners=False if smooth else None, antialias=smooth
+    )[0]

@@ -13,7 +13,7 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import FlowSettings
+from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings, parse_guidance
 from alpamayo.families.loader import check_checkpoint
 from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.runtime import AlpamayoVLA
@@ -171,12 +171,25 @@ def add_decoder_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nav-guidance",
-        type=float,
+        type=guidance_arg,
+        nargs="?",
+        const=CHECKPOINT_GUIDANCE,
         default=None,
-        help="expert, Alpamayo 1.5: navigation classifier-free guidance weight W (v = (1-W) v_unguided + "
-        "W v_guided; 1 = pure guided, two expert forwards per step); needs a route: --route (replay, profile "
-        "and eval also take --route auto and --route-file)",
+        metavar="W",
+        help="expert: navigation classifier-free guidance, v = (1-W) v_unguided + W v_guided (1 = pure guided, "
+        "two expert forwards per step); without W the checkpoint's diffusion_cfg.inference_guidance_weight, "
+        "as NVIDIA's Alpamayo 2 Super example runs it; needs a route: --route (replay, profile and eval also "
+        "take --route auto and --route-file)",
     )
+
+
+def guidance_arg(text: str) -> float | str:
+    """argparse type of `--nav-guidance`: a weight, or `checkpoint`."""
+    try:
+        return parse_guidance(text, "--nav-guidance")
+    except ValueError as e:
+        hint = "; without a weight, follow --nav-guidance with another option or end the command with it"
+        raise argparse.ArgumentTypeError(f"{e}{hint}") from None
 
 
 def flow_settings(args: argparse.Namespace) -> FlowSettings:

@@ -350,7 +350,7 @@ def torch_plan(args: argparse.Namespace, cfg: ModelConfig, expert: ExpertConfig 
     prompt, patches = prompt_tokens(args, cfg)
     generated = args.reasoning_tokens + PlannerSettings.from_config(cfg).tokens_per_future
     context = args.max_seq_len or -(-(prompt + generated) // CACHE_STEP) * CACHE_STEP
-    guidance = expert is not None and expert.supports_guidance
+    guidance = expert is not None  # every release's expert runs navigation guidance on torch
     recipes = [QuantRecipe(), QuantRecipe("int8", head=args.quant_head)]
     recipes += [QuantRecipe("int4", g, args.quant_head) for g in GROUP_SIZES]
     plans = {

@@ -74,7 +74,8 @@ def add_drive_source_args(p: argparse.ArgumentParser, cameras_flag: str = "--cam
         dest="pai_cameras",
         type=parse_cameras,
         default=None,
-        help="PhysicalAI-AV camera indices, comma-separated (default 0,1,2,6)",
+        help="PhysicalAI-AV camera indices, comma-separated (default: with a checkpoint, its family's driving "
+        "cameras, 0,1,2,6 or Alpamayo 2 Super's 0,1,2,3,5,6; else 0,1,2,6)",
     )
 
 

@@ -13,11 +13,11 @@ from typing import NoReturn
 import yaml
 
 from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples
-from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
+from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP, guidance_arg
 from alpamayo.commands.stop_signals import StopSignals
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import FlowSettings
+from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config
 from bridges.node import InferenceNode
@@ -46,7 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decoder", choices=DECODERS, help="overrides model.decoder (expert or tokens)")
     p.add_argument("--flow-steps", type=int, help="overrides model.flow_steps (the expert's Euler steps)")
     p.add_argument("--flow-temperature", type=float, help="overrides model.flow_temperature")
-    p.add_argument("--nav-guidance", type=float, help="overrides model.nav_guidance (needs model.route)")
+    p.add_argument(
+        "--nav-guidance",
+        type=guidance_arg,
+        nargs="?",
+        const=CHECKPOINT_GUIDANCE,
+        metavar="W",
+        help="overrides model.nav_guidance (needs model.route); without W the checkpoint's weight",
+    )
     p.add_argument(
         "--no-model",
         action="store_true",

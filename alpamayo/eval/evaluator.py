@@ -25,7 +25,7 @@ from alpamayo.profiling.environment import hardware
 from alpamayo.profiling.stats import stage_label
 from alpamayo.replay.lockstep import replay_lockstep
 from alpamayo.replay.outputs import TickOutput, path_record, prediction_record
-from alpamayo.replay.session import load_predictor
+from alpamayo.replay.session import load_predictor, pai_cameras
 from alpamayo.replay.settings import ReplayJob
 from bridges.drives import DriveSource, open_drive
 from bridges.recording import RecordingLayout
@@ -100,7 +100,7 @@ class ClipEvaluator:
     def _evaluate(self, clip: Clip, seed: int, warn) -> dict[str, Any]:
         self.tracer.clear()
         s = self.settings
-        cameras = s.cameras if clip.is_pai else None
+        cameras = pai_cameras(self.replay, clip.drive) if clip.is_pai else None
         with self.tracer.span("open_drive"):
             drive = open_drive(clip.drive, self.layout, s.pai_dir, cameras, warn)
         try:

@@ -71,7 +71,7 @@ class EvalSettings:
     quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     layout: Path | None = None
     pai_dir: Path | None = None
-    cameras: tuple[int, ...] | None = None  # PhysicalAI-AV cameras (None: Alpamayo's 0, 1, 2, 6)
+    cameras: tuple[int, ...] | None = None  # PhysicalAI-AV cameras (None: the family's driving cameras)
     ray: str | None = None
     workers: int | None = None
     cpus_per_worker: int | None = None

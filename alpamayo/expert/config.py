@@ -7,7 +7,9 @@ Two layouts (NVIDIA's public code is the definition):
     `expert_non_causal_attention`. Weights: `expert.*`, `action_in_proj.*`, `action_out_proj.*`.
   * Alpamayo 2 Super: `expert_config` holds a full `llm_config` (a text-model config, not overrides) beside
     the same four settings. Weights: `expert.expert.*`, `expert.action_in_proj.*`, `expert.action_out_proj.*`.
-    Super's model refuses classifier-free guidance.
+    Super's model class refuses a config that turns classifier-free guidance on (`ExpertModel`); its navigation
+    guidance runs as `examples/two_gpu_nav_cfg_demo.py` composes it, at the config's weight and noise
+    temperature 1.
 
 The expert reads the VLM's KV cache layer by layer, so `validate_against_vlm` requires equal layer counts and
 equal K/V layouts (KV heads x head_dim) before any weight is read.
@@ -110,7 +112,12 @@ class ExpertConfig:
     num_inference_steps: int = 10  # Euler steps
     non_causal: bool = True  # the 64 action tokens attend to each other bidirectionally
     out_proj_bias: bool = True
-    supports_guidance: bool = True  # navigation CFG (Super's model refuses it)
+    # `diffusion_cfg.inference_guidance_weight`: navigation guidance's weight when none is given (NVIDIA's
+    # FlowMatching default 1.0, pure guided)
+    guidance_weight: float = 1.0
+    # the initial-noise temperature navigation guidance runs at (Super: 1.0, as NVIDIA's guided example samples
+    # it), None: any
+    guided_temperature: float | None = None
     source: str = "config.json"
 
     def tensor_shapes(self) -> dict[str, list[tuple[int, ...]]]:
@@ -219,14 +226,21 @@ def _in_proj(section: Fields) -> InProjConfig:
     return cfg
 
 
-def _diffusion_steps(section: Fields) -> int:
+def _diffusion(section: Fields, super_layout: bool) -> tuple[int, float]:
+    """(Euler steps, guidance weight) of `diffusion_cfg` (NVIDIA's `FlowMatching` defaults: 10, 1.0)."""
     _check_target(section, DIFFUSION_TARGET)
     method = section.str("int_method", "euler")
     if method != "euler":
         raise ConfigError(
             f"{section.source}: unsupported '{section.name('int_method')}' = {method!r}; supported: 'euler'"
         )
-    return section.int("num_inference_steps", 10)
+    if super_layout and section.bool("use_classifier_free_guidance", False):
+        raise ConfigError(
+            f"{section.source}: '{section.name('use_classifier_free_guidance')}' = true, which NVIDIA's "
+            "Alpamayo2Super refuses to load; its navigation guidance is asked for at sampling (--nav-guidance)"
+        )
+    weight = section.number("inference_guidance_weight", 1.0)
+    return section.int("num_inference_steps", 10), weight
 
 
 def parse_expert_config(
@@ -254,16 +268,18 @@ def parse_expert_config(
         kind = vlm_kind
     out_proj = settings.optional_sub("action_out_proj_cfg")
     _check_target(out_proj, OUT_PROJ_TARGET)
+    steps, weight = _diffusion(settings.optional_sub("diffusion_cfg"), super_layout)
     return ExpertConfig(
         layout=SUPER if super_layout else FLAT,
         text=parse_text_config(text_fields, kind),
         text_dict=text_dict,
         in_proj=_in_proj(settings.optional_sub("action_in_proj_cfg")),
         prefixes=SUPER_PREFIXES if super_layout else FLAT_PREFIXES,
-        num_inference_steps=_diffusion_steps(settings.optional_sub("diffusion_cfg")),
+        num_inference_steps=steps,
         non_causal=settings.bool("expert_non_causal_attention", True),
         out_proj_bias=out_proj.bool("bias", True),
-        supports_guidance=not super_layout,
+        guidance_weight=weight,
+        guided_temperature=1.0 if super_layout else None,
         source=source,
     )
 

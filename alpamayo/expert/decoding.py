@@ -2,15 +2,18 @@
 
     plans = generate_plans(vlm, logits, vocab, sampler, limits, eos, trajectory_tokens=False)
     actions = decoder.sample(vlm.text, plans, prompt_len, seed)            # [K, 64, 2] normalised
-    # with navigation guidance (1.5): the unguided branch's context first
-    unguided = decoder.unguided_context(vlm, unguided_prompt(ids, route_start, route_end), features, plans, ...)
+    # with navigation guidance: the unguided branch's context first
+    unguided = decoder.unguided_context(vlm, unguided_ids, features, plans, ...)
 
 Row i's `<|traj_future_start|>` is at cache position prompt_len + len(reasoning_i) (`generate_plans`), so its
-offset is one more. The unguided branch is NVIDIA's (`sample_trajectories_from_data_with_vlm_rollout_cfg_nav`):
-the prompt without its `<|route_start|>..<|route_end|>` span is prefilled once into its own cache, forked into
-K rows, and every generated token of each row is replayed into it, including the one NVIDIA generates after the
-last `<|traj_future_start|>` (here: the filler), which the expert's mask hides with the rest after the offset.
-Its action positions follow from its own, shorter prompt.
+offset is one more. The unguided branch is NVIDIA's: the prompt without the route (1.5,
+`sample_trajectories_from_data_with_vlm_rollout_cfg_nav`: the guided ids without their
+`<|route_start|>..<|route_end|>` span, `unguided_prompt`; 2 Super, `examples/two_gpu_nav_cfg_demo.py`: the
+prompt rendered again without its raw route text) is prefilled once into its own cache with the same images,
+forked into K rows, and every generated token of each row is replayed into it in one forward, including the one
+NVIDIA's generation produces after the last `<|traj_future_start|>` (its padding; here: the filler), which the
+expert's mask hides with the rest after the offset. Its action positions follow from its own, shorter prompt.
+The velocities mix as (1 - w) v_unguided + w v_guided at each Euler step (`alpamayo.expert.sampler`).
 """
 
 from __future__ import annotations
@@ -71,11 +74,14 @@ class ExpertDecoder:
 
     @staticmethod
     def check_settings(cfg: ExpertConfig, settings: FlowSettings) -> None:
-        """ValueError for settings this checkpoint's expert cannot run (before any weight is loaded)."""
-        if settings.guidance is not None and not cfg.supports_guidance:
+        """ValueError for settings this checkpoint's expert cannot run (before any weight is loaded): Super's
+        guidance at another noise temperature than NVIDIA's guided example samples (`guided_temperature`)."""
+        fixed = cfg.guided_temperature
+        if settings.guidance is not None and fixed is not None and settings.temperature != fixed:
             raise ValueError(
-                "navigation guidance is not supported by this checkpoint's expert (Alpamayo 2 Super's model "
-                "refuses classifier-free guidance); drop --nav-guidance"
+                f"--flow-temperature {settings.temperature:g} with --nav-guidance: this checkpoint's navigation "
+                f"guidance draws its noise at temperature {fixed:g} (Alpamayo 2 Super, as NVIDIA's "
+                "two_gpu_nav_cfg_demo samples it); drop --flow-temperature"
             )
 
     @property
@@ -145,7 +151,8 @@ class ExpertDecoder:
     ) -> torch.Tensor:
         """[K, 64, 2] float32 normalised actions, K = ctx.rows: Euler steps from `noise` (or seeded noise).
         `ctx` and `unguided`: this decoder's `context` / `unguided_context`."""
-        if (unguided is None) != (self.settings.guidance is None):
+        weight = self.settings.guidance_for(self.expert.cfg)
+        if (unguided is None) != (weight is None):
             raise ValueError("navigation guidance needs both the guidance weight and the unguided context")
         x0 = noise_for(ctx.rows, self.expert.n_tokens, self.settings, seed, noise)
         return euler_sample(
@@ -153,7 +160,7 @@ class ExpertDecoder:
             self.steps,
             self.step(_own(ctx)),
             None if unguided is None else self.step(_own(unguided)),
-            1.0 if self.settings.guidance is None else self.settings.guidance,
+            1.0 if weight is None else weight,
             tracer,
             cancel,
         )

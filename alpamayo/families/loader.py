@@ -9,12 +9,17 @@ R1 / 1.5: the base model (`alpamayo.families.base_model`) gives the Qwen3-VL con
 tokenizer is extended (`alpamayo.families.vocabulary`) and the config's vocabulary set to its length, as
 NVIDIA's `ReasoningVLAConfig` does. Their EOS ids come from the checkpoint's generation_config.json, else the
 base model's.
+
+Super: the checkpoint's own tokenizer, completed as NVIDIA's `build_alpamayo2_super_tokenizer` completes it at
+every load (the `<iN>` then the markers it lacks; one line on stderr when anything was added), and checked
+against the ids config.json's `traj_ids` saved, which NVIDIA's model uses.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +28,13 @@ from alpamayo.errors import ConfigError
 from alpamayo.expert.config import expert_config_of, validate_against_vlm
 from alpamayo.families.base_model import BUNDLED_8B, KNOWN_8B_BASES, resolve_base_model
 from alpamayo.families.registry import RELEASE_IDS, Family, detect_family
-from alpamayo.families.vocabulary import bin_token, check_embedding_rows, extend_tokenizer
+from alpamayo.families.vocabulary import (
+    bin_token,
+    check_embedding_rows,
+    complete_tokenizer,
+    extend_tokenizer,
+    marker,
+)
 from alpamayo.json_fields import Fields, read_json
 from alpamayo.tokenizer import load_tokenizer
 
@@ -75,7 +86,7 @@ def load_model_config(path: str | Path, base_model: str | Path | None = None) ->
     source = str(cfg_path)
     raw = _read_config(cfg_path)
     family = detect_family(raw)
-    eos = generation_eos(directory)
+    eos = generation_eos(directory) if family.generation_eos else ()
     if not family.uses_base_model:
         if base_model is not None:
             raise ConfigError(
@@ -154,11 +165,80 @@ def _check_saved_ids(raw: dict[str, Any], source: str, tokenizer: Any, base_dir:
 
 
 def model_tokenizer(cfg: ModelConfig) -> Any:
-    """The tokenizer of a loaded config: the checkpoint's own, or (R1 / 1.5) the extended base tokenizer."""
-    if not cfg.family.uses_base_model:
-        return load_tokenizer(Path(cfg.source).parent)
-    traj_vocab_size, add_special = _extension(cfg.extra, cfg.source)
-    return _extended_tokenizer(cfg.base_model, traj_vocab_size, cfg.family.markers, add_special)
+    """The tokenizer of a loaded config: the checkpoint's own (Super: completed, see the module docstring), or
+    (R1 / 1.5) the extended base tokenizer."""
+    family = cfg.family
+    if family.uses_base_model:
+        traj_vocab_size, add_special = _extension(cfg.extra, cfg.source)
+        return _extended_tokenizer(cfg.base_model, traj_vocab_size, family.markers, add_special)
+    directory = Path(cfg.source).parent
+    if family.markers is None:
+        return load_tokenizer(directory)
+    root = Fields(cfg.extra, "", cfg.source)
+    # NVIDIA's `Alpamayo2SuperConfig` defaults
+    history, future = root.int("history_vocab_size", 1000), root.int("future_vocab_size", 3000)
+    tokenizer = _completed_tokenizer(
+        str(directory), _tokenizer_files(directory), history + future, family.markers, family.title
+    )
+    _check_traj_ids(root, tokenizer, history)
+    return tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "added_tokens.json")
+
+
+def _tokenizer_files(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, mtime ns, size) of the tokenizer files present: the cache key changes when they do."""
+    stats = ((name, directory / name) for name in TOKENIZER_FILES)
+    return tuple((name, p.stat().st_mtime_ns, p.stat().st_size) for name, p in stats if p.is_file())
+
+
+@functools.lru_cache(maxsize=4)
+def _completed_tokenizer(
+    directory: str,
+    files: tuple[tuple[str, int, int], ...],
+    traj_vocab_size: int,
+    markers: tuple[str, ...],
+    title: str,
+) -> Any:
+    """The checkpoint's tokenizer completed once per process (and per version of its files, `files`)."""
+    del files  # the cache key only
+    tokenizer = load_tokenizer(directory)
+    added = complete_tokenizer(tokenizer, traj_vocab_size, markers)
+    if added:
+        print(
+            f"alpamayo: {directory}: the tokenizer lacks {added} of {title}'s trajectory tokens and markers; "
+            f"added at load as NVIDIA's code adds them (<i0>..<i{traj_vocab_size - 1}>, then the markers)",
+            file=sys.stderr,
+        )
+    return tokenizer
+
+
+# config.json `traj_ids` key -> the token NVIDIA's config derives it from (`_build_traj_ids`; `future_id0` is
+# `<i{history_vocab_size}>`).
+TRAJ_ID_TOKENS = {
+    "history_pad": marker("traj_history"),
+    "future_pad": marker("traj_future"),
+    "history_start": marker("traj_history_start"),
+    "future_start": marker("traj_future_start"),
+    "history_end": marker("traj_history_end"),
+    "future_end": marker("traj_future_end"),
+    "history_id0": bin_token(0),
+}
+
+
+def _check_traj_ids(root: Fields, tokenizer: Any, history: int) -> None:
+    """NVIDIA's Super model takes its trajectory ids from config.json's saved `traj_ids`, the project from the
+    tokenizer: where saved they must agree, or the checkpoint's tokenizer is not the one it was trained with."""
+    saved = root.optional_sub("traj_ids").data
+    tokens = dict(TRAJ_ID_TOKENS, future_id0=bin_token(history))
+    for key, token in tokens.items():
+        value, found = saved.get(key), tokenizer.convert_tokens_to_ids(token)
+        if isinstance(value, int) and not isinstance(value, bool) and value != found:
+            raise ConfigError(
+                f"{root.source}: field 'traj_ids.{key}' = {value}, but the checkpoint's tokenizer gives {token} "
+                f"id {found}; the tokenizer is not the one the model was trained with"
+            )
 
 
 def check_checkpoint(ckpt: Any, cfg: ModelConfig) -> None:

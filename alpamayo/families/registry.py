@@ -5,7 +5,7 @@
     demo            any other config with a nested vlm_config  vlm_config             the checkpoint
     r1              AlpamayoR1 / alpamayo_r1, flat              vlm_name_or_path       base model, extended
     alpamayo1.5     Alpamayo1_5 / alpamayo1_5, flat             vlm_name_or_path       base model, extended
-    super           Alpamayo2Super / alpamayo2_super + vlm_cfg  vlm_config             the checkpoint
+    super           Alpamayo2Super / alpamayo2_super + vlm_cfg  vlm_config             the checkpoint, completed
 
 Everything that differs between families (weight prefix, token order, prompt, reasoning, sampling defaults)
 is a field of `Family`, so the rest of the package asks the family instead of testing its name.
@@ -53,7 +53,8 @@ class Family:
     vlm_source: where the Qwen3-VL config comes from: "root" (the file is one), "vlm_config" (nested),
         "base_model" (the base model `vlm_name_or_path` names; vocabulary = the extended tokenizer's length);
     weight_prefix: prefix of every VLM tensor on disk;
-    markers: marker names in the order the tokenizer adds them (None: the tokenizer ships with the checkpoint);
+    markers: marker names in the order the tokenizer adds them: to the base model's tokenizer (R1 / 1.5), or to
+        the checkpoint's own where it lacks them (Super); None: the checkpoint's tokenizer is taken as it is;
     history_first: the `<iN>` tokens hold the history bins first (Super), else the future bins first;
     future_key: config key of the future (discrete) trajectory tokenizer settings;
     action_space_path: config keys leading to the action-space settings;
@@ -63,6 +64,13 @@ class Family:
     route_tokens: navigation text goes inside `<|route_start|>..<|route_end|>` (else as its own text item);
     reasoning_end: marker that ends the reasoning text (None: all of it, up to `<|traj_future_start|>`);
     vqa: the model answers `<|question_start|>..` questions (`AlpamayoVLA.ask`);
+    float_pixels: its processor is given float32 images x / 255 (`do_rescale=False`) and resizes them in float
+        (`vision.preprocess`, Super's helper), else uint8 images;
+    driving_cameras: the PhysicalAI-AV cameras a drive's trajectory prompt shows when none are chosen (NVIDIA's
+        loaders: Alpamayo's four; Super's trajectory task profile six, `input_profiles.py`);
+    generation_eos: the EOS ids the reasoning masks come from the checkpoint's generation_config.json where it
+        has one (else the VLM config's); Super: always its `vlm_config`'s (NVIDIA's nested VLM builds its
+        generation config from it and never reads the file);
     sampling: default decoding; exact_vocab: the embedding rows must equal the tokenizer's length.
     """
 
@@ -80,6 +88,9 @@ class Family:
     route_tokens: bool = True
     reasoning_end: str | None = "cot_end"
     vqa: bool = False
+    float_pixels: bool = False
+    generation_eos: bool = True
+    driving_cameras: tuple[int, ...] = (0, 1, 2, 6)
     sampling: Sampling = GREEDY
     exact_vocab: bool = False
 
@@ -118,7 +129,7 @@ SUPER = Family(
     "Alpamayo 2 Super",
     "vlm_config",
     "vlm.",
-    None,
+    MARKERS_R1,  # `build_alpamayo2_super_tokenizer` adds what the checkpoint's tokenizer lacks, at every load
     history_first=True,
     future_key="future_traj_tokenizer_cfg",
     action_space_path=("expert_config", "action_space_cfg"),
@@ -126,6 +137,9 @@ SUPER = Family(
     route_tokens=False,
     reasoning_end=None,
     vqa=True,
+    float_pixels=True,  # `helper.prepare_model_inputs`: images.float() / 255.0, do_rescale=False
+    generation_eos=False,  # `self.vlm.generation_config`: GenerationConfig.from_model_config(vlm_config)
+    driving_cameras=(0, 1, 2, 3, 5, 6),  # `DRIVING_SIX_CAMERA_FOUR_FRAME`: trajectory, meta action, grounding
     sampling=REFERENCE_SAMPLING,
 )
 FAMILIES = {f.name: f for f in (QWEN3_VL, DEMO, R1, ALPAMAYO_1_5, SUPER)}

@@ -41,6 +41,19 @@ def extend_tokenizer(
     return tokenizer
 
 
+def complete_tokenizer(tokenizer: Any, traj_vocab_size: int, markers: Sequence[str]) -> int:
+    """Add to `tokenizer`, in place, whichever of `<i0>`..`<i{N-1}>` (normal tokens) and then the `markers`
+    (special tokens) it lacks, in that order; returns how many were added (0 for a tokenizer that ships them).
+
+    Alpamayo 2 Super's rule (`build_alpamayo2_super_tokenizer`, run on the checkpoint's own tokenizer at every
+    load): the same order as `extend_tokenizer`, but tokens already present are skipped, not refused.
+    """
+    before = len(tokenizer)
+    tokenizer.add_tokens([bin_token(i) for i in range(traj_vocab_size)])
+    tokenizer.add_tokens([marker(m) for m in markers], special_tokens=True)
+    return len(tokenizer) - before
+
+
 def check_embedding_rows(
     tokenizer_len: int, rows: int, exact: bool, tokenizer_from: str, tensor: str, file: str
 ) -> None:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from alpamayo.expert.sampler import describe_guidance
 from alpamayo.prediction import DT_S
 from alpamayo.replay.ticks import poses_in_t0_frame
 from bridges.recording import PoseTrack
@@ -107,7 +108,7 @@ class RouteTable:
 
 
 def check_route_options(
-    route: str | None, route_file: Path | None, guidance: float | None, mode: str = "lockstep"
+    route: str | None, route_file: Path | None, guidance: float | str | None, mode: str = "lockstep"
 ) -> None:
     """ValueError for a combination the replay cannot run: both sources, an empty `--route`, a route file that
     does not load, navigation guidance without a source, or a per-tick source in real-time mode (the node
@@ -120,7 +121,7 @@ def check_route_options(
         RouteTable.load(route_file)
     if guidance is not None and route is None and route_file is None:
         raise ValueError(
-            f"--nav-guidance {guidance:g} needs a route source: --route TEXT, --route auto (from the drive's "
+            f"--nav-guidance {describe_guidance(guidance)} needs a route source: --route TEXT, --route auto (from the drive's "
             "recorded path) or --route-file CSV (the unguided branch is the prompt without the route)"
         )
     if mode == "realtime" and (route == AUTO or route_file is not None):

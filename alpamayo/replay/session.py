@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from alpamayo.families.loader import checkpoint_family
 from alpamayo.prediction import DT_S
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware, software, source_commit
@@ -26,11 +28,20 @@ from alpamayo.replay.ros2_outputs import Ros2Recorder
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
 from alpamayo.runtime import AlpamayoVLA
-from bridges.drives import DriveSource, open_drive
+from bridges.drives import PAI_PREFIX, DriveSource, open_drive
 from bridges.mcap_writer import RecordingWriter
 from bridges.recording import RecordingLayout, Warn
 
 RUN_METADATA = "alpamayo.run"
+
+
+def pai_cameras(settings: ReplaySettings, drive: str | Path | None = None) -> tuple[int, ...] | None:
+    """The cameras to open a PhysicalAI-AV clip (`drive`, default `settings.drive`) with: `settings.cameras`,
+    else the checkpoint family's driving cameras (Super: six); None for other drives (their layout decides)."""
+    spec = str(settings.drive if drive is None else drive)
+    if not spec.startswith(PAI_PREFIX):
+        return settings.cameras
+    return settings.cameras or checkpoint_family(settings.checkpoint).driving_cameras
 
 
 def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
@@ -99,7 +110,7 @@ def run_replay(settings: ReplaySettings, warn: Warn = print_warning) -> ReplayRu
     output and the trace, JSON and plot files asked for; `warn` is told of skipped data."""
     settings.validate()
     layout = None if settings.layout is None else RecordingLayout.load(settings.layout)
-    drive = open_drive(settings.drive, layout, settings.pai_dir, settings.cameras, warn)
+    drive = open_drive(settings.drive, layout, settings.pai_dir, pai_cameras(settings), warn)
     tracer = Tracer()
     try:
         predictor = load_predictor(settings, tracer)

@@ -547,12 +547,19 @@ class TTExpertDecoder:
     unguided: None = None  # the declared capability: no unguided branch on the device
 
     def __init__(self, expert: TTActionExpert, settings: FlowSettings = DEFAULT_FLOW):
+        self.check_settings(settings)
+        self.expert, self.settings = expert, settings
+
+    @staticmethod
+    def check_settings(settings: FlowSettings) -> None:
+        """ValueError for settings the device expert cannot run, before anything is loaded: navigation guidance
+        (every family's, Alpamayo 1.5's and 2 Super's alike)."""
         if settings.guidance is not None:
             raise ValueError(
-                "navigation guidance (--nav-guidance) is not implemented on --backend ttnn: it needs a second "
-                "prompt's cache on the device; use --backend torch for guided sampling"
+                "navigation guidance (--nav-guidance) is not implemented on --backend ttnn: its unguided branch "
+                "is a second prompt's KV cache, and the device expert reads only the cache the text model decodes "
+                "into; use --backend torch for guided sampling"
             )
-        self.expert, self.settings = expert, settings
 
     @property
     def steps(self) -> int:
