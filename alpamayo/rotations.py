@@ -27,6 +27,12 @@ def heading(rot: np.ndarray) -> np.ndarray:
     return np.arctan2(rot[..., 1, 0], rot[..., 0, 0])
 
 
+def quat_heading(quat_xyzw: np.ndarray) -> np.ndarray:
+    """[..., 4] quaternions (x, y, z, w) -> [...] rad in (-pi, pi]: `heading` of their rotation matrices."""
+    quat = np.asarray(quat_xyzw, dtype=np.float64)
+    return heading(Rotation.from_quat(quat.reshape(-1, 4)).as_matrix().reshape(*quat.shape[:-1], 3, 3))
+
+
 def compose(outer_xyzw: np.ndarray, inner_xyzw: np.ndarray) -> np.ndarray:
     """outer * inner [..., 4] (broadcast): `inner` applied first, e.g. a link's rotation in its parent frame
     composed below the parent's rotation in the world."""

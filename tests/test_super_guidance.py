@@ -187,9 +187,9 @@ def run(checkpoint):
     seen = {}
     sample = ExpertDecoder.sample
 
-    def spy(self, ctx, seed=None, noise=None, unguided=None, tracer=None):
+    def spy(self, ctx, seed=None, noise=None, unguided=None, tracer=None, cancel=None):
         seen.update(ctx=ctx, unguided=unguided)
-        return sample(self, ctx, seed, noise, unguided, tracer)
+        return sample(self, ctx, seed, noise, unguided, tracer, cancel)
 
     x0 = noise(rows=1, seed=11)
     shots, times = frames()

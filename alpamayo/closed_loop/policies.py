@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.spatial.transform import Rotation
 
 from alpamayo.closed_loop.controller import MAX_ACCEL, MAX_BRAKE
 from alpamayo.closed_loop.driver import DrivePlan, Egomotion
@@ -33,7 +32,7 @@ from alpamayo.closed_loop.scene import (
 )
 from alpamayo.demo_drive.world import LANE_WIDTH_M, World
 from alpamayo.prediction import FUTURE_STEPS, HISTORY_STEPS
-from alpamayo.rotations import from_frame, heading, to_frame, yaw_to_quat
+from alpamayo.rotations import from_frame, quat_heading, to_frame, yaw_to_quat
 from planner.baselines import constant_velocity
 
 POLICIES = ("model", "constant-velocity", "stop", "route")
@@ -134,7 +133,7 @@ def _braking(speed: float) -> np.ndarray:
 def _quats(xyz: np.ndarray, q0: np.ndarray) -> np.ndarray:
     """[T, 4] orientations along the path xyz [T, 3]: the first is q0, each later one faces along the step into
     it (the previous heading where the path stands still)."""
-    yaw = [float(heading(Rotation.from_quat(q0).as_matrix()))]
+    yaw = [float(quat_heading(q0))]
     for step in np.diff(xyz[:, :2], axis=0):
         yaw.append(float(np.arctan2(step[1], step[0])) if np.hypot(*step) > 1e-6 else yaw[-1])
     out = yaw_to_quat(np.array(yaw))
