@@ -24,20 +24,20 @@ from alpamayo.tt.precision import load_precision
 from alpamayo.tt.quantized import rounded
 from tests.dflash_checkpoints import dflash_config, save_dflash
 from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint
-
-pytestmark = pytest.mark.blackhole
+from tests.tt_modes import card_only, case_device, device_cases
 
 CASES = ["gqa2-accuracy", "gqa2-performance"]
 LOGITS_PCC = 0.97  # as the target's decode logits (test_tt_text_device.py)
 PROMPT_LEN, MAX_SEQ_LEN, BLOCK = 45, 256, 8
 
 
-@pytest.fixture(scope="module", params=CASES)
-def drafts(request, device, tmp_path_factory):
+@pytest.fixture(scope="module", params=device_cases(CASES))
+def drafts(request, tmp_path_factory):
     from alpamayo.tt.draft import TTDFlashDraft
 
-    name, recipe = request.param.rsplit("-", 1)
-    path = tmp_path_factory.mktemp(request.param)
+    param, device = case_device(request)
+    name, recipe = param.rsplit("-", 1)
+    path = tmp_path_factory.mktemp(param)
     save_tt_checkpoint(path, name, seed=17)
     precision = load_precision(recipe)
     ref, tt = reference_and_device(path, precision, device)
@@ -76,6 +76,8 @@ def begin(ref, tt, torch_draft, tt_draft, rows):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_block_logits_match_the_torch_draft_on_ragged_rows(drafts, rows, traced, record_figure):
     ref, tt, torch_draft, tt_draft = drafts
+    if traced:
+        card_only(tt, "the traced draft block")
     width = begin(ref, tt, torch_draft, tt_draft, rows)
     g = torch.Generator().manual_seed(3)
     worst = 1.0
