@@ -47,7 +47,9 @@ class BackendOptions:
     (`accuracy`, `performance` or a YAML file); tt_cache: directory of the ttnn packed-weight cache;
     moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`); quant: the
     torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`);
-    quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load)."""
+    quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load);
+    tt_mode: the ttnn backend's mode (`alpamayo.tt.runtime.tt_mode`: "device", or "golden" for every device
+    program through ttnn's golden functions on the host, no card; None: `ALPAMAYO_TT_MODE`, else "device")."""
 
     backend: str = "torch"
     dtype: torch.dtype | str = torch.float32
@@ -57,10 +59,15 @@ class BackendOptions:
     moe_config: str | Path | None = None
     quant: QuantRecipe = NO_QUANT
     quant_cache: str | Path | None = None
+    tt_mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        if self.tt_mode is not None:
+            from alpamayo.tt.runtime import tt_mode  # mode names only: no ttnn import
+
+            tt_mode(self.tt_mode)
         if self.backend == "ttnn" and self.quant.enabled:
             raise ValueError(
                 f"--quant {self.quant.mode} is the torch backend's; with --backend ttnn choose the precision "
@@ -154,6 +161,7 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
             cache_dir=options.tt_cache,
             moe=options.moe_config,
             extra_trace_bytes=extra,
+            mode=options.tt_mode,
         )
     from alpamayo.text import TextModel
 

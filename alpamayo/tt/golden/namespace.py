@@ -229,9 +229,7 @@ class GoldenTTNN:
             self._ttnn, tensor.value, tensor.dtype, tensor.layout, exact=True, device=tensor.device
         )
 
-    def to_device(
-        self, tensor: GoldenTensor, device: Any, memory_config: Any = None
-    ) -> GoldenTensor:
+    def to_device(self, tensor: GoldenTensor, device: Any, memory_config: Any = None) -> GoldenTensor:
         if tensor.device is not None:
             raise RuntimeError(f"golden mode: to_device of a tensor already on the device {tensor}")
         value = self._run("to_device", self._value(tensor, "to_device", on_device=False))
