@@ -212,15 +212,12 @@ def paged_sdpa_decode_multi_pos(
     if len(pos) != users * positions:
         raise ValueError(f"spec_multi_pos_tiles={positions}: {len(pos)} positions for {users} users")
     scale = hd**-0.5 if scale is None else scale
-    out = torch.zeros_like(q)
-    for u in range(users):
-        keys = k[page_table[u].long(), 0].reshape(-1, hd)  # [pages x S, hd]
-        values = v[page_table[u].long(), 0].reshape(-1, v.shape[-1])
-        for j in range(positions):
-            p = int(pos[u * positions + j])
-            if p < 0:
-                continue
-            qj = q[0, u, j * TILE : (j + 1) * TILE]
-            scores = (qj @ keys[: p + 1].T) * scale
-            out[0, u, j * TILE : (j + 1) * TILE] = torch.softmax(scores, dim=-1) @ values[: p + 1]
-    return out
+    pages = page_table.long()
+    keys = k[pages, 0].reshape(users, -1, hd)  # [U, pages x S, hd]: each user's pages in table order
+    values = v[pages, 0].reshape(users, -1, v.shape[-1])
+    bound = torch.tensor(pos, dtype=torch.long).view(users, positions, 1, 1)
+    visible = torch.arange(keys.shape[1]).view(1, 1, 1, -1) <= bound  # [U, n, 1, L]
+    scores = (q[0].view(users, positions, TILE, hd) @ keys[:, None].transpose(-1, -2)) * scale
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    out = torch.nan_to_num(probs) @ values[:, None]  # a user row with no visible key (bound -1): zeros
+    return out.reshape(1, users, rows, -1)
