@@ -187,3 +187,27 @@ def test_the_expert_group_reaches_the_action_experts_velocity_and_waypoints(
     assert figures["bf16"]["ade_drift_m"] < figures["bfp4-expert"]["ade_drift_m"]
     table = report.table()
     assert "expert v PCC min" in table and "action expert velocity PCC per Euler step" in table
+
+
+@pytest.mark.golden
+def test_the_golden_column_runs_each_recipes_device_programs(
+    demo_checkpoint, drive, tmp_path, capsys, record_figure
+):
+    """`--golden`: the accuracy recipe's device programs in the ttnn golden mode, beside its emulation: final
+    logits at the card tests' bar (PCC >= 0.97 against the unrounded model, as tests/test_tt_text_device.py
+    against the rounded one), the vision tower and the drive run through `--tt-mode golden`."""
+    out = tmp_path / "report.json"
+    args = ["precision", "--checkpoint", str(demo_checkpoint), "--recipe", "accuracy", "--golden"]
+    assert main([*args, "--drive", str(drive), "--ticks", "1", *FAST, "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "ttnn golden" in table and "ttnn golden: the recipe's device programs" in table
+    (recipe,) = json.loads(out.read_text())["recipes"]
+    golden = recipe["golden"]
+    for key in ("logits_pcc", "top1_agreement", "vision_pcc"):
+        record_figure(f"golden {key} (emulated {recipe[key]:.6f})", golden[key])
+    record_figure(
+        "golden drive token agreement / ADE drift m",
+        f"{golden['drive']['token_agreement']} / {golden['drive']['ade_drift_m']}",
+    )
+    assert golden["logits_pcc"] >= 0.97 and golden["vision_pcc"] >= 0.95
+    assert golden["drive"]["ticks"] == 1 and 0 <= golden["drive"]["token_agreement"] <= 1
