@@ -91,10 +91,61 @@ def text_run(path, device) -> None:
         prompt = torch.arange(PROMPT_LEN) % min(tt.text_cfg.vocab_size, 256)
         tt.prefill(prompt)
         tt.decode(3, traced=False)
-        tt.verify(torch.tensor([[4, 5, 6]]), traced=False)
-        if not tt.moe:
+        if not tt.moe:  # MoE layers decode one row
+            tt.verify(torch.tensor([[4, 5, 6]]), traced=False)
             tt.fork(2)
             tt.decode(torch.tensor([7, 8]), traced=False)
+
+
+def expert_run(path, device) -> None:
+    """The demo's action expert: 2 samples over 2 forked, ragged slots, 2 Euler steps."""
+    from alpamayo.expert.config import expert_config_of
+    from alpamayo.families.loader import load_model_config
+    from alpamayo.tt.expert import TTActionExpert
+    from alpamayo.tt.text import TTTextModel
+
+    with TTTextModel.from_checkpoint(path, precision="accuracy", device=device) as text:
+        expert = TTActionExpert.from_checkpoint(
+            path, text, expert_config_of(load_model_config(path)), samples=2
+        )
+        text.setup_cache(256, max_batch=2)
+        text.prefill(torch.arange(PROMPT_LEN) % 256)
+        text.fork(2)
+        text.decode(torch.tensor([1, 2]), traced=False)
+        text.rollback([PROMPT_LEN + 1, PROMPT_LEN])
+        expert.sample(torch.zeros(2, 64, 2), text.lengths, text.rope_delta, steps=2, traced=False)
+        expert.close()
+
+
+def draft_run(path, device) -> None:
+    """A DFlash draft on the device over 2 rows: the prompt's context, a block, accepted rows, a block."""
+    from alpamayo.drafts import DraftContext
+    from alpamayo.tt.draft import TTDFlashDraft
+    from alpamayo.tt.text import TTTextModel
+    from tests.dflash_checkpoints import dflash_config, save_dflash
+
+    with TTTextModel.from_checkpoint(path, precision="accuracy", device=device) as text:
+        if not (path / "draft").is_dir():
+            t = text.text_cfg
+            heads = dict(
+                num_attention_heads=t.num_attention_heads,
+                num_key_value_heads=t.num_key_value_heads,
+                head_dim=t.head_dim,
+                intermediate_size=t.intermediate_size,
+            )
+            save_dflash(
+                path / "draft", dflash_config(t, block_size=8, target_layer_ids=[0, 1], **heads), seed=4
+            )
+        draft = TTDFlashDraft.load(path / "draft", text)
+        text.setup_cache(256, max_batch=2)
+        prompt = torch.arange(PROMPT_LEN) % 256
+        text.prefill(prompt, capture=draft.capture)
+        text.fork(2)
+        draft.begin(DraftContext(prompt.tolist(), 2, None, None))
+        draft.block_logits([5, 6], traced=False)
+        draft.accepted(0, [1, 2, 3], torch.randn(3, len(draft.capture) * text.text_cfg.hidden_size))
+        draft.block_logits([7, 8], traced=False)
+        draft.close()
 
 
 def vision_run(path, device) -> None:
@@ -108,15 +159,18 @@ def vision_run(path, device) -> None:
         tt.close()
 
 
-@pytest.mark.parametrize("model", ["demo", "moe", "vision"])
+RUNS = {"demo": text_run, "moe": text_run, "vision": vision_run, "expert": expert_run, "draft": draft_run}
+
+
+@pytest.mark.parametrize("model", list(RUNS))
 def test_every_op_gives_the_dry_runs_shapes_dtypes_and_placements(
     model, recorded, dryrun_device, golden_device, demo_checkpoint, tmp_path
 ):
     path = demo_checkpoint
-    if model == "moe":
-        save_tt_checkpoint(tmp_path, "moe", seed=3)
+    if model in ("moe", "draft"):
+        save_tt_checkpoint(tmp_path, "moe" if model == "moe" else "gqa2", seed=3)
         path = tmp_path
-    run = vision_run if model == "vision" else text_run
+    run = RUNS[model]
     logs = []
     for device in (dryrun_device, golden_device):
         run(path, device)
