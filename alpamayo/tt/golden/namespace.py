@@ -219,15 +219,10 @@ class GoldenTTNN:
         return out
 
     def to_torch(self, tensor: GoldenTensor, **_: Any) -> torch.Tensor:
-        value = self._run("to_torch", self._host_or_device(tensor, "to_torch"))
+        """A host or device tensor's values as `ttnn.to_torch` returns them (its dtype's torch dtype)."""
+        self.calls["to_torch"] += 1
+        value = self._golden("to_torch")(self._value(tensor, "to_torch", on_device=False))
         return value.to(host_dtype(self._ttnn, tensor.dtype)).clone()
-
-    def _host_or_device(self, tensor: GoldenTensor, op: str) -> GoldenTensor:
-        if tensor.freed:
-            raise RuntimeError(f"golden mode: {op} read a deallocated tensor {tensor}")
-        return GoldenTensor(
-            self._ttnn, tensor.value, tensor.dtype, tensor.layout, exact=True, device=tensor.device
-        )
 
     def to_device(self, tensor: GoldenTensor, device: Any, memory_config: Any = None) -> GoldenTensor:
         if tensor.device is not None:
