@@ -195,7 +195,8 @@ def test_the_golden_column_runs_each_recipes_device_programs(
 ):
     """`--golden`: the accuracy recipe's device programs in the ttnn golden mode, beside its emulation: final
     logits at the card tests' bar (PCC >= 0.97 against the unrounded model, as tests/test_tt_text_device.py
-    against the rounded one), the vision tower and the drive run through `--tt-mode golden`."""
+    against the rounded one), the vision tower, the action expert's drift and the drive run through
+    `--tt-mode golden`."""
     out = tmp_path / "report.json"
     args = ["precision", "--checkpoint", str(demo_checkpoint), "--recipe", "accuracy", "--golden"]
     assert main([*args, "--drive", str(drive), "--ticks", "1", *FAST, "--json", str(out)]) == 0
@@ -209,5 +210,9 @@ def test_the_golden_column_runs_each_recipes_device_programs(
         "golden drive token agreement / ADE drift m",
         f"{golden['drive']['token_agreement']} / {golden['drive']['ade_drift_m']}",
     )
-    assert golden["logits_pcc"] >= 0.97 and golden["vision_pcc"] >= 0.95
+    record_figure(
+        f"golden expert ADE drift m (emulated {recipe['expert']['ade_drift_m']:.3f})",
+        golden["expert_ade_drift_m"],
+    )
+    assert golden["logits_pcc"] >= 0.97 and golden["vision_pcc"] >= 0.95 and golden["expert_ade_drift_m"] >= 0
     assert golden["drive"]["ticks"] == 1 and 0 <= golden["drive"]["token_agreement"] <= 1

@@ -36,7 +36,8 @@ With `golden` (`--golden`, needs ttnn but no card) each ttnn recipe also gets th
 programs run in the ttnn golden mode (`alpamayo.tt.golden`: ttnn's golden functions on the host, bf16 and
 block-float activations and K/V as the device holds them): final-logit PCC and teacher-forced top-1 (the prompt
 and the continuation in one device prefill, `prefill_block`, which scores the continuation's rows), vision
-tower PCC and, with a drive, the trajectory token agreement, ADE drift and ADE of the `--backend ttnn --tt-mode
+tower PCC, the action expert's waypoint drift (its device sampling over the device's cache of those rows
+from the same noise) and, with a drive, the trajectory token agreement, ADE drift and ADE of the `--backend ttnn --tt-mode
 golden` runtime. Where these part from the emulated figures beside them, the device program computes
 something other than the recipe's rounding alone: that is a finding.
 """
@@ -68,7 +69,7 @@ from alpamayo.quant import QuantRecipe
 from alpamayo.quant.memory import GpuPlan, WeightCount, plan_gpu_memory, weight_counts
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
-from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_run
+from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_noise, expert_run, waypoint_drift
 from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import TENSOR_GROUPS, Precision, load_precision
 from alpamayo.tt.program_config import model_name
@@ -134,7 +135,7 @@ class RecipeReport:
     dram: dict[str, Any]  # weights_gb, kv_cache_gb, total_gb, fits, fits_on; ttnn: capacity_gb, by group
     expert: dict[str, Any] | None = None  # velocity_pcc per step, velocity_pcc_min, ade_drift_m, v0_mps
     min_ade: dict[str, float] | None = None  # min_ade_m, reference_m, difference_m (eval-style, see above)
-    # the golden mode's figures: logits_pcc, top1_agreement, vision_pcc, drive (as above)
+    # the golden mode's figures: logits_pcc, top1_agreement, vision_pcc, expert_ade_drift_m, drive (as above)
     golden: dict[str, Any] | None = None
 
 
@@ -357,6 +358,7 @@ def golden_figures(
 ) -> dict[str, Any]:
     """The recipe's figures as its device programs compute them in the ttnn golden mode (module docstring)."""
     from alpamayo.runtime import AlpamayoVLA
+    from alpamayo.tt.expert import TTActionExpert
     from alpamayo.tt.runtime import close_device, open_device
     from alpamayo.tt.text import TTTextModel
     from alpamayo.tt.vision import TTVisionEncoder
@@ -367,9 +369,18 @@ def golden_figures(
     device = open_device(0, mode="golden")
     try:
         with TTTextModel.from_checkpoint(directory, cfg, precision=precision, device=device) as text:
+            expert = None
+            if ref.expert is not None:  # before the cache: it reserves the expert's rows
+                source = Checkpoint(directory, cfg.weight_prefix)
+                expert = TTActionExpert.from_checkpoint(source, text, expert_config_of(cfg))
             text.setup_cache(ref.ids.numel())
             prompt = ref.ids.numel() - settings.tokens + 1
             logits = text.prefill_block(ref.ids[:prompt], drafted=ref.ids[prompt:])
+            drift = None
+            if expert is not None and ref.expert is not None:  # over the prompt rows, as `expert_run`
+                actions = expert.sample(expert_noise(), ref.ids.numel(), text.rope_delta)
+                drift = waypoint_drift(actions, ref.expert)
+                expert.close()
             vision = None
             if ref.vision is not None:
                 encoder = TTVisionEncoder.from_checkpoint(directory, cfg, precision=precision, device=device)
@@ -381,6 +392,7 @@ def golden_figures(
         "logits_pcc": pcc(ref.logits, logits),
         "top1_agreement": float((logits.argmax(-1) == torch.tensor(ref.continuation)).float().mean()),
         "vision_pcc": vision,
+        "expert_ade_drift_m": drift,
         "drive": None,
     }
     if ref.drive is not None:
@@ -445,7 +457,9 @@ def evaluate_recipe(
         "weights_by_group_gb": {g: b / 1e9 for g, b in memory.weights.items()},
     }
     recipe = {**precision.to_dict(), "backend": "ttnn"}
-    gold = golden_figures(directory, precision, ref, settings, ticks, base_model, progress) if golden else None
+    gold = (
+        golden_figures(directory, precision, ref, settings, ticks, base_model, progress) if golden else None
+    )
     return RecipeReport(recipe, layer_pcc, logits_pcc, top1, vision, drive, dram, expert, min_ade, gold)
 
 
@@ -657,6 +671,8 @@ def _golden_row(r: RecipeReport, cols: list[str]) -> list[str]:
         "top-1": f"{100 * g['top1_agreement']:.1f}%",
         "vision PCC": "-" if g["vision_pcc"] is None else f"{g['vision_pcc']:.6f}",
     }
+    if g.get("expert_ade_drift_m") is not None:
+        cells["expert ADE drift m"] = f"{g['expert_ade_drift_m']:.3f}"
     if (d := g.get("drive")) is not None:
         cells["traj tokens"] = f"{100 * d['token_agreement']:.1f}%"
         cells["ADE drift m"] = f"{d['ade_drift_m']:.3f}"
