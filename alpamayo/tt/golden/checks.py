@@ -200,7 +200,7 @@ def sdpa_program(op: str, q: GoldenTensor, k: GoldenTensor, pc: Any) -> None:
         _fail(f"{op}: chunks {pc.q_chunk_size}/{pc.k_chunk_size} for {sq} query and {sk} key rows")
 
 
-def cur_pos(op: str, positions: GoldenTensor | None, cache: GoldenTensor, ttnn: Any) -> None:
+def cur_pos(op: str, positions: GoldenTensor | None, cache: GoldenTensor) -> None:
     """Flash-decode positions lie inside the cache (-1: a skipped user)."""
     if positions is None:
         return

@@ -86,7 +86,7 @@ OWN_OPS = (
     "experimental.rotary_embedding_hf",
     "experimental.paged_update_cache",
     "experimental.fast_reduce_nc",
-    "transformer.paged_scaled_dot_product_attention_decode(spec_multi_pos_tiles=n)",
+    "transformer.paged_scaled_dot_product_attention_decode[spec_multi_pos_tiles]",
 )
 
 
@@ -104,7 +104,7 @@ class _Space:
 class GoldenTTNN:
     """The golden mode's `ttnn` (see the module docstring); `real` is the imported ttnn module.
 
-    `calls` counts the ops run, by name; `notice` is what the mode says once on stderr about traces."""
+    `calls` counts the ops run, by name (ours as in `OWN_OPS`)."""
 
     def __init__(self, real: Any):
         self._ttnn = real
@@ -251,11 +251,7 @@ class GoldenTTNN:
         wrote shows it in its outputs."""
         self.calls["allocate_tensor_on_device"] += 1
         value = self._golden("allocate_tensor_on_device")(shape, dtype, layout, device, memory_config)
-        fill = (
-            0
-            if value.dtype in (torch.int32, torch.int64, torch.uint32) or not value.is_floating_point()
-            else float("nan")
-        )
+        fill = float("nan") if value.is_floating_point() else 0.0
         value = torch.full(tuple(value.shape), fill, dtype=torch.float32)
         out = GoldenTensor(
             self._ttnn, value, dtype, layout, memory_config or self._ttnn.DRAM_MEMORY_CONFIG, device
@@ -656,7 +652,7 @@ class GoldenTTNN:
     ) -> GoldenTensor:
         kw.pop("compute_kernel_config", None)
         kw.pop("program_config", None)
-        checks.cur_pos("scaled_dot_product_attention_decode", kw.get("cur_pos_tensor"), k, self)
+        checks.cur_pos("scaled_dot_product_attention_decode", kw.get("cur_pos_tensor"), k)
         value = self._run("transformer.scaled_dot_product_attention_decode", q, k, v, **kw)
         return self._out(value, q, mem=memory_config)
 
@@ -674,7 +670,7 @@ class GoldenTTNN:
         kw.pop("compute_kernel_config", None)
         kw.pop("program_config", None)
         if spec_multi_pos_tiles:
-            self._own("transformer.paged_scaled_dot_product_attention_decode[spec_multi_pos_tiles]")
+            self._own(OWN_OPS[-1])
             value = ops.paged_sdpa_decode_multi_pos(
                 self._value(q, "paged_sdpa_decode"),
                 self._value(k, "paged_sdpa_decode"),
