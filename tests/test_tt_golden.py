@@ -189,3 +189,18 @@ def test_a_traced_step_runs_untraced_and_says_so_once(ttnn_host, tmp_path, capsy
     assert all(torch.equal(a, b) for a, b in zip(traced, untraced, strict=True))
     assert capsys.readouterr().err.count(GOLDEN_NOTICE) == 1
     assert not tt._traces
+
+
+def test_an_output_subblock_must_fit_the_dest_registers(dev):
+    """With fp32 accumulation the dest registers hold 4 output tiles per subblock (8 without)."""
+    from alpamayo.tt.program_config import HeadMatmul
+
+    ttnn = dev.ttnn
+    x = ttnn.from_torch(torch.ones(1, 1, 32, 256), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=dev)
+    w = ttnn.from_torch(torch.ones(256, 512), dtype=ttnn.bfloat8_b, layout=ttnn.TILE_LAYOUT, device=dev)
+    wide = cfgs.head_matmul(ttnn, HeadMatmul(256, 512, CoreGrid(2, 1), 2, 8, 8, 0))
+    assert ttnn.linear(
+        x, w, program_config=wide, compute_kernel_config=cfgs.compute_config(ttnn, "hifi2", False)
+    )
+    with pytest.raises(GoldenCheckError, match="dest tiles"):
+        ttnn.linear(x, w, program_config=wide, compute_kernel_config=cfgs.compute_config(ttnn, "hifi2"))

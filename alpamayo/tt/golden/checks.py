@@ -97,9 +97,23 @@ def _tiles(n: int) -> int:
     return -(-n // TILE)
 
 
-def matmul_program(ttnn: Any, op: str, a: GoldenTensor, b: GoldenTensor, pc: Any) -> None:
-    """K agrees; a DRAM-sharded or 1D-multicast program config covers the output (per-core width x cores)
-    and blocks K evenly (`in0_block_w`)."""
+def dest_tiles(compute_kernel_config: Any) -> int:
+    """Output tiles one subblock may hold in the dest registers: 4 with fp32 accumulation, else 8 (half of
+    the 16 bf16 tiles, double-buffered)."""
+    return 4 if compute_kernel_config is not None and compute_kernel_config.fp32_dest_acc_en else 8
+
+
+def subblock(op: str, h: int, w: int, compute_kernel_config: Any) -> None:
+    if h * w > dest_tiles(compute_kernel_config):
+        _fail(
+            f"{op}: an output subblock of {h}x{w} tiles exceeds the {dest_tiles(compute_kernel_config)} dest tiles"
+        )
+
+
+def matmul_program(ttnn: Any, op: str, a: GoldenTensor, b: GoldenTensor, pc: Any, ck: Any = None) -> None:
+    """K agrees; a DRAM-sharded or 1D-multicast program config covers the output (per-core width x cores),
+    blocks K evenly (`in0_block_w`) and fits its output subblock in the dest registers (compute-kernel
+    config `ck`)."""
     k_a, k_b = a.padded[-1], b.padded[-2]
     if k_a != k_b:
         _fail(
@@ -127,6 +141,7 @@ def matmul_program(ttnn: Any, op: str, a: GoldenTensor, b: GoldenTensor, pc: Any
             _fail(f"{op}: per_core_N {pc.per_core_N} x {cores} cores < N = {n_tiles} tiles")
         if pc.per_core_N % pc.out_subblock_w:
             _fail(f"{op}: out_subblock_w {pc.out_subblock_w} does not divide per_core_N {pc.per_core_N}")
+        subblock(op, pc.out_subblock_h, pc.out_subblock_w, ck)
 
 
 def matmul_output_memory(ttnn: Any, a: GoldenTensor, value: Any, memory_config: Any, pc: Any) -> Any:
@@ -146,10 +161,11 @@ def matmul_output_memory(ttnn: Any, a: GoldenTensor, value: Any, memory_config: 
 
 
 def minimal_matmul(
-    ttnn: Any, a: GoldenTensor, w: GoldenTensor, bias: GoldenTensor | None, config: Any
+    ttnn: Any, a: GoldenTensor, w: GoldenTensor, bias: GoldenTensor | None, config: Any, ck: Any = None
 ) -> None:
     """The docstring's required invariants: TILE layout, the weight's leading dims 1, bias [.., N], block
-    sizes positive and divisible by their subblocks, the grid within the device's."""
+    sizes positive and divisible by their subblocks, the grid within the device's; subblocks in the dest
+    registers (compute-kernel config `ck`)."""
     for t in (a, w, *([bias] if bias is not None else [])):
         if t.layout != ttnn.TILE_LAYOUT:
             _fail(f"minimal_matmul reads TILE tensors, got {t}")
@@ -172,14 +188,16 @@ def minimal_matmul(
         _fail(f"minimal_matmul: block and subblock sizes must be > 0, got {sizes}")
     if config.M_block_size % config.subblock_h or config.N_block_size % config.subblock_w:
         _fail(f"minimal_matmul: subblocks {config.subblock_h}x{config.subblock_w} do not divide the blocks")
+    subblock("minimal_matmul", config.subblock_h, config.subblock_w, ck)
     grid = config.compute_with_storage_grid_size
     if grid.x > P150.grid_x or grid.y > P150.grid_y:
         _fail(f"minimal_matmul: grid {grid.x}x{grid.y} exceeds the device's {P150.grid_x}x{P150.grid_y}")
 
 
-def norm_program(ttnn: Any, op: str, x: GoldenTensor, pc: Any, memory_config: Any) -> None:
+def norm_program(ttnn: Any, op: str, x: GoldenTensor, pc: Any, memory_config: Any, ck: Any = None) -> None:
     """A sharded norm's program config covers the width-sharded input: block_w tiles per core x the cores =
-    the width, subblock_w dividing block_w; an interleaved norm runs on an interleaved input."""
+    the width, subblock_w dividing block_w and fitting the dest registers; an interleaved norm runs on an
+    interleaved input."""
     if pc is None:
         if x.mem is not None and x.mem.is_sharded():
             _fail(f"{op} of a sharded {x} needs a sharded program config")
@@ -189,6 +207,7 @@ def norm_program(ttnn: Any, op: str, x: GoldenTensor, pc: Any, memory_config: An
     cores = x.mem.shard_spec.grid.num_cores()
     if pc.block_w * cores != _tiles(x.padded[-1]) or pc.block_w % pc.subblock_w:
         _fail(f"{op}: block_w {pc.block_w} x {cores} cores (subblock_w {pc.subblock_w}) for {x}")
+    subblock(op, 1, pc.subblock_w, ck)
 
 
 def sdpa_program(op: str, q: GoldenTensor, k: GoldenTensor, pc: Any) -> None:

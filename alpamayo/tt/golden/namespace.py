@@ -549,7 +549,8 @@ class GoldenTTNN:
         program_config: Any = None,
         **kw: Any,
     ) -> GoldenTensor:
-        checks.norm_program(self._ttnn, name, tensor, program_config, memory_config)
+        ck = kw.get("compute_kernel_config")
+        checks.norm_program(self._ttnn, name, tensor, program_config, memory_config, ck)
         value = self._run(name, tensor, **kw)
         return self._out(value, tensor, mem=memory_config)
 
@@ -586,8 +587,7 @@ class GoldenTTNN:
         program_config: Any,
         **kw: Any,
     ) -> GoldenTensor:
-        checks.matmul_program(self._ttnn, name, a, b, program_config)
-        kw.pop("compute_kernel_config", None)
+        checks.matmul_program(self._ttnn, name, a, b, program_config, kw.pop("compute_kernel_config", None))
         value = self._run(name, a, b, program_config=program_config, **kw)
         mem = checks.matmul_output_memory(self._ttnn, a, value, memory_config, program_config)
         return self._out(value, a, dtype, mem=mem)
@@ -697,10 +697,11 @@ class GoldenTTNN:
         memory_config: Any = None,
         dtype: Any = None,
         fused_activation: Any = None,
+        compute_kernel_config: Any = None,
         **_: Any,
     ) -> GoldenTensor:
         self._own("experimental.minimal_matmul")
-        checks.minimal_matmul(self._ttnn, a, w, bias_tensor, config)
+        checks.minimal_matmul(self._ttnn, a, w, bias_tensor, config, compute_kernel_config)
         value = ops.minimal_matmul(
             self._value(a, "minimal_matmul"),
             self._value(w, "minimal_matmul"),
