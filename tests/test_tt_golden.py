@@ -52,6 +52,18 @@ def test_the_mode_is_chosen_by_argument_then_environment(monkeypatch, ttnn_host)
         BackendOptions("ttnn", tt_mode="emulated")
 
 
+def test_tt_mode_is_a_backend_option_of_the_model_commands():
+    """`--tt-mode` reaches `BackendOptions` (generate) and the eval / replay settings (`model_fields`)."""
+    from alpamayo.cli import build_parser
+    from alpamayo.commands.common import backend_options, model_fields
+
+    common = ["--checkpoint", "ckpt", "--backend", "ttnn", "--tt-mode", "golden"]
+    generate = build_parser().parse_args(["generate", *common, "--prompt", "hi"])
+    assert backend_options(generate).tt_mode == "golden"
+    evaluate = build_parser().parse_args(["eval", *common, "--out", "run", "drive.mcap"])
+    assert model_fields(evaluate)["tt_mode"] == "golden"
+
+
 def test_the_golden_device_answers_as_a_p150(dev, ttnn_host):
     from alpamayo.tt.device_spec import P150, DeviceSpec
 
