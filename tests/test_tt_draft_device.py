@@ -22,7 +22,7 @@ from alpamayo.numerics import pcc
 from alpamayo.tt.draft_weights import draft_weight_specs
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.quantized import rounded
-from tests.dflash_checkpoints import dflash_config, save_dflash
+from tests.dflash_checkpoints import dflash_config, save_dflash, target_heads
 from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint
 from tests.tt_modes import card_only, case_device, device_cases
 
@@ -41,15 +41,9 @@ def drafts(request, tmp_path_factory):
     save_tt_checkpoint(path, name, seed=17)
     precision = load_precision(recipe)
     ref, tt = reference_and_device(path, precision, device)
-    t = ref.text_cfg
-    heads = dict(
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        intermediate_size=t.intermediate_size,
-    )
     draft_dir = path / "draft"
-    save_dflash(draft_dir, dflash_config(ref.text_cfg, block_size=BLOCK, target_layer_ids=[0, 1], **heads))
+    t = ref.text_cfg
+    save_dflash(draft_dir, dflash_config(t, block_size=BLOCK, target_layer_ids=[0, 1], **target_heads(t)))
     cfg, ckpt = read_config(draft_dir), Checkpoint(draft_dir)
     served: dict[str, torch.Tensor] = {}
     for spec in draft_weight_specs(cfg):

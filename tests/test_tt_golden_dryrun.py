@@ -122,20 +122,13 @@ def draft_run(path, device) -> None:
     from alpamayo.drafts import DraftContext
     from alpamayo.tt.draft import TTDFlashDraft
     from alpamayo.tt.text import TTTextModel
-    from tests.dflash_checkpoints import dflash_config, save_dflash
+    from tests.dflash_checkpoints import dflash_config, save_dflash, target_heads
 
     with TTTextModel.from_checkpoint(path, precision="accuracy", device=device) as text:
         if not (path / "draft").is_dir():
             t = text.text_cfg
-            heads = dict(
-                num_attention_heads=t.num_attention_heads,
-                num_key_value_heads=t.num_key_value_heads,
-                head_dim=t.head_dim,
-                intermediate_size=t.intermediate_size,
-            )
-            save_dflash(
-                path / "draft", dflash_config(t, block_size=8, target_layer_ids=[0, 1], **heads), seed=4
-            )
+            cfg = dflash_config(t, block_size=8, target_layer_ids=[0, 1], **target_heads(t))
+            save_dflash(path / "draft", cfg, seed=4)
         draft = TTDFlashDraft.load(path / "draft", text)
         text.setup_cache(256, max_batch=2)
         prompt = torch.arange(PROMPT_LEN) % 256

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import partialmethod
 from typing import Any
 
 import torch
@@ -480,20 +481,11 @@ class GoldenTTNN:
             return output_tensor
         return self._out(value, like, dtype, mem=memory_config)
 
-    def add(self, a: Any, b: Any, **kw: Any) -> GoldenTensor:
-        return self._binary("add", a, b, **kw)
-
-    def mul(self, a: Any, b: Any, **kw: Any) -> GoldenTensor:
-        return self._binary("mul", a, b, **kw)
-
-    def multiply(self, a: Any, b: Any, **kw: Any) -> GoldenTensor:
-        return self._binary("multiply", a, b, **kw)
-
-    def div(self, a: Any, b: Any, **kw: Any) -> GoldenTensor:
-        return self._binary("div", a, b, **kw)
-
-    def eq(self, a: Any, b: Any, **kw: Any) -> GoldenTensor:
-        return self._binary("eq", a, b, **kw)
+    add = partialmethod(_binary, "add")
+    mul = partialmethod(_binary, "mul")
+    multiply = partialmethod(_binary, "multiply")
+    div = partialmethod(_binary, "div")
+    eq = partialmethod(_binary, "eq")
 
     def where(self, predicate: GoldenTensor, true_value: Any, false_value: Any, **kw: Any) -> GoldenTensor:
         value = self._run("where", predicate, true_value, false_value)
@@ -503,14 +495,9 @@ class GoldenTTNN:
     def _unary(self, name: str, tensor: GoldenTensor, memory_config: Any = None, **kw: Any) -> GoldenTensor:
         return self._out(self._run(name, tensor, **kw), tensor, mem=memory_config)
 
-    def sin(self, tensor: GoldenTensor, **kw: Any) -> GoldenTensor:
-        return self._unary("sin", tensor, **kw)
-
-    def frac(self, tensor: GoldenTensor, **kw: Any) -> GoldenTensor:
-        return self._unary("frac", tensor, **kw)
-
-    def gelu(self, tensor: GoldenTensor, **kw: Any) -> GoldenTensor:
-        return self._unary("gelu", tensor, **kw)
+    sin = partialmethod(_unary, "sin")
+    frac = partialmethod(_unary, "frac")
+    gelu = partialmethod(_unary, "gelu")
 
     # ------------------------------------------------------------------ reductions, normalisation
     def sum(
@@ -535,12 +522,6 @@ class GoldenTTNN:
         mem = kw.get("memory_config")
         return self._out(values, tensor, mem=mem), self._out(indices, tensor, self._ttnn.uint32, mem=mem)
 
-    def rms_norm(self, tensor: GoldenTensor, **kw: Any) -> GoldenTensor:
-        return self._norm("rms_norm", tensor, **kw)
-
-    def layer_norm(self, tensor: GoldenTensor, **kw: Any) -> GoldenTensor:
-        return self._norm("layer_norm", tensor, **kw)
-
     def _norm(
         self,
         name: str,
@@ -554,43 +535,27 @@ class GoldenTTNN:
         value = self._run(name, tensor, **kw)
         return self._out(value, tensor, mem=memory_config)
 
+    rms_norm = partialmethod(_norm, "rms_norm")
+    layer_norm = partialmethod(_norm, "layer_norm")
+
     # ------------------------------------------------------------------ matmuls
-    def linear(
-        self,
-        a: GoldenTensor,
-        b: GoldenTensor,
-        memory_config: Any = None,
-        dtype: Any = None,
-        program_config: Any = None,
-        **kw: Any,
-    ) -> GoldenTensor:
-        return self._matmul("linear", a, b, memory_config, dtype, program_config, **kw)
-
-    def matmul(
-        self,
-        a: GoldenTensor,
-        b: GoldenTensor,
-        memory_config: Any = None,
-        dtype: Any = None,
-        program_config: Any = None,
-        **kw: Any,
-    ) -> GoldenTensor:
-        return self._matmul("matmul", a, b, memory_config, dtype, program_config, **kw)
-
     def _matmul(
         self,
         name: str,
         a: GoldenTensor,
         b: GoldenTensor,
-        memory_config: Any,
-        dtype: Any,
-        program_config: Any,
+        memory_config: Any = None,
+        dtype: Any = None,
+        program_config: Any = None,
         **kw: Any,
     ) -> GoldenTensor:
         checks.matmul_program(self._ttnn, name, a, b, program_config, kw.pop("compute_kernel_config", None))
         value = self._run(name, a, b, program_config=program_config, **kw)
         mem = checks.matmul_output_memory(self._ttnn, a, value, memory_config, program_config)
         return self._out(value, a, dtype, mem=mem)
+
+    linear = partialmethod(_matmul, "linear")
+    matmul = partialmethod(_matmul, "matmul")
 
     def sparse_matmul(
         self,
