@@ -199,7 +199,8 @@ def test_the_golden_column_runs_each_recipes_device_programs(
     `--tt-mode golden`."""
     out = tmp_path / "report.json"
     args = ["precision", "--checkpoint", str(demo_checkpoint), "--recipe", "accuracy", "--golden"]
-    assert main([*args, "--drive", str(drive), "--ticks", "1", *FAST, "--json", str(out)]) == 0
+    drive_args = ["--drive", str(drive), "--ticks", "1", "--eval-samples", "1"]
+    assert main([*args, *drive_args, *FAST, "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "ttnn golden" in table and "ttnn golden: the recipe's device programs" in table
     (recipe,) = json.loads(out.read_text())["recipes"]
