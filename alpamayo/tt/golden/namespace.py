@@ -163,13 +163,13 @@ class GoldenTTNN:
 
     def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Tenstorrent's golden function of `name` on the values of `args` and `kwargs`."""
-        self.calls[name] = self.calls.get(name, 0) + 1
+        self.calls[name] += 1
         values = [self._value(a, name) for a in args]
         kw = {k: self._value(v, name) for k, v in kwargs.items()}
         return self._golden(name)(*values, **kw)
 
     def _own(self, name: str) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
+        self.calls[name] += 1
 
     def _out(
         self,
