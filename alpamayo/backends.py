@@ -27,6 +27,7 @@ from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 
 if TYPE_CHECKING:
+    from alpamayo.tt.precision import Precision
     from alpamayo.tt.text import TTTextModel
 
 BACKENDS = ("torch", "ttnn")
@@ -44,23 +45,30 @@ class TorchLoadArgs(TypedDict):
 @dataclass(frozen=True)
 class BackendOptions:
     """backend: "torch" or "ttnn"; dtype/device: the torch backend's; recipe: the ttnn precision recipe
-    (`accuracy`, `performance` or a YAML file); tt_cache: directory of the ttnn packed-weight cache;
+    (`accuracy`, `performance`, a YAML file or a loaded `Precision`); tt_cache: directory of the ttnn packed-weight cache;
     moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`); quant: the
     torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`);
-    quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load)."""
+    quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load);
+    tt_mode: the ttnn backend's mode (`alpamayo.tt.runtime.tt_mode`: "device", or "golden" for every device
+    program through ttnn's golden functions on the host, no card; None: `ALPAMAYO_TT_MODE`, else "device")."""
 
     backend: str = "torch"
     dtype: torch.dtype | str = torch.float32
     device: str | torch.device = "cpu"
-    recipe: str = "performance"
+    recipe: str | Precision = "performance"
     tt_cache: str | Path | None = None
     moe_config: str | Path | None = None
     quant: QuantRecipe = NO_QUANT
     quant_cache: str | Path | None = None
+    tt_mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        if self.tt_mode is not None:
+            from alpamayo.tt.runtime import tt_mode  # mode names only: no ttnn import
+
+            tt_mode(self.tt_mode)
         if self.backend == "ttnn" and self.quant.enabled:
             raise ValueError(
                 f"--quant {self.quant.mode} is the torch backend's; with --backend ttnn choose the precision "
@@ -90,7 +98,7 @@ class BackendOptions:
     def precision(self) -> str:
         """What the outputs record as the run's precision: the ttnn recipe, or the torch dtype's name."""
         if self.backend == "ttnn":
-            return self.recipe
+            return self.recipe if isinstance(self.recipe, str) else self.recipe.name
         dtype = str(self.torch_dtype).removeprefix("torch.")
         return f"{dtype}+{self.quant.name}" if self.quant.enabled else dtype
 
@@ -154,6 +162,7 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
             cache_dir=options.tt_cache,
             moe=options.moe_config,
             extra_trace_bytes=extra,
+            mode=options.tt_mode,
         )
     from alpamayo.text import TextModel
 

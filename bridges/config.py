@@ -22,6 +22,7 @@ from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.tt.precision import PRESETS
+from alpamayo.tt.runtime import MODES as TT_MODES
 from bridges.protocol import ALPAMAYO_CAMERAS, CHANNELS, ENCODINGS, CameraFormat, Limits
 from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 
@@ -55,6 +56,7 @@ class ModelSection:
     dtype: str = "float32"  # torch backend
     recipe: str = "performance"  # ttnn backend: a precision preset or recipe YAML (alpamayo.tt.precision)
     tt_cache: str | None = None  # ttnn backend: directory of the packed weight cache (.tensorbin files)
+    tt_mode: str | None = None  # ttnn backend: device | golden (host, no card); null: env or device
     moe_config: str | None = None  # ttnn backend, MoE checkpoints: block config YAML (None: the shipped one)
     quant: str = "none"  # torch backend: weight-only none / int8 / int4 (alpamayo.quant); ttnn uses recipe
     quant_group: int = DEFAULT_GROUP_SIZE  # quant int4: input columns per scale and zero (32, 64, 128)
@@ -94,6 +96,9 @@ class ModelSection:
         )
         _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
         _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
+        _check(
+            self.tt_mode in (None, *TT_MODES), "model.tt_mode", self.tt_mode, ", ".join(["null", *TT_MODES])
+        )
         _check(
             self.recipe in PRESETS or Path(self.recipe).is_file(),
             "model.recipe",

@@ -42,6 +42,16 @@ def device(request):
     close_device(dev)
 
 
+@pytest.fixture(scope="module")
+def golden_device():
+    """The ttnn golden mode's device (`alpamayo.tt.golden.GoldenDevice`: nothing is opened) for one module."""
+    from alpamayo.tt.runtime import close_device, open_device
+
+    dev = open_device(0, mode="golden")
+    yield dev
+    close_device(dev)
+
+
 @pytest.fixture
 def record_figure(request):
     """record_figure("PCC", 0.9999) -> a row in the 'measured figures' table at the end of the run."""
@@ -63,7 +73,8 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_collection_modifyitems(config, items):
     """`cuda` tests skip where torch sees no CUDA device, `blackhole` tests where no p150 can be opened (the
-    reason says whether ttnn or the card is missing); each skip is conditional on that capability.
+    reason says whether ttnn or the card is missing), `golden` tests where ttnn cannot be imported; each skip
+    is conditional on that capability.
 
     When `dryrun` tests are collected, ttnn is installed and no card or simulator is present, the session
     runs under a dry run built now (before any ttnn call: tt-metal reads its runtime root once per process)
@@ -83,6 +94,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_cuda)
     for item in blackhole:
         item.add_marker(no_card)
+    golden = [item for item in items if "golden" in item.keywords]
+    if golden:
+        from alpamayo.errors import BackendUnavailable
+        from alpamayo.tt.runtime import import_ttnn
+
+        try:
+            import_ttnn()
+            missing = None
+        except BackendUnavailable as e:
+            missing = str(e)
+        no_ttnn = pytest.mark.skipif(
+            missing is not None, reason=f"the ttnn golden mode needs ttnn: {missing}"
+        )
+        for item in golden:
+            item.add_marker(no_ttnn)
 
 
 def _start_dry_run(config) -> None:

@@ -46,6 +46,17 @@ def dflash_config(target, layers: int = 2, block_size: int = 8, **over: Any) -> 
     return cfg
 
 
+def target_heads(target) -> dict[str, int]:
+    """`dflash_config` overrides giving the draft `target`'s attention heads, K/V heads, head_dim and MLP
+    width: what a draft on the device must share with its target (`alpamayo.tt.draft`)."""
+    return {
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": target.num_key_value_heads,
+        "head_dim": target.head_dim,
+        "intermediate_size": target.intermediate_size,
+    }
+
+
 def save_dflash(directory: Path, cfg: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
     """Write config.json and model.safetensors of random weights (z-lab's tensor names); returns them."""
     g = torch.Generator().manual_seed(seed)

@@ -61,6 +61,7 @@ def test_file_then_overrides(tmp_path):
             {"model": {"recipe": "fastest"}},
             "model.recipe = 'fastest' is invalid; allowed: accuracy, performance or an existing recipe YAML",
         ),
+        ({"model": {"tt_mode": "card"}}, "model.tt_mode = 'card' is invalid; allowed: null, device, golden"),
     ],
 )
 def test_invalid_values_name_key_value_and_range(data, message):

@@ -246,3 +246,33 @@ def test_drive_figures_compare_runs_whose_tokens_and_trajectories_vary():
     # without any recorded future there is nothing to compare each model with
     blind = DriveRun(ref_tokens, ref_xyz, [None] * 3)
     assert set(_drive_figures(blind, blind)) == {"ticks", "token_agreement", "ade_drift_m"}
+
+
+@pytest.mark.golden
+def test_the_golden_column_runs_each_recipes_device_programs(
+    demo_checkpoint, drive, tmp_path, capsys, record_figure
+):
+    """`--golden`: the accuracy recipe's device programs in the ttnn golden mode, beside its emulation: final
+    logits at the card tests' bar (PCC >= 0.97 against the unrounded model, as tests/test_tt_text_device.py
+    against the rounded one), the vision tower, the action expert's drift and the drive run through
+    `--tt-mode golden`."""
+    out = tmp_path / "report.json"
+    args = ["precision", "--checkpoint", str(demo_checkpoint), "--recipe", "accuracy", "--golden"]
+    drive_args = ["--drive", str(drive), "--ticks", "1", "--eval-samples", "1"]
+    assert main([*args, *drive_args, *FAST, "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "ttnn golden" in table and "ttnn golden: the recipe's device programs" in table
+    (recipe,) = json.loads(out.read_text())["recipes"]
+    golden = recipe["golden"]
+    for key in ("logits_pcc", "top1_agreement", "vision_pcc"):
+        record_figure(f"golden {key} (emulated {recipe[key]:.6f})", golden[key])
+    record_figure(
+        "golden drive token agreement / ADE drift m",
+        f"{golden['drive']['token_agreement']} / {golden['drive']['ade_drift_m']}",
+    )
+    record_figure(
+        f"golden expert ADE drift m (emulated {recipe['expert']['ade_drift_m']:.3f})",
+        golden["expert_ade_drift_m"],
+    )
+    assert golden["logits_pcc"] >= 0.97 and golden["vision_pcc"] >= 0.95 and golden["expert_ade_drift_m"] >= 0
+    assert golden["drive"]["ticks"] == 1 and 0 <= golden["drive"]["token_agreement"] <= 1

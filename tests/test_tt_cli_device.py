@@ -1,4 +1,5 @@
-"""`alpamayo generate --backend ttnn` end to end on a Blackhole p150 (marked `blackhole`).
+"""`alpamayo generate --backend ttnn` end to end on a Blackhole p150 (marked `blackhole`), and with
+`--tt-mode golden` (marked `golden`: the device programs through ttnn's golden functions on the host).
 
 Runs the console script in a subprocess, which opens and closes the device itself; run it while no other
 process holds the card.
@@ -13,8 +14,7 @@ import sys
 import pytest
 
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
-
-pytestmark = pytest.mark.blackhole
+from tests.tt_modes import device_cases
 
 
 def generate(path, *extra: str) -> dict:
@@ -33,11 +33,21 @@ def generate(path, *extra: str) -> dict:
     return json.loads(proc.stdout)
 
 
-def test_generate_backend_ttnn_decodes_the_torch_prompt(tmp_path):
+@pytest.mark.parametrize("case", device_cases(["accuracy"]))
+def test_generate_backend_ttnn_decodes_the_torch_prompt(tmp_path, case):
+    mode, recipe = case
     save_tt_checkpoint(tmp_path, "gqa2", seed=29)
     torch_out = generate(tmp_path)
     tt_out = generate(
-        tmp_path, "--backend", "ttnn", "--recipe", "accuracy", "--tt-cache", str(tmp_path / "cache")
+        tmp_path,
+        "--backend",
+        "ttnn",
+        "--recipe",
+        recipe,
+        "--tt-cache",
+        str(tmp_path / "cache"),
+        "--tt-mode",
+        "device" if mode == "card" else "golden",
     )
     assert tt_out["prompt_token_ids"] == torch_out["prompt_token_ids"]
     assert 1 <= len(tt_out["token_ids"]) <= 16

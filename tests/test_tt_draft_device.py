@@ -22,34 +22,28 @@ from alpamayo.numerics import assert_agrees
 from alpamayo.tt.draft_weights import draft_weight_specs
 from alpamayo.tt.precision import load_precision
 from alpamayo.tt.quantized import rounded
-from tests.dflash_checkpoints import dflash_config, save_dflash
+from tests.dflash_checkpoints import dflash_config, save_dflash, target_heads
 from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint
-
-pytestmark = pytest.mark.blackhole
+from tests.tt_modes import card_only, case_device, device_cases
 
 CASES = ["gqa2-accuracy", "gqa2-performance"]
 LOGITS_PCC = 0.97  # as the target's decode logits (test_tt_text_device.py)
 PROMPT_LEN, MAX_SEQ_LEN, BLOCK = 45, 256, 8
 
 
-@pytest.fixture(scope="module", params=CASES)
-def drafts(request, device, tmp_path_factory):
+@pytest.fixture(scope="module", params=device_cases(CASES))
+def drafts(request, tmp_path_factory):
     from alpamayo.tt.draft import TTDFlashDraft
 
-    name, recipe = request.param.rsplit("-", 1)
-    path = tmp_path_factory.mktemp(request.param)
+    param, device = case_device(request)
+    name, recipe = param.rsplit("-", 1)
+    path = tmp_path_factory.mktemp(param)
     save_tt_checkpoint(path, name, seed=17)
     precision = load_precision(recipe)
     ref, tt = reference_and_device(path, precision, device)
-    t = ref.text_cfg
-    heads = dict(
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        intermediate_size=t.intermediate_size,
-    )
     draft_dir = path / "draft"
-    save_dflash(draft_dir, dflash_config(ref.text_cfg, block_size=BLOCK, target_layer_ids=[0, 1], **heads))
+    t = ref.text_cfg
+    save_dflash(draft_dir, dflash_config(t, block_size=BLOCK, target_layer_ids=[0, 1], **target_heads(t)))
     cfg, ckpt = read_config(draft_dir), Checkpoint(draft_dir)
     served: dict[str, torch.Tensor] = {}
     for spec in draft_weight_specs(cfg):
@@ -76,6 +70,8 @@ def begin(ref, tt, torch_draft, tt_draft, rows):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_block_logits_match_the_torch_draft_on_ragged_rows(drafts, rows, traced, record_figure):
     ref, tt, torch_draft, tt_draft = drafts
+    if traced:
+        card_only(tt, "the traced draft block")
     width = begin(ref, tt, torch_draft, tt_draft, rows)
     g = torch.Generator().manual_seed(3)
     worst = 1.0

@@ -1,4 +1,5 @@
-"""The ttnn action expert on a Blackhole p150 against the torch expert (marked `blackhole`).
+"""The ttnn action expert on a Blackhole p150 against the torch expert (marked `blackhole`), and the same checks
+at the `accuracy` recipe in the ttnn golden mode (marked `golden`, `alpamayo.tt.golden`; traces are card-only).
 
 A tiny VLM (`TT_TINY["gqa2"]`) prefills a 100-token prompt on the device and in the torch reference; the tiny
 expert (`tests.tt_expert_cases`) then samples K = 1, 3 and 6 trajectories from a fixed noise on each, in both
@@ -48,8 +49,7 @@ from planner.metrics import ade
 from tests.tt_checkpoints import save_tt_checkpoint
 from tests.tt_expert_cases import TINY_VLM, save_expert_weights, tiny_expert
 from tests.tt_expert_seams import velocity as tt_velocity
-
-pytestmark = pytest.mark.blackhole
+from tests.tt_modes import card_only, case_device, device_cases
 
 VELOCITY_PCC, ADE_MARGIN, ADE_FLOOR_M, OUT_SCALE = 0.99, 2.0, 0.001, 0.02
 PROMPT_LEN, MAX_SEQ_LEN, V0 = 100, 256, 10.0
@@ -112,10 +112,11 @@ class Case:
         self.tt_text.close()
 
 
-@pytest.fixture(scope="module", params=CASES)
-def case(request, device, checkpoints, tmp_path_factory):
-    recipe, k = request.param.split("-K")
-    c = Case(recipe, int(k), device, checkpoints, tmp_path_factory.mktemp(request.param))
+@pytest.fixture(scope="module", params=device_cases(CASES))
+def case(request, checkpoints, tmp_path_factory):
+    param, device = case_device(request)
+    recipe, k = param.split("-K")
+    c = Case(recipe, int(k), device, checkpoints, tmp_path_factory.mktemp(param))
     yield c
     c.close()
 
@@ -191,6 +192,7 @@ def test_the_device_builds_each_slots_causal_bound_and_keeps_the_page_table(case
 
 
 def test_traced_sampling_is_identical_to_untraced(case):
+    card_only(case.tt_text, "traced against untraced sampling")
     traced = case.tt.sample(case.noise, case.offset, case.rope_delta, traced=True)
     again = case.tt.sample(case.noise, case.offset, case.rope_delta, traced=True)  # replays every step
     untraced = case.tt.sample(case.noise, case.offset, case.rope_delta, traced=False)

@@ -1,4 +1,5 @@
-"""The one-chip MoE block on a Blackhole p150 against the torch reference block (marked `blackhole`).
+"""The one-chip MoE block on a Blackhole p150 against the torch reference block (marked `blackhole`), and the
+same checks at the `accuracy` recipe in the ttnn golden mode (marked `golden`, `alpamayo.tt.golden`).
 
 Every sparse layer of the tiny MoE checkpoint (`TT_TINY["moe"]`: 32 experts, top-4, hidden 128 on a 256-wide
 residual stream) runs alone on the device (`tests.tt_text_seams.moe_rows`) and in the torch reference (`SparseMoE` on the
@@ -24,26 +25,25 @@ from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import assert_agrees
 from tests.routing import NEAR_TIE, routing_margin
 from tests.tt_checkpoints import REAL_ENV, real_recipe, reference_and_device, save_tt_checkpoint
+from tests.tt_modes import case_device, device_cases
 from tests.tt_text_seams import moe_rows
-
-pytestmark = pytest.mark.blackhole
 
 LAYER_PCC = 0.99
 PREFILL_ROWS, DECODE_TOKENS = 300, 16
 
 
-@pytest.fixture(scope="module", params=["moe-accuracy", "moe-performance", "real"])
-def case(request, device, tmp_path_factory):
-
-    if request.param == "real":
+@pytest.fixture(scope="module", params=device_cases(["moe-accuracy", "moe-performance", "real"]))
+def case(request, tmp_path_factory):
+    param, device = case_device(request)
+    if param == "real":
         path = os.environ.get(REAL_ENV)
         if not path or load_model_config(path).text.moe is None:
             pytest.skip(f"set {REAL_ENV} to a Qwen3-VL-MoE checkpoint directory to check its MoE layers")
         recipe, dtype = real_recipe(), torch.bfloat16
     else:
         path, recipe, dtype = (
-            tmp_path_factory.mktemp(request.param),
-            request.param.split("-")[1],
+            tmp_path_factory.mktemp(param),
+            param.split("-")[1],
             torch.float32,
         )
         save_tt_checkpoint(path, "moe", seed=11)

@@ -1,4 +1,5 @@
-"""The ttnn text backbone on a Blackhole p150 against the torch reference (marked `blackhole`).
+"""The ttnn text backbone on a Blackhole p150 against the torch reference (marked `blackhole`), and the same
+checks at the `accuracy` recipe in the ttnn golden mode (marked `golden`: `alpamayo.tt.golden`, no card).
 
 Runs on random tiny checkpoints built here (both presets) and, when `ALPAMAYO_TT_CHECKPOINT` names a Qwen3-VL
 checkpoint directory, on that checkpoint (recipe from `ALPAMAYO_TT_RECIPE`, default performance; packed
@@ -41,9 +42,8 @@ from tests.tt_checkpoints import (
     reference_and_device,
     save_tt_checkpoint,
 )
+from tests.tt_modes import card_only, case_device, device_cases
 from tests.tt_text_seams import kv_cache_host, layer_decode, layer_prefill, wrapped_decode_layers
-
-pytestmark = pytest.mark.blackhole
 
 CASES = [f"{name}-{recipe}" for name in TT_TINY for recipe in ("accuracy", "performance")] + ["real"]
 LAYER_PCC, LOGITS_PCC, KV_PCC, TOP1 = 0.99, 0.97, 0.999, 0.95
@@ -81,18 +81,19 @@ class Case:
         return f"Case({self.name})"
 
 
-@pytest.fixture(scope="module", params=CASES)
-def case(request, device, tmp_path_factory):
-    if request.param == "real":
+@pytest.fixture(scope="module", params=device_cases(CASES))
+def case(request, tmp_path_factory):
+    param, device = case_device(request)
+    if param == "real":
         path = os.environ.get(REAL_ENV)
         if not path:
             pytest.skip(f"set {REAL_ENV} to a Qwen3-VL checkpoint directory to run the real-checkpoint tests")
         c = Case("real", path, real_recipe(), torch.bfloat16, device)
     else:
-        name, recipe = request.param.rsplit("-", 1)
-        path = tmp_path_factory.mktemp(request.param)
+        name, recipe = param.rsplit("-", 1)
+        path = tmp_path_factory.mktemp(param)
         save_tt_checkpoint(path, name, seed=17)
-        c = Case(request.param, path, recipe, torch.float32, device)
+        c = Case(param, path, recipe, torch.float32, device)
     yield c
     c.tt.close()
 
@@ -198,6 +199,7 @@ def test_teacher_forced_top1_agreement_over_128_tokens(case, record_figure):
 
 def test_traced_decode_is_identical_to_untraced_decode(case):
     tt = case.tt
+    card_only(tt, "traced against untraced decode")
     tokens = [int(t) for t in case.prompt[:12]]
     tt.setup_cache(PROMPT_LEN + len(tokens))
     runs = []
@@ -211,6 +213,7 @@ def test_traced_decode_is_identical_to_untraced_decode(case):
 def test_decode_replays_run_no_python(case):
     """The decode layers' Python runs at compile and capture only; replays never call it again."""
     tt = case.tt
+    card_only(tt, "trace replays")
     calls = []
 
     def counted(layer):
@@ -232,6 +235,7 @@ def test_decode_replays_run_no_python(case):
 
 def test_profiling_spans_cover_every_stage(case):
     tt = case.tt
+    card_only(tt, "the trace's profiling spans")
     tt.tracer = Tracer()
     try:
         tt.setup_cache(PROMPT_LEN + 4)
@@ -252,9 +256,10 @@ def test_profiling_spans_cover_every_stage(case):
     } <= names
 
 
-@pytest.fixture(scope="module")
-def image_case(device, tmp_path_factory):
+@pytest.fixture(scope="module", params=device_cases(["image"], golden=lambda _: True))
+def image_case(request, tmp_path_factory):
     """A TT-shaped checkpoint with a vision tower, one 64x96 image prompt, transformers' features and positions."""
+    _, device = case_device(request)
 
     path = tmp_path_factory.mktemp("tt-image")
     hf = save_tt_checkpoint(path, "gqa2", seed=23)

@@ -1,4 +1,5 @@
-"""The vision tower on a Blackhole p150 against the torch reference (marked `blackhole`).
+"""The vision tower on a Blackhole p150 against the torch reference (marked `blackhole`), and the same checks
+at the `accuracy` recipe in the ttnn golden mode (marked `golden`, `alpamayo.tt.golden`).
 
 Cases: the demo checkpoint (16-wide heads padded to 32 lanes), a tower with the real models' 72-wide heads
 (padded to 128) and an MLP width off the tile grid, both presets, and, with `ALPAMAYO_TT_CHECKPOINT` set, a
@@ -23,11 +24,11 @@ import torch
 from alpamayo.numerics import assert_agrees
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.tt_checkpoints import REAL_ENV, VISION_72, real_recipe, save_tt_checkpoint
+from tests.tt_modes import case_device, device_cases
 from tests.tt_vision_seams import vision_block
 from vision.encoder import VisionEncoder, frame_segments
 from vision.positions import patch_rows_cols, rotary_cos_sin
 
-pytestmark = pytest.mark.blackhole
 TRACE_REGION = 16 << 20  # the `device` fixture's (tests/conftest.py)
 
 BLOCK_PCC, TOWER_PCC, ALONE_PCC = 0.99, 0.95, 0.999
@@ -37,21 +38,22 @@ CASES = [f"{name}-{recipe}" for name in ("demo", "heads72") for recipe in ("accu
 ]
 
 
-@pytest.fixture(scope="module", params=CASES)
-def case(request, device, demo_checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module", params=device_cases(CASES))
+def case(request, demo_checkpoint, tmp_path_factory):
     from alpamayo.tt.vision import TTVisionEncoder
 
-    if request.param == "real":
+    param, device = case_device(request)
+    if param == "real":
         path = os.environ.get(REAL_ENV)
         if not path:
             pytest.skip(f"set {REAL_ENV} to a Qwen3-VL checkpoint directory to run the real-checkpoint tests")
         recipe, dtype = real_recipe(), torch.bfloat16
     else:
-        name, recipe = request.param.split("-")
+        name, recipe = param.split("-")
         dtype = torch.float32
         path = demo_checkpoint
         if name == "heads72":
-            path = tmp_path_factory.mktemp(request.param)
+            path = tmp_path_factory.mktemp(param)
             save_tt_checkpoint(path, "gqa2", seed=13, vision=VISION_72)
     rounded = QuantizedCheckpoint(path, recipe)
     ref = VisionEncoder.from_checkpoint(rounded, rounded.config, dtype)

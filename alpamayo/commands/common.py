@@ -17,6 +17,7 @@ from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings, parse_gui
 from alpamayo.families.loader import check_checkpoint
 from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.runtime import AlpamayoVLA
+from alpamayo.tt.runtime import MODES as TT_MODES
 
 RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
 MOE_CONFIG_HELP = (
@@ -56,6 +57,14 @@ def add_model_args(parser: argparse.ArgumentParser, checkpoint_required: bool = 
         help="ttnn backend: directory for the packed weight cache (.tensorbin files)",
     )
     parser.add_argument("--moe-config", default=None, help=MOE_CONFIG_HELP)
+    parser.add_argument(
+        "--tt-mode",
+        choices=TT_MODES,
+        default=None,
+        help="ttnn backend: device (a Blackhole card, ttsim or the dry run) or golden (every device program "
+        "through ttnn's golden functions on the host, no card; alpamayo.tt.golden); default "
+        "$ALPAMAYO_TT_MODE, else device",
+    )
     add_quant_args(parser)
 
 
@@ -104,6 +113,7 @@ def backend_options(args: argparse.Namespace) -> BackendOptions:
         args.moe_config,
         quant,
         args.quant_cache,
+        args.tt_mode,
     )
 
 
@@ -248,6 +258,7 @@ def model_fields(args: argparse.Namespace) -> dict[str, Any]:
         dtype=args.dtype,
         recipe=args.recipe,
         tt_cache=args.tt_cache,
+        tt_mode=args.tt_mode,
         moe_config=args.moe_config,
         quant=QuantRecipe(args.quant, args.quant_group, args.quant_head),
         quant_cache=args.quant_cache,

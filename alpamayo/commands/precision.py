@@ -3,12 +3,14 @@
     alpamayo precision --checkpoint DIR [--base-model DIR]
                        [--recipe accuracy --recipe performance --recipe FILE.yaml]
                        [--quant int8 --quant int4-g32 --quant int4-g64 --quant int4-g128 [--quant-head]]
-                       [--drive DRIVE.mcap | --drive pai:CLIP[@T0_US] --pai-dir DIR] [--json REPORT.json]
+                       [--drive DRIVE.mcap | --drive pai:CLIP[@T0_US] --pai-dir DIR] [--golden]
+                       [--json REPORT.json]
 
 Prints a table (per recipe, the ttnn ones emulated and the torch backend's weight-only ones run: worst
 per-layer PCC, final-logit PCC, teacher-forced top-1 agreement, vision tower PCC, the action expert's velocity
 PCC and waypoint drift, with a drive the trajectory token agreement, ADE drift and eval-style minADE
-difference, and the memory plan) and the per-layer figures; `--json` writes the same report as JSON. See
+difference, and the memory plan) and the per-layer figures; `--golden` adds, per ttnn recipe, a row of the
+figures its device programs compute in the ttnn golden mode; `--json` writes the same report as JSON. See
 `alpamayo.tt.precision_planner`.
 """
 
@@ -71,6 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=d.eval_samples,
         help="with --drive: samples K of the eval-style minADE (alpamayo eval's default); torch GPU plan rows",
     )
+    p.add_argument(
+        "--golden",
+        action="store_true",
+        help="also run each ttnn recipe's device programs in the ttnn golden mode (ttnn's golden functions "
+        "on the host; needs ttnn, no card) and show their figures beside the emulation's",
+    )
     p.add_argument("--json", help="also write the report as JSON to this file")
     p.set_defaults(handler=run)
 
@@ -113,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         base_model=args.base_model,
         progress=lambda message: print(f"alpamayo precision: {message}", file=sys.stderr, flush=True),
         quants=quants,
+        golden=args.golden,
     )
     print(report.table())
     if json_path is not None:

@@ -13,7 +13,7 @@ from typing import NoReturn
 import yaml
 
 from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples
-from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP, guidance_arg
+from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP, TT_MODES, guidance_arg
 from alpamayo.commands.stop_signals import StopSignals
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control", help="control endpoint (overrides control.endpoint)")
     p.add_argument("--backend", choices=BACKENDS, help="overrides model.backend")
     p.add_argument("--recipe", help="overrides model.recipe (" + RECIPE_HELP + ")")
+    p.add_argument("--tt-mode", choices=TT_MODES, help="overrides model.tt_mode (ttnn: device or golden)")
     p.add_argument("--device", help="overrides model.device (cpu, cuda[:N])")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="overrides model.dtype")
     p.add_argument(
@@ -73,6 +74,7 @@ def effective_config(args: argparse.Namespace) -> NodeConfig:
         "control.endpoint": args.control,
         "model.backend": args.backend,
         "model.recipe": args.recipe,
+        "model.tt_mode": args.tt_mode,
         "model.device": args.device,
         "model.dtype": args.dtype,
         "model.decoder": args.decoder,
@@ -191,7 +193,15 @@ def load_model(config: NodeConfig) -> AlpamayoVLA:
     vla = AlpamayoVLA.from_checkpoint(
         m.checkpoint,
         BackendOptions(
-            m.backend, m.dtype, m.device, m.recipe, m.tt_cache, m.moe_config, m.quant_recipe, m.quant_cache
+            m.backend,
+            m.dtype,
+            m.device,
+            m.recipe,
+            m.tt_cache,
+            m.moe_config,
+            m.quant_recipe,
+            m.quant_cache,
+            m.tt_mode,
         ),
         max_reasoning_tokens=m.max_reasoning_tokens,
         base_model=m.base_model,

@@ -66,6 +66,7 @@ class EvalSettings:
     dtype: str = "float32"
     recipe: str = "performance"
     tt_cache: Path | None = None
+    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.runtime.tt_mode)
     moe_config: Path | None = None
     quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
     quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
@@ -103,6 +104,7 @@ class EvalSettings:
             dtype=self.dtype,
             recipe=self.recipe,
             tt_cache=self.tt_cache,
+            tt_mode=self.tt_mode,
             moe_config=self.moe_config,
             quant=self.quant,
             quant_cache=self.quant_cache,

@@ -59,6 +59,7 @@ class ReplaySettings:
     quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     recipe: str = "performance"  # ttnn precision recipe
     tt_cache: Path | None = None
+    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.runtime.tt_mode)
     moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
     layout: Path | None = None
     pai_dir: Path | None = None
@@ -81,6 +82,7 @@ class ReplaySettings:
             self.moe_config,
             self.quant,
             self.quant_cache,
+            self.tt_mode,
         )
 
     def validate(self) -> None:

@@ -74,8 +74,7 @@ def expert_run(
         seen.append((x.clone(), float(t[0]), v.float().clone()))
         return v
 
-    noise = initial_noise(1, FUTURE_STEPS, 1.0, NOISE_SEED)
-    actions = euler_sample(noise, expert_cfg.num_inference_steps, velocity)
+    actions = euler_sample(expert_noise(), expert_cfg.num_inference_steps, velocity)
     pccs = []
     if reference is not None:
         t_rows = [torch.tensor([t]) for _, t, _ in reference.steps]
@@ -85,11 +84,21 @@ def expert_run(
     return ExpertRun(seen, actions), pccs
 
 
+def expert_noise() -> torch.Tensor:
+    """The one sample's initial noise [1, 64, 2] of every expert run (`NOISE_SEED`)."""
+    return initial_noise(1, FUTURE_STEPS, 1.0, NOISE_SEED)
+
+
+def waypoint_drift(actions: torch.Tensor, reference: ExpertRun) -> float:
+    """ADE (m) between the waypoints of `actions` [1, 64, 2] and the reference run's, rolled out at `V0`."""
+    return float(ade(_waypoints(actions), _waypoints(reference.actions)))
+
+
 def expert_figures(reference: ExpertRun, run: ExpertRun, pccs: list[float]) -> dict[str, Any]:
     """velocity_pcc (per step), velocity_pcc_min, ade_drift_m (waypoints at V0), v0_mps."""
     return {
         "velocity_pcc": pccs,
         "velocity_pcc_min": min(pccs),
-        "ade_drift_m": float(ade(_waypoints(run.actions), _waypoints(reference.actions))),
+        "ade_drift_m": waypoint_drift(run.actions, reference),
         "v0_mps": V0,
     }

@@ -31,6 +31,15 @@ activations) on the unrounded checkpoint, and their memory is the torch backend'
 No ttnn and no card are needed. Activations stay float32, so the figures isolate the weights' rounding, which
 is what a recipe chooses; the device's bf16 activations and math fidelity add the error the device tests
 measure (tests/test_tt_*_device.py). The models are loaded one at a time: float32 weights of one model fit.
+
+With `golden` (`--golden`, needs ttnn but no card) each ttnn recipe also gets the figures of its device
+programs run in the ttnn golden mode (`alpamayo.tt.golden`: ttnn's golden functions on the host, bf16 and
+block-float activations and K/V as the device holds them): final-logit PCC and teacher-forced top-1 (the prompt
+and the continuation in one device prefill, `prefill_block`, which scores the continuation's rows), vision
+tower PCC, the action expert's waypoint drift (its device sampling over the device's cache of those rows
+from the same noise) and, with a drive, the trajectory token agreement, ADE drift and ADE of the `--backend ttnn --tt-mode
+golden` runtime. Where these part from the emulated figures beside them, the device program computes
+something other than the recipe's rounding alone: that is a finding.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from alpamayo.backends import TORCH_CPU, BackendOptions
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.demo_checkpoint import CORPUS
+from alpamayo.errors import BackendUnavailable
 from alpamayo.eval.clips import clip_seed, drive_clip
 from alpamayo.expert.config import expert_config_of
 from alpamayo.families.loader import load_model_config, model_tokenizer
@@ -59,7 +69,7 @@ from alpamayo.quant import QuantRecipe
 from alpamayo.quant.memory import GpuPlan, WeightCount, plan_gpu_memory, weight_counts
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
-from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_run
+from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_noise, expert_run, waypoint_drift
 from alpamayo.tt.memory import MemoryPlan, plan_memory
 from alpamayo.tt.precision import TENSOR_GROUPS, Precision, load_precision
 from alpamayo.tt.program_config import model_name
@@ -125,6 +135,8 @@ class RecipeReport:
     dram: dict[str, Any]  # weights_gb, kv_cache_gb, total_gb, fits, fits_on; ttnn: capacity_gb, by group
     expert: dict[str, Any] | None = None  # velocity_pcc per step, velocity_pcc_min, ade_drift_m, v0_mps
     min_ade: dict[str, float] | None = None  # min_ade_m, reference_m, difference_m (eval-style, see above)
+    # the golden mode's figures: logits_pcc, top1_agreement, vision_pcc, expert_ade_drift_m, drive (as above)
+    golden: dict[str, Any] | None = None
 
 
 @torch.inference_mode()
@@ -335,6 +347,69 @@ def _drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
     return figures
 
 
+def golden_figures(
+    directory: Path,
+    precision: Precision,
+    ref: Reference,
+    settings: Settings,
+    ticks: Sequence[Any],
+    base_model: str | None = None,
+    progress: Progress = lambda message: None,
+) -> dict[str, Any]:
+    """The recipe's figures as its device programs compute them in the ttnn golden mode (module docstring)."""
+    from alpamayo.runtime import AlpamayoVLA
+    from alpamayo.tt.expert import TTActionExpert
+    from alpamayo.tt.runtime import close_device, open_device
+    from alpamayo.tt.text import TTTextModel
+    from alpamayo.tt.vision import TTVisionEncoder
+
+    label = f"recipe {precision.name} (golden mode)"
+    progress(f"{label}: teacher-forced logits on the device programs")
+    cfg = load_model_config(directory, base_model)
+    device = open_device(0, mode="golden")
+    try:
+        with TTTextModel.from_checkpoint(directory, cfg, precision=precision, device=device) as text:
+            expert = None
+            if ref.expert is not None:  # before the cache: it reserves the expert's rows
+                source = Checkpoint(directory, cfg.weight_prefix)
+                expert = TTActionExpert.from_checkpoint(source, text, expert_config_of(cfg))
+            text.setup_cache(ref.ids.numel())
+            prompt = ref.ids.numel() - settings.tokens + 1
+            logits = text.prefill_block(ref.ids[:prompt], drafted=ref.ids[prompt:])
+            drift = None
+            if expert is not None and ref.expert is not None:  # over the prompt rows, as `expert_run`
+                actions = expert.sample(expert_noise(), ref.ids.numel(), text.rope_delta)
+                drift = waypoint_drift(actions, ref.expert)
+                expert.close()
+            vision = None
+            if ref.vision is not None:
+                encoder = TTVisionEncoder.from_checkpoint(directory, cfg, precision=precision, device=device)
+                vision = min(pcc(a, b) for a, b in zip(ref.vision, _vision(encoder), strict=True))
+                encoder.close()
+    finally:
+        close_device(device)
+    figures: dict[str, Any] = {
+        "logits_pcc": pcc(ref.logits, logits),
+        "top1_agreement": float((logits.argmax(-1) == torch.tensor(ref.continuation)).float().mean()),
+        "vision_pcc": vision,
+        "expert_ade_drift_m": drift,
+        "drive": None,
+    }
+    if ref.drive is not None:
+        vla = AlpamayoVLA.from_checkpoint(
+            directory,
+            BackendOptions("ttnn", recipe=precision, tt_mode="golden"),
+            max_reasoning_tokens=settings.max_reasoning_tokens,
+            base_model=base_model,
+            decoder="tokens",
+        )
+        try:
+            figures["drive"] = _drive_figures(ref.drive, _drive_run(vla, ticks, label, progress))
+        finally:
+            vla.close()
+    return figures
+
+
 def evaluate_recipe(
     directory: Path,
     precision: Precision,
@@ -345,10 +420,11 @@ def evaluate_recipe(
     base_model: str | None = None,
     progress: Progress = lambda message: None,
     eval_seed: int = EVAL_SEED,
+    golden: bool = False,
 ) -> RecipeReport:
     """The figures of one recipe against `ref` (see module docstring); `memory` is its DRAM plan; `base_model`
     as `load_model_config` takes it (R1 / 1.5); `progress` hears of each stage; `eval_seed` the drive clip's
-    sampling seed."""
+    sampling seed; `golden`: also the golden mode's figures (`golden_figures`)."""
     progress(f"recipe {precision.name}: rounded weights, per-layer and logit PCC")
     weights = QuantizedCheckpoint(directory, precision, base_model=base_model)
     cfg = weights.config
@@ -381,7 +457,10 @@ def evaluate_recipe(
         "weights_by_group_gb": {g: b / 1e9 for g, b in memory.weights.items()},
     }
     recipe = {**precision.to_dict(), "backend": "ttnn"}
-    return RecipeReport(recipe, layer_pcc, logits_pcc, top1, vision, drive, dram, expert, min_ade)
+    gold = (
+        golden_figures(directory, precision, ref, settings, ticks, base_model, progress) if golden else None
+    )
+    return RecipeReport(recipe, layer_pcc, logits_pcc, top1, vision, drive, dram, expert, min_ade, gold)
 
 
 def _text_figures(model: TextModel, ref: Reference, settings: Settings) -> tuple[list[float], float, float]:
@@ -526,6 +605,8 @@ class PrecisionReport:
                 )
             row += [f"{r.dram['total_gb']:.3f}", r.dram["fits_on"]]
             rows.append(row)
+            if r.golden is not None:
+                rows.append(_golden_row(r, cols))
         lines = [head, *_columns([cols, *rows])]
         lines.append("per-layer PCC (each layer on the unrounded model's input to it):")
         layers = [["layer", *(r.recipe["name"] for r in self.recipes)]]
@@ -561,6 +642,12 @@ class PrecisionReport:
                 "temperature 0.6, top-p 0.98, the clip's seed, the checkpoint's trajectory decoder): min over samples "
                 "of the ADE at 6.4 s (the unrounded model's in parentheses); minADE diff m: recipe less unrounded"
             )
+        if any(r.golden is not None for r in self.recipes):
+            lines.append(
+                "ttnn golden: the recipe's device programs run in the ttnn golden mode (ttnn's golden functions "
+                "on the host, bf16 / block-float activations and K/V as on the device; alpamayo.tt.golden): "
+                "logits and top-1 teacher-forced in one device prefill, the drive through --tt-mode golden."
+            )
         lines += [
             "reference: the unrounded checkpoint in float32 on the CPU (torch reference).",
             "ttnn: emulated, weights rounded bit-exactly as the p150 stores them (alpamayo.tt.block_float), "
@@ -572,6 +659,26 @@ class PrecisionReport:
             "smallest common GPU.",
         ]
         return "\n".join(lines)
+
+
+def _golden_row(r: RecipeReport, cols: list[str]) -> list[str]:
+    """The table row of a recipe's golden-mode figures, "-" in the columns the golden mode does not fill."""
+    g = r.golden or {}
+    cells = {
+        "recipe": r.recipe["name"],
+        "backend": "ttnn golden",
+        "logits PCC": f"{g['logits_pcc']:.6f}",
+        "top-1": f"{100 * g['top1_agreement']:.1f}%",
+        "vision PCC": "-" if g["vision_pcc"] is None else f"{g['vision_pcc']:.6f}",
+    }
+    if g.get("expert_ade_drift_m") is not None:
+        cells["expert ADE drift m"] = f"{g['expert_ade_drift_m']:.3f}"
+    if (d := g.get("drive")) is not None:
+        cells["traj tokens"] = f"{100 * d['token_agreement']:.1f}%"
+        cells["ADE drift m"] = f"{d['ade_drift_m']:.3f}"
+        if "ade_recipe_m" in d:
+            cells["ADE m"] = f"{d['ade_recipe_m']:.3f} ({d['ade_reference_m']:.3f})"
+    return [cells.get(c, "-") for c in cols]
 
 
 def _columns(rows: list[list[str]]) -> list[str]:
@@ -591,11 +698,13 @@ def precision_report(
     base_model: str | Path | None = None,
     progress: Progress = lambda message: None,
     quants: Sequence[str | QuantRecipe] = (),
+    golden: bool = False,
 ) -> PrecisionReport:
     """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path, with a
     YAML topic `layout` where its topics are not the default ones, or `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
     `alpamayo.families.loader.load_model_config`). `quants`: the torch backend's weight-only recipes to
-    compare too (`QuantRecipe.parse` names: int8, int4, int4-g32, ...)."""
+    compare too (`QuantRecipe.parse` names: int8, int4, int4-g32, ...). `golden`: the ttnn recipes' golden-mode
+    figures too (`golden_figures`; needs ttnn, refused before any model runs without it)."""
     settings.validate()
     directory = Path(directory)
     precisions = [load_precision(r) for r in recipes]
@@ -605,6 +714,11 @@ def precision_report(
     for q in quant_recipes:
         if not q.enabled:
             raise ValueError("--quant none is the reference itself; give int8, int4 or int4-gGROUP")
+    if golden and precisions:
+        from alpamayo.tt.runtime import device_unavailable_reason
+
+        if (reason := device_unavailable_reason(mode="golden")) is not None:
+            raise BackendUnavailable(f"--golden: {reason}")
     cfg = load_model_config(directory, base_model)
     # planned first: a model the device layouts cannot hold (PlanError) is refused before any model runs
     plans = [plan_memory(cfg, p, settings.max_seq_len) for p in precisions]
@@ -627,7 +741,7 @@ def precision_report(
     seed = clip_seed(drive_clip(drive).clip_id, EVAL_SEED) if drive is not None else EVAL_SEED
     ref = reference(directory, cfg, settings, ticks, progress, seed)
     reports = [
-        evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model, progress, seed)
+        evaluate_recipe(directory, p, plan, ref, settings, ticks, cfg.base_model, progress, seed, golden)
         for p, plan in zip(precisions, plans, strict=True)
     ]
     reports += [

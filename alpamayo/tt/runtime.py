@@ -1,6 +1,12 @@
 """The one place that imports `ttnn` and opens the Blackhole device.
 
-Importing `alpamayo` (or `alpamayo.tt`) never imports `ttnn`: every ttnn user calls `import_ttnn()`.
+Importing `alpamayo` (or `alpamayo.tt`) never imports `ttnn`: every ttnn user calls `import_ttnn()`, and
+the models take the `ttnn` they run on from their device (`ttnn_for`), so the mode is the device's:
+
+* `device` (default): a card, ttsim, or the dry run's mock p150 (`alpamayo.tt.dryrun`);
+* `golden`: no device is opened; `open_device` returns an `alpamayo.tt.golden.GoldenDevice` and the models
+  run every op through ttnn's golden functions on the host (`alpamayo.tt.golden`). Chosen with
+  `--tt-mode golden` (`BackendOptions.tt_mode`) or `ALPAMAYO_TT_MODE=golden`.
 
 Without a card, ttnn 0.81.1 cannot even convert a tensor on the host (`TT_FATAL … No chips detected`, measured
 in ../shared/reference/ttmetal.md §4.1) unless `TT_METAL_MOCK_CLUSTER_DESC_PATH` names a cluster descriptor.
@@ -24,6 +30,8 @@ MOCK_ENV = "TT_METAL_MOCK_CLUSTER_DESC_PATH"
 SIMULATOR_ENV = "TT_METAL_SIMULATOR"
 SLOW_DISPATCH_ENV = "TT_METAL_SLOW_DISPATCH_MODE"
 RUNTIME_ROOT_ENV = "TT_METAL_RUNTIME_ROOT"  # default: the ttnn package directory
+MODE_ENV = "ALPAMAYO_TT_MODE"
+MODES = ("device", "golden")
 # Where tt-metal 0.81.1 looks for the SFPI RISC-V compiler (kernels and firmware are compiled for the chip):
 # under the runtime root, then the system install; the compiler sits at the same place in both SFPI trees.
 SFPI_BINARY = Path("compiler/bin/riscv-tt-elf-g++")
@@ -67,6 +75,27 @@ def import_ttnn() -> Any:
     return ttnn
 
 
+def tt_mode(mode: str | None = None) -> str:
+    """The ttnn backend's mode: `mode`, else `ALPAMAYO_TT_MODE`, else "device"; ValueError for another."""
+    mode = mode or os.environ.get(MODE_ENV) or "device"
+    if mode not in MODES:
+        raise ValueError(f"ttnn mode must be one of {list(MODES)}, got {mode!r} ({MODE_ENV} or --tt-mode)")
+    return mode
+
+
+def is_golden(device: Any) -> bool:
+    """`device` is the golden mode's (no device opened)."""
+    from alpamayo.tt.golden.device import GoldenDevice
+
+    return isinstance(device, GoldenDevice)
+
+
+def ttnn_for(device: Any) -> Any:
+    """The `ttnn` the models on `device` call: the golden mode's `GoldenTTNN` for a `GoldenDevice`, else the
+    ttnn module."""
+    return device.ttnn if is_golden(device) else import_ttnn()
+
+
 def is_dry_run_root(root: str | Path | None) -> bool:
     """`root` (a `TT_METAL_RUNTIME_ROOT` value) is a dry-run runtime root (it holds the `DRY_RUN_MARKER` file).
 
@@ -80,15 +109,18 @@ def dry_run_active(environ: Mapping[str, str] = os.environ) -> bool:
     return bool(environ.get(MOCK_ENV)) and is_dry_run_root(environ.get(RUNTIME_ROOT_ENV))
 
 
-def device_unavailable_reason(dry_run: bool = True) -> str | None:
+def device_unavailable_reason(dry_run: bool = True, mode: str | None = None) -> str | None:
     """None when a ttnn model can run here; otherwise why not (ttnn missing, or no Blackhole device).
 
     The dry run's mock p150 (`alpamayo.tt.dryrun`) counts as a device unless `dry_run` is False (the
-    `blackhole` tests, which check numbers that the mock does not compute)."""
+    `blackhole` tests, which check numbers that the mock does not compute). In the golden mode (`tt_mode`)
+    only ttnn itself is needed."""
     try:
         import_ttnn()
     except BackendUnavailable as e:
         return str(e)
+    if tt_mode(mode) == "golden":
+        return None
     root = os.environ.get(RUNTIME_ROOT_ENV)
     if dry_run_active():
         if dry_run:
@@ -146,12 +178,17 @@ def simulator_problem(simulator: Path) -> str | None:
     return None
 
 
-def open_device(trace_region_size: int) -> Any:
-    """Open Blackhole device 0 with a trace region of `trace_region_size` bytes (for the decode trace)."""
-    reason = device_unavailable_reason()
+def open_device(trace_region_size: int, mode: str | None = None) -> Any:
+    """Open Blackhole device 0 with a trace region of `trace_region_size` bytes (for the decode trace); in
+    the golden mode (`tt_mode(mode)`) a `GoldenDevice`, opening nothing."""
+    reason = device_unavailable_reason(mode=mode)
     if reason is not None:
         raise BackendUnavailable(reason)
     ttnn = import_ttnn()
+    if tt_mode(mode) == "golden":
+        from alpamayo.tt.golden.device import GoldenDevice
+
+        return GoldenDevice(ttnn, trace_region_size)
     device = ttnn.open_device(device_id=0, trace_region_size=trace_region_size)
     arch = device.arch()
     if arch != ttnn.device.Arch.BLACKHOLE:
@@ -161,4 +198,7 @@ def open_device(trace_region_size: int) -> Any:
 
 
 def close_device(device: Any) -> None:
-    import_ttnn().close_device(device)
+    if is_golden(device):
+        device.close()
+    else:
+        import_ttnn().close_device(device)

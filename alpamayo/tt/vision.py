@@ -35,7 +35,7 @@ from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.device_spec import DeviceSpec
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import VISION_GELU, VISION_SDPA_CHUNK, VisionPlan, plan_vision
-from alpamayo.tt.runtime import import_ttnn
+from alpamayo.tt.runtime import ttnn_for
 from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weight_cache import upload_weights
 from alpamayo.tt.weights import head_positions
@@ -71,7 +71,7 @@ class TTVisionEncoder(DeviceIO):
         pos_table: torch.Tensor,
         tracer: Tracer | None = None,
     ):
-        self.ttnn = ttnn = import_ttnn()
+        self.ttnn = ttnn = ttnn_for(device)
         self.cfg, self.precision, self.plan, self.device, self.w = cfg, precision, plan, device, weights
         self.pos_table = pos_table  # [num_position_embeddings, C] float32, host
         self.tracer = tracer or Tracer(enabled=False)

@@ -25,7 +25,7 @@ import torch
 from alpamayo.cache_files import atomic_write, content_digest
 from alpamayo.checkpoint import Getter
 from alpamayo.tt.precision import Precision
-from alpamayo.tt.runtime import import_ttnn
+from alpamayo.tt.runtime import ttnn_for
 from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype, ttnn_layout
 from alpamayo.tt.weights import WeightSpec, prepare, weight_dtype
 
@@ -108,7 +108,7 @@ def upload_weights(
 ) -> dict[str, Any]:
     """Every spec prepared (or loaded from the cache in `cache_dir`) and moved to its device placement:
     DRAM width-sharded over the `dram_banks` banks or interleaved DRAM. Returns name -> device tensor."""
-    ttnn = import_ttnn()
+    ttnn = ttnn_for(device)
     cache = WeightCache(ttnn, cache_dir)
     out = {}
     for s in specs:
@@ -130,7 +130,7 @@ def allocate_weights(
     """Every spec allocated, uninitialised, where `upload_weights` puts it (same shape, dtype, layout and
     placement), with no host preparation: for the dry run at real dimensions (`alpamayo.tt.dryrun`), whose
     device ignores values and where packing a real model's weights on the host would take minutes."""
-    ttnn = import_ttnn()
+    ttnn = ttnn_for(device)
     out = {}
     for s in specs:
         dtype = ttnn_dtype(ttnn, weight_dtype(s, precision))

@@ -42,6 +42,6 @@ and the dry-run switch that keeps traces off the mock device).
 """
 
 from alpamayo.tt.text.model import DeviceKVCache, TTTextModel
-from alpamayo.tt.text.trace import DRY_RUN_NOTICE
+from alpamayo.tt.text.trace import DRY_RUN_NOTICE, GOLDEN_NOTICE
 
-__all__ = ["DRY_RUN_NOTICE", "DeviceKVCache", "TTTextModel"]
+__all__ = ["DRY_RUN_NOTICE", "GOLDEN_NOTICE", "DeviceKVCache", "TTTextModel"]

@@ -327,6 +327,7 @@ class TextDecode(TextState):
                 self._free(qg)
             if not whole:
                 self._free(qc)
+            first += n
             a = ttnn.reshape(a, (n_kv, n, TILE, hd))
             if n_kv == 1:  # every head is the one user's (rows past n_heads are padding, dropped later)
                 parts.append(a)
@@ -335,7 +336,6 @@ class TextDecode(TextState):
             self._free(a)
             parts.append(ttnn.sum(picked, dim=0, keepdim=True, memory_config=dram))
             self._free(picked)
-            first += n
         self._free(qi)
         if len(parts) == 1:
             return parts[0]

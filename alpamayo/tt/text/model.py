@@ -28,7 +28,7 @@ from alpamayo.tt.memory import check_fits
 from alpamayo.tt.moe import TTMoE
 from alpamayo.tt.precision import Precision, load_precision
 from alpamayo.tt.program_config import PREFILL_PAD, TextPlan, plan_text
-from alpamayo.tt.runtime import close_device, device_unavailable_reason, import_ttnn, open_device
+from alpamayo.tt.runtime import close_device, device_unavailable_reason, open_device, ttnn_for
 from alpamayo.tt.text.decode import MAX_ROWS, ProgramKey, TextDecode, program_rows
 from alpamayo.tt.text.prefill import TextPrefill
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
@@ -60,7 +60,7 @@ class TTTextModel(TextPrefill, TextDecode):
         tracer: Tracer | None = None,
         owns_device: bool = False,
     ):
-        self.ttnn = ttnn = import_ttnn()
+        self.ttnn = ttnn = ttnn_for(device)
         self.cfg, self.text_cfg, self.precision, self.plan = cfg, cfg.text, precision, plan
         self.device, self.weights, self.owns_device = device, weights, owns_device
         self.layer_weights = [layer_weights(weights, i) for i in range(cfg.text.num_hidden_layers)]
@@ -79,7 +79,7 @@ class TTTextModel(TextPrefill, TextDecode):
         # (program_key, capture) -> trace; program_key -> persistent inputs (alpamayo.tt.text.decode)
         self._traces: dict[tuple[ProgramKey, tuple[int, ...]], DecodeTrace] = {}
         self._inputs: dict[ProgramKey, dict[str, Any]] = {}
-        self.trace_switch = TraceSwitch()
+        self.trace_switch = TraceSwitch(device)
         t = cfg.text
         self.scale = t.head_dim**-0.5
         self.hidden_padded = plan.hidden_padded
@@ -128,17 +128,19 @@ class TTTextModel(TextPrefill, TextDecode):
         tracer: Tracer | None = None,
         moe: str | Path | MoEBlockConfig | None = None,
         extra_trace_bytes: int = 0,
+        mode: str | None = None,
     ) -> TTTextModel:
         """Plan, check the DRAM budget, open the device (unless given) and upload every weight.
 
         `cache_dir` keeps the packed weights as `.tensorbin` files (see `alpamayo.tt.weight_cache`). `moe`: the
         MoE block config (or its YAML file) of a model with sparse layers; see `model_block_config`.
         `extra_trace_bytes`: trace region for other models' traces on the device this opens (the action
-        expert's step, `ExpertPlan.trace_region_bytes`).
+        expert's step, `ExpertPlan.trace_region_bytes`). `mode`: the device mode when this opens the device
+        (`alpamayo.tt.runtime.tt_mode`: "device", or "golden" for ttnn's golden functions on the host).
         Everything that can be refused (no ttnn or no device, unsupported config, recipe, MoE block, plan,
         DRAM) is refused before the device is opened.
         """
-        if device is None and (reason := device_unavailable_reason()) is not None:
+        if device is None and (reason := device_unavailable_reason(mode=mode)) is not None:
             raise BackendUnavailable(reason)
         ckpt, cfg = open_checkpoint(source, cfg)
         block = model_block_config(cfg.text, moe)
@@ -147,7 +149,7 @@ class TTTextModel(TextPrefill, TextDecode):
         plan = plan_text(cfg, precision, moe=block)
         check_fits(cfg, precision, PREFILL_PAD)
         owns = device is None
-        device = open_device(plan.trace_region_bytes + extra_trace_bytes) if owns else device
+        device = open_device(plan.trace_region_bytes + extra_trace_bytes, mode) if owns else device
         try:
             plan = plan_text(cfg, precision, DeviceSpec.from_device(device), moe=block)
             weights = upload_text_weights(cfg, precision, plan, device, ckpt, cache_dir)

@@ -1,4 +1,5 @@
-"""Decode trace capture and replay, and the dry-run switch that keeps traces off the mock device.
+"""Decode trace capture and replay, and the switch that keeps traces off the dry run's mock device and out of
+the golden mode.
 
 A trace is captured once per program (compile run first, then `begin_trace_capture` over the same graph with
 the same persistent inputs) and replayed after its inputs are rewritten in place; `release` frees it.
@@ -10,25 +11,28 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from alpamayo.tt.runtime import dry_run_active
+from alpamayo.tt.runtime import dry_run_active, is_golden
 
 # Trace capture crashes the dry run's mock device (alpamayo.tt.dryrun): there the decode runs untraced.
 DRY_RUN_NOTICE = "ttnn dry run: trace capture is card-only (it crashes the mock p150); decoding untraced"
+# The golden mode runs each op as it is called: a traced step runs as its untraced ops.
+GOLDEN_NOTICE = "ttnn golden mode: traces are card-only; every traced step runs as its untraced ops"
 
 
 class TraceSwitch:
-    """Whether a requested trace is captured in this process: not under a dry run (said once on stderr)."""
+    """Whether a requested trace is captured on `device`: not under a dry run, nor in the golden mode (each
+    said once on stderr)."""
 
-    def __init__(self) -> None:
-        self.dry_run = dry_run_active()
+    def __init__(self, device: Any = None) -> None:
+        self.notice = GOLDEN_NOTICE if is_golden(device) else DRY_RUN_NOTICE if dry_run_active() else None
         self._noticed = False
 
     def traced(self, requested: bool) -> bool:
-        """`requested`, except under a dry run: False then (the text model's decode and the action expert's
-        steps run untraced)."""
-        if requested and self.dry_run:
+        """`requested`, except under a dry run or in the golden mode: False then (the text model's decode,
+        the action expert's steps and the draft's block run untraced)."""
+        if requested and self.notice is not None:
             if not self._noticed:
-                print(DRY_RUN_NOTICE, file=sys.stderr)
+                print(self.notice, file=sys.stderr)
                 self._noticed = True
             return False
         return requested
