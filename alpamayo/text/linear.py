@@ -1,19 +1,21 @@
 """Linear layer with a packed CPU oneDNN path (bfloat16 and float32) whose rows do not depend on each other.
 
-On CPU, bfloat16 and float32 weights are packed once into oneDNN's blocked layout (`mkldnn._reorder_linear_weight`)
-and multiplied by its brgemm kernel. Two reasons:
+On CPU, bfloat16 and float32 weights are packed once into oneDNN's blocked layout
+(`mkldnn._reorder_linear_weight`) and multiplied by its brgemm kernel. Two reasons:
 
 * A row's result never depends on how many rows run with it, so a verify block, K sampled rows and a
   one-token decode give each token the same bits. oneDNN's brgemm gives every row the same result for any
-  M >= 2 rows and any thread count (`torch.equal` for M = 2..512 and 1, 2, 4, 16 threads at every
-  Qwen3-VL-2B/8B linear and the 151936-row head, float32 and bfloat16, 2 AVX512-BF16 cores), but blocks K
-  differently for M = 1 once in_features > 1024, rounding a one-row product ~1e-6 (float32) apart; so fewer
-  than `MIN_ROWS` rows are padded with zero rows. MKL's sgemm (what `F.linear` runs in float32) rounds by
-  the row count at every M (its M = 1 is a gemv; M = 4 and M = 8 already differ).
-* Speed, measured on the same 2 cores (one thread, CPU time, least of 9; 2 Qwen3-VL-2B layers and the head):
-  the packed layout at 4 rows takes 83.6 ms in float32 where MKL's M = 1 gemv took 90.4 and 39.1 ms in
-  bfloat16 where the packed M = 1 kernel took 49.1; 3..6 rows are the fastest small-M shapes (2 rows: 132.7
-  and 57.1 ms, 8 rows: 114.2 and 53.9). A float32 verify of 8 rows: 124 ms packed, 338 ms through MKL.
+  M >= 2 rows and any thread count (`torch.equal` for M = 2..512 and 1, 2, 4, 16 threads at the
+  Qwen3-VL-2B/8B linears and the 151936-row head, float32 and bfloat16, 2 AVX512-BF16 cores), but blocks K
+  differently for M = 1 once in_features > 1024, rounding a one-row product apart (~1e-6 in float32); so
+  fewer than `MIN_ROWS` rows are padded with zero rows. MKL's sgemm (what `F.linear` runs in float32) rounds
+  by the row count at every M (its M = 1 is a gemv; M = 4 and M = 8 differ too).
+* Speed: 6 rows are brgemm's full row block here (fewer run a tail kernel, more a second block). Measured on
+  the same 2 cores (one thread, CPU time, least of 11 interleaved rounds: the machine was shared), 2
+  Qwen3-VL-8B layers and the 151936-row head: a decode step's linears at 6 packed rows took 208 ms in
+  float32 against MKL's one-row gemv's 205, and 116 ms in bfloat16 against the packed one-row kernel's 131
+  (2 packed rows: 304 and 149 ms, 4: 223 and 124, 8: 274 and 148); a float32 verify of 8 rows 274 ms
+  packed against MKL's 902.
 
 Everywhere else (CUDA, other dtypes, builds without mkldnn) `F.linear` is used, with no row guarantee. With a
 `QuantRecipe` (`--quant int8|int4`) packing instead quantises the weight for PyTorch's weight-only kernels
@@ -32,8 +34,9 @@ from alpamayo.quant import QuantRecipe, QuantWeight, describe_fallbacks, quantis
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.threads import wide
 
-# rows a packed product runs at the least: oneDNN's M = 1 kernel rounds apart from M >= 2 (module docstring)
-MIN_ROWS = 4
+# rows a packed product runs at the least: oneDNN's M = 1 kernel rounds apart from M >= 2, and 6 rows are its
+# fastest small shape (module docstring)
+MIN_ROWS = 6
 
 
 def can_pack(weight: torch.Tensor) -> bool:
