@@ -49,7 +49,7 @@ def sample_continue(
     tokens: list[int] = []
     logits = first_logits
     while len(tokens) < max_new_tokens:
-        token = int(sampler(logits.reshape(1, -1))[0])
+        token = sampler.token(0, len(tokens), logits)
         tokens.append(token)
         if token in stop or len(tokens) == max_new_tokens:
             break
@@ -121,47 +121,45 @@ def row_seeds(seed: int | None, rows: int, stream: int = 0) -> list[int]:
 
 
 class TokenSampler:
-    """Chooses one token per row from logits [B, V]; row i draws from its own generator seeded by seeds[i]."""
+    """Chooses each row's token at each position as a function of (its row's seed, the position, the logits)
+    alone: a row's p-th generated token (p = 0: the first after the prompt) is the same whichever tokens were
+    drawn before it, however many rows run, and whether a plain decode step draws it or a speculative verify
+    block checks a drafted token against it (`alpamayo.trajectory_generation`), so a draft changes no token.
+
+    Greedy: the argmax. Sampling: inverse-CDF sampling of p = softmax(`nucleus_logits`), as `torch.multinomial`
+    draws one sample, with the uniform keyed by (row seed, position) (`keyed_uniform`): the first token, in id
+    order, whose cumulative weight exceeds u times the total: exactly p's distribution. The draw runs in
+    float64 numpy (one thread, a sequential cumulative sum)."""
 
     def __init__(self, sampling: Sampling, seeds: Sequence[int]):
         self.sampling = sampling
-        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.seeds = [int(s) for s in seeds]
 
     @classmethod
     def for_request(cls, sampling: Sampling, seed: int | None, rows: int) -> TokenSampler:
         return cls(sampling, row_seeds(seed, rows) if not sampling.greedy else [0] * rows)
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [B, V] (B = number of seeds) -> token ids [B] int64."""
-        if logits.dim() != 2 or logits.shape[0] != len(self.generators):
-            raise ValueError(f"expected logits [{len(self.generators)}, V], got {list(logits.shape)}")
+    @property
+    def rows(self) -> int:
+        return len(self.seeds)
+
+    def token(self, row: int, position: int, logits: torch.Tensor) -> int:
+        """Row `row`'s token at generated position `position` (>= 0) from its logits [V] (biases added)."""
         if self.sampling.greedy:
-            return torch.argmax(logits, dim=-1)
+            return int(torch.argmax(logits))
         s = self.sampling
-        probs = nucleus_logits(logits, s.temperature, s.top_p, s.top_k).softmax(dim=-1).cpu()
-        return torch.cat(
-            [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators, strict=True)]
-        )
+        scaled = nucleus_logits(logits.reshape(1, -1), s.temperature, s.top_p, s.top_k)[0]
+        scaled = scaled.cpu().double().numpy()
+        weights = np.exp(scaled - scaled.max())  # 0 outside the nucleus
+        cdf = np.cumsum(weights)
+        token = int(np.searchsorted(cdf, keyed_uniform(self.seeds[row], position) * cdf[-1], side="right"))
+        # u * total can round up to the total: the last token of positive weight then
+        return min(token, int(np.flatnonzero(weights)[-1]))
 
 
-def verify_token(
-    logits: torch.Tensor, drafted: int | None, sampling: Sampling, generator: torch.Generator
-) -> tuple[int, bool]:
-    """The target's token at one position of a speculative block, and whether it is the drafted one.
-
-    logits [V] (biases already added); `drafted`: the draft's token there (a point mass), None past the
-    draft's end. Greedy: the argmax, accepted iff equal to `drafted`. Sampling (rejection sampling with a
-    point-mass proposal): with p = softmax(nucleus_logits), accept `drafted` with probability p[drafted];
-    otherwise draw from p with `drafted` removed and renormalised, so every emitted token is distributed
-    exactly as plain sampling from p. With `drafted` None: a plain draw from p (the bonus token)."""
-    if sampling.greedy:
-        token = int(torch.argmax(logits))
-        return token, token == drafted
-    s = sampling
-    probs = nucleus_logits(logits.reshape(1, -1), s.temperature, s.top_p, s.top_k).softmax(dim=-1)[0].cpu()
-    if drafted is not None:
-        if float(torch.rand((), generator=generator)) < float(probs[drafted]):
-            return drafted, True
-        probs = probs.clone()
-        probs[drafted] = 0.0
-    return int(torch.multinomial(probs, 1, generator=generator)), False
+def keyed_uniform(seed: int, position: int) -> float:
+    """A uniform float64 in [0, 1) that is a function of (seed, position) alone: numpy's Philox, a counter-based
+    generator, keyed by the pair (no state carried from one position to the next)."""
+    if position < 0:
+        raise ValueError(f"a sampled position is >= 0, got {position}")
+    return float(np.random.Generator(np.random.Philox(key=[seed, position])).random())

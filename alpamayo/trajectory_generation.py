@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from alpamayo.drafts.base import Draft, DraftContext
-from alpamayo.generation import ForkableLM, TokenSampler, verify_token
+from alpamayo.generation import ForkableLM, TokenSampler
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
 from planner.tokenizers import TrajectoryVocab
@@ -142,14 +142,16 @@ def _speculate(
 
     Each block feeds row r its pending token (chosen, not yet in the cache) and the draft's tokens after it,
     in one `verify`; position j's logits choose the token after the j-th fed one exactly as a plain decode
-    step would (cap, bias, `verify_token`), and the row keeps drafted tokens while the target agrees, then
+    step would (cap, bias, `TokenSampler.token` at the row's position: greedy or sampled, the very token plain
+    decoding draws, since the verify's logits are plain decoding's bit for bit where the backend's are, see
+    `TextModel.verify`), and the row keeps drafted tokens while they equal those tokens, then
     the target's own token (correction or bonus) becomes the next pending one. The cache is rolled back to
     the kept prefix. Drafts stop before `<|traj_future_start|>`, so it is always emitted by the target and
     the cap (`limits.max_reasoning_tokens`) forces it at the same count as plain decoding. A target that
     verifies at most `max_verify_rows` rows x tokens gets blocks of up to max_verify_rows // K tokens (the
     draft proposes fewer; which tokens are kept does not depend on it). `cancel` is checked before each block."""
     k = len(plans)
-    cap, sampling, gens = limits.max_reasoning_tokens, sampler.sampling, sampler.generators
+    cap = limits.max_reasoning_tokens
     block = (
         draft.block_size
         if model.max_verify_rows is None
@@ -160,12 +162,14 @@ def _speculate(
     done = [False] * k
 
     def take(r: int, logits: torch.Tensor, drafted: int | None) -> bool:
-        """Row r's next token from `logits` [V] against `drafted`: True iff the drafted token was kept."""
+        """Row r's next token from `logits` [V] (the token plain decoding draws there: same position, same
+        logits) against `drafted`: True iff it is the drafted one."""
         plan = plans[r]
         if len(plan.reasoning_token_ids) >= cap:
-            token, ok, plan.reasoning_capped = start_id, False, True
+            token, plan.reasoning_capped = start_id, True
         else:
-            token, ok = verify_token(logits + bias, drafted, sampling, gens[r])
+            token = sampler.token(r, len(plan.reasoning_token_ids), logits + bias)
+        ok = token == drafted
         if token == start_id:
             done[r] = True
         else:
@@ -236,7 +240,7 @@ def generate_plans(
     first_draft: Sequence[int] = (),
     cancel: Cancellation | None = None,
 ) -> list[GeneratedPlan]:
-    """K = len(sampler.generators) samples after a prefill whose last-position logits are `first_logits` [V]
+    """K = sampler.rows samples after a prefill whose last-position logits are `first_logits` [V]
     (or [n + 1, V]: the prefill also verified the n tokens `first_draft` of `draft`, see `_speculate`).
 
     The model's cache must hold K rows and `limits.decode_positions` positions beyond the prompt. `eos_ids` are
@@ -245,8 +249,12 @@ def generate_plans(
     `trajectory_tokens=False`: stop once every `<|traj_future_start|>` is in the cache (module docstring); the
     plans then carry no trajectory tokens and there is no `trajectory_decode` span.
 
+    Row r's token at generated position p (its reasoning tokens first, then `<|traj_future_start|>`, then the
+    trajectory tokens) is `sampler.token(r, p, logits)`: a function of the row's seed, p and the logits.
+
     With a `draft` (and its `draft_context`), the reasoning is decoded speculatively (`_speculate`): the
-    same tokens under greedy decoding, the same distribution under sampling; each plan then carries its
+    same tokens as plain decoding, greedy or sampled, wherever the verify's logits equal the decode
+    steps' (`TextModel.verify`; the ttnn backend to its PCC, docs/speculative.md); each plan then carries its
     accepted lengths (with a `first_draft`, the first is the prefill's block, timed by the caller's prefill
     span), and the tracer gets one `draft` and one `verify` span per verify block. The model must then
     be a `SpeculativeLM` (`verify` and `rollback`: the torch `TextModel`, the ttnn text model, or a VLM
@@ -254,7 +262,7 @@ def generate_plans(
 
     `cancel` is checked before each decode step and each verify block (`PredictionCancelled`).
     """
-    k = len(sampler.generators)
+    k = sampler.rows
     cancel = cancel or Cancellation()
     scored = first_logits if first_logits.dim() == 2 else first_logits.unsqueeze(0)
     if scored.dim() != 2 or scored.shape[0] != len(first_draft) + 1:
@@ -300,19 +308,21 @@ def generate_plans(
             t_switch = time.perf_counter_ns()
     while any(p != DONE for p in phase):
         cancel.check()
-        in_reasoning = torch.tensor([p == REASONING for p in phase], device=logits.device).unsqueeze(1)
-        chosen = sampler(logits + torch.where(in_reasoning, masks.reasoning, masks.trajectory)).tolist()
         feed = []
-        for r, token in enumerate(chosen):
-            plan = plans[r]
+        for r, plan in enumerate(plans):
+            done_before = len(plan.reasoning_token_ids)  # the row's generated position (TokenSampler.token)
             if phase[r] == REASONING:
-                if len(plan.reasoning_token_ids) >= limits.max_reasoning_tokens:
+                if done_before >= limits.max_reasoning_tokens:
                     token, plan.reasoning_capped = start_id, True
+                else:
+                    token = sampler.token(r, done_before, logits[r] + masks.reasoning)
                 if token == start_id:
                     phase[r] = TRAJECTORY if trajectory_tokens else DONE
                 else:
                     plan.reasoning_token_ids.append(token)
-            elif phase[r] == TRAJECTORY:
+            elif phase[r] == TRAJECTORY:  # after the reasoning and its <|traj_future_start|>
+                position = done_before + 1 + len(plan.future_token_ids)
+                token = sampler.token(r, position, logits[r] + masks.trajectory)
                 plan.future_token_ids.append(token)
                 if len(plan.future_token_ids) == limits.tokens_per_future:
                     phase[r] = DONE

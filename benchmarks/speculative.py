@@ -2,20 +2,20 @@
 tokens per second that follow at a held accepted length; then the model-free drafts on a replayed demo drive.
 
 At the Qwen3-VL-8B text shape (hidden 4096, 32/8 heads of 128, MLP 12288, untied 151936-row head), random
-bf16 weights, decoder layers cut to `--layers` (the head is kept whole: it is 1/3 of the bytes per token at
+`--dtype` weights (bfloat16 by default), decoder layers cut to `--layers` (the head is kept whole: it is 1/3 of the bytes per token at
 2 layers, so cutting layers makes verify *cheaper* relative to decode than the full model would be only in the
 attention; the ratios are read against the bandwidth floor printed beside them). In one run:
   * plain decode ms per token after a `--context`-token prompt;
   * one `TextModel.verify` of T = 1, 2, 4, 8, 16 tokens (then rolled back), timed interleaved with the decode
     step (one decode, one verify of each T, repeated) so the ratios share the machine's load;
   * the physical floor of each: its bytes (weights + the context's K/V) at the measured bandwidth (STREAM
-    copy, and the packed bf16 head's own M = 1 read rate) and its FLOPs at the measured bf16 GEMM rate (the
+    copy, and the packed head's own one-row read rate) and its FLOPs at the measured GEMM rate (the
     packed linear on 256 rows), whichever is longer, so the table says whether a verify of T is bandwidth-
     or compute-bound here; and where a verify's time goes against a decode step (torch.profiler, each op's
     least self time over the repeats: linears, attention, the element-wise rest);
   * oracle drafts held at accepted length tau = 1, 2, 4, 6, 8: blocks of 8 = [pending, 7 drafted], the
     drafted tokens the target's true greedy continuation corrupted from index tau - 1 on, accepted by the
-    greedy rule (`alpamayo.generation.verify_token`), cache rolled back; tokens per second vs plain decoding;
+    greedy rule (the argmax), cache rolled back; tokens per second vs plain decoding;
   * a DFlash draft's per-block cost at the 8B shape (2 layers, block 8, random weights, reading the target
     layers cut above): one block with its context K/V cache (draft the block, then append tau = 4 accepted
     positions), against re-projecting the whole context through fc and every layer's k/v each block as a
@@ -23,7 +23,8 @@ attention; the ratios are read against the bandwidth floor printed beside them).
   * `lookup` and `previous` on a replayed demo drive (demo checkpoint, lock-step): their real mean accepted
     lengths and the reasoning_decode time against `--draft none`.
 
-    python benchmarks/speculative.py [--layers 2] [--context 1024] [--blocks 8] [--drive-seconds 2.5]
+    python benchmarks/speculative.py [--dtype bfloat16|float32] [--layers 2] [--context 1024] [--blocks 8]
+        [--drive-seconds 2.5 (0: no drive)]
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from torch.profiler import ProfilerActivity, profile
 from alpamayo.config import parse_config
 from alpamayo.configs import CONFIG_DIR
 from alpamayo.demo_checkpoint import random_weights
+from alpamayo.devices import DTYPES
 from alpamayo.drafts import DraftContext
 from alpamayo.drafts.dflash import DFlashConfig, DFlashDraft, draft_tensor_shapes
-from alpamayo.generation import Sampling, verify_token
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
 from alpamayo.text.weights import text_tensor_shapes
@@ -56,11 +57,11 @@ VERIFY_T = (1, 2, 4, 8, 16)
 GOAL_T8 = 1.3  # issue 24: a verify of 8 costs <= 1.3x one decode step
 
 
-def random_8b_text(layers: int) -> TextModel:
+def random_8b_text(layers: int, dtype: torch.dtype) -> TextModel:
     raw = json.loads((CONFIG_DIR / "qwen3-vl-8b.json").read_text())
     raw["text_config"]["num_hidden_layers"] = layers
     cfg = parse_config(raw, "qwen3-vl-8b.json")
-    return TextModel.from_weights(cfg, random_weights(text_tensor_shapes(cfg), seed=0))
+    return TextModel.from_weights(cfg, random_weights(text_tensor_shapes(cfg), seed=0, dtype=dtype))
 
 
 def weight_bytes(model: TextModel) -> int:
@@ -70,13 +71,13 @@ def weight_bytes(model: TextModel) -> int:
         + t.q_dim * t.hidden_size
         + 3 * t.hidden_size * t.intermediate_size
     )
-    return 2 * (per_layer * t.num_hidden_layers + t.vocab_size * t.hidden_size)
+    return model.dtype.itemsize * (per_layer * t.num_hidden_layers + t.vocab_size * t.hidden_size)
 
 
 def kv_bytes_read(model: TextModel, context: int) -> int:
-    """K and V of `context` positions over every layer, as one forward reads them (bf16)."""
+    """K and V of `context` positions over every layer, as one forward reads them."""
     t = model.text_cfg
-    return 2 * 2 * t.num_hidden_layers * t.kv_dim * context
+    return 2 * model.dtype.itemsize * t.num_hidden_layers * t.kv_dim * context
 
 
 def forward_flops(model: TextModel, context: int, tokens: int) -> float:
@@ -84,22 +85,23 @@ def forward_flops(model: TextModel, context: int, tokens: int) -> float:
     head included) plus the attention's q k^T and p v over the context and the block."""
     t = model.text_cfg
     attention = 4.0 * t.num_hidden_layers * t.q_dim * tokens * (context + tokens)
-    return 2.0 * tokens * weight_bytes(model) / 2 + attention
+    return 2.0 * tokens * weight_bytes(model) / model.dtype.itemsize + attention
 
 
-def machine_rates(reps: int) -> dict:
-    """This machine's bandwidth (STREAM copy, GB/s), the packed bf16 linear's weight read rate at M = 1 on a
-    65536 x 4096 weight (GB/s, 0.5 GB: far past the caches; what a decode step can stream) and its bf16 GEMM rate on 256 rows of a
+def machine_rates(reps: int, dtype: torch.dtype) -> dict:
+    """This machine's bandwidth (STREAM copy, GB/s), the packed `dtype` linear's weight read rate for one row
+    on a 65536 x 4096 weight (GB/s, 0.5 GB in bf16: far past the caches; what a decode step can stream) and
+    its GEMM rate on 256 rows of a
     4096 x 4096 weight (GFLOP/s: the compute ceiling of a verify), each the best of `reps`."""
     g = torch.Generator().manual_seed(2)
     out = {"copy_gbs": copy_bandwidth_gbs(1 << 29, reps)}
     for name, (n, k, m) in {"stream": (65_536, 4096, 1), "gemm": (4096, 4096, 256)}.items():
-        head = Linear(torch.randn(n, k, generator=g, dtype=torch.bfloat16), role="head")
+        head = Linear(torch.randn(n, k, generator=g, dtype=dtype), role="head")
         head.pack()
-        x = torch.randn(m, k, generator=g, dtype=torch.bfloat16)
+        x = torch.randn(m, k, generator=g, dtype=dtype)
         best = min_ms(lambda h=head, x=x: h(x), reps) / 1e3
         out["stream_gbs" if name == "stream" else "gemm_gflops"] = (
-            2 * n * k / best / 1e9 if name == "stream" else 2 * m * n * k / best / 1e9
+            dtype.itemsize * n * k / best / 1e9 if name == "stream" else 2 * m * n * k / best / 1e9
         )
         del head
     return out
@@ -131,7 +133,7 @@ def op_breakdown(fn, reps: int) -> dict[str, float]:
 
 
 def target_side(args: argparse.Namespace) -> dict:
-    model = random_8b_text(args.layers)
+    model = random_8b_text(args.layers, DTYPES[args.dtype])
     prompt = torch.randint(0, 150_000, (args.context,), generator=torch.Generator().manual_seed(1))
     n_cont = args.blocks * BLOCK + BLOCK
     model.setup_cache(args.context + n_cont + 2 * BLOCK, 1)
@@ -165,7 +167,6 @@ def target_side(args: argparse.Namespace) -> dict:
         "decode": op_breakdown(step, args.reps),
         "verify 8": op_breakdown(lambda: verify(8), args.reps),
     }
-    greedy = Sampling()
     oracle = {}
     for tau in TAUS:
         model.rollback([args.context])
@@ -179,7 +180,7 @@ def target_side(args: argparse.Namespace) -> dict:
             out = model.verify(torch.tensor([[truth[pos], *drafted]]))[0]
             kept = 1
             for j, d in enumerate(drafted):
-                if not verify_token(out[j], d, greedy, None)[1]:
+                if int(out[j].argmax()) != d:  # the greedy rule
                     break
                 kept += 1
             model.rollback([model.lengths[0] - BLOCK + kept])
@@ -217,10 +218,10 @@ def dflash_side(model: TextModel, args: argparse.Namespace) -> dict:
         "dflash_config": {"mask_token_id": t.vocab_size - 1, "target_layer_ids": layers},
     }
     cfg = DFlashConfig.from_dict(raw, "benchmark draft")
-    draft = DFlashDraft(cfg, random_weights(draft_tensor_shapes(cfg), seed=3), model)
+    draft = DFlashDraft(cfg, random_weights(draft_tensor_shapes(cfg), seed=3, dtype=model.dtype), model)
     g = torch.Generator().manual_seed(3)
-    feats = torch.randn(args.context, len(layers) * t.hidden_size, generator=g, dtype=torch.bfloat16)
-    accepted = torch.randn(4, len(layers) * t.hidden_size, generator=g, dtype=torch.bfloat16)
+    feats = torch.randn(args.context, len(layers) * t.hidden_size, generator=g, dtype=model.dtype)
+    accepted = torch.randn(4, len(layers) * t.hidden_size, generator=g, dtype=model.dtype)
     ctx = DraftContext([0] * args.context, 1, None, feats)
     draft.begin(ctx)
 
@@ -275,22 +276,23 @@ def drafts_on_drive(args: argparse.Namespace) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--blocks", type=int, default=8, help="blocks per oracle run")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--drive-seconds", type=float, default=2.5)
+    p.add_argument("--drive-seconds", type=float, default=2.5, help="0: skip the demo drive")
     args = p.parse_args()
     torch.manual_seed(0)
-    rates = machine_rates(args.reps)
+    rates = machine_rates(args.reps, DTYPES[args.dtype])
     t = target_side(args)
     d = t["decode_ms"]
     print(
-        f"Qwen3-VL-8B text shape, {t['layers']} layers + head ({t['weight_gb']:.2f} GB bf16), context {t['context']}, "
+        f"Qwen3-VL-8B text shape, {t['layers']} layers + head ({t['weight_gb']:.2f} GB {args.dtype}), context {t['context']}, "
         f"{torch.get_num_threads()} threads"
     )
     print(
-        f"machine: STREAM copy {rates['copy_gbs']:.1f} GB/s, packed bf16 linear M=1 weight stream "
-        f"{rates['stream_gbs']:.1f} GB/s, bf16 GEMM (256 x 4096 x 4096) {rates['gemm_gflops']:.0f} GFLOP/s"
+        f"machine: STREAM copy {rates['copy_gbs']:.1f} GB/s, packed {args.dtype} linear one-row weight stream "
+        f"{rates['stream_gbs']:.1f} GB/s, {args.dtype} GEMM (256 x 4096 x 4096) {rates['gemm_gflops']:.0f} GFLOP/s"
     )
     bw = max(rates["copy_gbs"], rates["stream_gbs"]) * 1e9
 
@@ -332,6 +334,8 @@ def main() -> None:
         f"positions: {f['cached_ms']:.1f} ms with its K/V cache (+4 accepted appended), {f['uncached_ms']:.1f} ms "
         f"re-projecting the context ({f['uncached_ms'] / f['cached_ms']:.1f}x); {f['cached_ms'] / d:.2f}x a decode step"
     )
+    if args.drive_seconds <= 0:
+        return
     drive = drafts_on_drive(args)
     base = drive["none"]["reasoning_decode_ms"]
     print(

@@ -1,5 +1,6 @@
 """Reasoning-then-trajectory generation on the demo checkpoint's text model and real tokenizer, against
-transformers' `generate` with the same constraints, plus sampling semantics against transformers' warpers."""
+transformers' `generate` with the same constraints, plus sampling semantics against transformers' warpers
+and the keyed sampler's draws against `torch.multinomial` on the same processed distribution."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ class Demo:
         self.path = path
 
     def plans(self, sampler: TokenSampler, limits: PlanLimits, tracer: Tracer | None = None):
-        """Prefill once, then generate len(sampler.generators) plans from the shared prompt cache."""
-        self.model.setup_cache(len(self.prompt) + limits.decode_positions, len(sampler.generators))
+        """Prefill once, then generate sampler.rows plans from the shared prompt cache."""
+        self.model.setup_cache(len(self.prompt) + limits.decode_positions, sampler.rows)
         logits = self.model.prefill(self.prompt)
         return generate_plans(self.model, logits, self.vocab, sampler, limits, self.cfg.eos_token_ids, tracer)
 
@@ -125,6 +126,68 @@ def test_nucleus_sampling_matches_transformers_warpers():
 def test_bad_sampling_settings_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Sampling(**kwargs)
+
+
+# the family default (NVIDIA's: temperature 0.6, top_p 0.98), a top-k cut under a nucleus, and plain softmax
+DISTRIBUTIONS = [Sampling(0.6, 0.98), Sampling(1.0, 0.9, top_k=8), Sampling(1.5)]
+
+
+def keyed_draws(sampling: Sampling, logits: torch.Tensor, per_row: int) -> list[int]:
+    """`per_row` positions of each of 3 rows of seed 11."""
+    sampler = TokenSampler.for_request(sampling, 11, 3)
+    return [sampler.token(r, p, logits) for r in range(3) for p in range(per_row)]
+
+
+@pytest.mark.parametrize("sampling", DISTRIBUTIONS, ids=str)
+def test_keyed_samples_follow_the_processed_distribution_as_multinomial_does(sampling):
+    """6000 keyed draws (3 rows x 2000 positions) from fixed logits against the processed distribution p =
+    softmax(nucleus_logits): a chi-square goodness-of-fit test, and a two-sample test against 6000 draws of
+    `torch.multinomial` on p, each at significance 0.001 (fixed seeds, so the verdicts are fixed too). No
+    draw leaves the nucleus. The same test tells the draws from p at temperature 0.7 (it can fail)."""
+    from scipy.stats import chi2_contingency, chisquare
+
+    logits = torch.randn(60, generator=torch.Generator().manual_seed(1)) * 1.5
+    p = nucleus_logits(logits[None], sampling.temperature, sampling.top_p, sampling.top_k).softmax(-1)[0]
+    drawn = torch.bincount(torch.tensor(keyed_draws(sampling, logits, 2000)), minlength=60)
+    n = int(drawn.sum())
+    assert not drawn[p == 0].any()
+
+    def fit(probs: torch.Tensor) -> float:
+        cells = probs * n >= 5  # the rare tokens pooled into one cell
+        observed = [*drawn[cells].tolist(), int(drawn[~cells].sum())]
+        expected = [*(probs[cells] * n).tolist(), float(probs[~cells].sum() * n)]
+        if expected[-1] == 0:
+            observed, expected = observed[:-1], expected[:-1]
+        return float(chisquare(observed, [e * n / sum(expected) for e in expected]).pvalue)
+
+    assert fit(p.double()) > 1e-3
+    multinomial = torch.multinomial(p, n, replacement=True, generator=torch.Generator().manual_seed(2))
+    table = torch.stack([drawn, torch.bincount(multinomial, minlength=60)])
+    table = table[:, table.sum(0) > 0]
+    assert chi2_contingency(table.numpy())[1] > 1e-3
+    if sampling.temperature == 0.6:
+        hotter = nucleus_logits(logits[None], 0.7, sampling.top_p, sampling.top_k).softmax(-1)[0]
+        assert fit(hotter.double()) < 1e-3
+
+
+def test_a_keyed_token_depends_only_on_its_seed_row_position_and_logits():
+    """Row r of K rows draws what a sampler of row r's seed alone draws, in any order of positions; another
+    position or seed draws differently; greedy is the argmax."""
+    sampling = Sampling(1.0)
+    logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(3))
+    rows = TokenSampler.for_request(sampling, 5, 3)
+    forward = [[rows.token(r, p, logits[r]) for p in range(40)] for r in range(3)]
+    seeds = row_seeds(5, 3)
+    for r in range(3):
+        alone = TokenSampler(sampling, [seeds[r]])
+        assert [alone.token(0, p, logits[r]) for p in reversed(range(40))] == forward[r][::-1]
+    assert len({tuple(f) for f in forward}) == 3 and len(set(forward[0])) > 20
+    other_seed = TokenSampler.for_request(sampling, 6, 1)
+    assert [other_seed.token(0, p, logits[0]) for p in range(40)] != forward[0]
+    greedy = TokenSampler.for_request(Sampling(), None, 2)
+    assert greedy.token(1, 7, logits[1]) == int(logits[1].argmax())
+    with pytest.raises(ValueError, match="a sampled position is >= 0, got -1"):
+        rows.token(0, -1, logits[0])
 
 
 def test_sample_streams_depend_only_on_seed_and_row():

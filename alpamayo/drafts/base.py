@@ -22,8 +22,9 @@ class DraftContext:
 
 class Draft:
     """Proposes up to `block_size - 1` tokens per row; the target verifies them in one forward
-    (`alpamayo.trajectory_generation`). Every proposal is a point mass (one token per position), which is what
-    makes rejection sampling exact with `alpamayo.generation.accept_block`.
+    (`alpamayo.trajectory_generation`), keeping a drafted token iff it is the token plain decoding draws at
+    its position (`alpamayo.generation.TokenSampler.token`), so what a draft proposes changes no output, only
+    how many tokens one verify yields.
 
     Per prediction: `propose_first(ctx, limit)` before the prefill, `begin(ctx)` after it, then per block
     `propose(...)` and `accepted(...)`, then `end(reasoning)`. `capture`: target layers whose outputs the draft

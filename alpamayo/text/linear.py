@@ -1,11 +1,25 @@
-"""Linear layer with a packed CPU bfloat16 fast path.
+"""Linear layer with a packed CPU oneDNN path (bfloat16 and float32) whose rows do not depend on each other.
 
-On CPU in bfloat16, oneDNN's pre-packed weight layout (`mkldnn._reorder_linear_weight`) reads weights about
-1.4-1.8x faster than `F.linear` for one-token decode (measured on 2 AVX512-BF16 cores, 2048 x 12288: 11.8 vs
-21.8 GB/s), gives bit-identical results (same oneDNN kernel family, `torch.equal` on M=1 and M=512) and is no
-slower for prefill-sized inputs. Everywhere else (CUDA, float32, builds without mkldnn) `F.linear` is used.
-With a `QuantRecipe` (`--quant int8|int4`) packing instead quantises the weight for PyTorch's weight-only
-kernels (`alpamayo.quant`); the linear's `role` decides whether the recipe applies to it.
+On CPU, bfloat16 and float32 weights are packed once into oneDNN's blocked layout
+(`mkldnn._reorder_linear_weight`) and multiplied by its brgemm kernel. Two reasons:
+
+* A row's result never depends on how many rows run with it, so a verify block, K sampled rows and a
+  one-token decode give each token the same bits. oneDNN's brgemm gives every row the same result for any
+  M >= 2 rows and any thread count (`torch.equal` for M = 2..512 and 1, 2, 4, 16 threads at the
+  Qwen3-VL-2B/8B linears and the 151936-row head, float32 and bfloat16, 2 AVX512-BF16 cores), but blocks K
+  differently for M = 1 once in_features > 1024, rounding a one-row product apart (~1e-6 in float32); so
+  fewer than `MIN_ROWS` rows are padded with zero rows. MKL's sgemm (what `F.linear` runs in float32) rounds
+  by the row count at every M (its M = 1 is a gemv; M = 4 and M = 8 differ too).
+* Speed: 6 rows are brgemm's full row block here (fewer run a tail kernel, more a second block). Measured on
+  the same 2 cores (one thread, CPU time, least of 11 interleaved rounds: the machine was shared), 2
+  Qwen3-VL-8B layers and the 151936-row head: a decode step's linears at 6 packed rows took 208 ms in
+  float32 against MKL's one-row gemv's 205, and 116 ms in bfloat16 against the packed one-row kernel's 131
+  (2 packed rows: 304 and 149 ms, 4: 223 and 124, 8: 274 and 148); a float32 verify of 8 rows 274 ms
+  packed against MKL's 902.
+
+Everywhere else (CUDA, other dtypes, builds without mkldnn) `F.linear` is used, with no row guarantee. With a
+`QuantRecipe` (`--quant int8|int4`) packing instead quantises the weight for PyTorch's weight-only kernels
+(`alpamayo.quant`); the linear's `role` decides whether the recipe applies to it.
 """
 
 from __future__ import annotations
@@ -20,12 +34,16 @@ from alpamayo.quant import QuantRecipe, QuantWeight, describe_fallbacks, quantis
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.text.threads import wide
 
+# rows a packed product runs at the least: oneDNN's M = 1 kernel rounds apart from M >= 2, and 6 rows are its
+# fastest small shape (module docstring)
+MIN_ROWS = 6
+
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """True where the packed oneDNN layout applies: a CPU bfloat16 weight on a build with mkldnn."""
+    """True where the packed oneDNN layout applies: a CPU bfloat16 or float32 weight on a build with mkldnn."""
     return (
         weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
+        and weight.dtype in (torch.bfloat16, torch.float32)
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
@@ -68,7 +86,7 @@ class Linear(nn.Module):
             else:
                 self.quantised = cache.quantised(self.weight, quant, name)
         elif can_pack(self.weight):
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, MIN_ROWS)
         else:
             return
         if not keep_plain:
@@ -87,8 +105,11 @@ class Linear(nn.Module):
                 raise RuntimeError("a Linear without its weight and unpacked")
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, self.in_features)
+        rows = flat.shape[0]
+        if rows < MIN_ROWS:  # zero rows, so every row's product is the brgemm's M >= 2 one
+            flat = F.pad(flat, (0, 0, 0, MIN_ROWS - rows))
         y = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
-        return y.view(*x.shape[:-1], self.out_features)
+        return y[:rows].view(*x.shape[:-1], self.out_features)
 
 
 def pack_linears(

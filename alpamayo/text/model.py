@@ -335,10 +335,11 @@ class TextModel(nn.Module):
         length grows by T; `rollback` then keeps each row's accepted prefix.
 
         Each token's logits and K/V are bit for bit what a one-token `decode` at its position computes, where
-        the linears' kernels give every row the same result whatever the number of rows (CPU bfloat16's
-        oneDNN kernels do; CPU float32's MKL ones round differently, by ~1e-6, exactly as plain decoding with
-        K rows differs from K = 1): the attention runs stepwise (`Attention._stepwise`). So what reads the
-        cache after a speculative reasoning (the action expert) reads what plain decoding leaves."""
+        the linears' kernels give every row the same result whatever the number of rows (on CPU in float32 and
+        bfloat16 `alpamayo.text.linear`'s packed ones do; CUDA's cuBLAS and the quantised kernels past their
+        dequantise threshold need not, docs/speculative.md): the attention runs stepwise
+        (`Attention._stepwise`). So what reads the cache after a speculative reasoning (the action expert)
+        reads what plain decoding leaves."""
         if tokens.dim() != 2 or tokens.shape[0] != self.batch or tokens.shape[1] < 1:
             raise ValueError(f"verify takes ids [{self.batch}, T >= 1], got shape {list(tokens.shape)}")
         check_decode_room(self.cache_len, self._require_cache().max_seq_len, tokens.shape[1])
