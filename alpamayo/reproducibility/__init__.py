@@ -1,0 +1,2 @@
+"""What makes two runs of the same inputs give the same bytes: the process set-up that every run gets
+(`process`), before torch loads MKL or computes anything."""
