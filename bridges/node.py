@@ -133,7 +133,9 @@ class InferenceNode:
         self.counters = NodeCounters()
         self.endpoints: dict[str, Any] = {}
         self.warmed_up = False
+        self.warmup_s: float | None = None  # how long the warm-up predictions took, once done
         self._warming = threading.Event()  # set while the warm-up predictions run
+        self._predicting_since: float | None = None  # monotonic s when the prediction in flight began
         self._lock = threading.Lock()  # counters, last error, last output
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
@@ -447,8 +449,9 @@ class InferenceNode:
         return {"ok": True, "cmd": cmd, **self.status()}
 
     def status(self) -> dict[str, Any]:
-        """Liveness (both threads running), readiness (warmed up, inputs fresh, not stopping), counters,
-        per-stream state, the last error and the last output."""
+        """Liveness (both threads running), readiness (warmed up, inputs fresh, not stopping), how long the
+        prediction in flight has run (None when none is), counters, per-stream state, the last error and the
+        last output."""
         now = time.perf_counter_ns()
         stale = self.state.stale_reasons(now)
         not_ready = list(stale)
@@ -462,11 +465,13 @@ class InferenceNode:
             counters = self.counters.as_dict()
             connections = self._input_connections
             error, output = self._last_error, self._last_output
+            since = self._predicting_since
         return {
             "alive": bool(self._threads) and all(t.is_alive() for t in self._threads),
             "ready": not not_ready,
             "not_ready_reasons": not_ready,
             "uptime_s": time.monotonic() - self._started_at,
+            "prediction_s": None if since is None else time.monotonic() - since,
             "endpoints": self.endpoints,
             "counters": counters,
             "input_connections": connections,
@@ -590,8 +595,9 @@ class InferenceNode:
             return
         finally:
             self._warming.clear()
+        self.warmup_s = time.perf_counter() - start
         self.warmed_up = True
-        log.info("warmed up: %d prediction(s) in %.2f s", w.runs, time.perf_counter() - start)
+        log.info("warmed up: %d prediction(s) in %.2f s", w.runs, self.warmup_s)
 
     def _call_predictor(
         self,
@@ -600,15 +606,21 @@ class InferenceNode:
         frame_times_ns: dict[int, list[int]] | None,
     ) -> Prediction:
         m = self.config.model
-        return self.predictor.predict(
-            frames,
-            ego,
-            route=m.route,
-            num_samples=m.num_samples,
-            seed=m.seed,
-            frame_times_ns=frame_times_ns,
-            stream=f"node-epoch-{self._predictor_epoch}",  # the camera streams since they last (re)started
-        )
+        with self._lock:
+            self._predicting_since = time.monotonic()
+        try:
+            return self.predictor.predict(
+                frames,
+                ego,
+                route=m.route,
+                num_samples=m.num_samples,
+                seed=m.seed,
+                frame_times_ns=frame_times_ns,
+                stream=f"node-epoch-{self._predictor_epoch}",  # the camera streams since they last (re)started
+            )
+        finally:
+            with self._lock:
+                self._predicting_since = None
 
     def _predict(self, window: Window, window_ms: float) -> None:
         if self.predictor is None:
