@@ -260,7 +260,7 @@ def _drain(collector: _Collector, node: InferenceNode, last_t0_ns: int) -> None:
             if stall_s and running > stall_s:
                 raise RuntimeError(
                     f"the node's prediction has run {running:.0f} s, {STALL_FACTOR:g}x its warm-up prediction "
-                    f"({node.warmup_s:.1f} s): stalled"
+                    f"({node.warmup_s:.1f} s): stalled (node counters {status['counters']})"
                 )
             published_when_quiet = None
         elif published_when_quiet is None:
