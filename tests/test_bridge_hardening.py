@@ -18,6 +18,7 @@ from alpamayo.errors import ConfigError
 from bridges.camera_sim import CameraSim
 from bridges.client import ControlClient, FramePublisher
 from bridges.config import NodeConfig
+from bridges.jpeg import DecodePool, JpegError
 from bridges.node import InferenceNode
 from bridges.protocol import encode_ego, encode_frame
 from tests.bridge_nodes import (
@@ -154,6 +155,23 @@ def test_a_frame_that_fails_when_decoded_moves_from_accepted_to_rejected(limits,
         assert cause in status["last_error"]["message"]
         assert status["last_error"]["message"].startswith("camera 'front': frame_id ")
         assert counters["predictions"] == 0 and c.subscriber.recv(0.5).valid is False
+
+
+def test_a_decode_delayed_by_load_is_waited_for_and_one_over_its_cpu_budget_is_rejected():
+    pool = DecodePool(threads=1, budget_ms=50.0)
+    try:
+        # The pool's one thread is held for 6 budgets without using CPU (as a loaded machine delays a decode): the
+        # frame still decodes (a wall-clock budget rejected it as "not finished", and the window needing it
+        # never formed).
+        pool._pool.submit(time.sleep, 0.3)
+        start = time.perf_counter()
+        ((image, _),) = pool.decode([jpeg()])
+        assert image.shape == (HEIGHT, WIDTH, 3) and time.perf_counter() - start >= 0.3
+        # A decode that uses more CPU than its budget is rejected, whatever the wall clock says.
+        (error,) = DecodePool(threads=1, budget_ms=0.001).decode([jpeg()])
+        assert isinstance(error, JpegError) and "ms of CPU time, over the budget of 0.001 ms" in str(error)
+    finally:
+        pool.close()
 
 
 def test_declared_camera_formats_reject_or_restart():
