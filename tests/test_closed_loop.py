@@ -57,13 +57,11 @@ def outcome(record: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory, demo_checkpoint) -> Path:
-    """The console script in a fresh process with one BLAS and one OpenMP thread, as each Ray worker of one CPU
-    runs: numpy's matmuls in the planner (ego_frame, action_space) round in the last bit differently with 2
-    OpenBLAS threads (measured: one waypoint 5.7e-14 m apart on the 4th tick), and a set thread count can only
-    be given to a process before numpy loads."""
+    """The console script in a fresh process, with whatever threads it is given (2 on the CI's machine) and
+    --reproducible."""
     out = tmp_path_factory.mktemp("in_process") / "run"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = ["closed-loop", "--checkpoint", str(demo_checkpoint), "--out", str(out), *FAST]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = ["closed-loop", "--checkpoint", str(demo_checkpoint), "--out", str(out), *FAST, "--reproducible"]
     done = subprocess.run(
         [sys.executable, "-m", "alpamayo.cli", *args], env=env, capture_output=True, text=True
     )
@@ -78,7 +76,8 @@ def on_ray(tmp_path_factory, demo_checkpoint) -> Path:
     out = tmp_path_factory.mktemp("on_ray") / "run"
     start_local_ray(ray, num_cpus=2, object_store_bytes=RAY_OBJECT_STORE_BYTES)
     try:
-        assert closed_loop(demo_checkpoint, out, "--ray", "--workers", "2") == 0
+        args = ["--ray", "--workers", "2", "--cpus-per-worker", "1", "--reproducible"]
+        assert closed_loop(demo_checkpoint, out, *args) == 0
     finally:
         ray.shutdown()
     return out
@@ -103,7 +102,8 @@ def test_two_ray_workers_drive_the_in_process_scenes_identically(in_process, on_
 
 def test_a_resumed_run_skips_the_done_scenes(demo_checkpoint, on_ray, capsys):
     before = {k: r["wall_s"] for k, r in records(on_ray).items()}
-    assert closed_loop(demo_checkpoint, on_ray, "--scenes", "3") == 0  # one more scene; the two held are done
+    # one more scene; the two held are done (the workers' CPUs are not part of the settings)
+    assert closed_loop(demo_checkpoint, on_ray, "--scenes", "3", "--reproducible") == 0
     doc = report(on_ray)
     assert doc["scenes"] | {"failed_reasons": None} == {
         "total": 3,
@@ -117,8 +117,10 @@ def test_a_resumed_run_skips_the_done_scenes(demo_checkpoint, on_ray, capsys):
     after = records(on_ray)
     assert {k: after[k]["wall_s"] for k in before} == before  # the held results were not rewritten
     assert "scene-00002" in after
-    assert closed_loop(demo_checkpoint, on_ray, "--seconds", "1") == 2  # other settings: refused
+    assert closed_loop(demo_checkpoint, on_ray, "--seconds", "1", "--reproducible") == 2  # other settings
     assert "holds results of other settings" in capsys.readouterr().err
+    assert closed_loop(demo_checkpoint, on_ray) == 2  # the mode is one of them, named
+    assert "'reproducible': (True, False)" in capsys.readouterr().err
 
 
 def test_the_cameras_see_the_world_from_the_simulated_pose():
