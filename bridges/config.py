@@ -76,6 +76,8 @@ class ModelSection:
     nav_guidance: float | None = None
     # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous or dflash:DIR
     draft: str = "none"
+    # one torch and one BLAS thread: the same bytes on any thread count (alpamayo.reproducibility.mode)
+    reproducible: bool = False
 
     @property
     def quant_recipe(self) -> QuantRecipe:

@@ -79,6 +79,7 @@ def node_config(drive: DriveSource, settings: ReplaySettings, frame_size: tuple[
             top_k=settings.top_k,
             max_reasoning_tokens=settings.max_reasoning_tokens,
             route=settings.route,  # a fixed text only: per-tick sources are refused in real-time mode
+            reproducible=settings.reproducible,
         ),
         input=InputSection(endpoints=[LOOPBACK], bind=True),
         output=OutputSection(endpoint=LOOPBACK, bind=True),
