@@ -245,28 +245,30 @@ def _publish_drive(
 
 def _drain(collector: _Collector, node: InferenceNode, last_t0_ns: int) -> None:
     """Wait until the node has answered the last tick, or shows that it cannot: no prediction in flight, every
-    input stream silent for longer than the node's staleness limit, and then one more output without a
-    trajectory (its predict thread looked for a window after the inputs ended and found none). Returns when the
-    collector stops (the replay raises its error). Raises RuntimeError when one prediction runs STALL_FACTOR
-    times as long as the node's warm-up."""
+    input stream silent (or never heard) for longer than the node's staleness limit, and then one more output
+    without a trajectory (its predict thread looked for a window after the inputs ended and found none).
+    Returns when the collector stops (the replay raises its error). Raises RuntimeError when one prediction
+    runs STALL_FACTOR times as long as a warm-up prediction did, or when the node's threads stopped."""
     stale_ms = node.config.timing.stale_after_ms
-    stall_s = STALL_FACTOR * (node.warmup_s or 0.0)
+    warmup_s = (node.warmup_s or 0.0) / max(1, node.config.warmup.runs)  # one warm-up prediction
     published_when_quiet: int | None = None  # the node's output count once it was idle with stale inputs
     while collector.is_alive():
         if any(m.t0_ns is not None and m.t0_ns >= last_t0_ns for _, m in collector.outputs):
             return
         status = node.status()
+        if not status["alive"]:
+            raise RuntimeError(f"the node's threads stopped (node counters {status['counters']})")
         running = status["prediction_s"]
         if running is not None:
-            if stall_s and running > stall_s:
+            if warmup_s and running > STALL_FACTOR * warmup_s:
                 raise RuntimeError(
                     f"the node's prediction has run {running:.0f} s, {STALL_FACTOR:g}x its warm-up prediction "
-                    f"({node.warmup_s:.1f} s): stalled (node counters {status['counters']})"
+                    f"({warmup_s:.1f} s): stalled (node counters {status['counters']})"
                 )
             published_when_quiet = None
         elif published_when_quiet is None:
             ages = [s["age_ms"] for s in status["streams"].values()]
-            if all(age is not None and age > stale_ms for age in ages):
+            if all(age is None or age > stale_ms for age in ages):
                 published_when_quiet = status["counters"]["published"]
         elif status["counters"]["published"] > published_when_quiet:
             last = status["last_output"]
