@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from alpamayo.closed_loop.rollout import make_world
 from alpamayo.closed_loop.scene import Scene
 from alpamayo.demo_drive.render import RIG, Renderer
 from alpamayo.eval.ray_workers import start_local_ray
+from tests.compute_threads import threads_restored
 
 # 0.5 s closed loop (5 drives) of 4 small cameras; the random demo weights never end their reasoning, so a
 # 4-token cap keeps a drive to about a second on one core.
@@ -100,11 +102,14 @@ def test_two_ray_workers_drive_the_in_process_scenes_identically(in_process, on_
     record_figure("scene_score mean over 2 demo scenes (random weights)", ra["metrics"]["scene_score_mean"])
 
 
-def test_a_resumed_run_skips_the_done_scenes(demo_checkpoint, on_ray, capsys):
-    before = {k: r["wall_s"] for k, r in records(on_ray).items()}
+def test_a_resumed_run_skips_the_done_scenes(tmp_path, demo_checkpoint, on_ray, capsys):
+    # on a copy: the Ray run is the module's, and other tests read it in any order (pytest --random-order)
+    run = shutil.copytree(on_ray, tmp_path / "run")
+    before = {k: r["wall_s"] for k, r in records(run).items()}
     # one more scene; the two held are done (the workers' CPUs are not part of the settings)
-    assert closed_loop(demo_checkpoint, on_ray, "--scenes", "3", "--reproducible") == 0
-    doc = report(on_ray)
+    with threads_restored():
+        assert closed_loop(demo_checkpoint, run, "--scenes", "3", "--reproducible") == 0
+    doc = report(run)
     assert doc["scenes"] | {"failed_reasons": None} == {
         "total": 3,
         "done": 3,
@@ -114,12 +119,12 @@ def test_a_resumed_run_skips_the_done_scenes(demo_checkpoint, on_ray, capsys):
         "pending": 0,
         "failed_reasons": None,
     }
-    after = records(on_ray)
+    after = records(run)
     assert {k: after[k]["wall_s"] for k in before} == before  # the held results were not rewritten
     assert "scene-00002" in after
-    assert closed_loop(demo_checkpoint, on_ray, "--seconds", "1", "--reproducible") == 2  # other settings
+    assert closed_loop(demo_checkpoint, run, "--seconds", "1", "--reproducible") == 2  # other settings
     assert "holds results of other settings" in capsys.readouterr().err
-    assert closed_loop(demo_checkpoint, on_ray) == 2  # the mode is one of them, named
+    assert closed_loop(demo_checkpoint, run) == 2  # the mode is one of them, named
     assert "'reproducible': (True, False)" in capsys.readouterr().err
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,20 +132,22 @@ def test_two_ray_workers_give_the_in_process_trajectories_and_aggregate(in_proce
     )
 
 
-def test_a_rerun_resumes_and_skips_every_done_clip(demo_checkpoint, drives, on_ray, capsys):
-    before = {p.name: p.read_bytes() for p in (on_ray / "clips").glob("*.json")}
+def test_a_rerun_resumes_and_skips_every_done_clip(tmp_path, demo_checkpoint, drives, on_ray, capsys):
+    # on a copy: the Ray run is the module's, and other tests read it in any order (pytest --random-order)
+    run = shutil.copytree(on_ray, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in (run / "clips").glob("*.json")}
     args = ["--ray", "--workers", "2", "--cpus-per-worker", "1", "--reproducible"]
-    assert evaluate(demo_checkpoint, on_ray, *map(str, drives), *args) == 0
-    doc = report(on_ray)
+    assert evaluate(demo_checkpoint, run, *map(str, drives), *args) == 0
+    doc = report(run)
     assert doc["clips"]["skipped"] == 4 and doc["clips"]["evaluated"] == 0 and doc["clips"]["done"] == 4
     assert doc["throughput"]["workers"] == []  # nothing to do: no worker was started
-    assert {p.name: p.read_bytes() for p in (on_ray / "clips").glob("*.json")} == before
+    assert {p.name: p.read_bytes() for p in (run / "clips").glob("*.json")} == before
     assert "4 skipped" in capsys.readouterr().out
     # Results of other settings are never mixed into a run directory.
-    assert evaluate(demo_checkpoint, on_ray, *map(str, drives), "--samples", "2") == 2
+    assert evaluate(demo_checkpoint, run, *map(str, drives), "--samples", "2") == 2
     assert "holds results of other settings" in capsys.readouterr().err
     # and the mode is one of them, named
-    assert evaluate(demo_checkpoint, on_ray, *map(str, drives), "--ray", "--workers", "2") == 2
+    assert evaluate(demo_checkpoint, run, *map(str, drives), "--ray", "--workers", "2") == 2
     assert "'reproducible': (True, False)" in capsys.readouterr().err
 
 
