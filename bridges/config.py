@@ -81,6 +81,8 @@ class ModelSection:
     nav_guidance: float | str | None = None
     # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous or dflash:DIR
     draft: str = "none"
+    # one torch and one BLAS thread: the same bytes on any thread count (alpamayo.reproducibility.mode)
+    reproducible: bool = False
 
     @property
     def quant_recipe(self) -> QuantRecipe:
@@ -290,7 +292,7 @@ class LimitsSection:
     ring_mb: float = 1024.0
     max_jpeg_ratio: float = 1024.0  # decoded bytes / wire bytes of a JPEG (bridges.jpeg: real frames <= 497)
     decode_threads: int = 2  # JPEG decoding pool (Pillow releases the GIL while decoding)
-    # A JPEG whose decode takes longer is rejected (`jpeg_decode`): 1080p decodes in 15 ms, 4K in 60 ms here.
+    # A JPEG whose decode uses more CPU time is rejected (`jpeg_decode`): 1080p decodes in 15 ms, 4K in 60 ms here.
     decode_budget_ms: float = 250.0
 
     def __post_init__(self) -> None:

@@ -153,7 +153,9 @@ class InferenceNode:
         self.counters = NodeCounters()
         self.endpoints: dict[str, Any] = {}
         self.warmed_up = False
+        self.warmup_s: float | None = None  # how long the warm-up predictions took, once done
         self._warming = threading.Event()  # set while the warm-up predictions run
+        self._predicting_since: float | None = None  # monotonic s when the prediction in flight began
         self._lock = threading.Lock()  # counters, last error, last output
         self._last_error: tuple[str, str, float] | None = None  # (reason, message, monotonic time)
         self._last_output: TrajectoryMessage | None = None
@@ -530,8 +532,9 @@ class InferenceNode:
         return {"ok": False, "error": message}
 
     def status(self) -> dict[str, Any]:
-        """Liveness (both threads running), readiness (warmed up, inputs fresh, not stopping), counters,
-        per-stream state, the last error and the last output."""
+        """Liveness (both threads running), readiness (warmed up, inputs fresh, not stopping), how long the
+        prediction in flight has run (None when none is), counters, per-stream state, the last error and the
+        last output."""
         now = time.perf_counter_ns()
         stale = self.state.stale_reasons(now)
         not_ready = list(stale)
@@ -545,7 +548,7 @@ class InferenceNode:
             counters = self.counters.as_dict()
             connections = self._input_connections
             error, output = self._last_error, self._last_output
-        since = self._predicting_since
+            since = self._predicting_since
         return {
             "alive": bool(self._threads) and all(t.is_alive() for t in self._threads),
             "ready": not not_ready,
@@ -678,8 +681,9 @@ class InferenceNode:
             return
         finally:
             self._warming.clear()
+        self.warmup_s = time.perf_counter() - start
         self.warmed_up = True
-        log.info("warmed up: %d prediction(s) in %.2f s", w.runs, time.perf_counter() - start)
+        log.info("warmed up: %d prediction(s) in %.2f s", w.runs, self.warmup_s)
 
     def _call_predictor(
         self,
@@ -688,7 +692,8 @@ class InferenceNode:
         frame_times_ns: dict[int, list[int]] | None,
     ) -> Prediction:
         m = self.config.model
-        self._predicting_since = time.monotonic()
+        with self._lock:
+            self._predicting_since = time.monotonic()
         try:
             return self.predictor.predict(
                 frames,
@@ -701,7 +706,8 @@ class InferenceNode:
                 cancel=self._cancel,
             )
         finally:
-            self._predicting_since = None
+            with self._lock:
+                self._predicting_since = None
 
     def _count_cancelled(self, phase: str, window: Window | None) -> None:
         """A prediction (of `window`; None: a warm-up one) that stop() cancelled: stop() publishes its answer."""

@@ -74,6 +74,15 @@ def read_zmtp_command(sock: socket.socket) -> bytes:
     return exactly(size)
 
 
+def burst_publisher(c: Clients) -> FramePublisher:
+    """A second publisher that queues a whole test's burst. The fixture's holds 8 messages, like a camera's, and
+    the node's input queue 32: a burst of more, sent while a loaded machine keeps the node's intake off the CPU,
+    is partly dropped by ZeroMQ (PUB never blocks), which the node cannot count."""
+    pub = FramePublisher(c.node.endpoints["input"][0], hwm=1000)
+    assert pub.wait_for_subscriber(5.0)
+    return pub
+
+
 def wait_until(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
     """Poll `predicate` until it returns something truthy; fail naming `what` after timeout_s."""
     deadline = time.monotonic() + timeout_s

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import alpamayo  # noqa: F401  (sets MKL_CBWR before torch loads MKL)
+import alpamayo  # noqa: F401  (MKL set-up before torch loads: alpamayo.reproducibility.process)
 
 # Golden numbers are compared across libraries; keep the thread count fixed so runs are repeatable.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -25,6 +25,7 @@ def test_file_then_overrides(tmp_path):
                 "cameras": {"front": 1, "left": 0},
                 "timing": {"stale_after_ms": 400},
                 "input": {"endpoints": ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"], "bind": False},
+                "model": {"reproducible": True},
             }
         )
     )
@@ -33,7 +34,7 @@ def test_file_then_overrides(tmp_path):
     )
     assert cfg.cameras == {"front": 1, "left": 0}
     assert cfg.timing.stale_after_ms == 250.0
-    assert cfg.model.route == "turn left"
+    assert cfg.model.route == "turn left" and cfg.model.reproducible is True
     assert cfg.limits.max_width == 1920
     assert cfg.input.endpoints == ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
     assert cfg.timing.rate_hz == 10.0

@@ -18,6 +18,7 @@ from alpamayo.errors import ConfigError
 from bridges.camera_sim import CameraSim
 from bridges.client import ControlClient, FramePublisher
 from bridges.config import NodeConfig
+from bridges.jpeg import DecodePool, JpegError
 from bridges.node import InferenceNode
 from bridges.protocol import encode_ego, encode_frame
 from tests.bridge_nodes import (
@@ -25,6 +26,7 @@ from tests.bridge_nodes import (
     HEIGHT,
     WIDTH,
     answering_window,
+    burst_publisher,
     node_config,
     read_zmtp_command,
     running_node,
@@ -42,13 +44,6 @@ def jpeg(seed: int = 0) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(noise_frame(HEIGHT, WIDTH, seed)).save(buf, format="JPEG")
     return buf.getvalue()
-
-
-def publisher(c) -> FramePublisher:
-    """A second publisher that queues a whole test's burst (the fixture's holds 8 messages, like a camera's)."""
-    pub = FramePublisher(c.node.endpoints["input"][0], hwm=1000)
-    assert pub.wait_for_subscriber(5.0)
-    return pub
 
 
 def control_latencies_ms(control: ControlClient, until, timeout_s: float) -> list[float]:
@@ -105,7 +100,7 @@ def test_a_multipart_message_is_rejected_unparsed_as_one_message_and_the_node_ke
 
 def test_jpegs_stay_compressed_until_a_window_decodes_them():
     config = node_config(warmup={"runs": 0}, timing={"stale_after_ms": 600_000})
-    with running_node(None, config) as c, publisher(c) as pub:
+    with running_node(None, config) as c, burst_publisher(c) as pub:
         # 30 Hz cameras: a 10 Hz window uses every third frame, the others are never decoded
         sim = CameraSim(pub, list(CAMERAS), WIDTH, HEIGHT, rate_hz=30.0, encoding="jpeg", speedup=3)
         sim.run(ticks=60)
@@ -133,7 +128,7 @@ def test_jpegs_stay_compressed_until_a_window_decodes_them():
 )
 def test_a_frame_that_fails_when_decoded_moves_from_accepted_to_rejected(limits, data, cause):
     config = node_config(limits=limits, timing={"stale_after_ms": 600_000})
-    with running_node(None, config) as c, publisher(c) as pub:
+    with running_node(None, config) as c, burst_publisher(c) as pub:
         black = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
         for k in range(17):
             t = T0 + k * 100 * MS
@@ -155,6 +150,23 @@ def test_a_frame_that_fails_when_decoded_moves_from_accepted_to_rejected(limits,
         assert cause in status["last_error"]["message"]
         assert status["last_error"]["message"].startswith("camera 'front': frame_id ")
         assert counters["predictions"] == 0 and c.subscriber.recv(0.5).valid is False
+
+
+def test_a_decode_delayed_by_load_is_waited_for_and_one_over_its_cpu_budget_is_rejected():
+    pool = DecodePool(threads=1, budget_ms=50.0)
+    try:
+        # The pool's one thread is held for 6 budgets without using CPU (as a loaded machine delays a decode): the
+        # frame still decodes (a wall-clock budget rejected it as "not finished", and the window needing it
+        # never formed).
+        pool._pool.submit(time.sleep, 0.3)
+        start = time.perf_counter()
+        ((image, _),) = pool.decode([jpeg()])
+        assert image.shape == (HEIGHT, WIDTH, 3) and time.perf_counter() - start >= 0.3
+        # A decode that uses more CPU than its budget is rejected, whatever the wall clock says.
+        (error,) = DecodePool(threads=1, budget_ms=0.001).decode([jpeg()])
+        assert isinstance(error, JpegError) and "ms of CPU time, over the budget of 0.001 ms" in str(error)
+    finally:
+        pool.close()
 
 
 def test_declared_camera_formats_reject_or_restart():
@@ -189,7 +201,7 @@ def test_ring_memory_is_bounded_by_the_config():
     frame_bytes = WIDTH * HEIGHT * 3
     ring_mb = 2 * 5 * frame_bytes / 1e6  # 5 frames per camera, under ring_frames (16)
     config = node_config(limits={"ring_mb": ring_mb}, timing={"stale_after_ms": 600_000})
-    with running_node(None, config) as c, publisher(c) as pub:
+    with running_node(None, config) as c, burst_publisher(c) as pub:
         image = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
         for k in range(12):
             pub.send(encode_frame("left", k, T0 + k * 100 * MS, T0 + k * 100 * MS, image))
@@ -232,7 +244,7 @@ def test_outputs_keep_flowing_with_the_reason_while_clocks_cannot_be_aligned(rec
 
 
 def test_a_frame_from_the_future_is_rejected_and_the_camera_carries_on():
-    with running_node(None, node_config()) as c, publisher(c) as pub:
+    with running_node(None, node_config()) as c, burst_publisher(c) as pub:
         image = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
         pub.send(encode_ego(T0, [0, 0, 0], [0, 0, 0, 1]))
         pub.send(encode_frame("left", 0, T0, T0, image))

@@ -14,14 +14,24 @@ from bridges.client import ControlClient, FramePublisher
 from bridges.node import NO_MODEL, InferenceNode, StaleLog
 from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
 from bridges.sockets import CurveClientKeys, create_keys
-from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
+from tests.bridge_nodes import (
+    CAMERAS,
+    HEIGHT,
+    WIDTH,
+    answering_window,
+    burst_publisher,
+    node_config,
+    running_node,
+    wait_until,
+)
 
 IMAGE = np.zeros((HEIGHT, WIDTH, 3), np.uint8)
 
 
 def test_intake_only_node_answers_each_window_with_the_frames_it_used():
-    with running_node(None, node_config()) as c:
-        stats = CameraSim(c.publisher, list(CAMERAS), WIDTH, HEIGHT, speedup=10).run(ticks=20)
+    # 60 messages in 0.2 s: a burst publisher, so a loaded machine delays them but ZeroMQ drops none
+    with running_node(None, node_config()) as c, burst_publisher(c) as pub:
+        stats = CameraSim(pub, list(CAMERAS), WIDTH, HEIGHT, speedup=10).run(ticks=20)
         assert stats.frames == 40
         msg = wait_until(
             lambda: answering_window(c.subscriber.recv(1.0)), 5.0, "an output answering a window"

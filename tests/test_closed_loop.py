@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from alpamayo.closed_loop.scene import T0_S, Scene
 from alpamayo.demo_drive.render import RIG, Renderer
 from alpamayo.demo_drive.world import SCRIPT_SPEED_MPS
 from alpamayo.eval.ray_workers import start_local_ray
+from tests.compute_threads import threads_restored
 
 # 0.5 s closed loop (5 drives) of 4 small cameras; the random demo weights never end their reasoning, so a
 # 4-token cap keeps a drive to about a second on one core.
@@ -62,13 +64,12 @@ def outcome(record: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory, demo_checkpoint) -> Path:
-    """The console script in a fresh process with one BLAS and one OpenMP thread, as each Ray worker of one CPU
-    runs: numpy's matmuls in the planner (ego_frame, action_space) round in the last bit differently with 2
-    OpenBLAS threads (measured: one waypoint 5.7e-14 m apart on the 4th tick), and a set thread count can only
-    be given to a process before numpy loads."""
+    """The console script in a fresh process, with whatever threads it is given (2 on the CI's machine) and
+    --reproducible."""
     out = tmp_path_factory.mktemp("in_process") / "run"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["closed-loop", "--checkpoint", str(demo_checkpoint), "--out", str(out), *FAST, "--baselines"]
+    args += ["--reproducible"]
     done = subprocess.run(
         [sys.executable, "-m", "alpamayo.cli", *args], env=env, capture_output=True, text=True
     )
@@ -86,7 +87,8 @@ def on_ray(tmp_path_factory, demo_checkpoint) -> Path:
     out = tmp_path_factory.mktemp("on_ray") / "run"
     start_local_ray(ray, num_cpus=2, object_store_bytes=RAY_OBJECT_STORE_BYTES)
     try:
-        assert closed_loop(demo_checkpoint, out, "--baselines", "--ray", "--workers", "2") == 0
+        args = ["--baselines", "--ray", "--workers", "2", "--cpus-per-worker", "1", "--reproducible"]
+        assert closed_loop(demo_checkpoint, out, *args) == 0
     finally:
         ray.shutdown()
     return out
@@ -116,10 +118,14 @@ def test_two_ray_workers_drive_the_in_process_scenes_identically(in_process, on_
         )
 
 
-def test_a_resumed_run_skips_the_done_episodes_and_adds_policies(demo_checkpoint, on_ray, capsys):
-    before = {k: r["wall_s"] for k, r in records(on_ray).items()}
-    assert closed_loop(demo_checkpoint, on_ray, "--scenes", "3") == 0  # one more scene; the two held are done
-    doc = report(on_ray)
+def test_a_resumed_run_skips_the_done_episodes_and_adds_policies(tmp_path, demo_checkpoint, on_ray, capsys):
+    # on a copy: the Ray run is the module's, and other tests read it in any order (pytest --random-order)
+    run = shutil.copytree(on_ray, tmp_path / "run")
+    before = {k: r["wall_s"] for k, r in records(run).items()}
+    # one more scene; the two held are done (the workers' CPUs are not part of the settings)
+    with threads_restored():
+        assert closed_loop(demo_checkpoint, run, "--scenes", "3", "--reproducible") == 0
+    doc = report(run)
     assert doc["policies"] == ["model"]
     assert doc["episodes"] | {"failed_reasons": None} == {
         "total": 3,
@@ -132,16 +138,22 @@ def test_a_resumed_run_skips_the_done_episodes_and_adds_policies(demo_checkpoint
     }
     # the baselines for the new scene: no model is loaded for them
     baselines = ",".join(BASELINES)
-    assert closed_loop(demo_checkpoint, on_ray, "--scenes", "3", "--policy", baselines) == 0
-    doc = report(on_ray)
+    with threads_restored():
+        assert (
+            closed_loop(demo_checkpoint, run, "--scenes", "3", "--policy", baselines, "--reproducible") == 0
+        )
+    doc = report(run)
     assert doc["policies"] == list(BASELINES)
     assert (doc["episodes"]["skipped"], doc["episodes"]["evaluated"]) == (6, 3)
     assert doc["throughput"]["workers"][0]["load_s"] < 5  # loaded no model
-    after = records(on_ray)
+    after = records(run)
     assert {k: after[k]["wall_s"] for k in before} == before  # the held results were not rewritten
     assert {f"scene-00002.{p}" for p in POLICIES} <= set(after)
-    assert closed_loop(demo_checkpoint, on_ray, "--seconds", "1") == 2  # other settings: refused
+    # other settings: refused
+    assert closed_loop(demo_checkpoint, run, "--seconds", "1", "--reproducible") == 2
     assert "holds results of other settings" in capsys.readouterr().err
+    assert closed_loop(demo_checkpoint, run) == 2  # the mode is one of them, named
+    assert "'reproducible': (True, False)" in capsys.readouterr().err
 
 
 def test_the_cameras_see_the_world_from_the_simulated_pose():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from alpamayo.eval.results import RunDir
 from alpamayo.eval.settings import EvalSettings
 from alpamayo.profiling import plots
 from tests import eval_faults
+from tests.compute_threads import threads_restored
 from tests.drive_layouts import CLIP, KnownDrive, write_pai
 
 # 1.6 s of one small camera: one tick at t0 = 1.5 s (it needs 1.5 s of ego history). The random demo weights
@@ -66,9 +68,10 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def in_process(tmp_path_factory, demo_checkpoint, drives) -> Path:
+    """The drives evaluated in this process (2 torch threads, conftest) with --reproducible."""
     out = tmp_path_factory.mktemp("in_process") / "run"
-    with one_torch_thread():
-        assert evaluate(demo_checkpoint, out, *map(str, drives)) == 0
+    with threads_restored():
+        assert evaluate(demo_checkpoint, out, *map(str, drives), "--reproducible") == 0
     return out
 
 
@@ -88,13 +91,21 @@ def ray_cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def on_ray(tmp_path_factory, demo_checkpoint, drives, ray_cluster) -> Path:
     out = tmp_path_factory.mktemp("on_ray") / "run"
-    assert evaluate(demo_checkpoint, out, *map(str, drives), "--ray", "--workers", "2") == 0
+    args = ["--ray", "--workers", "2", "--cpus-per-worker", "1", "--reproducible"]
+    assert evaluate(demo_checkpoint, out, *map(str, drives), *args) == 0
     return out
 
 
 def test_two_ray_workers_give_the_in_process_trajectories_and_aggregate(in_process, on_ray, record_figure):
+    # --reproducible: this process's 2 threads and two workers of one CPU give the same bytes
     local, distributed = records(in_process), records(on_ray)
     assert sorted(local) == sorted(distributed) == ["drive0", "drive1", "drive2", "drive3"]
+    tables = [
+        pd.read_parquet(run / "clips.parquet").set_index("clip_id").sort_index()
+        for run in (in_process, on_ray)
+    ]
+    accuracy = [c for c in tables[0].columns if c.startswith(("ade@", "fde@", "min_ade@", "min_fde@"))]
+    assert accuracy and tables[0][accuracy].equals(tables[1][accuracy])
     for clip_id, record in local.items():
         # Byte-identical: JSON writes each float64 exactly (shortest round-trip repr).
         assert json.dumps(distributed[clip_id]["prediction"]) == json.dumps(record["prediction"]), clip_id
@@ -123,17 +134,23 @@ def test_two_ray_workers_give_the_in_process_trajectories_and_aggregate(in_proce
     )
 
 
-def test_a_rerun_resumes_and_skips_every_done_clip(demo_checkpoint, drives, on_ray, capsys):
-    before = {p.name: p.read_bytes() for p in (on_ray / "clips").glob("*.json")}
-    assert evaluate(demo_checkpoint, on_ray, *map(str, drives), "--ray", "--workers", "2") == 0
-    doc = report(on_ray)
+def test_a_rerun_resumes_and_skips_every_done_clip(tmp_path, demo_checkpoint, drives, on_ray, capsys):
+    # on a copy: the Ray run is the module's, and other tests read it in any order (pytest --random-order)
+    run = shutil.copytree(on_ray, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in (run / "clips").glob("*.json")}
+    args = ["--ray", "--workers", "2", "--cpus-per-worker", "1", "--reproducible"]
+    assert evaluate(demo_checkpoint, run, *map(str, drives), *args) == 0
+    doc = report(run)
     assert doc["clips"]["skipped"] == 4 and doc["clips"]["evaluated"] == 0 and doc["clips"]["done"] == 4
     assert doc["throughput"]["workers"] == []  # nothing to do: no worker was started
-    assert {p.name: p.read_bytes() for p in (on_ray / "clips").glob("*.json")} == before
+    assert {p.name: p.read_bytes() for p in (run / "clips").glob("*.json")} == before
     assert "4 skipped" in capsys.readouterr().out
     # Results of other settings are never mixed into a run directory.
-    assert evaluate(demo_checkpoint, on_ray, *map(str, drives), "--samples", "2") == 2
+    assert evaluate(demo_checkpoint, run, *map(str, drives), "--samples", "2") == 2
     assert "holds results of other settings" in capsys.readouterr().err
+    # and the mode is one of them, named
+    assert evaluate(demo_checkpoint, run, *map(str, drives), "--ray", "--workers", "2") == 2
+    assert "'reproducible': (True, False)" in capsys.readouterr().err
 
 
 def test_a_corrupt_drive_is_reported_failed_while_the_others_finish(
@@ -145,7 +162,7 @@ def test_a_corrupt_drive_is_reported_failed_while_the_others_finish(
     pd.DataFrame({"drive": [str(corrupt), *map(str, drives)]}).to_csv(clip_list, index=False)
     out = tmp_path / "run"
     # One worker: the trajectories are the same whichever number of workers draws them.
-    args = ["--clips", str(clip_list), "--ray", "--workers", "1", "--cpus-per-worker", "1"]
+    args = ["--clips", str(clip_list), "--ray", "--workers", "1", "--cpus-per-worker", "1", "--reproducible"]
     assert evaluate(demo_checkpoint, out, *args) == 1
     doc = report(out)
     assert doc["clips"]["done"] == 4 and doc["clips"]["failed"] == 1
@@ -169,7 +186,10 @@ def test_a_worker_killed_inside_a_clip_is_retried_and_the_report_is_complete(
     killer.start()
     out = tmp_path / "run"
     try:
-        assert evaluate(demo_checkpoint, out, *map(str, drives), "--ray", "--workers", "2") == 0
+        assert (
+            evaluate(demo_checkpoint, out, *map(str, drives), "--ray", "--workers", "2", "--reproducible")
+            == 0
+        )
     finally:
         killer.stop.set()
         killer.join()

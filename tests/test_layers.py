@@ -14,6 +14,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "base": (
         "alpamayo",  # the package itself: its __init__ only
         "alpamayo.errors",
+        "alpamayo.reproducibility",
         "alpamayo.json_fields",
         "alpamayo.numerics",
         "alpamayo.config",

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from mcap.reader import make_reader
 
 from alpamayo.cli import main
@@ -18,6 +17,7 @@ from alpamayo.replay.routes import RecordedRoute, RouteTable, check_route_option
 from alpamayo.rotations import yaw_to_quat
 from bridges.drives import open_drive
 from bridges.recording import PoseTrack
+from tests.compute_threads import threads_restored
 
 DRIVE = {"seconds": 1.7, "cameras": 1, "seed": 5, "size": (72, 128)}  # ticks at t0 = 1.5 and 1.6 s
 FAST = ["--max-reasoning-tokens", "4", "--no-progress"]
@@ -159,16 +159,10 @@ def test_eval_with_a_route_file_records_the_text_per_clip(tmp_path, demo_checkpo
 def test_eval_on_ray_workers_uses_the_auto_route_as_in_process(tmp_path, demo_checkpoint, drive):
     ray = pytest.importorskip("ray")
     args = ["eval", str(drive), "--checkpoint", str(demo_checkpoint), *FAST, "--samples", "1"]
-    args += ["--route", "auto", "--nav-guidance", "1.5"]
-    # the worker computes on the one CPU Ray gives it (`ClipEvaluator`'s threads): in-process too, since float32
-    # GEMMs round by thread count and the demo's random expert amplifies that to centimetres (seen on this
-    # AMX machine: ade@1s 0.288 m on one thread against 0.283 m on two)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    args += ["--route", "auto", "--nav-guidance", "1.5", "--reproducible"]
+    # --reproducible: this process's threads and the worker's one CPU give the same bytes
+    with threads_restored():
         assert main([*args, "--out", str(tmp_path / "local")]) == 0
-    finally:
-        torch.set_num_threads(threads)
     start_local_ray(ray, num_cpus=1, object_store_bytes=80 * 1024**2)
     try:
         assert main([*args, "--out", str(tmp_path / "ray"), "--ray", "--workers", "1"]) == 0

@@ -16,6 +16,7 @@ from alpamayo.expert.decoding import DECODERS
 from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings, parse_guidance
 from alpamayo.families.loader import check_checkpoint
 from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
+from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
 from alpamayo.tt.runtime import MODES as TT_MODES
 
@@ -66,6 +67,12 @@ def add_model_args(parser: argparse.ArgumentParser, checkpoint_required: bool = 
         "$ALPAMAYO_TT_MODE, else device",
     )
     add_quant_args(parser)
+    parser.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="compute on one torch and one BLAS thread, so outputs are the same bytes on any thread count, "
+        "in-process or on any Ray worker layout (costs the parallel speed-up on CPU; docs/eval.md)",
+    )
 
 
 def add_quant_args(parser: argparse.ArgumentParser) -> None:
@@ -211,6 +218,8 @@ def load_vla(args: argparse.Namespace) -> AlpamayoVLA:
     """The model that `add_model_args` and `add_sampling_args` (with samples) ask for, the sampling overrides
     applied; ValueError before any load for a --samples that the backend or the temperature cannot give."""
     check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint, args.base_model)
+    if args.reproducible:
+        compute_on_one_thread()
     vla = AlpamayoVLA.from_checkpoint(
         args.checkpoint,
         backend_options(args),
@@ -262,4 +271,5 @@ def model_fields(args: argparse.Namespace) -> dict[str, Any]:
         moe_config=args.moe_config,
         quant=QuantRecipe(args.quant, args.quant_group, args.quant_head),
         quant_cache=args.quant_cache,
+        reproducible=args.reproducible,
     )

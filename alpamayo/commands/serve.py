@@ -18,6 +18,7 @@ from alpamayo.commands.stop_signals import StopSignals
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
 from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings
+from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config
 from bridges.node import InferenceNode
@@ -190,6 +191,8 @@ def _close(model: AlpamayoVLA | None) -> None:
 
 def load_model(config: NodeConfig) -> AlpamayoVLA:
     m = config.model
+    if m.reproducible:
+        compute_on_one_thread()
     vla = AlpamayoVLA.from_checkpoint(
         m.checkpoint,
         BackendOptions(

@@ -35,6 +35,7 @@ RESULT_KEYS = (
     "recipe",
     "quant",
     "cameras",
+    "reproducible",
 )
 
 
@@ -69,6 +70,7 @@ class EvalSettings:
     tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.runtime.tt_mode)
     moe_config: Path | None = None
     quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
+    reproducible: bool = False  # one compute thread: the same bytes in-process and on any Ray worker layout
     quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     layout: Path | None = None
     pai_dir: Path | None = None
@@ -108,6 +110,7 @@ class EvalSettings:
             moe_config=self.moe_config,
             quant=self.quant,
             quant_cache=self.quant_cache,
+            reproducible=self.reproducible,
             layout=self.layout,
             pai_dir=self.pai_dir,
             cameras=self.cameras,

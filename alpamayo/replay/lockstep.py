@@ -4,7 +4,8 @@ Stages per tick (spans stamped with the tick by `Tracer.tick`): `receive` (read 
 messages), `decode` (JPEG/raw to RGB, new frames only), the predictor's own stages (it records into the same
 tracer), `serialise` and `publish` (MCAP output), and `e2e_age` = publish end minus the tick's start. With
 greedy decoding and the same machine, two runs write byte-identical outputs except the timings topic
-(`MKL_CBWR` pins float32 GEMM paths; see alpamayo/__init__.py).
+(`MKL_CBWR` pins float32 GEMM paths, and MKL's first vector-math call runs on one thread; see
+`alpamayo.reproducibility.process`).
 """
 
 from __future__ import annotations

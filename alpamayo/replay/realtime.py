@@ -52,9 +52,12 @@ from bridges.recording import CameraFrame, FrameError, Warn
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
 SUBSCRIBE_TIMEOUT_S = 10.0
-# After the last message the node finishes its prediction and then answers the newest window, which is the last
-# tick: wait for that answer, at most this long (the demo model takes ~10 s per tick on 2 busy cores).
-DRAIN_MAX_S = 120.0
+# After the last message the node finishes its prediction and then answers the newest window, the last tick. The
+# replay waits for that answer as long as the node is working: a fixed 120 s once ran out on a loaded machine with
+# neither tick answered (the demo model's tick took 14 s at load 15 here, and a real model on CPU takes minutes).
+# It stops early only when the node shows it cannot answer (`_drain`), and calls the node stalled when one
+# prediction runs STALL_FACTOR times as long as its warm-up prediction did on this machine.
+STALL_FACTOR = 20.0
 
 
 def node_config(drive: DriveSource, settings: ReplaySettings, frame_size: tuple[int, int]) -> NodeConfig:
@@ -76,6 +79,7 @@ def node_config(drive: DriveSource, settings: ReplaySettings, frame_size: tuple[
             top_k=settings.top_k,
             max_reasoning_tokens=settings.max_reasoning_tokens,
             route=settings.route,  # a fixed text only: per-tick sources are refused in real-time mode
+            reproducible=settings.reproducible,
         ),
         input=InputSection(endpoints=[LOOPBACK], bind=True),
         output=OutputSection(endpoint=LOOPBACK, bind=True),
@@ -100,7 +104,7 @@ class _Collector(threading.Thread):
     """Receives the node's outputs until stopped: (arrival perf_counter ns, message). An output that does not
     decode is kept by its error (`undecodable`, reported with the outputs that carry no trajectory) and the
     collector goes on; any other error ends it, is kept in `error` and ends the drain, and the replay raises
-    it (a silently dead collector would wait out DRAIN_MAX_S and report every tick dropped)."""
+    it (a silently dead collector would leave the replay waiting for answers it cannot receive)."""
 
     def __init__(self, subscriber: TrajectorySubscriber):
         super().__init__(name="replay-collector", daemon=True)
@@ -155,7 +159,7 @@ def replay_realtime(job: ReplayJob) -> ReplayRun:
                 wall_start = time.perf_counter()
                 first_send_ns = time.perf_counter_ns()
                 late_ms = _publish_drive(drive, publisher, begin, end, settings.speed, job.progress, job.warn)
-                _drain(collector, offered[-1])
+                _drain(collector, node, offered[-1])
             finally:
                 collector.stop.set()
                 collector.join()
@@ -239,12 +243,38 @@ def _publish_drive(
     return late
 
 
-def _drain(collector: _Collector, last_t0_ns: int) -> None:
-    """Wait until the node has answered the last tick (or DRAIN_MAX_S passed, or the collector stopped)."""
-    deadline = time.monotonic() + DRAIN_MAX_S
-    while time.monotonic() < deadline and collector.is_alive():
+def _drain(collector: _Collector, node: InferenceNode, last_t0_ns: int) -> None:
+    """Wait until the node has answered the last tick, or shows that it cannot: no prediction in flight, every
+    input stream silent (or never heard) for longer than the node's staleness limit, and then one more output
+    without a trajectory (its predict thread looked for a window after the inputs ended and found none).
+    Returns when the collector stops (the replay raises its error). Raises RuntimeError when one prediction
+    runs STALL_FACTOR times as long as a warm-up prediction did, or when the node's threads stopped."""
+    stale_ms = node.config.timing.stale_after_ms
+    warmup_s = (node.warmup_s or 0.0) / max(1, node.config.warmup.runs)  # one warm-up prediction
+    published_when_quiet: int | None = None  # the node's output count once it was idle with stale inputs
+    while collector.is_alive():
         if any(m.t0_ns is not None and m.t0_ns >= last_t0_ns for _, m in collector.outputs):
             return
+        status = node.status()
+        if not status["alive"]:
+            raise RuntimeError(f"the node's threads stopped (node counters {status['counters']})")
+        running = status["prediction_running_s"]
+        if running is not None:
+            if warmup_s and running > STALL_FACTOR * warmup_s:
+                raise RuntimeError(
+                    f"the node's prediction has run {running:.0f} s, {STALL_FACTOR:g}x its warm-up prediction "
+                    f"({warmup_s:.1f} s): stalled (node counters {status['counters']})"
+                )
+            published_when_quiet = None
+        elif published_when_quiet is None:
+            ages = [s["age_ms"] for s in status["streams"].values()]
+            if all(age is None or age > stale_ms for age in ages):
+                published_when_quiet = status["counters"]["published"]
+        elif status["counters"]["published"] > published_when_quiet:
+            last = status["last_output"]
+            if last is not None and last["t0_ns"] is None:
+                return
+            published_when_quiet = None
         time.sleep(0.05)
 
 

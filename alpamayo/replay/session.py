@@ -27,6 +27,7 @@ from alpamayo.replay.results import ReplayRun
 from alpamayo.replay.ros2_outputs import Ros2Recorder
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
+from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
 from bridges.drives import PAI_PREFIX, DriveSource, open_drive
 from bridges.mcap_writer import RecordingWriter
@@ -45,7 +46,10 @@ def pai_cameras(settings: ReplaySettings, drive: str | Path | None = None) -> tu
 
 
 def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
-    """The model, decoding with its family's sampling defaults where the settings leave them open."""
+    """The model, decoding with its family's sampling defaults where the settings leave them open; with
+    `settings.reproducible` this process computes on one thread from here on (alpamayo.reproducibility.mode)."""
+    if settings.reproducible:
+        compute_on_one_thread()
     vla = AlpamayoVLA.from_checkpoint(
         settings.checkpoint,
         settings.backend_options(),
@@ -73,6 +77,7 @@ def run_info(settings: ReplaySettings, drive: DriveSource, predictor: AlpamayoVL
         "backend": settings.backend,
         "device": settings.device,
         "dtype": settings.dtype,
+        "reproducible": settings.reproducible,
         "precision": predictor.precision,
         "cameras": [c.camera for c in drive.layout.cameras],
         "resolution": {

@@ -56,6 +56,9 @@ class ReplaySettings:
     device: str = "cpu"
     dtype: str = "float32"
     quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
+    reproducible: bool = (
+        False  # one compute thread: the same bytes on any thread count (reproducibility.mode)
+    )
     quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     recipe: str = "performance"  # ttnn precision recipe
     tt_cache: Path | None = None
