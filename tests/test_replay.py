@@ -128,30 +128,39 @@ def concurrent_replays(
 SAMPLED = ["--temperature", "0.6", "--seed", "3", "--reproducible"]
 
 
-def test_lockstep_replays_in_three_processes_at_1_2_2_threads_under_load_publish_the_same_bytes(
+def test_lockstep_replays_in_three_processes_at_1_2_2_threads_under_load_with_any_draft_publish_the_same_bytes(
     tmp_path, demo_checkpoint, drive
 ):
-    runs = {"one": (1, SAMPLED), "two": (2, SAMPLED), "two_again": (2, SAMPLED)}
-    outputs = concurrent_replays(drive, demo_checkpoint, tmp_path, runs)
-    assert len(outputs["one"]["/alpamayo/prediction"]) == 2
-    for name in ("two", "two_again"):
-        assert outputs[name] == outputs["one"], (name, _replay_difference(outputs["one"], outputs[name]))
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="drafts publish the plain run's bytes once float32 verification is bit-equal to one-token decoding and "
-    "sampling is keyed by (seed, row, position): issue 42 item 5 (branch i42-exact)",
-)
-def test_lockstep_replays_with_each_draft_publish_the_plain_runs_bytes(tmp_path, demo_checkpoint, drive):
+    """Plain decoding at one thread, `--draft lookup` and `--draft previous` at two, at once beside a busy loop:
+    a verify block keeps exactly the tokens plain sampling draws (keyed by row seed and position) and its
+    float32 K/V are one-token decoding's bit for bit (alpamayo.text.linear), so every run publishes the same
+    bytes."""
     runs = {
-        "plain": (2, SAMPLED),
+        "plain": (1, SAMPLED),
         "lookup": (2, [*SAMPLED, "--draft", "lookup"]),
-        "previous": (1, [*SAMPLED, "--draft", "previous"]),
+        "previous": (2, [*SAMPLED, "--draft", "previous"]),
     }
     outputs = concurrent_replays(drive, demo_checkpoint, tmp_path, runs)
+    assert len(outputs["plain"]["/alpamayo/prediction"]) == 2
     for name in ("lookup", "previous"):
         assert outputs[name] == outputs["plain"], (name, _replay_difference(outputs["plain"], outputs[name]))
+
+
+def test_k_sampled_rows_each_equal_a_one_sample_run_of_their_seed(tmp_path, demo_checkpoint, drive):
+    """--samples 3 and --samples 1 at the same seed, --reproducible, at once beside a busy loop: the first row of
+    every prediction is the one-sample run's bit for bit (a row's tokens and expert noise depend only on its own
+    row seed, `alpamayo.generation.row_seeds`, and the CPU linears round each row alike whatever their number),
+    and the other rows are samples of their own."""
+    runs = {"one": (1, [*SAMPLED, "--samples", "1"]), "three": (2, [*SAMPLED, "--samples", "3"])}
+    outputs = concurrent_replays(drive, demo_checkpoint, tmp_path, runs)
+    one, three = (
+        [json.loads(data) for _, data in outputs[name]["/alpamayo/prediction"]] for name in ("one", "three")
+    )
+    assert len(one) == len(three) == 2
+    for alone, rows in zip(one, three, strict=True):
+        assert len(alone["samples"]) == 1 and len(rows["samples"]) == 3
+        assert rows["samples"][0] == alone["samples"][0]
+        assert rows["samples"][1] != rows["samples"][0] and rows["samples"][2] != rows["samples"][1]
 
 
 def _replay_difference(first: dict, second: dict) -> str:
