@@ -15,10 +15,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-HISTORY_STEPS = 16  # ego poses at 10 Hz ending at t0 (1.6 s)
-FUTURE_STEPS = 64  # waypoints at 10 Hz after t0 (6.4 s)
+# The model's timing, defined here only (tests/test_timing_constants.py): every window, history, plan and
+# clock conversion imports these.
+DT_S = 0.1  # the model's frame, pose and waypoint spacing (10 Hz)
+PERIOD_NS = 100_000_000  # DT_S in ns
+PERIOD_US = 100_000  # DT_S in us
+HISTORY_STEPS = 16  # ego poses at 10 Hz ending at t0: t0 - 1.5 s .. t0
+FUTURE_STEPS = 64  # waypoints at 10 Hz after t0: t0 + 0.1 s .. t0 + 6.4 s
 FRAMES_PER_CAMERA = 4  # t0-0.3, -0.2, -0.1, 0 s
-DT_S = 0.1
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 
 from alpamayo.demo_drive import START_NS
-from alpamayo.prediction import DT_S
+from alpamayo.prediction import DT_S, HISTORY_STEPS
 
 START_US = START_NS // 1000
 TICK_S = DT_S  # the policy and the controller run at 10 Hz, the model's frame rate
-HISTORY_STEPS = 16
 T0_S = (HISTORY_STEPS - 1) * TICK_S  # the first closed-loop tick: 1.5 s, a full ego history behind it
 # The ego's box: the demo car (4.5 x 1.85 m like the world's cars), its centre 1.35 m ahead of the rear axle
 # the poses name. AlpaSim shrinks every box by 2% before testing overlaps (vehicle_shrink_factor 0.02).

@@ -23,13 +23,14 @@ from PIL import Image
 
 from alpamayo.demo_drive.render import RIG, Renderer
 from alpamayo.demo_drive.world import World
+from alpamayo.prediction import PERIOD_NS
 from alpamayo.rotations import yaw_to_quat
 from bridges.mcap_messages import ENCODINGS, pose, timestamp
 from bridges.mcap_writer import RecordingWriter
 from bridges.recording import LAYOUT_METADATA, default_layout
 
 START_NS = 1_700_000_000_000_000_000  # recording clock origin (a plausible unix time, ns)
-CAMERA_PERIOD_NS = 100_000_000  # 10 Hz, the model's frame rate
+CAMERA_PERIOD_NS = PERIOD_NS  # 10 Hz, the model's frame rate
 POSE_PERIOD_NS = 50_000_000  # 20 Hz
 CAMERA_SKEW_NS = 1_500_000
 FUTURE_NS = 6_400_000_000

@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, EgoHistory
+from alpamayo.prediction import FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, PERIOD_NS, EgoHistory
 from alpamayo.rotations import heading, to_frame
 from bridges.recording import MAX_POSE_GAP_NS, CameraFrame, FrameError, PoseTrack, RecordingError, Warn
 from bridges.window import window_slots
 
-PERIOD_NS = round(DT_S * 1e9)
 FRAME_TOLERANCE_NS = PERIOD_NS // 2  # nearest frame within half a period: never the neighbouring slot's frame
 TICK_JITTER_NS = 10_000_000  # a reference frame up to 10 ms early still starts the next tick
 HISTORY_OFFSETS_NS = PERIOD_NS * np.arange(-(HISTORY_STEPS - 1), 1, dtype=np.int64)

@@ -31,11 +31,10 @@ import threading
 import grpc
 import numpy as np
 
-from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA
+from alpamayo.prediction import FRAMES_PER_CAMERA, PERIOD_US
 from bridges.alpasim.status import InputRejected
 from bridges.window import window_slots
 
-PERIOD_US = round(DT_S * 1e6)  # the model's frame and pose spacing, 0.1 s
 WINDOW_US = (FRAMES_PER_CAMERA - 1) * PERIOD_US  # the 4 frames span 0.3 s
 # Simulated frame times are exact: 30 Hz frames are 33_333 us apart, 3 of them 1 us short of 0.1 s. Rates that
 # are not a multiple of 10 Hz miss a slot by far more (15 Hz: 33 ms; 25 Hz: 20 ms; 95 Hz: 5.3 ms).

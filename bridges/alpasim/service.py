@@ -26,9 +26,9 @@ import grpc
 import numpy as np
 from PIL import Image
 
-from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory, Prediction, Predictor
+from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, PERIOD_US, EgoHistory, Prediction, Predictor
 from alpamayo.rotations import compose, from_frame, slerp_track, to_frame, yaw_to_quat
-from bridges.alpasim.frames import PERIOD_US, CameraFrames
+from bridges.alpasim.frames import CameraFrames
 from bridges.alpasim.selection import select_sample
 from bridges.alpasim.status import InputRejected
 from bridges.alpasim.v0 import (

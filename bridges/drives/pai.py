@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.prediction import DT_S, FRAMES_PER_CAMERA, HISTORY_STEPS
+from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, PERIOD_US
 from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 from bridges.protocol import ALPAMAYO_CAMERAS
 from bridges.recording import (
@@ -54,7 +54,6 @@ VIEW_DIR = ".hf-cache-view"
 VIEW_REVISION = hashlib.sha1(b"alpamayo-tt plain PhysicalAI-AV tree").hexdigest()
 DEFAULT_CAMERAS = (0, 1, 2, 6)  # Alpamayo's four, as the reference loader picks them
 EGOMOTION = "egomotion"
-PERIOD_US = round(DT_S * 1e6)
 HISTORY_US = (HISTORY_STEPS - 1) * PERIOD_US
 FRAME_SPAN_US = (FRAMES_PER_CAMERA - 1) * PERIOD_US
 FRAME_OFFSETS_US = PERIOD_US * np.arange(-(FRAMES_PER_CAMERA - 1), 1, dtype=np.int64)
