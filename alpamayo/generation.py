@@ -148,8 +148,9 @@ class TokenSampler:
         if self.sampling.greedy:
             return int(torch.argmax(logits))
         s = self.sampling
-        scaled = nucleus_logits(logits.reshape(1, -1), s.temperature, s.top_p, s.top_k)[0]
-        scaled = scaled.cpu().double().numpy()
+        scaled = (
+            nucleus_logits(logits.reshape(1, -1), s.temperature, s.top_p, s.top_k)[0].cpu().double().numpy()
+        )
         weights = np.exp(scaled - scaled.max())  # 0 outside the nucleus
         cdf = np.cumsum(weights)
         token = int(np.searchsorted(cdf, keyed_uniform(self.seeds[row], position) * cdf[-1], side="right"))

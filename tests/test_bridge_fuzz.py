@@ -253,10 +253,10 @@ def test_trajectory_decoder_rejects_arbitrary_bytes_with_protocol_errors_only(da
     st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=4) | st.none())
 )
 def test_trajectory_decoder_rejects_arbitrary_maps(d):
-    # keys of up to 8 characters cannot name every field (`frame_drop_perc` has 15): each map is rejected,
-    # naming the fields it lacks
+    # keys of up to 8 characters cannot name every field (`frame_drop_perc` has 15): each map of kind
+    # trajectory is rejected, naming the fields it lacks
     with pytest.raises(ProtocolError) as info:
-        decode_trajectory(msgpack.packb({"kind": "trajectory", **d}))
+        decode_trajectory(msgpack.packb({**d, "kind": "trajectory"}))
     assert info.value.reason == "missing_field" and "frame_drop_perc" in str(info.value), str(info.value)
 
 

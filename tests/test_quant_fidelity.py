@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -18,14 +20,23 @@ from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.families.loader import load_model_config
 from alpamayo.quant import Int8Weight, QuantRecipe
-from alpamayo.text import TextModel
+from alpamayo.text import TextModel, linear
 from alpamayo.text.linear import Linear
 from alpamayo.tt import precision_planner
 from alpamayo.tt.precision_planner import Settings, precision_report
 from vision.encoder import VisionEncoder
 
 INT8 = QuantRecipe("int8")
+T = TypeVar("T")
 SETTINGS = Settings(prompt_tokens=32, tokens=16, max_seq_len=512)
+
+
+def _plain(load: Callable[[], T]) -> T:
+    """`load()` with every linear left on `F.linear` (the product packs float32 linears into oneDNN's layout,
+    dropping the plain weight), so the weights can be replaced."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(linear, "can_pack", lambda weight: False)
+        return load()
 
 
 def _dequantised(root: torch.nn.Module) -> None:
@@ -47,7 +58,7 @@ def test_int8_figures_equal_a_dequantised_float32_model(demo_checkpoint, record_
 
     cfg = load_model_config(demo_checkpoint)
     ref = precision_planner.reference(demo_checkpoint, cfg, SETTINGS, [], lambda message: None)
-    model = TextModel.from_checkpoint(demo_checkpoint, cfg)
+    model = _plain(lambda: TextModel.from_checkpoint(demo_checkpoint, cfg))
     _dequantised(model)
     n = SETTINGS.tokens
     model.setup_cache(ref.ids.numel())
@@ -56,7 +67,7 @@ def test_int8_figures_equal_a_dequantised_float32_model(demo_checkpoint, record_
     top1 = float(np.mean(logits.argmax(-1).numpy() == np.array(ref.continuation)))
     assert row.top1_agreement == top1
     assert abs(row.logits_pcc - _pcc(ref.logits, logits)) < 1e-6
-    vision = VisionEncoder.from_checkpoint(demo_checkpoint, cfg)
+    vision = _plain(lambda: VisionEncoder.from_checkpoint(demo_checkpoint, cfg))
     _dequantised(vision)
     got = precision_planner._vision(vision)
     assert abs(row.vision_pcc - min(_pcc(a, b) for a, b in zip(ref.vision, got, strict=True))) < 1e-6

@@ -322,7 +322,15 @@ class PacedPredictor:
         self.release = threading.Event()
 
     def predict(
-        self, frames, ego_history, route=None, num_samples=1, seed=None, frame_times_ns=None, stream=None
+        self,
+        frames,
+        ego_history,
+        route=None,
+        num_samples=1,
+        seed=None,
+        frame_times_ns=None,
+        stream=None,
+        cancel=None,
     ):
         if frame_times_ns is None:
             time.sleep(self.warmup_s)

@@ -69,11 +69,11 @@ def card_switch(monkeypatch: pytest.MonkeyPatch) -> TraceSwitch:
 
 def test_the_switch_keeps_traces_off_the_dry_run_and_says_so_once(monkeypatch, capsys):
     switch = TraceSwitch()  # this session runs under the dry run
-    assert switch.dry_run
+    assert switch.notice == DRY_RUN_NOTICE
     assert [switch.traced(True), switch.traced(True), switch.traced(False)] == [False, False, False]
     assert capsys.readouterr().err.count(DRY_RUN_NOTICE) == 1
     card = card_switch(monkeypatch)
-    assert not card.dry_run
+    assert card.notice is None
     assert [card.traced(True), card.traced(False)] == [True, False]
     assert capsys.readouterr().err == ""
 
