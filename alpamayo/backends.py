@@ -27,7 +27,7 @@ from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 
 if TYPE_CHECKING:
-    from alpamayo.tt.precision import Precision
+    from alpamayo.plan.precision import Precision
     from alpamayo.tt.text import TTTextModel
 
 BACKENDS = ("torch", "ttnn")
@@ -49,7 +49,7 @@ class BackendOptions:
     moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`); quant: the
     torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`);
     quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load);
-    tt_mode: the ttnn backend's mode (`alpamayo.tt.runtime.tt_mode`: "device", or "golden" for every device
+    tt_mode: the ttnn backend's mode (`alpamayo.tt.device.tt_mode`: "device", or "golden" for every device
     program through ttnn's golden functions on the host, no card; None: `ALPAMAYO_TT_MODE`, else "device")."""
 
     backend: str = "torch"
@@ -66,7 +66,7 @@ class BackendOptions:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if self.tt_mode is not None:
-            from alpamayo.tt.runtime import tt_mode  # mode names only: no ttnn import
+            from alpamayo.tt.device import tt_mode  # mode names only: no ttnn import
 
             tt_mode(self.tt_mode)
         if self.backend == "ttnn" and self.quant.enabled:
@@ -121,7 +121,8 @@ def check_num_samples(
     refusal comes after the weights are loaded (and, on ttnn, uploaded)."""
     if num_samples <= 1:
         return
-    from alpamayo.tt.program_config import MAX_EXPERT_SAMPLES, check_decode_rows  # plans only: no ttnn import
+    from alpamayo.plan.programs.expert import MAX_EXPERT_SAMPLES  # plans only: no ttnn import
+    from alpamayo.plan.programs.text import check_decode_rows
 
     if backend == "ttnn" and num_samples > MAX_EXPERT_SAMPLES:
         raise ValueError(
@@ -147,8 +148,8 @@ def load_text_model(source: Checkpoint, cfg: ModelConfig, options: BackendOption
     """The text backbone of `options.backend`, weights from `source` (validated against `cfg`). On ttnn the
     device it opens also gets the trace region of the checkpoint's action expert, if it has one."""
     if options.backend == "ttnn":
-        from alpamayo.tt.precision import load_precision
-        from alpamayo.tt.program_config import plan_expert
+        from alpamayo.plan.precision import load_precision
+        from alpamayo.plan.programs.expert import plan_expert
         from alpamayo.tt.text import TTTextModel
 
         expert = expert_config_of(cfg)

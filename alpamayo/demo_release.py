@@ -51,7 +51,7 @@ from alpamayo.demo_checkpoint import (
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, R1, RELEASE_IDS, SUPER
 from alpamayo.families.vocabulary import bin_token, marker
-from alpamayo.tt.device_spec import round_up
+from alpamayo.plan.device_spec import round_up
 from planner.settings import PlannerSettings
 
 NUM_SHARDS = 3

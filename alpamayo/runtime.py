@@ -221,7 +221,7 @@ class AlpamayoVLA:
 
                 check_device_draft(draft_cfg, cfg.text, where)
         if options.backend == "ttnn" and draft != "none":
-            from alpamayo.tt.program_config import check_decode_rows  # plans only: no ttnn import
+            from alpamayo.plan.programs.text import check_decode_rows  # plans only: no ttnn import
 
             try:  # a verify block is `block` rows of the decode program, which the device MoE cannot route
                 check_decode_rows(block, bool(cfg.text.sparse_layers))

@@ -30,9 +30,9 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.expert.sampler import euler_sample
 from alpamayo.expert.weights import load_expert
 from alpamayo.numerics import relative_error
+from alpamayo.plan.precision import load_precision
+from alpamayo.precision.planner import kv_store
 from alpamayo.text import TextModel
-from alpamayo.tt.precision import load_precision
-from alpamayo.tt.precision_planner import kv_store
 from alpamayo.tt.quantized import QuantizedCheckpoint, rounded_expert
 from planner.metrics import ade
 from tests.test_tt_expert_device import MAX_SEQ_LEN, PROMPT_LEN, reference_run, waypoints

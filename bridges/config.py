@@ -19,10 +19,10 @@ import yaml
 
 from alpamayo.errors import ConfigError
 from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE
+from alpamayo.plan.precision import PRESETS
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
-from alpamayo.tt.precision import PRESETS
-from alpamayo.tt.runtime import MODES as TT_MODES
+from alpamayo.tt.device import MODES as TT_MODES
 from bridges.protocol import ALPAMAYO_CAMERAS, CHANNELS, ENCODINGS, CameraFormat, Limits
 from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 
@@ -54,7 +54,7 @@ class ModelSection:
     backend: str = "torch"
     device: str = "cpu"  # torch backend
     dtype: str = "float32"  # torch backend
-    recipe: str = "performance"  # ttnn backend: a precision preset or recipe YAML (alpamayo.tt.precision)
+    recipe: str = "performance"  # ttnn backend: a precision preset or recipe YAML (alpamayo.plan.precision)
     tt_cache: str | None = None  # ttnn backend: directory of the packed weight cache (.tensorbin files)
     tt_mode: str | None = None  # ttnn backend: device | golden (host, no card); null: env or device
     moe_config: str | None = None  # ttnn backend, MoE checkpoints: block config YAML (None: the shipped one)

@@ -35,7 +35,7 @@ def device(request):
     """Device 0 of a Blackhole p150 for one `blackhole` test module, closed at the module's end so that the next
     module can open it, with the module's `TRACE_REGION` bytes of trace region (default 64 MiB; the tiny
     models' decode and expert-step traces need ~10-12 MiB)."""
-    from alpamayo.tt.runtime import close_device, open_device
+    from alpamayo.tt.device import close_device, open_device
 
     dev = open_device(getattr(request.module, "TRACE_REGION", 64 << 20))
     yield dev
@@ -45,7 +45,7 @@ def device(request):
 @pytest.fixture(scope="module")
 def golden_device():
     """The ttnn golden mode's device (`alpamayo.tt.golden.GoldenDevice`: nothing is opened) for one module."""
-    from alpamayo.tt.runtime import close_device, open_device
+    from alpamayo.tt.device import close_device, open_device
 
     dev = open_device(0, mode="golden")
     yield dev
@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config, items):
     blackhole = [item for item in items if "blackhole" in item.keywords]
     reason = None
     if blackhole:
-        from alpamayo.tt.runtime import device_unavailable_reason
+        from alpamayo.tt.device import device_unavailable_reason
 
         reason = device_unavailable_reason(dry_run=False)  # imports ttnn (host mode) only for such tests
     if any("dryrun" in item.keywords for item in items):
@@ -97,7 +97,7 @@ def pytest_collection_modifyitems(config, items):
     golden = [item for item in items if "golden" in item.keywords]
     if golden:
         from alpamayo.errors import BackendUnavailable
-        from alpamayo.tt.runtime import import_ttnn
+        from alpamayo.tt.device import import_ttnn
 
         try:
             import_ttnn()
@@ -116,7 +116,7 @@ def _start_dry_run(config) -> None:
     `dryrun_device` fixture then skips) or ttnn is not installed (it skips with that reason)."""
     from alpamayo.errors import BackendUnavailable
     from alpamayo.tt import dryrun
-    from alpamayo.tt.runtime import card_present, dry_run_active
+    from alpamayo.tt.device import card_present, dry_run_active
 
     if dry_run_active() or card_present():
         return
@@ -134,7 +134,7 @@ def dryrun_device():
     """The dry run's open mock p150 (`alpamayo.tt.dryrun`), shared by the session's `dryrun` tests; models
     built on it free their weights on close. Skipped where ttnn cannot be imported or no dry run is set up."""
     from alpamayo.errors import BackendUnavailable
-    from alpamayo.tt.runtime import close_device, dry_run_active, import_ttnn, open_device
+    from alpamayo.tt.device import close_device, dry_run_active, import_ttnn, open_device
 
     try:
         import_ttnn()
@@ -153,7 +153,7 @@ def dryrun_device():
 def ttnn_host():
     """ttnn for host-side work (mock p150 descriptor when no card is present); skipped where not installed."""
     from alpamayo.errors import BackendUnavailable
-    from alpamayo.tt.runtime import import_ttnn
+    from alpamayo.tt.device import import_ttnn
 
     try:
         return import_ttnn()

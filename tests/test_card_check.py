@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from alpamayo.tt.calibration.anchors import load_anchors
+from alpamayo.plan.calibration.anchors import load_anchors
 
 ROOT = Path(__file__).resolve().parents[1]
 DRY_RUN_VARS = ("TT_METAL_MOCK_CLUSTER_DESC_PATH", "TT_METAL_RUNTIME_ROOT")
@@ -30,7 +30,7 @@ def card_check(out: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_without_a_card_it_says_what_is_missing(tmp_path):
-    from alpamayo.tt.runtime import card_present
+    from alpamayo.tt.device import card_present
 
     if card_present():
         pytest.skip("a card is present")
@@ -44,7 +44,7 @@ def test_without_a_card_it_says_what_is_missing(tmp_path):
 @pytest.mark.dryrun
 def test_under_the_dry_run_it_writes_a_report_and_anchor_rows(tmp_path, capsys):
     from alpamayo.cli import main
-    from alpamayo.tt.runtime import dry_run_active
+    from alpamayo.tt.device import dry_run_active
 
     if not dry_run_active():
         pytest.skip("no ttnn dry run in this session")

@@ -20,10 +20,10 @@ from alpamayo.expert.config import RELEASE_10B_EXPERT, expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.families.loader import load_model_config
+from alpamayo.plan.dram import plan_memory
+from alpamayo.plan.precision import PRESETS
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
-from alpamayo.tt.memory import plan_memory
-from alpamayo.tt.precision import PRESETS
 from bridges.protocol import TRAJECTORY_VERSION, TrajectoryMessage, decode_trajectory, encode_trajectory
 
 REASONING_CAP = 6
@@ -268,7 +268,7 @@ def test_cli_predict_reports_the_expert(release, tmp_path, capsys):
 @pytest.mark.parametrize("recipe", sorted(PRESETS))
 def test_plan_counts_the_release_expert(recipe, record_figure):
     """8B VLM + the released 2.3B expert: the expert's weights are counted like the VLM's layers (its norms and
-    biases in the bf16 groups), its K/V region in the cache and its step's trace region (alpamayo.tt.memory)."""
+    biases in the bf16 groups), its K/V region in the cache and its step's trace region (alpamayo.plan.dram)."""
     raw = json.loads((CONFIG_DIR / "qwen3-vl-8b.json").read_text())
     release = {"vlm_config": copy.deepcopy(raw), **RELEASE_10B_EXPERT}
     with_expert, without = parse_config(release), parse_config(raw)

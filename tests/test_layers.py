@@ -54,6 +54,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.positions",
         "alpamayo.inputs",
     ),
+    "plan": ("alpamayo.plan",),  # recipes, device layouts, program configs, DRAM and GPU plans
     "tt": ("alpamayo.tt",),
     "runtime": ("alpamayo.backends", "alpamayo.vlm", "alpamayo.runtime"),
     "applications": (
@@ -61,7 +62,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.replay.routes",
         "alpamayo.eval",
         "alpamayo.closed_loop",
-        "alpamayo.tt.precision_planner",  # runs the whole runtime on drives to rank precision recipes
+        "alpamayo.precision",  # ranks precision recipes by running the whole runtime on prompts and drives
         "alpamayo.demo_drive",
         "alpamayo.demo_checkpoint",
         "alpamayo.demo_release",

@@ -17,9 +17,9 @@ import pytest
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.families.loader import load_model_config
-from alpamayo.tt.memory import plan_memory
-from alpamayo.tt.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS
-from alpamayo.tt.precision_planner import DriveRun, _drive_figures
+from alpamayo.plan.dram import plan_memory
+from alpamayo.plan.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS
+from alpamayo.precision.planner import DriveRun, _drive_figures
 
 # 8.2 s of one camera: ticks at t0 = 1.5 and 1.6 s, each with its recorded 6.4 s future
 DRIVE = {"seconds": 8.2, "cameras": 1, "seed": 5, "size": (72, 128)}
@@ -171,7 +171,7 @@ def test_bad_arguments_are_named(demo_checkpoint, capsys, extra, message):
 def test_a_json_path_that_cannot_be_written_is_refused_before_any_model_runs(
     demo_checkpoint, tmp_path, monkeypatch, capsys, where
 ):
-    from alpamayo.tt import precision_planner
+    from alpamayo.precision import planner as precision_planner
 
     def no_model(*args, **kwargs):
         raise AssertionError("the reference model ran before --json was checked")
@@ -191,7 +191,7 @@ def test_the_expert_group_reaches_the_action_experts_velocity_and_waypoints(
 ):
     """On an Alpamayo checkpoint with an action expert: per-step velocity PCC against the float32 expert and
     the waypoint drift, ordered by the `expert` group's dtype (bf16 above bfp4)."""
-    from alpamayo.tt.precision_planner import Settings, precision_report
+    from alpamayo.precision.planner import Settings, precision_report
     from tests.tt_expert_cases import save_alpamayo_checkpoint
 
     checkpoint = save_alpamayo_checkpoint(tmp_path / "alpamayo", seed=3)

@@ -19,11 +19,11 @@ import torch
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.families.loader import load_model_config
+from alpamayo.precision import planner as precision_planner
+from alpamayo.precision.planner import Settings, precision_report
 from alpamayo.quant import Int8Weight, QuantRecipe
 from alpamayo.text import TextModel, linear
 from alpamayo.text.linear import Linear
-from alpamayo.tt import precision_planner
-from alpamayo.tt.precision_planner import Settings, precision_report
 from vision.encoder import VisionEncoder
 
 INT8 = QuantRecipe("int8")

@@ -1,4 +1,4 @@
-"""The torch backend's GPU memory plan (`alpamayo plan --backend torch`, alpamayo.quant.memory), checked
+"""The torch backend's GPU memory plan (`alpamayo plan --backend torch`, alpamayo.plan.gpu_memory), checked
 against the bytes of real tensors: the packed weights of the actually quantised demo model, the checkpoint's
 own tensors (read from the safetensors headers), and a real KV cache."""
 
@@ -14,8 +14,8 @@ from alpamayo.cli import main
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.weights import load_expert
 from alpamayo.families.loader import load_model_config
+from alpamayo.plan.gpu_memory import GPUS_GB, kv_cache_nbytes, packed_nbytes, plan_gpu_memory, weight_counts
 from alpamayo.quant import QuantRecipe
-from alpamayo.quant.memory import GPUS_GB, kv_cache_nbytes, packed_nbytes, plan_gpu_memory, weight_counts
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
 from vision.encoder import VisionEncoder

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from alpamayo.tt.block_float import FORMATS, pack_tiles, quantize, unpack_tiles
-from alpamayo.tt.precision import BLOCK_FLOAT_ERROR, TILE_BYTES
+from alpamayo.plan.block_float import FORMATS, pack_tiles, quantize, unpack_tiles
+from alpamayo.plan.precision import BLOCK_FLOAT_ERROR, TILE_BYTES
 from alpamayo.tt.ttnn_configs import ttnn_dtype
 
 FMTS = tuple(FORMATS)

@@ -1,4 +1,4 @@
-"""The expected p150 model (`alpamayo.tt.calibration`): the published measurements it is fitted to, the fit
+"""The expected p150 model (`alpamayo.plan.calibration`): the published measurements it is fitted to, the fit
 within +-20 % of every fitted one, leave-one-out, expected >= roofline for every stage of every built-in
 config and the demo checkpoint, and `alpamayo plan` printing both beside each other."""
 
@@ -12,12 +12,12 @@ import pytest
 from alpamayo.cli import main
 from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
 from alpamayo.errors import ConfigError
-from alpamayo.tt.calibration import model as calibration_model
-from alpamayo.tt.calibration.anchors import FORMAT, load_anchors, parse_anchor, write_anchors
-from alpamayo.tt.calibration.model import FIT_TOLERANCE, calibration, fit, fitted
-from alpamayo.tt.calibration.model import NAMES as CLASS_NAMES
-from alpamayo.tt.device_spec import P150
-from alpamayo.tt.estimate import (
+from alpamayo.plan.calibration import model as calibration_model
+from alpamayo.plan.calibration.anchors import FORMAT, load_anchors, parse_anchor, write_anchors
+from alpamayo.plan.calibration.model import FIT_TOLERANCE, calibration, fit, fitted
+from alpamayo.plan.calibration.model import NAMES as CLASS_NAMES
+from alpamayo.plan.device_spec import P150
+from alpamayo.plan.estimate import (
     decode_estimate,
     dflash_draft_estimate,
     expert_estimate,
@@ -26,7 +26,7 @@ from alpamayo.tt.estimate import (
     verify_estimate,
     vision_estimate,
 )
-from alpamayo.tt.precision import load_precision
+from alpamayo.plan.precision import load_precision
 
 ANCHORS = load_anchors()
 BY_ID = {a.id: a for a in ANCHORS}

@@ -19,8 +19,8 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.drafts import DraftContext
 from alpamayo.drafts.dflash import DFlashDraft, read_config
 from alpamayo.numerics import assert_agrees
-from alpamayo.tt.draft_weights import draft_weight_specs
-from alpamayo.tt.precision import load_precision
+from alpamayo.plan.draft_weights import draft_weight_specs
+from alpamayo.plan.precision import load_precision
 from alpamayo.tt.quantized import rounded
 from tests.dflash_checkpoints import dflash_config, save_dflash, target_heads
 from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint

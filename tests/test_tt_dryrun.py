@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from alpamayo.tt import dryrun
-from alpamayo.tt.runtime import RUNTIME_ROOT_ENV, SFPI_COMPILER, device_unavailable_reason, dry_run_active
+from alpamayo.tt.device import RUNTIME_ROOT_ENV, SFPI_COMPILER, device_unavailable_reason, dry_run_active
 
 pytestmark = pytest.mark.dryrun
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_stand_in_links_rv32_executables_that_kernels_link_against(root, tmp_pat
 def test_dry_run_opens_a_blackhole_mock_whose_ops_run_their_host_side(dryrun_device):
     import torch
 
-    from alpamayo.tt.runtime import import_ttnn
+    from alpamayo.tt.device import import_ttnn
 
     ttnn = import_ttnn()
     assert dryrun_device.arch() == ttnn.device.Arch.BLACKHOLE
@@ -141,7 +141,7 @@ def test_availability_accepts_the_dry_run_but_the_blackhole_tests_need_a_card(dr
 
 
 def test_script_runs_a_command_under_a_fresh_dry_run_and_removes_it(tmp_path, ttnn_dir):
-    code = f"import os; from alpamayo.tt.runtime import dry_run_active; print(dry_run_active(), os.environ[{RUNTIME_ROOT_ENV!r}])"
+    code = f"import os; from alpamayo.tt.device import dry_run_active; print(dry_run_active(), os.environ[{RUNTIME_ROOT_ENV!r}])"
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
     env.pop(RUNTIME_ROOT_ENV, None)
     proc = subprocess.run(

@@ -15,7 +15,7 @@ import sys
 import pytest
 from PIL import Image
 
-from alpamayo.tt.runtime import dry_run_active
+from alpamayo.tt.device import dry_run_active
 from tests.test_runtime import frames_at, predict_argv, straight_history, write_prediction_inputs
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alpamayo.tt.device_spec import TILE, round_up
+from alpamayo.plan.device_spec import TILE, round_up
 from alpamayo.tt.dryrun.graph import Capture
 from alpamayo.tt.ttnn_configs import ttnn_dtype
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint

@@ -15,12 +15,14 @@ import yaml
 from alpamayo.cli import main
 from alpamayo.configs import CONFIG_DIR, EXPERT_SUFFIX, builtin_expert
 from alpamayo.errors import ConfigError
-from alpamayo.tt.estimate import expert_estimate
-from alpamayo.tt.expert_weights import expert_weight_specs
-from alpamayo.tt.memory import plan_memory, spec_bytes
-from alpamayo.tt.precision import PRESETS, TENSOR_GROUPS, Precision
-from alpamayo.tt.program_config import PlanError, TextPlan, plan_expert
-from alpamayo.tt.weights import prepare, restore, weight_dtype
+from alpamayo.plan.dram import plan_memory, spec_bytes
+from alpamayo.plan.estimate import expert_estimate
+from alpamayo.plan.expert_weights import expert_weight_specs
+from alpamayo.plan.precision import PRESETS, TENSOR_GROUPS, Precision
+from alpamayo.plan.programs.expert import plan_expert
+from alpamayo.plan.programs.grid import PlanError
+from alpamayo.plan.programs.text import TextPlan
+from alpamayo.plan.weights import prepare, restore, weight_dtype
 
 RELEASE = "alpamayo-1.5-10b"
 
@@ -111,7 +113,7 @@ def test_an_expert_that_cannot_read_the_vlm_cache_is_refused_naming_both(release
 def test_an_attention_the_flash_decode_cannot_hold_is_refused_naming_the_limit(release):
     """One K/V head's query rows (64 x query heads per K/V head) must fit one flash-decode user's 8 tiles, and
     every slot's K/V heads need a core each: 16 samples x 8 heads on a 120-core grid do not fit."""
-    from alpamayo.tt.device_spec import P150
+    from alpamayo.plan.device_spec import P150
 
     cfg, expert = release
     narrow = replace(cfg, text=replace(cfg.text, num_key_value_heads=2))
@@ -165,7 +167,7 @@ def test_expert_step_estimate_counts_every_matmul_and_the_attention_over_the_cac
     attention = 4 * 64 * 25 * 128 * t.num_attention_heads * t.head_dim * t.num_hidden_layers
     assert step.flops() == pytest.approx(linear + attention)
     record_figure("expert step GFLOP (K=1)", step.flops() / 1e9)
-    from alpamayo.tt.device_spec import P150
+    from alpamayo.plan.device_spec import P150
 
     record_figure("expert step estimated ms (performance, K=1)", step.ms(P150))
     assert step.repeat == expert.num_inference_steps == 10

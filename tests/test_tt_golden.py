@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from alpamayo.backends import BackendOptions
+from alpamayo.plan.programs.grid import CoreGrid
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.golden import OWN_OPS, GoldenDevice, GoldenTensor
-from alpamayo.tt.golden.checks import GoldenCheckError
-from alpamayo.tt.program_config import CoreGrid
-from alpamayo.tt.runtime import (
+from alpamayo.tt.device import (
     MODE_ENV,
     close_device,
     device_unavailable_reason,
@@ -24,6 +22,8 @@ from alpamayo.tt.runtime import (
     tt_mode,
     ttnn_for,
 )
+from alpamayo.tt.golden import OWN_OPS, GoldenDevice, GoldenTensor
+from alpamayo.tt.golden.checks import GoldenCheckError
 
 pytestmark = pytest.mark.golden
 
@@ -65,7 +65,7 @@ def test_tt_mode_is_a_backend_option_of_the_model_commands():
 
 
 def test_the_golden_device_answers_as_a_p150(dev, ttnn_host):
-    from alpamayo.tt.device_spec import P150, DeviceSpec
+    from alpamayo.plan.device_spec import P150, DeviceSpec
 
     spec = DeviceSpec.from_device(dev)
     assert (spec.grid_x, spec.grid_y, spec.dram_banks) == (P150.grid_x, P150.grid_y, P150.dram_banks)
@@ -111,7 +111,7 @@ def test_a_shard_spec_that_does_not_fit_its_tensor_is_refused(dev):
 
 
 def test_a_matmul_program_config_must_cover_its_output(dev):
-    from alpamayo.tt.program_config import HeadMatmul
+    from alpamayo.plan.programs.text import HeadMatmul
 
     ttnn = dev.ttnn
     x = ttnn.from_torch(torch.ones(1, 1, 32, 256), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=dev)
@@ -205,7 +205,7 @@ def test_a_traced_step_runs_untraced_and_says_so_once(ttnn_host, tmp_path, capsy
 
 def test_an_output_subblock_must_fit_the_dest_registers(dev):
     """With fp32 accumulation the dest registers hold 4 output tiles per subblock (8 without)."""
-    from alpamayo.tt.program_config import HeadMatmul
+    from alpamayo.plan.programs.text import HeadMatmul
 
     ttnn = dev.ttnn
     x = ttnn.from_torch(torch.ones(1, 1, 32, 256), dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT, device=dev)

@@ -71,12 +71,12 @@ def recorded(monkeypatch):
     import alpamayo.tt.text.model
     import alpamayo.tt.vision
     import alpamayo.tt.weight_cache
-    from alpamayo.tt import runtime
+    from alpamayo.tt import device as tt_device
 
     log: list = []
 
     def ttnn_for(device: Any) -> Any:
-        return Recorder(runtime.ttnn_for(device), log)
+        return Recorder(tt_device.ttnn_for(device), log)
 
     for module in (alpamayo.tt.text.model, alpamayo.tt.vision, alpamayo.tt.weight_cache):
         monkeypatch.setattr(module, "ttnn_for", ttnn_for)

@@ -6,9 +6,9 @@ import pytest
 
 from alpamayo.cli import main
 from alpamayo.configs import CONFIG_DIR, builtin_config
-from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory, spec_bytes
-from alpamayo.tt.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS, TILE_BYTES, Precision
-from alpamayo.tt.weights import text_weight_specs
+from alpamayo.plan.dram import DoesNotFit, check_fits, plan_memory, spec_bytes
+from alpamayo.plan.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS, TILE_BYTES, Precision
+from alpamayo.plan.weights import text_weight_specs
 from tests.hf_checkpoints import save_checkpoint
 from tests.tt_checkpoints import TT_TINY
 

@@ -14,10 +14,12 @@ from alpamayo.configs import CONFIG_DIR, builtin_config
 from alpamayo.errors import ConfigError
 from alpamayo.moe import MoEBlock, MoEBlockConfig, TopKRouter
 from alpamayo.moe.config import block_config_for, shipped_block_configs
-from alpamayo.tt.memory import check_fits
+from alpamayo.plan.dram import check_fits
+from alpamayo.plan.precision import PRESETS
+from alpamayo.plan.programs.grid import PlanError
+from alpamayo.plan.programs.moe import plan_moe
+from alpamayo.plan.programs.text import plan_text
 from alpamayo.tt.moe import group_rows, max_groups
-from alpamayo.tt.precision import PRESETS
-from alpamayo.tt.program_config import PlanError, plan_moe, plan_text
 from tests.tt_checkpoints import TT_TINY, tiny_config
 
 BLOCK_30B = dict(hidden_size=2048, intermediate_size=768, num_routed_experts=128, select_experts_k=8)

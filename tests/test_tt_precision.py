@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alpamayo.errors import ConfigError
-from alpamayo.tt.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS, Precision, load_precision
+from alpamayo.plan.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS, Precision, load_precision
 
 
 def test_performance_preset_is_bfp4_mlp_bfp8_attention():

@@ -9,18 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alpamayo.configs import NAMES, builtin_config
+from alpamayo.plan.device_spec import P150, TILE
+from alpamayo.plan.precision import PRESETS
+from alpamayo.plan.programs.grid import DEST_TILES, L1_HEADROOM, CoreGrid, PlanError
+from alpamayo.plan.programs.text import DECODE_MAX_GRID, TextPlan, plan_text
 from alpamayo.tt import ttnn_configs
-from alpamayo.tt.device_spec import P150, TILE
-from alpamayo.tt.precision import PRESETS
-from alpamayo.tt.program_config import (
-    DECODE_MAX_GRID,
-    DEST_TILES,
-    L1_HEADROOM,
-    CoreGrid,
-    PlanError,
-    TextPlan,
-    plan_text,
-)
 from tests.test_text_golden import GOLDEN
 from tests.tt_checkpoints import TT_TINY, tiny_config
 
@@ -28,7 +21,7 @@ ALL_PLANNABLE = [(n, builtin_config(n)) for n in NAMES] + [(n, tiny_config(s, n)
 
 
 def check_plan_invariants(plan: TextPlan, cfg) -> None:
-    """What the device ops require of a plan (the rules in alpamayo.tt.program_config's docstring)."""
+    """What the device ops require of a plan (the rules in alpamayo.plan.programs.text's docstring)."""
     t, dev = cfg.text, plan.device
     max_x, max_y = min(dev.grid_x, DECODE_MAX_GRID[0]), min(dev.grid_y, DECODE_MAX_GRID[1])
     assert plan.hidden_padded % (TILE * dev.dram_banks) == 0 and plan.hidden_padded - t.hidden_size >= 0

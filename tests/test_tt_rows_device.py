@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from alpamayo.numerics import assert_agrees
+from alpamayo.plan.precision import load_precision
 from alpamayo.text import TextModel
-from alpamayo.tt.precision import load_precision
 from tests.routing import greedy_tie
 from tests.tt_checkpoints import reference_and_device, save_tt_checkpoint
 from tests.tt_modes import card_only, case_device, device_cases

@@ -1,4 +1,4 @@
-"""The ttnn runtime seam: lazy import, the shipped mock descriptor, and `--backend ttnn` without ttnn or a card."""
+"""The ttnn device seam: lazy import, the shipped mock descriptor, and `--backend ttnn` without ttnn or a card."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from alpamayo.cli import main
-from alpamayo.tt import runtime
+from alpamayo.tt import device as tt_device
 from tests.hf_checkpoints import save_checkpoint, text_config
 
 
@@ -28,7 +28,7 @@ def generate_ttnn(checkpoint) -> int:
 
 def test_importing_the_package_never_imports_ttnn():
     modules = (
-        "alpamayo.cli, alpamayo.tt.text, alpamayo.tt.vision, alpamayo.tt.moe, alpamayo.tt.precision_planner"
+        "alpamayo.cli, alpamayo.tt.text, alpamayo.tt.vision, alpamayo.tt.moe, alpamayo.precision.planner"
     )
     code = f"import sys, {modules}; print('ttnn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -36,16 +36,16 @@ def test_importing_the_package_never_imports_ttnn():
 
 
 def test_shipped_descriptor_is_a_one_chip_p150():
-    desc = yaml.safe_load(runtime.MOCK_DESCRIPTOR.read_text())
+    desc = yaml.safe_load(tt_device.MOCK_DESCRIPTOR.read_text())
     assert desc["arch"] == {0: "blackhole"} and desc["chips_with_mmio"] == [{0: 0}]
     board = {k: v for item in desc["boards"][0] for k, v in item.items()}
     assert board["board_type"] == "p150" and board["chips"] == [0]
 
 
 def test_host_mode_points_ttnn_at_the_shipped_descriptor(ttnn_host):
-    if runtime.card_present():
+    if tt_device.card_present():
         pytest.skip("a card is present: host mode leaves TT_METAL_MOCK_CLUSTER_DESC_PATH alone")
-    assert os.environ[runtime.MOCK_ENV]  # set by import_ttnn() unless the user chose one
+    assert os.environ[tt_device.MOCK_ENV]  # set by import_ttnn() unless the user chose one
     import torch
 
     host = ttnn_host.from_torch(torch.ones(32, 32), dtype=ttnn_host.bfloat8_b, layout=ttnn_host.TILE_LAYOUT)
@@ -63,10 +63,10 @@ def test_backend_ttnn_without_ttnn_says_ttnn_is_missing(checkpoint, monkeypatch,
 def test_backend_ttnn_without_a_card_says_the_device_is_missing(
     ttnn_host, checkpoint, monkeypatch, tmp_path, capsys
 ):
-    monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
-    monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    monkeypatch.setattr(tt_device, "DEVICE_DIR", tmp_path / "no-tenstorrent")
+    monkeypatch.delenv(tt_device.SIMULATOR_ENV, raising=False)
     monkeypatch.delenv(
-        runtime.RUNTIME_ROOT_ENV, raising=False
+        tt_device.RUNTIME_ROOT_ENV, raising=False
     )  # a session with dryrun tests runs under a dry run
     assert generate_ttnn(checkpoint) == 2
     err = capsys.readouterr().err
@@ -77,10 +77,10 @@ def test_backend_ttnn_without_a_card_says_the_device_is_missing(
 def test_serve_with_backend_ttnn_without_a_card_fails_before_binding(
     ttnn_host, demo_checkpoint, monkeypatch, tmp_path, capsys
 ):
-    monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
-    monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
+    monkeypatch.setattr(tt_device, "DEVICE_DIR", tmp_path / "no-tenstorrent")
+    monkeypatch.delenv(tt_device.SIMULATOR_ENV, raising=False)
     monkeypatch.delenv(
-        runtime.RUNTIME_ROOT_ENV, raising=False
+        tt_device.RUNTIME_ROOT_ENV, raising=False
     )  # a session with dryrun tests runs under a dry run
     argv = ["serve", "--checkpoint", str(demo_checkpoint), "--backend", "ttnn", "--recipe", "accuracy"]
     assert main(argv) == 2
@@ -94,11 +94,11 @@ def test_a_mock_descriptor_is_refused_when_a_card_is_present(ttnn_host, monkeypa
     cards = tmp_path / "tenstorrent"
     cards.mkdir()
     (cards / "0").touch()
-    monkeypatch.setattr(runtime, "DEVICE_DIR", cards)
-    monkeypatch.setenv(runtime.MOCK_ENV, str(runtime.MOCK_DESCRIPTOR))
-    monkeypatch.delenv(runtime.SIMULATOR_ENV, raising=False)
-    monkeypatch.delenv(runtime.RUNTIME_ROOT_ENV, raising=False)
-    assert "makes ttnn open a mock device; unset it to use the card" in runtime.device_unavailable_reason()
+    monkeypatch.setattr(tt_device, "DEVICE_DIR", cards)
+    monkeypatch.setenv(tt_device.MOCK_ENV, str(tt_device.MOCK_DESCRIPTOR))
+    monkeypatch.delenv(tt_device.SIMULATOR_ENV, raising=False)
+    monkeypatch.delenv(tt_device.RUNTIME_ROOT_ENV, raising=False)
+    assert "makes ttnn open a mock device; unset it to use the card" in tt_device.device_unavailable_reason()
 
 
 @pytest.mark.parametrize("command", ["predict", "replay"])
@@ -136,7 +136,7 @@ def test_samples_on_moe_layers_are_refused_with_the_decode_message_before_anythi
     from the checkpoint's config with the decode program's own message (`TTTextModel.decode` refuses it so,
     tests/test_tt_dryrun_rows.py), before the frames, ego poses or drive (which do not exist) are opened and
     before any weight is read (the safetensors file is removed: a load would fail on it first)."""
-    from alpamayo.tt.program_config import check_decode_rows
+    from alpamayo.plan.programs.text import check_decode_rows
 
     moe = tmp_path / "moe"
     save_checkpoint(moe, text_config(), moe=True, seed=3)
@@ -161,8 +161,8 @@ def test_a_draft_on_moe_layers_is_refused_on_ttnn_before_any_weight_is_read(draf
     from alpamayo.backends import BackendOptions
     from alpamayo.drafts import MODEL_FREE_BLOCK
     from alpamayo.errors import CheckpointError
+    from alpamayo.plan.programs.text import check_decode_rows
     from alpamayo.runtime import AlpamayoVLA
-    from alpamayo.tt.program_config import check_decode_rows
 
     moe = tmp_path / "moe"
     save_checkpoint(moe, text_config(), moe=True, seed=3)
@@ -179,33 +179,33 @@ def test_a_draft_on_moe_layers_is_refused_on_ttnn_before_any_weight_is_read(draf
 def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch, tmp_path):
     """`TT_METAL_SIMULATOR` (ttsim, docs/ttnn.md) counts as a device once everything ttsim reads is in place;
     until then the reason names the next missing piece."""
-    if runtime.SYSTEM_SFPI.exists():
-        pytest.skip(f"{runtime.SYSTEM_SFPI} exists: the missing-compiler case cannot be shown here")
-    monkeypatch.setattr(runtime, "DEVICE_DIR", tmp_path / "no-tenstorrent")
-    for name in (runtime.RUNTIME_ROOT_ENV, runtime.MOCK_ENV, runtime.SLOW_DISPATCH_ENV):
+    if tt_device.SYSTEM_SFPI.exists():
+        pytest.skip(f"{tt_device.SYSTEM_SFPI} exists: the missing-compiler case cannot be shown here")
+    monkeypatch.setattr(tt_device, "DEVICE_DIR", tmp_path / "no-tenstorrent")
+    for name in (tt_device.RUNTIME_ROOT_ENV, tt_device.MOCK_ENV, tt_device.SLOW_DISPATCH_ENV):
         monkeypatch.delenv(name, raising=False)
     sim = tmp_path / "sim" / "libttsim.so"
-    monkeypatch.setenv(runtime.SIMULATOR_ENV, str(sim))
-    assert f"TT_METAL_SIMULATOR={sim} is not a file" in runtime.device_unavailable_reason()
+    monkeypatch.setenv(tt_device.SIMULATOR_ENV, str(sim))
+    assert f"TT_METAL_SIMULATOR={sim} is not a file" in tt_device.device_unavailable_reason()
     sim.parent.mkdir()
     sim.write_bytes(b"\x7fELF")
-    reason = runtime.device_unavailable_reason()
-    soc = runtime.ttnn_runtime_root() / "tt_metal/soc_descriptors/blackhole_140_arch.yaml"
+    reason = tt_device.device_unavailable_reason()
+    soc = tt_device.ttnn_runtime_root() / "tt_metal/soc_descriptors/blackhole_140_arch.yaml"
     assert f"soc_descriptor.yaml beside {sim}: copy {soc} there" in reason and soc.is_file()
     (sim.parent / "soc_descriptor.yaml").write_bytes(soc.read_bytes())
-    assert "set TT_METAL_SLOW_DISPATCH_MODE=1" in runtime.device_unavailable_reason()
-    monkeypatch.setenv(runtime.SLOW_DISPATCH_ENV, "1")
-    monkeypatch.setenv(runtime.MOCK_ENV, str(runtime.MOCK_DESCRIPTOR))
-    assert "unset it to open the simulated Blackhole" in runtime.device_unavailable_reason()
-    monkeypatch.delenv(runtime.MOCK_ENV)
-    assert "runs real kernels, compiled by the SFPI RISC-V compiler" in runtime.device_unavailable_reason()
+    assert "set TT_METAL_SLOW_DISPATCH_MODE=1" in tt_device.device_unavailable_reason()
+    monkeypatch.setenv(tt_device.SLOW_DISPATCH_ENV, "1")
+    monkeypatch.setenv(tt_device.MOCK_ENV, str(tt_device.MOCK_DESCRIPTOR))
+    assert "unset it to open the simulated Blackhole" in tt_device.device_unavailable_reason()
+    monkeypatch.delenv(tt_device.MOCK_ENV)
+    assert "runs real kernels, compiled by the SFPI RISC-V compiler" in tt_device.device_unavailable_reason()
     root = tmp_path / "root"  # a runtime root with SFPI (tt-metal also reads its tt_metal/ there)
-    (root / runtime.SFPI_COMPILER).parent.mkdir(parents=True)
-    (root / runtime.SFPI_COMPILER).touch()
-    monkeypatch.setenv(runtime.RUNTIME_ROOT_ENV, str(root))
-    assert runtime.device_unavailable_reason() is None
-    (root / runtime.DRY_RUN_MARKER).touch()
-    assert "dry-run root whose stand-in compiler builds no kernels" in runtime.device_unavailable_reason()
+    (root / tt_device.SFPI_COMPILER).parent.mkdir(parents=True)
+    (root / tt_device.SFPI_COMPILER).touch()
+    monkeypatch.setenv(tt_device.RUNTIME_ROOT_ENV, str(root))
+    assert tt_device.device_unavailable_reason() is None
+    (root / tt_device.DRY_RUN_MARKER).touch()
+    assert "dry-run root whose stand-in compiler builds no kernels" in tt_device.device_unavailable_reason()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The p150 estimate with speculative decoding (`alpamayo.tt.estimate`, `alpamayo plan --accept-len`): a verify
+"""The p150 estimate with speculative decoding (`alpamayo.plan.estimate`, `alpamayo plan --accept-len`): a verify
 of T tokens is T rows of one decode program, so its matmuls read every weight once for up to 32 rows, and its
 block flash-decode (`TextDecode._block_sdpa`) reads the context's K/V once per 8 rows where one position's
 heads fit a tile (each row reads them itself otherwise)."""
@@ -13,21 +13,17 @@ import pytest
 
 from alpamayo.cli import main
 from alpamayo.configs import builtin_config, builtin_expert
-from alpamayo.tt.device_spec import P150
-from alpamayo.tt.estimate import (
+from alpamayo.plan.device_spec import P150
+from alpamayo.plan.estimate import (
     decode_estimate,
     dflash_draft_estimate,
     first_block_ms,
     prefill_estimate,
     verify_estimate,
 )
-from alpamayo.tt.precision import load_precision
-from alpamayo.tt.program_config import (
-    BLOCK_SDPA_POSITIONS,
-    block_sdpa_applies,
-    flash_decode_cores,
-    plan_text,
-)
+from alpamayo.plan.precision import load_precision
+from alpamayo.plan.programs.grid import flash_decode_cores
+from alpamayo.plan.programs.text import BLOCK_SDPA_POSITIONS, block_sdpa_applies, plan_text
 
 RELEASE = "alpamayo-1.5-10b"
 CONTEXT = 3136
@@ -171,8 +167,8 @@ def test_the_dflash_estimate_costs_the_device_drafts_program():
     lm_head on one 32-row block tile, a masked SDPA per draft layer over the whole draft cache slot, and the
     context append's second read of fc and every layer's qkv weights."""
     from alpamayo.drafts.dflash import DFlashConfig
-    from alpamayo.tt.draft_weights import draft_cache_rows, draft_weight_specs
-    from alpamayo.tt.memory import kv_bytes
+    from alpamayo.plan.draft_weights import draft_cache_rows, draft_weight_specs
+    from alpamayo.plan.dram import kv_bytes
 
     cfg, precision = builtin_expert(RELEASE)[0], load_precision("performance")
     t = replace(cfg.text, moe=None, num_hidden_layers=2)

@@ -26,12 +26,12 @@ import torch
 from alpamayo.families.loader import load_model_config
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import agreement, assert_agrees, pcc
+from alpamayo.plan.precision import load_precision
+from alpamayo.plan.programs.text import plan_text
+from alpamayo.precision.planner import layer_io
 from alpamayo.profiling import Tracer
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import text_position_ids
-from alpamayo.tt.precision import load_precision
-from alpamayo.tt.precision_planner import layer_io
-from alpamayo.tt.program_config import plan_text
 from tests.hf_checkpoints import TOKEN_IDS
 from tests.routing import NEAR_TIE, router_margins
 from tests.tt_checkpoints import (
@@ -53,7 +53,7 @@ PROMPT_LEN = 126  # decode positions 126..129 cross a tile and a 128-row flash-d
 @pytest.fixture(scope="module")
 def device():
     """Device 0 for this module's models (closed at the end of the module, so other modules can open it)."""
-    from alpamayo.tt.runtime import close_device, open_device
+    from alpamayo.tt.device import close_device, open_device
 
     trace = 64 << 20  # the tiny models' plans need ~10 MiB
     if os.environ.get(REAL_ENV):

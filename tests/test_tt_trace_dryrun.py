@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from alpamayo.profiling import Tracer
-from alpamayo.tt.runtime import MOCK_ENV
+from alpamayo.tt.device import MOCK_ENV
 from alpamayo.tt.text.trace import DRY_RUN_NOTICE, DecodeTrace, TraceSwitch
 from tests.tt_checkpoints import save_tt_checkpoint
 
@@ -79,7 +79,7 @@ def test_the_switch_keeps_traces_off_the_dry_run_and_says_so_once(monkeypatch, c
 
 
 def test_a_decode_trace_captures_once_replays_its_output_and_releases_it(dryrun_device):
-    from alpamayo.tt.runtime import import_ttnn
+    from alpamayo.tt.device import import_ttnn
 
     ttnn = import_ttnn()
     recorder = TraceRecorder(ttnn)

@@ -17,12 +17,12 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.configs import NAMES, builtin_config
 from alpamayo.errors import ConfigError
 from alpamayo.families.loader import load_model_config
+from alpamayo.plan.programs.vision import VISION_GELU, plan_vision
+from alpamayo.plan.vision_weights import vision_weight_specs
+from alpamayo.plan.weights import head_positions, prepare, restore, rotary_head_dim
 from alpamayo.text.rope import apply_rotary
-from alpamayo.tt.program_config import VISION_GELU, plan_vision
 from alpamayo.tt.vision import padded_rotary
-from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weight_cache import to_host_tensor
-from alpamayo.tt.weights import head_positions, prepare, restore, rotary_head_dim
 from tests.tt_checkpoints import VISION_72, save_tt_checkpoint
 from vision.positions import patch_rows_cols, rotary_cos_sin
 from vision.weights import ACTIVATIONS, block_prefix

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from alpamayo.tt.precision import TILE_BYTES
+from alpamayo.plan.precision import TILE_BYTES
+from alpamayo.plan.weights import WeightSpec
 from alpamayo.tt.ttnn_configs import ttnn_dtype
 from alpamayo.tt.weight_cache import WeightCache, fingerprint
-from alpamayo.tt.weights import WeightSpec
 
 SPEC = WeightSpec("layers.0.wo", ("o_proj.weight",), "o", "linear", (64, 200), (64, 256), "dram_sharded")
 

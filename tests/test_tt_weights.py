@@ -13,10 +13,8 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.families.loader import load_model_config
 from alpamayo.moe.weights import ExpertView
 from alpamayo.numerics import pcc
-from alpamayo.text.weights import layer_prefix
-from alpamayo.tt.precision import BLOCK_FLOAT_ERROR
-from alpamayo.tt.weight_cache import to_host_tensor
-from alpamayo.tt.weights import (
+from alpamayo.plan.precision import BLOCK_FLOAT_ERROR
+from alpamayo.plan.weights import (
     fused_qkv,
     gamma_row_major,
     gamma_tile,
@@ -26,6 +24,8 @@ from alpamayo.tt.weights import (
     text_weight_specs,
     zero_pad,
 )
+from alpamayo.text.weights import layer_prefix
+from alpamayo.tt.weight_cache import to_host_tensor
 from tests.hf_checkpoints import rewrite_hub_layout, save_checkpoint
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 

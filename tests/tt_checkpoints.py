@@ -1,6 +1,6 @@
 """Tiny random Qwen3-VL configs whose dimensions the ttnn backend can place on a Blackhole p150.
 
-Device constraints (see `alpamayo.tt.program_config`): head_dim 32 or a multiple of 64 (device rotary), the
+Device constraints (see `alpamayo.plan.programs`): head_dim 32 or a multiple of 64 (device rotary), the
 fused QKV width a multiple of 256 (32 x 8 DRAM banks), MoE expert counts a multiple of 32. The intermediate
 sizes, vocabularies and some hidden sizes deliberately are not multiples of their device granule, so the zero
 padding of the MLP, the experts, the lm_head and the residual stream is exercised. `VISION_72` has the real
@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.config import ModelConfig, parse_config
+from alpamayo.plan.precision import Precision
 from alpamayo.text import TextModel
-from alpamayo.tt.precision import Precision
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from tests.hf_checkpoints import hf_config, save_checkpoint, text_config
 

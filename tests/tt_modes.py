@@ -32,7 +32,7 @@ def case_device(request) -> tuple[str, Any]:
 
 def card_only(model: Any, what: str) -> None:
     """Skip a test of what only a card has (trace capture and replay) when `model` runs in the golden mode."""
-    from alpamayo.tt.runtime import is_golden
+    from alpamayo.tt.device import is_golden
 
     if is_golden(model.device):
         pytest.skip(f"{what}: traces are card-only (the golden mode runs a traced step as its untraced ops)")

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from alpamayo.plan.device_spec import TILE
+from alpamayo.plan.programs.text import TextPlan
 from alpamayo.text.inputs import check_prefill, rope_delta
-from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.program_config import TextPlan
 
 # layer(i, x, cos, sin, pos, page=None, block=None, writes=()) -> x: as `TextDecode._layer_decode`
 DecodeLayer = Callable[..., Any]

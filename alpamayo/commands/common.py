@@ -18,9 +18,11 @@ from alpamayo.families.loader import check_checkpoint
 from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
-from alpamayo.tt.runtime import MODES as TT_MODES
+from alpamayo.tt.device import MODES as TT_MODES
 
-RECIPE_HELP = "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.tt.precision)"
+RECIPE_HELP = (
+    "ttnn precision recipe: accuracy, performance or a recipe YAML file (see alpamayo.plan.precision)"
+)
 MOE_CONFIG_HELP = (
     "ttnn backend, MoE checkpoints: the MoE block config YAML (default: the shipped one for the "
     "model's shape, see alpamayo.moe.config)"

@@ -1,12 +1,12 @@
 """`alpamayo plan`: DRAM budget, grid plan and estimated stage times of the ttnn backend on one Blackhole p150
 (no device); with `--backend torch` the GPU memory of the torch backend per weight-only recipe (`--quant`,
-`alpamayo.quant.memory`) and the smallest common GPU each fits.
+`alpamayo.plan.gpu_memory`) and the smallest common GPU each fits.
 
 With an Alpamayo checkpoint that carries an action expert (or a built-in release such as `alpamayo-1.5-10b`),
 the expert joins the DRAM budget and the grid plan, every preset is checked for fit, and the stages of one
 prediction (vision, prefill, reasoning decode, the expert's Euler steps) get two times: the roofline from the
-device's compute and bandwidth figures (`alpamayo.tt.estimate`) and the expected time, the same ops at
-efficiencies and fixed costs fitted to published p150 measurements (`alpamayo.tt.calibration`);
+device's compute and bandwidth figures (`alpamayo.plan.estimate`) and the expected time, the same ops at
+efficiencies and fixed costs fitted to published p150 measurements (`alpamayo.plan.calibration`);
 `--calibration` prints that fit against each measurement.
 """
 
@@ -25,14 +25,11 @@ from alpamayo.devices import DTYPES
 from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.families.loader import load_shape_config
 from alpamayo.moe.config import model_block_config
-from alpamayo.prediction import FRAMES_PER_CAMERA
-from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
-from alpamayo.quant.memory import GPUS_GB, GpuPlan, plan_gpu_memory
-from alpamayo.runtime import CACHE_STEP, frames_to_encode
-from alpamayo.tt.calibration.anchors import ANCHORS_PATH, UNITS, load_anchors
-from alpamayo.tt.calibration.model import FIT_TOLERANCE, ExpectedModel, calibration, fitted
-from alpamayo.tt.device_spec import P150
-from alpamayo.tt.estimate import (
+from alpamayo.plan.calibration.anchors import ANCHORS_PATH, UNITS, load_anchors
+from alpamayo.plan.calibration.model import FIT_TOLERANCE, ExpectedModel, calibration, fitted
+from alpamayo.plan.device_spec import P150
+from alpamayo.plan.dram import DoesNotFit, check_fits, plan_memory
+from alpamayo.plan.estimate import (
     StageEstimate,
     both,
     decode_estimate,
@@ -42,9 +39,14 @@ from alpamayo.tt.estimate import (
     speculative_lines,
     vision_estimate,
 )
-from alpamayo.tt.memory import DoesNotFit, check_fits, plan_memory
-from alpamayo.tt.precision import PRESETS, Precision, load_precision
-from alpamayo.tt.program_config import model_name, plan_expert, plan_text
+from alpamayo.plan.gpu_memory import GPUS_GB, GpuPlan, plan_gpu_memory
+from alpamayo.plan.precision import PRESETS, Precision, load_precision
+from alpamayo.plan.programs.expert import plan_expert
+from alpamayo.plan.programs.grid import model_name
+from alpamayo.plan.programs.text import plan_text
+from alpamayo.prediction import FRAMES_PER_CAMERA
+from alpamayo.quant import GROUP_SIZES, PART_NAMES, QuantRecipe, describe_fallbacks
+from alpamayo.runtime import CACHE_STEP, frames_to_encode
 from planner.settings import PlannerSettings
 
 # Alpamayo's driving prompt besides its image tokens: chat template, 48 ego-history tokens and instructions,

@@ -67,7 +67,7 @@ class EvalSettings:
     dtype: str = "float32"
     recipe: str = "performance"
     tt_cache: Path | None = None
-    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.runtime.tt_mode)
+    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.device.tt_mode)
     moe_config: Path | None = None
     quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
     reproducible: bool = False  # one compute thread: the same bytes in-process and on any Ray worker layout

@@ -14,7 +14,7 @@ DEFAULT_GROUP_SIZE = 128
 # "router" (MoE top-k gates) never is, since a flipped expert choice changes a whole token's MLP output;
 # "embedding" (the action expert's Fourier in-projection, its counterpart of a token embedding) never is.
 ROLES = ("body", "head", "router", "embedding")
-# The model's parts that hold linears, keyed as `alpamayo.quant.memory.weight_counts` keys them, named as the
+# The model's parts that hold linears, keyed as `alpamayo.plan.gpu_memory.weight_counts` keys them, named as the
 # load's int8-fallback line (`alpamayo.text.linear.pack_linears`) and the plan name them.
 PART_NAMES = {"text": "text backbone", "vision": "vision tower", "expert": "action expert"}
 

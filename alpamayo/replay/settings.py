@@ -62,7 +62,7 @@ class ReplaySettings:
     quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     recipe: str = "performance"  # ttnn precision recipe
     tt_cache: Path | None = None
-    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.runtime.tt_mode)
+    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.device.tt_mode)
     moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
     layout: Path | None = None
     pai_dir: Path | None = None

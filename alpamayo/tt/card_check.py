@@ -7,7 +7,7 @@
      tower, the prefill of `--prompt` tokens, `--decode-steps` traced decode steps after it; each timed on
      the host around a synchronized device (median of `--iters` after a warm-up), and, where tt-metal's
      device profiler is on (`TT_METAL_DEVICE_PROFILER=1`, set by the script), the device time of every
-     program, summed per stage and per op class (`alpamayo.tt.calibration.model.CLASSES`, by the op
+     program, summed per stage and per op class (`alpamayo.plan.calibration.model.CLASSES`, by the op
      names of a `ttnn.graph` capture of the same call);
   3. `report.md`: every stage measured against the expected model and the roofline of `alpamayo plan`
      for exactly that cut workload, and `anchors.json`: the measurements as anchor rows
@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-from alpamayo.tt.calibration.anchors import Anchor, parse_anchor, write_anchors
-from alpamayo.tt.calibration.model import fitted
-from alpamayo.tt.calibration.workloads import model_of, stages
-from alpamayo.tt.device_spec import P150
+from alpamayo.plan.calibration.anchors import Anchor, parse_anchor, write_anchors
+from alpamayo.plan.calibration.model import fitted
+from alpamayo.plan.calibration.workloads import model_of, stages
+from alpamayo.plan.device_spec import P150
 
 RELEASE = "alpamayo-1.5-10b"
 PROFILER_ENV = {
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def cut_release(layers: int, vision_layers: int) -> Any:
     """Alpamayo 1.5's config with `layers` text layers (its action expert too) and `vision_layers` vision
-    blocks, as the workloads of the report's rows cut it (`alpamayo.tt.calibration.workloads.model_of`)."""
+    blocks, as the workloads of the report's rows cut it (`alpamayo.plan.calibration.workloads.model_of`)."""
     return model_of({"model": RELEASE, "layers": layers, "vision_layers": vision_layers})[0]
 
 
@@ -148,10 +148,10 @@ def run_tests(out: Path) -> str:
 
 def profile(args: argparse.Namespace, dry: bool) -> list[dict[str, Any]]:
     """Every stage of the cut prediction: its workload, host median ms, and device ms per op class."""
+    from alpamayo.plan.precision import load_precision
+    from alpamayo.plan.programs.text import plan_text
+    from alpamayo.tt.device import close_device, import_ttnn, open_device
     from alpamayo.tt.dryrun.models import text_model, vision_encoder
-    from alpamayo.tt.precision import load_precision
-    from alpamayo.tt.program_config import plan_text
-    from alpamayo.tt.runtime import close_device, import_ttnn, open_device
 
     ttnn = import_ttnn()
     cfg = cut_release(args.layers, args.vision_layers)
@@ -254,7 +254,7 @@ def report(args: argparse.Namespace, out: Path, rows: list[dict[str, Any]], test
         *table,
         "",
         "Expected and roofline: `alpamayo plan`'s model for exactly these workloads "
-        f"(`alpamayo.tt.calibration`, fitted to {len(model.anchor_ids)} anchors). Device ms by op class: the "
+        f"(`alpamayo.plan.calibration`, fitted to {len(model.anchor_ids)} anchors). Device ms by op class: the "
         "device profiler's programs matched in order to a graph capture's ttnn ops (matmul, sdpa, the "
         "layer's other ops), `unattributed` where the counts differ; `-` without the profiler.",
         f"Anchor rows: `{out / 'anchors.json'}`; refit with `alpamayo plan --calibration --anchors "
@@ -265,7 +265,7 @@ def report(args: argparse.Namespace, out: Path, rows: list[dict[str, Any]], test
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from alpamayo.tt.runtime import device_unavailable_reason, dry_run_active
+    from alpamayo.tt.device import device_unavailable_reason, dry_run_active
 
     reason = device_unavailable_reason()
     if reason is not None:
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from alpamayo.tt.runtime import dry_run_active
+    from alpamayo.tt.device import dry_run_active
 
     if not dry_run_active():  # tt-metal reads these when it starts: before the first ttnn call
         for key, value in PROFILER_ENV.items():

@@ -4,7 +4,7 @@ target: the same `Draft` interface and maths as the torch `DFlashDraft`, its lay
     draft = TTDFlashDraft.load(directory, text)      # text: a TTTextModel; refused before any weight is read
     draft.begin(ctx); draft.propose(...); draft.accepted(row, tokens, features)
 
-Weights: `alpamayo.tt.draft_weights` (the draft's layers, `fc` and norms, interleaved in DRAM on the
+Weights: `alpamayo.plan.draft_weights` (the draft's layers, `fc` and norms, interleaved in DRAM on the
 draft's `hidden_p` = hidden rounded to a tile); the embedding table (host) and `lm_head` (device) are the
 target's.
 
@@ -49,25 +49,25 @@ from alpamayo.drafts.dflash import (
     draft_tensor_shapes,
     read_config,
 )
-from alpamayo.profiling import Tracer
-from alpamayo.text.rope import MRope
-from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO
-from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.draft_weights import (
+from alpamayo.plan.device_spec import TILE, round_up
+from alpamayo.plan.draft_weights import (
     DRAFT_BANKS,
     FC_GROUP,
     block_region,
     draft_cache_rows,
     draft_weight_specs,
 )
-from alpamayo.tt.program_config import TextPlan
+from alpamayo.plan.programs.text import TextPlan
+from alpamayo.plan.weights import TEXT_GROUPS, padded_hidden, residual_norm_eps
+from alpamayo.profiling import Tracer
+from alpamayo.text.rope import MRope
+from alpamayo.tt import ttnn_configs as cfgs
+from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.text.trace import DecodeTrace
 from alpamayo.tt.text.upload import layer_weights
 from alpamayo.tt.weight_cache import upload_weights
-from alpamayo.tt.weights import TEXT_GROUPS, padded_hidden, residual_norm_eps
 
 
 def check_device_draft(cfg: DFlashConfig, target: TextConfig, where: str) -> None:

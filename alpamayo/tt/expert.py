@@ -64,19 +64,19 @@ from alpamayo.expert.decoding import offsets_after_reasoning
 from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise, noise_for
 from alpamayo.expert.weights import validate_expert_tensors
+from alpamayo.plan.device_spec import TILE, round_up
+from alpamayo.plan.expert_weights import EXPERT_BANKS, EXPERT_GROUPS, expert_weight_specs
+from alpamayo.plan.programs.expert import ExpertPlan, plan_expert
+from alpamayo.plan.weights import residual_norm_eps
 from alpamayo.prediction import FUTURE_STEPS, Cancellation
 from alpamayo.profiling import Tracer
 from alpamayo.trajectory_generation import GeneratedPlan
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
-from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.expert_weights import EXPERT_BANKS, EXPERT_GROUPS, expert_weight_specs
-from alpamayo.tt.program_config import ExpertPlan, plan_expert
 from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.text.upload import layer_weights
 from alpamayo.tt.weight_cache import upload_weights
-from alpamayo.tt.weights import residual_norm_eps
 
 X_WIDTH = TILE  # x, v: [rows, 32] float32 tiles, columns 0..1 real (accel, curvature), the rest exactly 0
 

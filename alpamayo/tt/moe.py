@@ -1,8 +1,8 @@
 """The MoE block of Qwen3-VL-MoE sparse layers on one Blackhole p150 (router, routed experts, combine).
 
 Configured by the validated `alpamayo.moe.MoEBlockConfig` of the model (planned by
-`alpamayo.tt.program_config.plan_moe`, which refuses what this block does not implement: several chips,
-shared experts, expert biases). Weights (`alpamayo.tt.weights.expert_specs`): router `[H_p, E]` bf16, experts
+`alpamayo.plan.programs.moe.plan_moe`, which refuses what this block does not implement: several chips,
+shared experts, expert biases). Weights (`alpamayo.plan.weights.expert_specs`): router `[H_p, E]` bf16, experts
 gate and up `[1, E, H_p, I_p]` and down `[1, E, I_p, H_p]` in the recipe's `experts` dtype (bfp8 or bfp4).
 
 Router, as the torch reference `alpamayo.moe.TopKRouter`: logits in float32 (`ttnn.linear(..., dtype=float32)`:
@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
+from alpamayo.plan.device_spec import TILE
+from alpamayo.plan.programs.moe import MoEPlan
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
-from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.program_config import MoEPlan
 
 
 @dataclass(frozen=True)

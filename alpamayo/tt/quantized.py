@@ -2,9 +2,9 @@
 
 `QuantizedCheckpoint(directory, recipe)` serves every tensor the device stores (text decoder with MoE routers
 and experts, vision tower, the flow-matching action expert of an Alpamayo checkpoint) prepared in its device
-layout (`alpamayo.tt.weights.prepare`), rounded there to its
-dtype (bfp8 / bfp4 by `alpamayo.tt.block_float`, bit-exact with ttnn's packer; bf16 round-to-nearest-even,
-as ttnn converts), and restored to the checkpoint's layout (`alpamayo.tt.weights.restore`). Block-float blocks
+layout (`alpamayo.plan.weights.prepare`), rounded there to its
+dtype (bfp8 / bfp4 by `alpamayo.plan.block_float`, bit-exact with ttnn's packer; bf16 round-to-nearest-even,
+as ttnn converts), and restored to the checkpoint's layout (`alpamayo.plan.weights.restore`). Block-float blocks
 run along the device layout's rows (for a linear `[K, N]`, 16 consecutive outputs of one input), so this
 differs from rounding the checkpoint tensor as stored. The token embedding table, which the backend looks up
 on the host in bf16, reads back in bf16. No ttnn is needed.
@@ -37,13 +37,13 @@ from alpamayo.moe.weights import (
     disk_layout,
     fused_expert_tensors,
 )
+from alpamayo.plan.block_float import quantize
+from alpamayo.plan.device_spec import P150
+from alpamayo.plan.expert_weights import expert_weight_specs
+from alpamayo.plan.precision import Precision, load_precision
+from alpamayo.plan.vision_weights import vision_weight_specs
+from alpamayo.plan.weights import WeightSpec, prepare, restore, text_weight_specs, weight_dtype
 from alpamayo.text.weights import EMBED, LM_HEAD
-from alpamayo.tt.block_float import quantize
-from alpamayo.tt.device_spec import P150
-from alpamayo.tt.expert_weights import expert_weight_specs
-from alpamayo.tt.precision import Precision, load_precision
-from alpamayo.tt.vision_weights import vision_weight_specs
-from alpamayo.tt.weights import WeightSpec, prepare, restore, text_weight_specs, weight_dtype
 
 
 def rounded(spec: WeightSpec, get: Getter, precision: Precision) -> dict[str, torch.Tensor]:

@@ -2,15 +2,17 @@
 
 Everything here is a pure translation of validated data (`Precision`, `TextPlan`) into ttnn constructors, so
 an impossible combination has already been refused by the planners before any of this runs. The functions
-take the `ttnn` module as their first argument (see `alpamayo.tt.runtime.import_ttnn`).
+take the `ttnn` module as their first argument (see `alpamayo.tt.device.import_ttnn`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from alpamayo.tt.device_spec import TILE
-from alpamayo.tt.program_config import CoreGrid, DecodeMatmul, HeadMatmul, PrefillMatmul, SparseMatmul
+from alpamayo.plan.device_spec import TILE
+from alpamayo.plan.programs.grid import CoreGrid, PrefillMatmul
+from alpamayo.plan.programs.moe import SparseMatmul
+from alpamayo.plan.programs.text import DecodeMatmul, HeadMatmul
 
 FIDELITY_NAMES = {"lofi": "LoFi", "hifi2": "HiFi2", "hifi3": "HiFi3", "hifi4": "HiFi4"}
 

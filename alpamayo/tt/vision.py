@@ -9,7 +9,7 @@ windows. Device: the patch-embedding matmul (+ bias + positions), every block an
 
 Layout: all patches of the call are one `[1, 1, N_p, C]` sequence, N padded to a multiple of 128 (the padding
 rows form their own attention window, so no real row attends to them). Attention heads are `padded_head_dim`
-lanes wide (`alpamayo.tt.weights`: split-half layout, zero q/k/v lanes and zero output-projection rows, so
+lanes wide (`alpamayo.plan.weights`: split-half layout, zero q/k/v lanes and zero output-projection rows, so
 padding cannot leak; cos/sin are laid out the same way). Attention is windowed SDPA with one window per image
 frame (`cu_window_seqlens`, the block-diagonal mask built on the device): no image attends to another, as in
 the torch reference's per-segment attention. Mergers fuse 4 consecutive rows through a row-major reshape (a
@@ -29,16 +29,16 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig, VisionConfig
+from alpamayo.plan.device_spec import DeviceSpec
+from alpamayo.plan.precision import Precision, load_precision
+from alpamayo.plan.programs.vision import VISION_GELU, VISION_SDPA_CHUNK, VisionPlan, plan_vision
+from alpamayo.plan.vision_weights import vision_weight_specs
+from alpamayo.plan.weights import head_positions
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
+from alpamayo.tt.device import ttnn_for
 from alpamayo.tt.device_io import DeviceIO
-from alpamayo.tt.device_spec import DeviceSpec
-from alpamayo.tt.precision import Precision, load_precision
-from alpamayo.tt.program_config import VISION_GELU, VISION_SDPA_CHUNK, VisionPlan, plan_vision
-from alpamayo.tt.runtime import ttnn_for
-from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weight_cache import upload_weights
-from alpamayo.tt.weights import head_positions
 from vision.block import LAYER_NORM_EPS
 from vision.encoder import check_inputs, frame_segments
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin

@@ -24,12 +24,12 @@ import torch
 
 from alpamayo.cache_files import atomic_write, content_digest
 from alpamayo.checkpoint import Getter
-from alpamayo.tt.precision import Precision
-from alpamayo.tt.runtime import ttnn_for
+from alpamayo.plan.precision import Precision
+from alpamayo.plan.weights import WeightSpec, prepare, weight_dtype
+from alpamayo.tt.device import ttnn_for
 from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype, ttnn_layout
-from alpamayo.tt.weights import WeightSpec, prepare, weight_dtype
 
-# Bump when `alpamayo.tt.weights.prepare` changes what it produces for the same spec.
+# Bump when `alpamayo.plan.weights.prepare` changes what it produces for the same spec.
 PREPARE_VERSION = 2
 
 

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from alpamayo.errors import BackendUnavailable
-from alpamayo.tt.runtime import (
+from alpamayo.tt.device import (
     DRY_RUN_MARKER,
     INSTALL_HINT,
     MOCK_DESCRIPTOR,

@@ -22,14 +22,15 @@ import torch
 from alpamayo.config import ModelConfig, parse_config
 from alpamayo.configs import CONFIG_DIR, NAMES
 from alpamayo.moe.config import MoEBlockConfig, model_block_config
-from alpamayo.tt.device_spec import DeviceSpec
-from alpamayo.tt.precision import Precision, load_precision
-from alpamayo.tt.program_config import plan_text, plan_vision
+from alpamayo.plan.device_spec import DeviceSpec
+from alpamayo.plan.precision import Precision, load_precision
+from alpamayo.plan.programs.text import plan_text
+from alpamayo.plan.programs.vision import plan_vision
+from alpamayo.plan.vision_weights import vision_weight_specs
+from alpamayo.plan.weights import text_weight_specs
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.vision import TTVisionEncoder
-from alpamayo.tt.vision_weights import vision_weight_specs
 from alpamayo.tt.weight_cache import allocate_weights
-from alpamayo.tt.weights import text_weight_specs
 
 
 def cut_config(name: str, layers: int, vision_depth: int = 1) -> ModelConfig:

@@ -1,8 +1,8 @@
 """The golden mode of the ttnn backend: every device program run on the host through ttnn's own golden
 functions, with no device opened.
 
-`--backend ttnn --tt-mode golden` (or `ALPAMAYO_TT_MODE=golden`) makes `alpamayo.tt.runtime.open_device`
-return a `GoldenDevice`, and `alpamayo.tt.runtime.ttnn_for(device)` (the one place the models get their
+`--backend ttnn --tt-mode golden` (or `ALPAMAYO_TT_MODE=golden`) makes `alpamayo.tt.device.open_device`
+return a `GoldenDevice`, and `alpamayo.tt.device.ttnn_for(device)` (the one place the models get their
 `ttnn` from) hands the models a `GoldenTTNN` instead of the ttnn module. The model code is the same code that
 runs on a card: every ttnn call goes to Tenstorrent's golden function of the op
 (`ttnn.get_golden_function(op)`), or, for the ops without one, to our torch implementation in

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from alpamayo.tt.device_spec import P150, TILE
+from alpamayo.plan.device_spec import P150, TILE
 from alpamayo.tt.golden.tensor import GoldenTensor
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from alpamayo.tt.device_spec import P150
+from alpamayo.plan.device_spec import P150
 from alpamayo.tt.golden.namespace import GoldenTTNN
 
 
 class GoldenDevice:
     """Stands where an opened p150 would: it answers what the planners read from a device (a p150's grid and
-    DRAM banks, `alpamayo.tt.device_spec.P150`) and holds the `GoldenTTNN` its models call (`ttnn`), whose
+    DRAM banks, `alpamayo.plan.device_spec.P150`) and holds the `GoldenTTNN` its models call (`ttnn`), whose
     `calls` count the ops they ran."""
 
     def __init__(self, real_ttnn: Any, trace_region_size: int = 0):

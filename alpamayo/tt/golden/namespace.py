@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.tt.device_spec import TILE
+from alpamayo.plan.device_spec import TILE
 from alpamayo.tt.golden import checks, ops
 from alpamayo.tt.golden.tensor import GoldenTensor, host_dtype, is_block_float, stored, tile_padded
 

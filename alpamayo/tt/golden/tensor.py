@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.tt.device_spec import TILE, round_up
+from alpamayo.plan.device_spec import TILE, round_up
 
 
 def is_block_float(ttnn: Any, dtype: Any) -> bool:

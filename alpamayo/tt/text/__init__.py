@@ -13,7 +13,7 @@ Same interface and tensor contract as the torch reference `alpamayo.text.TextMod
 
 Host side (as tt-metal's Qwen-VL demos): token embedding lookup, M-RoPE cos/sin tables (`alpamayo.text.rope`),
 the scatter of DeepStack features into zero rows. Device side, every grid and block size from
-`alpamayo.tt.program_config.plan_text`:
+`alpamayo.plan.programs.text.plan_text`:
 
 Prefill (the whole prompt in one pass, rows padded to a multiple of 128 with continuation positions, which
 causal attention keeps away from the real rows): `minimal_matmul` on 11x10 with the DRAM-sharded weights,
@@ -34,7 +34,7 @@ validated `MoEBlockConfig` (`alpamayo.moe.config.block_config_for`): top-k spars
 (inside the trace), expert-grouped matmuls in prefill.
 
 The residual stream is `hidden_p` = hidden rounded up to 32 x DRAM banks wide (zero columns; see
-`alpamayo.tt.weights`): host inputs are zero-padded to it and outputs cut back to hidden.
+`alpamayo.plan.weights`): host inputs are zero-padded to it and outputs cut back to hidden.
 
 Modules: `model` (`TTTextModel`: construction, KV cache, state), `upload` (weights onto the device and their
 per-layer view), `prefill`, `decode` (the step's graph and persistent inputs), `trace` (capture and replay,

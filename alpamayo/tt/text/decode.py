@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from alpamayo.text.inputs import check_decode_room, check_token_ids
-from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.program_config import (
+from alpamayo.plan.device_spec import TILE, round_up
+from alpamayo.plan.programs.grid import SDPA_DECODE_K_CHUNK
+from alpamayo.plan.programs.text import (
     BLOCK_SDPA_POSITIONS,
-    SDPA_DECODE_K_CHUNK,
     DecodeMatmul,
     block_sdpa_applies,
     check_decode_rows,
 )
+from alpamayo.text.inputs import check_decode_room, check_token_ids
+from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.text.state import TextState
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 
@@ -295,7 +295,7 @@ class TextDecode(TextState):
         what its group needs, 8x at 32 heads over 8), so what it saves is the K/V reads; at 8 rows they are
         compute-bound, so the calls run on the whole grid (`block_sdpa_pc`: Q and the output are in DRAM, so
         no shard ties them to the decode grid), 16 cores per K/V head on a p150 against the decode grid's 8
-        (`alpamayo.tt.estimate.verify_estimate`: 1.02x a decode step at 8 rows, against 1.31x per row)."""
+        (`alpamayo.plan.estimate.verify_estimate`: 1.02x a decode step at 8 rows, against 1.31x per row)."""
         ttnn, t = self.ttnn, self.text_cfg
         rows, n_kv, hd = q.shape[1], t.num_key_value_heads, t.head_dim
         dram = ttnn.DRAM_MEMORY_CONFIG

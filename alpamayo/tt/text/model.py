@@ -18,22 +18,22 @@ from alpamayo.checkpoint import Checkpoint, open_checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.errors import BackendUnavailable
 from alpamayo.moe.config import MoEBlockConfig, model_block_config
+from alpamayo.plan.device_spec import DeviceSpec
+from alpamayo.plan.dram import check_fits
+from alpamayo.plan.precision import Precision, load_precision
+from alpamayo.plan.programs.text import PREFILL_PAD, TextPlan, plan_text
+from alpamayo.plan.weights import residual_norm_eps
 from alpamayo.profiling import Tracer
 from alpamayo.text.inputs import check_token_ids
 from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, validate_text_tensors
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_spec import DeviceSpec
-from alpamayo.tt.memory import check_fits
+from alpamayo.tt.device import close_device, device_unavailable_reason, open_device, ttnn_for
 from alpamayo.tt.moe import TTMoE
-from alpamayo.tt.precision import Precision, load_precision
-from alpamayo.tt.program_config import PREFILL_PAD, TextPlan, plan_text
-from alpamayo.tt.runtime import close_device, device_unavailable_reason, open_device, ttnn_for
 from alpamayo.tt.text.decode import MAX_ROWS, ProgramKey, TextDecode, program_rows
 from alpamayo.tt.text.prefill import TextPrefill
 from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
 from alpamayo.tt.text.upload import layer_weights, upload_text_weights
-from alpamayo.tt.weights import residual_norm_eps
 
 
 @dataclass
@@ -136,7 +136,7 @@ class TTTextModel(TextPrefill, TextDecode):
         MoE block config (or its YAML file) of a model with sparse layers; see `model_block_config`.
         `extra_trace_bytes`: trace region for other models' traces on the device this opens (the action
         expert's step, `ExpertPlan.trace_region_bytes`). `mode`: the device mode when this opens the device
-        (`alpamayo.tt.runtime.tt_mode`: "device", or "golden" for ttnn's golden functions on the host).
+        (`alpamayo.tt.device.tt_mode`: "device", or "golden" for ttnn's golden functions on the host).
         Everything that can be refused (no ttnn or no device, unsupported config, recipe, MoE block, plan,
         DRAM) is refused before the device is opened.
         """

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 from alpamayo.config import TextConfig
+from alpamayo.plan.device_spec import TILE
+from alpamayo.plan.weights import TEXT_GROUPS, LayerGroups
 from alpamayo.text.inputs import check_prefill, prompt_hidden, rope_delta, text_position_ids
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_spec import TILE
 from alpamayo.tt.text.state import TextState
-from alpamayo.tt.weights import TEXT_GROUPS, LayerGroups
 
 
 class TextPrefill(TextState):

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alpamayo.config import TextConfig
+from alpamayo.plan.programs.text import TextPlan
 from alpamayo.profiling import Tracer
 from alpamayo.text.rope import MRope
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.moe import TTMoE
-from alpamayo.tt.program_config import TextPlan
 
 
 class TextState(DeviceIO):

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from alpamayo.tt.runtime import dry_run_active, is_golden
+from alpamayo.tt.device import dry_run_active, is_golden
 
 # Trace capture crashes the dry run's mock device (alpamayo.tt.dryrun): there the decode runs untraced.
 DRY_RUN_NOTICE = "ttnn dry run: trace capture is card-only (it crashes the mock p150); decoding untraced"

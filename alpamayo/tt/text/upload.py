@@ -8,10 +8,10 @@ from typing import Any
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.moe.weights import ExpertView
-from alpamayo.tt.precision import Precision
-from alpamayo.tt.program_config import TextPlan
+from alpamayo.plan.precision import Precision
+from alpamayo.plan.programs.text import TextPlan
+from alpamayo.plan.weights import text_weight_specs
 from alpamayo.tt.weight_cache import upload_weights
-from alpamayo.tt.weights import text_weight_specs
 
 
 def layer_weights(weights: dict[str, Any], i: int, scope: str = "") -> dict[str, Any]:

@@ -4,7 +4,7 @@
 A file is `{"format": "alpamayo.p150-anchors/1", "anchors": [row, ...]}`; a row:
 
   * `id`: unique name;
-  * `workload`: what was measured, in terms the model can rebuild (`alpamayo.tt.calibration.workloads`): the
+  * `workload`: what was measured, in terms the model can rebuild (`alpamayo.plan.calibration.workloads`): the
     `model` (a built-in config or release name, or a name with `base` + `dims` overriding the base's text
     dimensions), the `recipe`, the `stage` (`STAGES`) and its sizes (`batch`, `context`, `prompt`,
     `minus_prompt`, `images`, `image_size`, `samples`, `layers` and `vision_layers` to cut the model, `op`, `bytes`), `logits_to_host`

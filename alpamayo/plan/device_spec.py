@@ -1,5 +1,5 @@
 """What the planners know about the chip: compute grid, DRAM banks, capacity and bandwidth, L1 per core, and
-the matmul rate the time estimates (`alpamayo.tt.estimate`) divide by.
+the matmul rate the time estimates (`alpamayo.plan.estimate`) divide by.
 
 `P150` is the planning default (no device needed); `DeviceSpec.from_device` reads the grid of an opened
 device, so a harvested chip is planned for the cores it really has.

@@ -14,7 +14,7 @@ experts (`experts`: gate, up and down of every expert), the `lm_head`, every lin
 (`vision`: patch embedding, block and merger projections), every linear weight of the flow-matching action
 expert (`expert`: its decoder layers' projections, the in-projection MLP and `action_out_proj`; not to be
 confused with the MoE `experts`) and the `kv_cache`. Norm weights, biases and the MoE
-router stay bf16 in every recipe (`alpamayo.tt.weights.BF16_GROUPS`). Op groups add the MoE `router` (fp32
+router stay bf16 in every recipe (`alpamayo.plan.weights.BF16_GROUPS`). Op groups add the MoE `router` (fp32
 logits: a bf16 logit rounding can flip a near-tie expert choice), the prefill-style `vision` matmuls and the
 action expert's matmuls (`expert`).
 
@@ -32,7 +32,7 @@ Presets:
     Qwen3-VL-32B in this recipe is ~21 GB of text weights, the configuration tt-metal runs Qwen3-VL-32B in
     (../shared/reference/ttmetal.md §3); Qwen3-VL-30B-A3B is 18.4 GB with its vision tower, 16.3 GB of it experts.
 
-Block-float sizes per 32x32 tile (`alpamayo.tt.block_float`, equal to ttnn 0.81.1's `.tensorbin` payloads):
+Block-float sizes per 32x32 tile (`alpamayo.plan.block_float`, equal to ttnn 0.81.1's `.tensorbin` payloads):
 bf16 2048 bytes; bfp8 1088 (1024 mantissa bytes + 64 shared exponents, one per 16 values); bfp4 576.
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.errors import ConfigError
-from alpamayo.tt.block_float import FORMATS
+from alpamayo.plan.block_float import FORMATS
 
 DTYPES = ("bf16", "bfp8", "bfp4")
 KV_CACHE_DTYPES = ("bf16", "bfp8")  # paged_update_cache repacks into these; bfp4 K/V is not supported

@@ -42,9 +42,9 @@ import torch
 from alpamayo.checkpoint import Getter
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.moe.weights import EXPERT_DOWN, EXPERT_GATE, EXPERT_UP, GATE
+from alpamayo.plan.device_spec import TILE, round_up
+from alpamayo.plan.precision import Precision
 from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, layer_prefix
-from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.precision import Precision
 
 # Groups whose tensors are bf16 in every recipe (not `Precision.dtypes` keys): norm weights, biases, the router.
 BF16_GROUPS = ("norm", "bias", "router")

@@ -1,9 +1,9 @@
 """DRAM budget of the ttnn backend: weights, KV cache, prefill activations and the decode trace.
 
 Bytes are counted the way the device stores them: whole 32x32 tiles of the padded shapes in
-`alpamayo.tt.weights.text_weight_specs` (dense MLPs, MoE routers and experts included) and, for a model with
-a vision tower, `alpamayo.tt.vision_weights.vision_weight_specs`, at the tile sizes of
-`alpamayo.tt.precision.TILE_BYTES` (row-major gammas at 2 bytes per element). The token embedding table and
+`alpamayo.plan.weights.text_weight_specs` (dense MLPs, MoE routers and experts included) and, for a model with
+a vision tower, `alpamayo.plan.vision_weights.vision_weight_specs`, at the tile sizes of
+`alpamayo.plan.precision.TILE_BYTES` (row-major gammas at 2 bytes per element). The token embedding table and
 the vision position table stay on the host and are not counted.
 
 Prefill activations are the bf16 tensors alive at once at the peak of one decoder layer at
@@ -16,7 +16,7 @@ the peak is the larger of the two; a vision forward encodes at most 4 patches pe
 
 With the flow-matching action expert (`expert`, by default the config's own: `expert_config_of`), its
 weights join the budget (the recipe's `expert` group for
-its linears), the KV cache grows by the expert's K/V region (`alpamayo.tt.program_config.ExpertPlan`), its
+its linears), the KV cache grows by the expert's K/V region (`alpamayo.plan.programs.expert.ExpertPlan`), its
 step's trace region is added, and its step's activations compete for the peak: the residual and the layer's
 widest intermediate per action row as in a text layer, plus what lives through a prediction: the attention's
 page table and causal bounds (int32), cos/sin, x (float32) and the in-projection's widest rows.
@@ -30,12 +30,15 @@ from dataclasses import dataclass
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.errors import ConfigError
 from alpamayo.expert.config import ExpertConfig, expert_config_of
-from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
-from alpamayo.tt.expert_weights import expert_weight_specs
-from alpamayo.tt.precision import PRESETS, TILE_BYTES, Precision
-from alpamayo.tt.program_config import ExpertPlan, TextPlan, VisionPlan, model_name, plan_expert, plan_text
-from alpamayo.tt.vision_weights import vision_weight_specs
-from alpamayo.tt.weights import (
+from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
+from alpamayo.plan.expert_weights import expert_weight_specs
+from alpamayo.plan.precision import PRESETS, TILE_BYTES, Precision
+from alpamayo.plan.programs.expert import ExpertPlan, plan_expert
+from alpamayo.plan.programs.grid import model_name
+from alpamayo.plan.programs.text import TextPlan, plan_text
+from alpamayo.plan.programs.vision import VisionPlan
+from alpamayo.plan.vision_weights import vision_weight_specs
+from alpamayo.plan.weights import (
     WeightSpec,
     rotary_head_dim,
     text_weight_specs,

@@ -1,4 +1,4 @@
-"""Device tensors of the vision tower (`WeightSpec`s; layouts in `alpamayo.tt.weights`).
+"""Device tensors of the vision tower (`WeightSpec`s; layouts in `alpamayo.plan.weights`).
 
 Names are `vision.patch_embed`, `vision.blocks.{j}.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}`,
 `vision.merger.{norm,fc1,fc2}` and `vision.deepstack.{k}.{norm,fc1,fc2}`, each weight followed by its
@@ -12,7 +12,7 @@ zero fc2 rows: gelu(0) = 0). The learned position table stays on the host.
 from __future__ import annotations
 
 from alpamayo.config import VisionConfig
-from alpamayo.tt.weights import WeightSpec, layer_norm_specs, linear_specs, rotary_head_dim
+from alpamayo.plan.weights import WeightSpec, layer_norm_specs, linear_specs, rotary_head_dim
 from vision.weights import MERGER, PATCH_EMBED, block_prefix, deepstack_prefix
 
 

@@ -1,7 +1,7 @@
 """What a precision recipe costs, measured on the CPU with the torch reference (`alpamayo precision`).
 
 For each recipe the checkpoint's weights are rounded exactly as the device stores them (`QuantizedCheckpoint`:
-bf16, and bfp8 / bfp4 through the bit-exact emulation `alpamayo.tt.block_float`) and the torch reference runs
+bf16, and bfp8 / bfp4 through the bit-exact emulation `alpamayo.plan.block_float`) and the torch reference runs
 with them in float32 beside the unrounded model:
 
   * per-layer PCC: each decoder layer of the rounded model on the unrounded model's input to that layer (the
@@ -15,8 +15,8 @@ with them in float32 beside the unrounded model:
     camera): trajectory token agreement, the ADE between the two 6.4 s trajectories (the drift the recipe
     adds) and each model's ADE to the recorded future;
   * with an action expert in the checkpoint, its per-step velocity PCC and waypoint drift
-    (`alpamayo.tt.expert_precision`);
-  * the DRAM footprint of the recipe on one p150 (`alpamayo.tt.memory.plan_memory`);
+    (`alpamayo.precision.expert`);
+  * the DRAM footprint of the recipe on one p150 (`alpamayo.plan.dram.plan_memory`);
   * with a recorded drive, the minADE difference as `alpamayo eval` computes it for the drive's clip (its
     first tick, `eval_samples` samples at eval's protocol sampling (temperature 0.6, top-p 0.98), the clip's
     seed `clip_seed(id, 0)`, the checkpoint's trajectory decoder): min over samples of the ADE to the
@@ -26,7 +26,7 @@ with them in float32 beside the unrounded model:
 The torch backend's weight-only recipes (`alpamayo.quant`: int8, int4 with its group size) get the same
 figures from the torch backend's own quantised linears (`--quant`, PyTorch's weight-only kernels, float32
 activations) on the unrounded checkpoint, and their memory is the torch backend's bfloat16 GPU plan at
-`eval_samples` rows (`alpamayo.quant.memory.plan_gpu_memory`, as `alpamayo plan --backend torch` prints it).
+`eval_samples` rows (`alpamayo.plan.gpu_memory.plan_gpu_memory`, as `alpamayo plan --backend torch` prints it).
 
 No ttnn and no card are needed. Activations stay float32, so the figures isolate the weights' rounding, which
 is what a recipe chooses; the device's bf16 activations and math fidelity add the error the device tests
@@ -65,14 +65,14 @@ from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import REFERENCE_SAMPLING
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import pcc
+from alpamayo.plan.dram import MemoryPlan, plan_memory
+from alpamayo.plan.gpu_memory import GpuPlan, WeightCount, plan_gpu_memory, weight_counts
+from alpamayo.plan.precision import TENSOR_GROUPS, Precision, load_precision
+from alpamayo.plan.programs.grid import model_name
+from alpamayo.precision.expert import ExpertRun, expert_figures, expert_noise, expert_run, waypoint_drift
 from alpamayo.quant import QuantRecipe
-from alpamayo.quant.memory import GpuPlan, WeightCount, plan_gpu_memory, weight_counts
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import rope_delta, text_position_ids
-from alpamayo.tt.expert_precision import ExpertRun, expert_figures, expert_noise, expert_run, waypoint_drift
-from alpamayo.tt.memory import MemoryPlan, plan_memory
-from alpamayo.tt.precision import TENSOR_GROUPS, Precision, load_precision
-from alpamayo.tt.program_config import model_name
 from alpamayo.tt.quantized import QuantizedCheckpoint, round_to
 from planner.metrics import ade
 from vision.encoder import VisionEncoder
@@ -358,8 +358,8 @@ def golden_figures(
 ) -> dict[str, Any]:
     """The recipe's figures as its device programs compute them in the ttnn golden mode (module docstring)."""
     from alpamayo.runtime import AlpamayoVLA
+    from alpamayo.tt.device import close_device, open_device
     from alpamayo.tt.expert import TTActionExpert
-    from alpamayo.tt.runtime import close_device, open_device
     from alpamayo.tt.text import TTTextModel
     from alpamayo.tt.vision import TTVisionEncoder
 
@@ -650,7 +650,7 @@ class PrecisionReport:
             )
         lines += [
             "reference: the unrounded checkpoint in float32 on the CPU (torch reference).",
-            "ttnn: emulated, weights rounded bit-exactly as the p150 stores them (alpamayo.tt.block_float), "
+            "ttnn: emulated, weights rounded bit-exactly as the p150 stores them (alpamayo.plan.block_float), "
             "K/V to the recipe's kv_cache dtype, run by the torch reference in float32 (no card); memory: "
             "the p150 DRAM plan (alpamayo plan), fits on: the p150.",
             "torch: run, the torch backend's --quant linears (PyTorch's weight-only kernels "
@@ -715,7 +715,7 @@ def precision_report(
         if not q.enabled:
             raise ValueError("--quant none is the reference itself; give int8, int4 or int4-gGROUP")
     if golden and precisions:
-        from alpamayo.tt.runtime import device_unavailable_reason
+        from alpamayo.tt.device import device_unavailable_reason
 
         if (reason := device_unavailable_reason(mode="golden")) is not None:
             raise BackendUnavailable(f"--golden: {reason}")

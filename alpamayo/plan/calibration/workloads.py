@@ -1,4 +1,4 @@
-"""An anchor's workload rebuilt with the roofline's own stage builders (`alpamayo.tt.estimate`), so the model
+"""An anchor's workload rebuilt with the roofline's own stage builders (`alpamayo.plan.estimate`), so the model
 is fitted on exactly the ops, layers and host traffic that `alpamayo plan` prices.
 
 `stages(workload)` -> [(sign, StageEstimate), ...]: the passes whose expected times, summed with their
@@ -15,7 +15,7 @@ from alpamayo.config import ModelConfig
 from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
 from alpamayo.errors import ConfigError
 from alpamayo.expert.config import ExpertConfig
-from alpamayo.tt.estimate import (
+from alpamayo.plan.estimate import (
     StageEstimate,
     decode_attention_ops,
     decode_estimate,
@@ -24,8 +24,8 @@ from alpamayo.tt.estimate import (
     prefill_estimate,
     vision_estimate,
 )
-from alpamayo.tt.precision import load_precision
-from alpamayo.tt.program_config import plan_text
+from alpamayo.plan.precision import load_precision
+from alpamayo.plan.programs.text import plan_text
 
 # the action expert's KV cache positions of the anchors' runs (the plan's default)
 EXPERT_MAX_SEQ_LEN = 8192

@@ -6,7 +6,7 @@ its weight bytes at the DRAM bandwidth; every attention the larger of its FLOPs 
 eltwise ops, activation traffic, dispatch and the kernels' real efficiency are not modelled, so a card runs
 slower than this; what the figures are for is comparing recipes and seeing which resource bounds a stage.
 
-The ops are read off the `WeightSpec`s the device holds (`alpamayo.tt.weights`), so the estimate uses exactly
+The ops are read off the `WeightSpec`s the device holds (`alpamayo.plan.weights`), so the estimate uses exactly
 the padded shapes and the recipe's dtypes and fidelities the memory plan counts:
 
   * a linear weight `[K, N]` applied to M rows: 2 M K N FLOPs, its tile bytes read once;
@@ -28,23 +28,17 @@ from dataclasses import dataclass, replace
 from alpamayo.config import ModelConfig, TextConfig
 from alpamayo.drafts.dflash import DFlashConfig
 from alpamayo.expert.config import ExpertConfig
-from alpamayo.tt.device_spec import P150, TILE, DeviceSpec, round_up
-from alpamayo.tt.draft_weights import draft_cache_rows, draft_weight_specs
-from alpamayo.tt.expert_weights import expert_weight_specs
-from alpamayo.tt.memory import kv_bytes, spec_bytes
-from alpamayo.tt.precision import Precision
-from alpamayo.tt.program_config import (
-    BLOCK_SDPA_POSITIONS,
-    VISION_SDPA_CHUNK,
-    block_sdpa_applies,
-    flash_decode_cores,
-    plan_expert,
-    plan_text,
-    plan_vision,
-    sdpa_cores,
-)
-from alpamayo.tt.vision_weights import vision_weight_specs
-from alpamayo.tt.weights import (
+from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
+from alpamayo.plan.draft_weights import draft_cache_rows, draft_weight_specs
+from alpamayo.plan.dram import kv_bytes, spec_bytes
+from alpamayo.plan.expert_weights import expert_weight_specs
+from alpamayo.plan.precision import Precision
+from alpamayo.plan.programs.expert import plan_expert
+from alpamayo.plan.programs.grid import flash_decode_cores, sdpa_cores
+from alpamayo.plan.programs.text import BLOCK_SDPA_POSITIONS, block_sdpa_applies, plan_text
+from alpamayo.plan.programs.vision import VISION_SDPA_CHUNK, plan_vision
+from alpamayo.plan.vision_weights import vision_weight_specs
+from alpamayo.plan.weights import (
     BF16_GROUPS,
     WeightSpec,
     rotary_head_dim,
@@ -99,7 +93,7 @@ class OpCost:
 @dataclass(frozen=True)
 class StageEstimate:
     """The ops of one pass of a stage (a prefill, one decode step, one expert Euler step), `repeat` passes per
-    prediction, and what the roofline leaves out but the expected model (`alpamayo.tt.calibration`) counts:
+    prediction, and what the roofline leaves out but the expected model (`alpamayo.plan.calibration`) counts:
     `layers` decoder layers (or vision blocks) per pass, MoE layers weighted by their device programs
     (`layer_passes`), dispatched from a trace (`traced`: decode, verify, expert, draft) or op by op from the
     host (prefill, vision), and `host_bytes` copied between host and device per pass."""

@@ -1,6 +1,6 @@
-"""The expected time of a stage on one p150: the roofline (`alpamayo.tt.estimate`) scaled per op class by an
+"""The expected time of a stage on one p150: the roofline (`alpamayo.plan.estimate`) scaled per op class by an
 efficiency, plus the fixed costs the roofline leaves out, each fitted to published single-p150
-measurements (`p150_anchors.json`, `alpamayo.tt.calibration.anchors`).
+measurements (`p150_anchors.json`, `alpamayo.plan.calibration.anchors`).
 
 One coefficient per class, no more:
 
@@ -54,10 +54,10 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from alpamayo.tt.calibration.anchors import ANCHORS_PATH, Anchor, load_anchors
-from alpamayo.tt.calibration.workloads import stages
-from alpamayo.tt.device_spec import P150, DeviceSpec
-from alpamayo.tt.estimate import OpCost, StageEstimate
+from alpamayo.plan.calibration.anchors import ANCHORS_PATH, Anchor, load_anchors
+from alpamayo.plan.calibration.workloads import stages
+from alpamayo.plan.device_spec import P150, DeviceSpec
+from alpamayo.plan.estimate import OpCost, StageEstimate
 
 
 @dataclass(frozen=True)

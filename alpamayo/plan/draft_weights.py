@@ -1,8 +1,8 @@
 """The DFlash draft's device tensors as `WeightSpec`s and its device cache layout (no ttnn): what
-`alpamayo.tt.draft` uploads and allocates, and what `alpamayo.tt.estimate` costs.
+`alpamayo.tt.draft` uploads and allocates, and what `alpamayo.plan.estimate` costs.
 
   * `draft.layers.{i}.…`: the draft's decoder layers, the text backbone's layer specs
-    (`alpamayo.tt.weights.decoder_layer_specs`, the target's precision groups) read from `layers.{i}.`,
+    (`alpamayo.plan.weights.decoder_layer_specs`, the target's precision groups) read from `layers.{i}.`,
     padded to whole tiles only and interleaved in DRAM, as the action expert's: the draft runs prefill-style
     matmuls on its 32-row block tiles;
   * `draft.fc`: `fc` [n x H, H] (n = len(target_layer_ids)) in the `qkv` group: it feeds every layer's k/v
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from alpamayo.drafts.dflash import DFlashConfig
-from alpamayo.tt.device_spec import TILE, round_up
-from alpamayo.tt.weights import (
+from alpamayo.plan.device_spec import TILE, round_up
+from alpamayo.plan.weights import (
     TEXT_GROUPS,
     WeightSpec,
     decoder_layer_specs,

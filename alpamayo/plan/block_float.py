@@ -16,7 +16,7 @@ flushes a value whose exponent would fall to 0 or below to +0.
 
 So a block's largest element keeps W significant bits and an element 2^d times smaller keeps W - d: every
 element is within half a step of the shared scale, 2^-W of the block's largest magnitude
-(`alpamayo.tt.precision.BLOCK_FLOAT_ERROR`). Zero padding to whole tiles never changes a block's exponent.
+(`alpamayo.plan.precision.BLOCK_FLOAT_ERROR`). Zero padding to whole tiles never changes a block's exponent.
 
 Tile bytes (what `.tensorbin` payloads hold): the 64 shared exponents of a tile (face 0 rows 0..15, then
 faces 1, 2, 3; faces in row-major order within the tile), then the four faces' sign+magnitude codes,
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alpamayo.tt.device_spec import TILE, round_up
+from alpamayo.plan.device_spec import TILE, round_up
 
 FACE = 16
 BLOCK = 16  # values sharing an exponent: one face row

@@ -1,9 +1,9 @@
-"""The action expert's device tensors as `WeightSpec`s (layouts as in `alpamayo.tt.weights`; no ttnn).
+"""The action expert's device tensors as `WeightSpec`s (layouts as in `alpamayo.plan.weights`; no ttnn).
 
 Every linear weight is in the recipe's `expert` group; norms and biases stay bf16. Names:
 
   * `expert.layers.{i}.…`: the decoder layers, the text backbone's layer specs
-    (`alpamayo.tt.weights.decoder_layer_specs`) read from `{prefixes.expert}layers.{i}.`, padded to whole tiles
+    (`alpamayo.plan.weights.decoder_layer_specs`) read from `{prefixes.expert}layers.{i}.`, padded to whole tiles
     only (one "bank") and interleaved in DRAM: the expert runs prefill-style matmuls alone, which need no
     DRAM-sharded weights (the seed measured minimal_matmul equal on both), so its fused QKV width need not be
     a multiple of 32 x 8 banks as the VLM's decode head split requires (the demo's tiny expert: 192);
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
-from alpamayo.tt.weights import (
+from alpamayo.plan.weights import (
     LayerGroups,
     WeightSpec,
     decoder_layer_specs,
