@@ -22,10 +22,10 @@ from typing import Protocol
 import torch
 
 from alpamayo.config import ModelConfig
+from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
-from alpamayo.trajectory_generation import GeneratedPlan
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ UnguidedContext = Callable[
 class TrajectoryDecoder(Protocol):
     """The flow-matching action expert after the reasoning: K normalised action sequences [K, n_tokens, 2]
     from the backbone's cache (`alpamayo.expert.decoding`). The other trajectory decoder, the 128
-    trajectory tokens, is the backbone's own decoding (`alpamayo.trajectory_generation.generate_plans`)."""
+    trajectory tokens, is the backbone's own decoding (`alpamayo.decoding.loop.generate_plans`)."""
 
     settings: FlowSettings
 

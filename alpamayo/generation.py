@@ -124,7 +124,7 @@ class TokenSampler:
     """Chooses each row's token at each position as a function of (its row's seed, the position, the logits)
     alone: a row's p-th generated token (p = 0: the first after the prompt) is the same whichever tokens were
     drawn before it, however many rows run, and whether a plain decode step draws it or a speculative verify
-    block checks a drafted token against it (`alpamayo.trajectory_generation`), so a draft changes no token.
+    block checks a drafted token against it (`alpamayo.decoding.speculative`), so a draft changes no token.
 
     Greedy: the argmax. Sampling: inverse-CDF sampling of p = softmax(`nucleus_logits`), as `torch.multinomial`
     draws one sample, with the uniform keyed by (row seed, position) (`keyed_uniform`): the first token, in id

@@ -31,6 +31,9 @@ from alpamayo.backends import TORCH_CPU, BackendOptions, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.contract import ImageFeatures, TrajectoryDecoder
+from alpamayo.decoding.loop import FILLER, generate_plans
+from alpamayo.decoding.plans import GeneratedPlan
+from alpamayo.decoding.speculative import first_draft
 from alpamayo.drafts import MODEL_FREE_BLOCK, Draft, DraftContext, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
 from alpamayo.expert.config import expert_config_of
@@ -43,7 +46,6 @@ from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, Cancellation, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
-from alpamayo.trajectory_generation import FILLER, GeneratedPlan, first_draft, generate_plans
 from alpamayo.vlm import VisionLanguageModel
 from planner.ego_frame import LocalHistory
 from planner.pipeline import Planner

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from alpamayo.decoding.loop import generate_plans
 from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.devices import resolve_device
 from alpamayo.families.loader import load_model_config, model_tokenizer
@@ -34,7 +35,6 @@ from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import planner_config
 from alpamayo.text import TextModel
-from alpamayo.trajectory_generation import generate_plans
 from planner.pipeline import Planner
 
 TOKENS_PER_IMAGE = 180  # 320x576 frame: 20x36 patches, merged 2x2

@@ -3,7 +3,7 @@ tokens -> actions -> waypoints. The runtime calls, per request:
 
     history = planner.history(ego_history)                   # t0 ego frame, validated
     prompt = planner.prompt(cameras, 4, history, route)       # token ids, one <|image_pad|> per image
-    ... VLM prefill, then alpamayo.trajectory_generation.generate_plans(...) ...
+    ... VLM prefill, then alpamayo.decoding.loop.generate_plans(...) ...
     samples = planner.samples(plans, history)                 # TrajectorySample per generated plan
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from alpamayo.decoding.plans import GeneratedPlan, PlanLimits
 from alpamayo.families.registry import DEMO, Family
 from alpamayo.families.vocabulary import marker
 from alpamayo.prediction import EgoHistory, TrajectorySample
-from alpamayo.trajectory_generation import GeneratedPlan, PlanLimits
 from planner.action_space import UnicycleActionSpace
 from planner.ego_frame import LocalHistory, to_t0_frame
 from planner.prompt import DrivingPrompt, PromptSettings, build_prompt, build_vqa_prompt

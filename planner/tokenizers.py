@@ -11,6 +11,7 @@ Alpamayo 2 Super reverses the two ranges: history bin b is `<i{b}>`, future bin 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,7 +180,7 @@ class TrajectoryVocab:
                 f"the tokenizer has no {marker(name)} token; available: {sorted(self.markers)}"
             ) from None
 
-    def future_bins(self, token_ids: np.ndarray) -> np.ndarray:
+    def future_bins(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Future-trajectory token ids -> their bins; raises on any id that is not `<i0>`..`<i{F-1}>`."""
         token_ids = np.asarray(token_ids, dtype=np.int64)
         order = np.argsort(self.future_ids)

@@ -358,7 +358,7 @@ def load_alpamayo_hf(directory: Path) -> torch.nn.Module:
 
 
 class PlanConstraints:
-    """transformers logits processor with the constraints of `alpamayo.trajectory_generation.generate_plans`
+    """transformers logits processor with the constraints of `alpamayo.decoding.loop.generate_plans`
     (reasoning without trajectory tokens or EOS, `<|traj_future_start|>` forced at the cap, then future-trajectory
     tokens only), for golden runs of `generate`."""
 

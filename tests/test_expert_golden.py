@@ -21,6 +21,7 @@ from transformers import Qwen3VLMoeTextConfig, Qwen3VLMoeTextModel, Qwen3VLTextC
 
 from alpamayo.backends import BackendOptions, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
+from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.errors import CheckpointError, ConfigError
 from alpamayo.expert.config import InProjConfig, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder, replayed_tokens, unguided_prompt
@@ -30,7 +31,6 @@ from alpamayo.expert.sampler import FlowSettings, check_noise, euler_sample
 from alpamayo.expert.weights import load_expert
 from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import assert_agrees, max_abs_error, pcc
-from alpamayo.trajectory_generation import GeneratedPlan
 from alpamayo.vlm import VisionLanguageModel
 from planner.action_space import UnicycleActionSpace
 from tests.hf_checkpoints import (

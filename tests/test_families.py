@@ -617,7 +617,7 @@ def test_super_reasoning_masks_what_nvidias_logits_processors_mask(releases, tmp
     `<|traj_future_start|>`; the padding rows of the vocabulary stay open."""
     from transformers import GenerationConfig, Qwen3VLConfig
 
-    from alpamayo.trajectory_generation import _Masks
+    from alpamayo.decoding.loop import _Masks
     from planner.pipeline import Planner
 
     ckpt = tmp_path / "super"

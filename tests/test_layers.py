@@ -26,7 +26,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.cache_files",
         "alpamayo.prediction",
         "alpamayo.generation",
-        "alpamayo.drafts.base",  # the Draft interface the generation loop consumes; the drafts sit with the models
         "alpamayo.tokenizer",
         "alpamayo.rotations",
         "alpamayo.devices",
@@ -42,7 +41,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "bridges.recording",
         "bridges.drives",
     ),
-    "planner": ("planner", "planner.navigation", "alpamayo.trajectory_generation"),
+    "planner": (
+        "planner",
+        "planner.navigation",
+        "alpamayo.decoding",  # plans, the reasoning and trajectory-token loop, speculative decoding, the Draft
+    ),
     "torch models": (
         "alpamayo.contract",  # the backends' typed contract (Protocols) both the torch and the ttnn models meet
         "alpamayo.text",

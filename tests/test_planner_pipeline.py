@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from alpamayo.decoding.loop import generate_plans
+from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import planner_config
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
-from alpamayo.trajectory_generation import GeneratedPlan, generate_plans
 from planner.metrics import ade, fde
 from planner.pipeline import Planner
 

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.checkpoint import open_checkpoint
+from alpamayo.decoding.plans import PlanLimits
 from alpamayo.drafts import Draft, LookupDraft, PreviousDraft
 from alpamayo.expert.config import expert_config_of, parse_expert_config
 from alpamayo.expert.decoding import offsets_after_reasoning
@@ -33,7 +34,6 @@ from alpamayo.expert.weights import load_expert
 from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.text import TextModel
-from alpamayo.trajectory_generation import PlanLimits
 from tests.hf_checkpoints import save_checkpoint, text_config
 from tests.test_expert_golden import EXPERT_RAW
 from tests.test_speculative import Oracle, Target, _dflash, continuation

@@ -5,7 +5,7 @@
     previous       the previous prediction's reasoning of the same stream, aligned by n-gram match
     dflash:DIR     a DFlash draft checkpoint in z-lab's layout (`alpamayo.drafts.dflash`)
 
-The target verifies each block in one forward (`alpamayo.trajectory_generation`); outputs are unchanged.
+The target verifies each block in one forward (`alpamayo.decoding.speculative`); outputs are unchanged.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from alpamayo.drafts.base import Draft, DraftContext
+from alpamayo.decoding.draft import Draft, DraftContext
 from alpamayo.drafts.ngram import LookupDraft, PreviousDraft
 
 KINDS = ("none", "lookup", "previous", "dflash:DIR")

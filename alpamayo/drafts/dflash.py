@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import TextConfig
-from alpamayo.drafts.base import Draft, DraftContext
+from alpamayo.decoding.draft import Draft, DraftContext
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.linear import Linear, pack_linears
 from alpamayo.text.norm import RMSNorm

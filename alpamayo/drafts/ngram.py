@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alpamayo.drafts.base import Draft, DraftContext
+from alpamayo.decoding.draft import Draft, DraftContext
 
 MAX_NGRAM = 3  # longest suffix matched (prompt lookup's usual 3); shorter suffixes are tried down to 1
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from alpamayo.contract import DecoderContext, ImageFeatures, PromptModel, TextBackbone, UnguidedContext
+from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.expert.config import ExpertConfig
 from alpamayo.expert.model import ActionExpert, ExpertContext
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, euler_sample, noise_for
@@ -30,7 +31,6 @@ from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.model import TextModel
-from alpamayo.trajectory_generation import GeneratedPlan
 
 
 def offsets_after_reasoning(prompt_len: int, plans: Sequence[GeneratedPlan]) -> list[int]:

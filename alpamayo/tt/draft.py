@@ -41,7 +41,7 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import TextConfig
-from alpamayo.drafts.base import DraftContext
+from alpamayo.decoding.draft import DraftContext
 from alpamayo.drafts.dflash import (
     BlockDraft,
     DFlashConfig,

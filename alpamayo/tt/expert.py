@@ -59,6 +59,7 @@ import torch
 
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.contract import DecoderContext, TextBackbone
+from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.expert.config import ACTION_DIMS, ExpertConfig, InProjConfig
 from alpamayo.expert.decoding import offsets_after_reasoning
 from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
@@ -70,7 +71,6 @@ from alpamayo.plan.programs.expert import ExpertPlan, plan_expert
 from alpamayo.plan.weights import residual_norm_eps
 from alpamayo.prediction import FUTURE_STEPS, Cancellation
 from alpamayo.profiling import Tracer
-from alpamayo.trajectory_generation import GeneratedPlan
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.slot_attention import attend_by_slot

@@ -22,7 +22,7 @@ class DraftContext:
 
 class Draft:
     """Proposes up to `block_size - 1` tokens per row; the target verifies them in one forward
-    (`alpamayo.trajectory_generation`), keeping a drafted token iff it is the token plain decoding draws at
+    (`alpamayo.decoding.speculative`), keeping a drafted token iff it is the token plain decoding draws at
     its position (`alpamayo.generation.TokenSampler.token`), so what a draft proposes changes no output, only
     how many tokens one verify yields.
 
@@ -46,7 +46,7 @@ class Draft:
     def propose_first(self, ctx: DraftContext, limit: int) -> list[int]:
         """At most `limit` tokens to open every row's reasoning, proposed before the prefill (`ctx.features`
         is still None) and verified inside it: the prompt and these tokens run as one forward, so the first
-        block costs no verify of its own (`alpamayo.trajectory_generation.first_draft`). Row-shared: the rows
+        block costs no verify of its own (`alpamayo.decoding.speculative.first_draft`). Row-shared: the rows
         fork after the prefill. The kept ones are not reported to `accepted` (they are in the cache before
         `begin`). Default: none, which a draft that reads the target's features must keep (they do not exist
         before the prefill)."""
