@@ -726,12 +726,7 @@ class InferenceNode:
         start = time.perf_counter()
         try:
             prediction = self._call_predictor(window.frames, window.ego, window.frame_times_ns)
-            best = prediction.best
-            xyz, heading = np.asarray(best.xyz, np.float64), np.asarray(best.heading, np.float64)
-            if xyz.shape != (len(prediction.t_s), 3) or heading.shape != (len(prediction.t_s),):
-                raise ValueError(
-                    f"waypoints {list(xyz.shape)}, heading {list(heading.shape)} for {len(prediction.t_s)} times"
-                )
+            xyz, heading = prediction.waypoints()
         except PredictionCancelled:
             self._count_cancelled("prediction", window)
             return
@@ -751,6 +746,7 @@ class InferenceNode:
         if not (np.isfinite(xyz).all() and np.isfinite(heading).all()):
             reasons.append("trajectory has non-finite waypoints")
         msg = self._message(window, reasons, now)
+        best = prediction.best
         msg.token_ids = [int(t) for t in best.token_ids]
         msg.t = [float(v) for v in prediction.t_s]
         msg.x, msg.y, msg.z = (xyz[:, k].tolist() for k in range(3))
