@@ -27,8 +27,8 @@ Open any drive with `open_drive` and iterate its ticks with `alpamayo.replay.tic
     (camera indices) picks the clip's cameras (default Alpamayo's 0, 1, 2, 6).
 Bad input raises `RecordingError` (a ValueError) naming the file, topic, clip or camera and what is allowed.
 
-Every source satisfies `DriveSource`; the readers live in `bridges.recording` (Foxglove), `bridges.drives.rosbag2`
-and `bridges.drives.pai`.
+Every source satisfies `DriveSource`; the readers live in `bridges.drives.mcap` (Foxglove), `bridges.drives.rosbag2`
+and `bridges.drives.pai`; what they share (layout, recorded frames, pose track, errors) in `bridges.recording`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import numpy as np
 from mcap.records import Channel, Message, Schema
 
 from bridges.drives.description import CameraDescription, DriveDescription
-from bridges.recording import CameraFrame, Drive, RecordingError, RecordingLayout, Warn
+from bridges.drives.mcap import Drive
+from bridges.recording import CameraFrame, RecordingError, RecordingLayout, Warn
 
 __all__ = ["CameraDescription", "DriveDescription", "DriveSource", "open_drive", "parse_pai_spec"]
 
