@@ -127,8 +127,9 @@ def default_layout(cameras: tuple[int, ...] = (1, 0, 2, 6), kind: str = "compres
 
 
 @dataclass
-class CameraFrame:
-    """One camera message: acquisition time `t_ns`, and the decoded Foxglove image message."""
+class RecordedFrame:
+    """One camera message read from a recorded drive: acquisition time `t_ns`, and the decoded Foxglove image
+    message (its pixels are decoded by `rgb()`)."""
 
     camera: int
     t_ns: int

@@ -31,9 +31,9 @@ from bridges.drives.description import DriveDescription, camera_descriptions, eg
 from bridges.mcap_messages import MessageDecoder, MessageError, timestamp_ns
 from bridges.recording import (
     LAYOUT_METADATA,
-    CameraFrame,
     FrameError,
     PoseTrack,
+    RecordedFrame,
     RecordingError,
     RecordingLayout,
     Warn,
@@ -213,11 +213,11 @@ class Drive:
             if start_ns <= message.log_time < end_ns:
                 yield schema, channel, message
 
-    def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[CameraFrame]:
+    def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[RecordedFrame]:
         """Camera frames of every layout camera with start_ns <= t_ns < end_ns."""
         cameras = {c.topic: c.camera for c in self.layout.cameras}
         for topic, t_ns, msg, schema in self._messages(list(cameras), start_ns, end_ns):
-            yield CameraFrame(cameras[topic], t_ns, schema, msg)
+            yield RecordedFrame(cameras[topic], t_ns, schema, msg)
 
     def frame_size(self, start_ns: int | None = None, end_ns: int | None = None) -> tuple[int, int] | None:
         """(height, width) of the first frame in [start_ns, end_ns) that decodes (None: none does). A frame that
@@ -229,7 +229,7 @@ class Drive:
                 continue
         return None
 
-    def window_frames(self, t0_ns: int) -> dict[int, list[CameraFrame]]:
+    def window_frames(self, t0_ns: int) -> dict[int, list[RecordedFrame]]:
         raise NotImplementedError("an MCAP drive's ticks follow its reference camera (tick_times_ns is None)")
 
     def ego_source(self) -> str:
