@@ -79,6 +79,18 @@ class Prediction:
         """The first sample (the greedy one when decoding greedily)."""
         return self.samples[0]
 
+    def waypoints(self, k: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Sample k's trajectory as every output sends it: xyz [T, 3] metres and heading [T] rad, float64 in the
+        t0 ego frame, one per time of `t_s` (T of them); a ValueError names the shapes when they do not match.
+        The node publishes sample 0's; the AlpaSim service converts the one it selects to the scene's frame."""
+        sample = self.samples[k]
+        xyz, heading = np.asarray(sample.xyz, np.float64), np.asarray(sample.heading, np.float64)
+        if xyz.shape != (len(self.t_s), 3) or heading.shape != (len(self.t_s),):
+            raise ValueError(
+                f"waypoints {list(xyz.shape)}, heading {list(heading.shape)} for {len(self.t_s)} times"
+            )
+        return xyz, heading
+
 
 @dataclass
 class Answer:

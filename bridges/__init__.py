@@ -11,8 +11,9 @@ helpers, and recorded drives (MCAP).
 * `bridges.camera_sim`: synthetic multi-camera frames and ego poses;
 * `bridges.mcap_messages`: Foxglove and project message schemas for recordings, protobuf and JSON codecs;
 * `bridges.mcap_writer`: `RecordingWriter`, append-only MCAP writing of message dicts;
-* `bridges.recording`: recorded drives (`Drive`, `RecordingLayout`, camera frames, the ego pose track);
-* `bridges.drives`: every kind of recorded drive behind one interface (`open_drive`: Foxglove MCAP, rosbag2 MCAP,
-  PhysicalAI-AV clips), and `drive-info`'s description;
+* `bridges.recording`: what the drive readers share (`RecordingLayout`, recorded camera frames, the ego pose track,
+  the errors);
+* `bridges.drives`: every kind of recorded drive behind one interface (`open_drive`: Foxglove MCAP in
+  `bridges.drives.mcap`, rosbag2 MCAP, PhysicalAI-AV clips), and `drive-info`'s description;
 * `bridges.ros2_messages`: the ROS 2 message definitions bags are read and written with.
 """

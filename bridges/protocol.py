@@ -148,8 +148,9 @@ class CameraTable:
 
 
 @dataclass
-class CameraFrame:
-    """An accepted camera frame. image: [height, width, 3] uint8 RGB, C-contiguous (read-only when zero-copy);
+class WireFrame:
+    """A camera frame message (`kind: "frame"`) received on the node's input socket and accepted. image:
+    [height, width, 3] uint8 RGB, C-contiguous (read-only when zero-copy);
     a JPEG frame keeps its compressed bytes in `jpeg` and has image None until a window decodes it
     (`bridges.jpeg.decode_jpeg`)."""
 
@@ -205,7 +206,7 @@ EGO_FIELDS = {"v": True, "kind": True, "t_ns": True, "xyz": True, "quat_xyzw": T
 KINDS = {"frame": FRAME_FIELDS, "ego": EGO_FIELDS}
 
 
-def decode_message(buf: bytes | memoryview, limits: Limits, cameras: CameraTable) -> CameraFrame | EgoPose:
+def decode_message(buf: bytes | memoryview, limits: Limits, cameras: CameraTable) -> WireFrame | EgoPose:
     """Validate and decode one input message; raises ProtocolError naming the field, value and allowed range."""
     view = memoryview(buf)
     if view.nbytes > limits.max_message_bytes:
@@ -274,7 +275,7 @@ def _check_fields(header: dict[str, Any], schema: Mapping[str, bool], kind: str)
 
 def _decode_frame(
     header: dict[str, Any], payload: memoryview, limits: Limits, cameras: CameraTable, nbytes: int
-) -> CameraFrame:
+) -> WireFrame:
     camera = cameras.resolve(header["camera"])
     frame_id = _int(header, "frame_id", 0, U32_MAX)
     t_sof = _int(header, "t_sof_ns", 0, I64_MAX)
@@ -298,7 +299,7 @@ def _decode_frame(
             raise ProtocolError("payload_size", str(e)) from None
         except JpegError as e:
             raise ProtocolError("jpeg_decode", f"jpeg {e}") from None
-        return CameraFrame(camera, frame_id, t_sof, t_eof, encoding, None, nbytes, data, width, height)
+        return WireFrame(camera, frame_id, t_sof, t_eof, encoding, None, nbytes, data, width, height)
     row = width * CHANNELS
     stride = _int(header, "stride", row, row + MAX_ROW_PADDING)
     if payload.nbytes != stride * height:
@@ -309,7 +310,7 @@ def _decode_frame(
         )
     rows = np.frombuffer(payload, np.uint8).reshape(height, stride)[:, :row].reshape(height, width, 3)
     image = np.ascontiguousarray(rows if encoding == "rgb8" else rows[:, :, ::-1])
-    return CameraFrame(camera, frame_id, t_sof, t_eof, encoding, image, nbytes)
+    return WireFrame(camera, frame_id, t_sof, t_eof, encoding, image, nbytes)
 
 
 def _decode_ego(header: dict[str, Any]) -> EgoPose:

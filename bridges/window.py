@@ -31,7 +31,7 @@ import numpy as np
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory
 from alpamayo.rotations import slerp
 from bridges.config import TimingSection
-from bridges.protocol import CameraFrame, CameraTable, CameraWindow, EgoPose, ProtocolError
+from bridges.protocol import CameraTable, CameraWindow, EgoPose, ProtocolError, WireFrame
 
 DROP_WINDOW_NS = (
     10_000_000_000  # frame_drop_perc covers windows taken in the last 10 s (openpilot's filter RC)
@@ -55,7 +55,7 @@ class StreamCounters:
 
 @dataclass
 class StoredFrame:
-    frame: CameraFrame
+    frame: WireFrame
     recv_ns: int
     decode_ms: float  # node time spent decoding it: header and validation at intake, plus the JPEG decode
     used: bool = False
@@ -159,15 +159,15 @@ class InputState:
         self.epoch = 0  # incremented when any stream restarts or on reset(): frame times may repeat after it
 
     # ------------------------------------------------------------------------------------------ intake
-    def accept(self, message: CameraFrame | EgoPose, recv_ns: int, decode_ms: float = 0.0) -> None:
+    def accept(self, message: WireFrame | EgoPose, recv_ns: int, decode_ms: float = 0.0) -> None:
         """Add a decoded message; raises ProtocolError (duplicate/backwards) for out-of-order streams."""
         with self._lock:
-            if isinstance(message, CameraFrame):
+            if isinstance(message, WireFrame):
                 self._accept_frame(message, recv_ns, decode_ms)
             else:
                 self._accept_pose(message, recv_ns)
 
-    def _accept_frame(self, frame: CameraFrame, recv_ns: int, decode_ms: float) -> None:
+    def _accept_frame(self, frame: WireFrame, recv_ns: int, decode_ms: float) -> None:
         track = self._tracks[frame.camera]
         self._check_future(track, frame.t_sof_ns, recv_ns)
         if track.last_frame_id is not None:

@@ -13,12 +13,12 @@ from bridges.jpeg import decode_jpeg
 from bridges.protocol import (
     MAX_HEADER_BYTES,
     MAX_OUTPUT_BYTES,
-    CameraFrame,
     CameraTable,
     EgoPose,
     Limits,
     ProtocolError,
     TrajectoryMessage,
+    WireFrame,
     decode_message,
     decode_trajectory,
     encode_ego,
@@ -70,7 +70,7 @@ def rejection(message: bytes) -> ProtocolError:
 def test_rgb8_frame_round_trips_by_name_and_index():
     for camera in ("front", 1):
         frame = decode_message(encode_frame(camera, 7, 10, 20, IMAGE), LIMITS, CAMERAS)
-        assert isinstance(frame, CameraFrame)
+        assert isinstance(frame, WireFrame)
         assert (frame.camera, frame.frame_id, frame.t_sof_ns, frame.t_eof_ns) == (1, 7, 10, 20)
         assert frame.image.dtype == np.uint8 and frame.image.flags.c_contiguous
         np.testing.assert_array_equal(frame.image, IMAGE)

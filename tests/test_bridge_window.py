@@ -8,7 +8,7 @@ import pytest
 from alpamayo.rotations import slerp
 from bridges.camera_sim import SyntheticDrive
 from bridges.config import TimingSection
-from bridges.protocol import CameraFrame, CameraTable, EgoPose, ProtocolError
+from bridges.protocol import CameraTable, EgoPose, ProtocolError, WireFrame
 from bridges.window import InputState
 
 CAMERAS = CameraTable({"left": 0, "front": 1})
@@ -21,9 +21,9 @@ def state(**timing) -> InputState:
     return InputState(CAMERAS, TimingSection(**timing), ring_frames=16)
 
 
-def frame(camera: int, frame_id: int, t_ns: int, size: int = 2) -> CameraFrame:
+def frame(camera: int, frame_id: int, t_ns: int, size: int = 2) -> WireFrame:
     image = np.full((size, size, 3), frame_id % 256, np.uint8)
-    return CameraFrame(camera, frame_id, t_ns, t_ns + MS, "rgb8", image, image.nbytes)
+    return WireFrame(camera, frame_id, t_ns, t_ns + MS, "rgb8", image, image.nbytes)
 
 
 def pose(t_ns: int, velocity: bool = True) -> EgoPose:

@@ -38,7 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "bridges.mcap_messages",
         "bridges.mcap_writer",
         "bridges.ros2_messages",
-        "bridges.recording",
+        "bridges.recording",  # what the drive readers share; the readers are bridges.drives
         "bridges.drives",
     ),
     "planner": (

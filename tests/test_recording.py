@@ -17,7 +17,8 @@ from alpamayo.demo_drive.world import World
 from alpamayo.prediction import FUTURE_STEPS, HISTORY_STEPS
 from alpamayo.replay.ticks import TickAssembler
 from bridges import mcap_messages
-from bridges.recording import Drive, FrameError, RecordingError, RecordingLayout, default_layout
+from bridges.drives.mcap import Drive
+from bridges.recording import FrameError, RecordingError, RecordingLayout, default_layout
 
 SIZE = (72, 128)
 

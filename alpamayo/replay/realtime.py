@@ -47,7 +47,7 @@ from bridges.config import (
 from bridges.drives import DriveSource
 from bridges.node import InferenceNode
 from bridges.protocol import ProtocolError, TrajectoryMessage, encode_ego, encode_frame
-from bridges.recording import CameraFrame, FrameError, Warn
+from bridges.recording import FrameError, RecordedFrame, Warn
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0
@@ -89,7 +89,7 @@ def node_config(drive: DriveSource, settings: ReplaySettings, frame_size: tuple[
     )
 
 
-def _frame_message(frame: CameraFrame, frame_id: int) -> bytearray:
+def _frame_message(frame: RecordedFrame, frame_id: int) -> bytearray:
     """The node's message for a recorded frame: a JPEG passes through (the node decodes it), anything else is
     sent as rgb8. Raises FrameError when the frame cannot be read."""
     size = frame.jpeg_size()

@@ -21,7 +21,7 @@ import numpy as np
 
 from alpamayo.prediction import FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, PERIOD_NS, EgoHistory
 from alpamayo.rotations import heading, to_frame
-from bridges.recording import MAX_POSE_GAP_NS, CameraFrame, FrameError, PoseTrack, RecordingError, Warn
+from bridges.recording import MAX_POSE_GAP_NS, FrameError, PoseTrack, RecordedFrame, RecordingError, Warn
 from bridges.window import window_slots
 
 FRAME_TOLERANCE_NS = PERIOD_NS // 2  # nearest frame within half a period: never the neighbouring slot's frame
@@ -38,7 +38,7 @@ class Tick:
 
     index: int
     t0_ns: int
-    frames: dict[int, list[CameraFrame]]
+    frames: dict[int, list[RecordedFrame]]
     ego_history: EgoHistory
     future: tuple[np.ndarray, np.ndarray] | None
 
@@ -102,7 +102,7 @@ class TickAssembler:
             return
         cameras = [c.camera for c in self.drive.layout.cameras]
         reference = cameras[0]
-        buffers: dict[int, deque[CameraFrame]] = {c: deque() for c in cameras}
+        buffers: dict[int, deque[RecordedFrame]] = {c: deque() for c in cameras}
         first_seen: dict[int, int] = {}
         pending: deque[int] = deque()
         window: tuple[int, int | None] | None = None
@@ -165,7 +165,7 @@ class TickAssembler:
                 index += 1
                 yield tick
 
-    def _with_ego(self, index: int, t0: int, frames: dict[int, list[CameraFrame]]) -> Tick | None:
+    def _with_ego(self, index: int, t0: int, frames: dict[int, list[RecordedFrame]]) -> Tick | None:
         ego = recorded_history(self.drive.poses, t0)
         if ego is None:
             if t0 + HISTORY_OFFSETS_NS[0] < self.drive.poses.t_ns[0]:
@@ -177,7 +177,7 @@ class TickAssembler:
         return Tick(index, t0, frames, ego, recorded_future(self.drive.poses, t0))
 
     def _assemble(
-        self, index: int, t0: int, buffers: dict[int, deque[CameraFrame]], first_seen: dict[int, int]
+        self, index: int, t0: int, buffers: dict[int, deque[RecordedFrame]], first_seen: dict[int, int]
     ) -> Tick | None:
         frames = {}
         for camera, buffer in buffers.items():

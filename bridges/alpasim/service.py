@@ -399,7 +399,8 @@ class EgodriverService(
     ) -> egodriver_pb2.DriveResponse:
         p0, q0 = ego.xyz[-1], ego.quat_xyzw[-1]
         t_us = t0 + PERIOD_US * np.arange(1, len(pred.t_s) + 1, dtype=np.int64)
-        cand = np.stack([smp.xyz for smp in pred.samples])  # [K, 64, 3] rig frame at t0
+        rig = [pred.waypoints(k) for k in range(len(pred.samples))]  # (xyz [64, 3], heading [64]) at t0
+        cand = np.stack([xyz for xyz, _ in rig])  # [K, 64, 3]
         prev_t = prev_rig = None
         if s.previous_plan is not None:
             prev_t, prev_local = s.previous_plan
@@ -410,9 +411,9 @@ class EgodriverService(
             chosen = 0  # the previous plan has run out: nothing to stay consistent with, as on a first cycle
 
         def trajectory(k: int) -> common_pb2.Trajectory:
-            smp = pred.samples[k]
-            local = from_frame(p0, q0, smp.xyz)
-            q = compose(q0, yaw_to_quat(smp.heading))
+            xyz, heading = rig[k]
+            local = from_frame(p0, q0, xyz)
+            q = compose(q0, yaw_to_quat(heading))
             out = [_pose_at(t0, p0, q0)]
             out += [_pose_at(int(t), local[i], q[i]) for i, t in enumerate(t_us)]
             return common_pb2.Trajectory(poses=out)

@@ -10,7 +10,7 @@ Open any drive with `open_drive` and iterate its ticks with `alpamayo.replay.tic
     ticks = TickAssembler(source, start_s=0.0, duration_s=None, warn=print)
     for tick in ticks:            # alpamayo.replay.ticks.Tick, in time order
         tick.t0_ns                # the tick's time, integer ns on the drive's clock (PAI: clip µs x 1000)
-        tick.frames               # camera index -> 4 CameraFrame, oldest first; .rgb() decodes (HxWx3 uint8)
+        tick.frames               # camera index -> 4 RecordedFrame, oldest first; .rgb() decodes (HxWx3 uint8)
         tick.ego_history          # EgoHistory: 16 poses at t0 - 1.5 .. 0 s, world frame
         tick.future               # (xyz [64, 3] m, heading [64] rad) in the t0 ego frame, or None
     ticks.skipped                 # Counter: ticks skipped mid-drive, by reason
@@ -27,8 +27,8 @@ Open any drive with `open_drive` and iterate its ticks with `alpamayo.replay.tic
     (camera indices) picks the clip's cameras (default Alpamayo's 0, 1, 2, 6).
 Bad input raises `RecordingError` (a ValueError) naming the file, topic, clip or camera and what is allowed.
 
-Every source satisfies `DriveSource`; the readers live in `bridges.recording` (Foxglove), `bridges.drives.rosbag2`
-and `bridges.drives.pai`.
+Every source satisfies `DriveSource`; the readers live in `bridges.drives.mcap` (Foxglove), `bridges.drives.rosbag2`
+and `bridges.drives.pai`; what they share (layout, recorded frames, pose track, errors) in `bridges.recording`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import numpy as np
 from mcap.records import Channel, Message, Schema
 
 from bridges.drives.description import CameraDescription, DriveDescription
-from bridges.recording import CameraFrame, Drive, RecordingError, RecordingLayout, Warn
+from bridges.drives.mcap import Drive
+from bridges.recording import RecordedFrame, RecordingError, RecordingLayout, Warn
 
 __all__ = ["CameraDescription", "DriveDescription", "DriveSource", "open_drive", "parse_pai_spec"]
 
@@ -66,11 +67,11 @@ class DriveSource(Protocol):
     tick_times_ns: np.ndarray | None
     skipped: Counter
 
-    def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[CameraFrame]:
+    def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[RecordedFrame]:
         """Camera frames with start_ns <= t_ns < end_ns in time order, not yet decoded."""
         ...
 
-    def window_frames(self, t0_ns: int) -> dict[int, list[CameraFrame]]:
+    def window_frames(self, t0_ns: int) -> dict[int, list[RecordedFrame]]:
         """Fixed-tick sources: each camera's 4 frames for the tick at t0_ns (raises FrameError)."""
         ...
 

@@ -38,9 +38,9 @@ from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, PERIOD_US
 from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 from bridges.protocol import ALPAMAYO_CAMERAS
 from bridges.recording import (
-    CameraFrame,
     CameraTopic,
     FrameError,
+    RecordedFrame,
     RecordingError,
     RecordingLayout,
     Warn,
@@ -116,7 +116,7 @@ def cache_view(pai_dir: Path) -> tuple[Path, str]:
 
 
 @dataclass
-class VideoFrame(CameraFrame):
+class VideoFrame(RecordedFrame):
     """A frame of a clip's MP4, decoded by the devkit when `rgb()` is first called."""
 
     video: Any = None  # CameraVideo
@@ -350,11 +350,11 @@ class PaiClip:
         start = -(-first // PERIOD_US) * PERIOD_US
         return np.arange(start, last + 1, PERIOD_US, dtype=np.int64)
 
-    def window_frames(self, t0_ns: int) -> dict[int, list[CameraFrame]]:
+    def window_frames(self, t0_ns: int) -> dict[int, list[RecordedFrame]]:
         times_us = t0_ns // 1000 + FRAME_OFFSETS_US
         return {camera: list(video.frames_at(times_us)) for camera, video in self.videos.items()}
 
-    def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[CameraFrame]:
+    def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[RecordedFrame]:
         """The frames the ticks use (nearest at or before each 0.1 s slot), in time order; a slot a camera cannot
         serve is left out."""
         picked: list[tuple[int, int, int]] = []
