@@ -656,9 +656,15 @@ class InferenceNode:
                 self.counters.internal_errors += 1
 
     def _warm_up(self) -> None:
-        """Predictions on mid-grey frames and a straight 10 m/s drive; no frame_times_ns, so nothing is cached."""
+        """Predictions on mid-grey frames and a straight 10 m/s drive; no frame_times_ns, so nothing is cached.
+
+        First the predictor forgets the frame features it holds: this node's camera streams start now, and a
+        model that served before (an earlier node in the process, a replay) keyed its features by camera and
+        frame time only, so a new frame at a time it had seen would get another frame's features (found by a
+        random-order test run: the second node on one model published waypoints 0.48 m off)."""
         if self.predictor is None:
             return
+        self.predictor.reset()
         w = self.config.warmup
         frames = {
             i: [np.full((w.height, w.width, 3), 128, np.uint8)] * FRAMES_PER_CAMERA

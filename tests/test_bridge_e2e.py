@@ -58,6 +58,10 @@ def window_inputs(t0_tick: int, drive: SyntheticDrive) -> tuple[dict, EgoHistory
 def test_frames_in_valid_trajectory_out_equal_to_a_direct_prediction(vla, record_figure):
     config = node_config(warmup={"runs": 1}, timing={"stale_after_ms": 600_000})
     seen: list[bytes] = []
+    # The model served before: it holds features of another drive's frames at this window's camera times (its
+    # cache keys are camera and frame time), which a node must not reuse: its camera streams start afresh.
+    other, other_ego = window_inputs(15, SyntheticDrive(speed_mps=4.0))
+    vla.predict(other, other_ego, frame_times_ns={i: list(other_ego.t_ns[-4:]) for i in other})
     with running_node(vla, config) as c:
         assert "model not warmed up yet" in c.control.status()["not_ready_reasons"]
         wait_until(lambda: c.node.warmed_up, MODEL_TIMEOUT_S, "the warm-up prediction")

@@ -158,8 +158,8 @@ def test_a_decode_delayed_by_load_is_waited_for_and_one_over_its_cpu_budget_is_r
         # The pool's one thread is held for 6 budgets without using CPU (as a loaded machine delays a decode): the
         # frame still decodes (a wall-clock budget rejected it as "not finished", and the window needing it
         # never formed).
-        pool._pool.submit(time.sleep, 0.3)
         start = time.perf_counter()
+        pool._pool.submit(time.sleep, 0.3)
         ((image, _),) = pool.decode([jpeg()])
         assert image.shape == (HEIGHT, WIDTH, 3) and time.perf_counter() - start >= 0.3
         # A decode that uses more CPU than its budget is rejected, whatever the wall clock says.
