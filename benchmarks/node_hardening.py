@@ -48,6 +48,7 @@ from bridges.config import DEFAULT_CAMERAS
 from bridges.protocol import encode_frame
 from tests.images import lying_jpeg
 from tests.test_bridge_serve import camera_sim as test_camera_sim
+from tests.test_bridge_serve import sigterm_during_imports
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WIDTH, HEIGHT = 3840, 2160
@@ -349,20 +350,8 @@ def clients(count: int, runs: int, overrides: list[str]) -> list[dict[str, Any]]
 
 
 def stop_during_imports(overrides: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-X", "importtime", "-m", "alpamayo.cli", "serve", "--no-model"]
-    cmd += [arg for item in overrides for arg in ("--set", item)]
-    cmd += ["--input", LOOPBACK, "--output", LOOPBACK, "--control", LOOPBACK]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:
-            if line.rsplit("|", 1)[-1].strip().startswith("torch"):
-                break
-        start = time.perf_counter()
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
-        return {"exit_s": time.perf_counter() - start, "status": proc.returncode}
-    finally:
-        end(proc)
+    status, elapsed, _, _ = sigterm_during_imports(*(arg for item in overrides for arg in ("--set", item)))
+    return {"exit_s": elapsed, "status": status}
 
 
 def stop(serve: subprocess.Popen, sig: signal.Signals | None = signal.SIGTERM) -> dict[str, Any]:

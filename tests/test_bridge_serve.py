@@ -40,6 +40,25 @@ def start_serve_logged(*args: str) -> tuple[subprocess.Popen, dict, str]:
     raise AssertionError("serve exited before serving:\n" + "".join(lines))
 
 
+def sigterm_during_imports(*args: str) -> tuple[int, float, str, str]:
+    """`alpamayo serve --no-model` (plus `args`) sent SIGTERM while it is still importing: -X importtime writes
+    a line as each module's import ends, and a torch module means torch is loading, which `main` starts only
+    after its handler is installed. -> (exit status, seconds from the signal to the exit, stdout, stderr)."""
+    cmd = [sys.executable, "-X", "importtime", "-m", "alpamayo.cli", "serve", "--no-model", *args]
+    cmd += ["--input", LOOPBACK, "--output", LOOPBACK, "--control", LOOPBACK]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.rsplit("|", 1)[-1].strip().startswith("torch"):
+                break
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        return proc.returncode, time.monotonic() - start, out, err
+    finally:
+        stop(proc)
+
+
 def camera_sim(endpoint: str, seconds: float, *args: str) -> subprocess.Popen:
     cmd = [
         sys.executable,

@@ -14,7 +14,7 @@ from alpamayo.cli import COMMANDS, build_parser, command_name
 from bridges.client import ControlClient, TrajectorySubscriber
 from bridges.protocol import TrajectoryMessage
 from tests.bridge_nodes import wait_until
-from tests.test_bridge_serve import LOOPBACK, camera_sim, start_serve, stop
+from tests.test_bridge_serve import camera_sim, sigterm_during_imports, start_serve, stop
 
 
 def outputs_until_closed(sub: TrajectorySubscriber) -> list[TrajectoryMessage]:
@@ -34,23 +34,9 @@ def exit_after(proc: subprocess.Popen, sig: signal.Signals | None = signal.SIGTE
 
 
 def test_sigterm_during_the_imports_exits_0(record_figure):
-    cmd = [sys.executable, "-X", "importtime", "-m", "alpamayo.cli", "serve", "--no-model"]
-    cmd += ["--input", LOOPBACK, "--output", LOOPBACK, "--control", LOOPBACK]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # -X importtime writes a line as each module's import ends: a torch module means torch is loading,
-        # which `main` starts only after its handler is installed
-        for line in proc.stderr:
-            if line.rsplit("|", 1)[-1].strip().startswith("torch"):
-                break
-        start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-        elapsed = time.monotonic() - start
-    finally:
-        stop(proc)
+    status, elapsed, out, err = sigterm_during_imports()
     record_figure("SIGTERM during the imports: exit after (s)", elapsed)
-    assert proc.returncode == 0
+    assert status == 0
     assert "alpamayo serve: SIGTERM received during start-up: exiting" in err and "serving:" not in out
 
 
