@@ -129,6 +129,26 @@ def test_samples_share_one_prefill_and_are_reproducible(vla):
     assert len(prefills) == 2  # one per prediction, whatever the number of samples
 
 
+def test_a_sample_is_the_same_whatever_the_number_of_samples_beside_it(vla):
+    """Row r's stream is keyed by (seed, r) alone (`alpamayo.generation.row_seeds`) and its logits, K/V and
+    expert steps do not depend on the rows beside it: K = 1, 2 and 3 at one seed give the same rows, byte for
+    byte (tokens and waypoints)."""
+    frames, times = frames_at(30)
+    sampling = Sampling(temperature=0.8, top_p=0.95)
+    runs = {
+        k: vla.predict(
+            frames, straight_history(), num_samples=k, seed=11, frame_times_ns=times, sampling=sampling
+        )
+        for k in (1, 2, 3)
+    }
+    three = runs[3].samples
+    for k in (1, 2):
+        for r, sample in enumerate(runs[k].samples):
+            assert sample.token_ids == three[r].token_ids, (k, r)
+            assert sample.xyz.tobytes() == three[r].xyz.tobytes(), (k, r)
+    assert three[1].token_ids != three[0].token_ids or three[1].xyz.tobytes() != three[0].xyz.tobytes()
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
