@@ -10,7 +10,7 @@ stay continuous where their inputs were.
 from __future__ import annotations
 
 import numpy as np
-from scipy.spatial.transform import Rotation, Slerp
+from scipy.spatial.transform import Rotation
 
 
 def yaw_to_quat(yaw: np.ndarray | float) -> np.ndarray:
@@ -84,9 +84,3 @@ def slerp(q0: np.ndarray, q1: np.ndarray, u: np.ndarray | float) -> np.ndarray:
     step = (r0.inv() * r1).as_rotvec() * np.broadcast_to(u, shape).reshape(-1, 1)
     return (r0 * Rotation.from_rotvec(step)).as_quat().reshape(*shape, 4)
 
-
-def slerp_track(times: np.ndarray, quat_xyzw: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """A track's rotations quat_xyzw [N, 4] at strictly increasing `times` [N] slerped at `at` [M] within
-    [times[0], times[-1]] (scipy's `Slerp`; ValueError outside) -> [M, 4]."""
-    track = Slerp(np.asarray(times, np.float64), Rotation.from_quat(np.asarray(quat_xyzw, np.float64)))
-    return track(np.asarray(at, np.float64)).as_quat()

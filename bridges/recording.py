@@ -3,8 +3,8 @@
 The readers themselves live in `bridges.drives` (Foxglove MCAP in `bridges.drives.mcap`, rosbag2, PhysicalAI-AV).
 The topic-to-camera mapping is a `RecordingLayout` (YAML file, or the `alpamayo.layout` metadata record that
 `make-demo-drive` writes); a frame keeps its message undecoded until `rgb()` (`foxglove.CompressedImage` JPEG/PNG or
-`foxglove.RawImage`, raw and Bayer encodings); `PoseTrack` interpolates the ego poses (world frame) and refuses
-gaps over MAX_POSE_GAP_NS.
+`foxglove.RawImage`, raw and Bayer encodings). A reader's ego poses (world frame) are an
+`alpamayo.input_window.PoseTrack`, which interpolates them and refuses gaps over MAX_POSE_GAP_NS.
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ import numpy as np
 import yaml
 from PIL import Image, UnidentifiedImageError
 
-from alpamayo.rotations import slerp
 from bridges.protocol import ALPAMAYO_CAMERAS
 
 LAYOUT_METADATA = "alpamayo.layout"
-# Interpolating ego poses across a longer gap would bend a curved path into a chord (0.25 s at 20 m/s on a
-# 100 m radius is a 3 cm sagitta; 1 s would be 50 cm, more than a history token's 8 mm bin).
-MAX_POSE_GAP_NS = 250_000_000
 RAW_ENCODINGS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}
 # Bayer mosaics (ROS `sensor_msgs/Image` encodings): the colour of each pixel of a 2x2 cell, row by row.
 BAYER_PATTERNS = {"bayer_rggb8": "RGGB", "bayer_bggr8": "BGGR", "bayer_gbrg8": "GBRG", "bayer_grbg8": "GRBG"}
@@ -218,40 +214,6 @@ def _demosaic(mosaic: np.ndarray, pattern: str, where: str) -> np.ndarray:
     ]
     rgb = np.stack([cells["R"], (greens[0] + greens[1] + 1) // 2, cells["B"]], axis=2).astype(np.uint8)
     return np.ascontiguousarray(rgb.repeat(2, axis=0).repeat(2, axis=1))
-
-
-def pose_brackets(t_ns: np.ndarray, times_ns: np.ndarray) -> np.ndarray | None:
-    """Per time of `times_ns` [M] the index `hi` into a track's strictly increasing pose times `t_ns` [N] of the
-    first pose at or after it (clipped to 1 .. N-1, so poses hi - 1 and hi enclose it), or None when a time lies
-    outside the track or between two poses more than MAX_POSE_GAP_NS apart (no pose may be interpolated there)."""
-    if times_ns.min() < t_ns[0] or times_ns.max() > t_ns[-1]:
-        return None
-    hi = np.clip(np.searchsorted(t_ns, times_ns, side="left"), 1, len(t_ns) - 1)
-    if np.any(t_ns[hi] - t_ns[hi - 1] > MAX_POSE_GAP_NS):
-        return None
-    return hi
-
-
-@dataclass(frozen=True)
-class PoseTrack:
-    """The recorded ego poses: t_ns [N] strictly increasing, xyz [N, 3] metres, quat_xyzw [N, 4] ego->world."""
-
-    t_ns: np.ndarray
-    xyz: np.ndarray
-    quat_xyzw: np.ndarray
-
-    def interpolate(self, times_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Poses at `times_ns` [M]: (xyz [M, 3] linear, quat_xyzw [M, 4] slerp), or None when a time lies
-        outside the track or between two poses more than MAX_POSE_GAP_NS apart."""
-        times_ns = np.asarray(times_ns, dtype=np.int64)
-        hi = pose_brackets(self.t_ns, times_ns)
-        if hi is None:
-            return None
-        lo = hi - 1
-        span = self.t_ns[hi] - self.t_ns[lo]
-        w = (times_ns - self.t_ns[lo]) / span
-        xyz = self.xyz[lo] + w[:, None] * (self.xyz[hi] - self.xyz[lo])
-        return xyz, slerp(self.quat_xyzw[lo], self.quat_xyzw[hi], w)
 
 
 def require_recording_file(path: str | Path) -> Path:

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from alpamayo.input_window import HistoryUnavailable, PoseTrack, SlotMissing, frame_slots
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory
-from alpamayo.rotations import slerp
 from bridges.config import TimingSection
 from bridges.protocol import CameraTable, CameraWindow, EgoPose, ProtocolError, WireFrame
 
@@ -325,23 +325,23 @@ class InputState:
 
     def _slots(self, track: CameraTrack, t0: int) -> list[StoredFrame] | str:
         times = np.array([s.frame.t_sof_ns for s in track.ring], dtype=np.int64)
-        picked = window_slots(times, t0, self.period_ns, self.sync_ns)
-        if picked is not None:
-            return [track.ring[j] for j in picked]
+        try:
+            return [track.ring[j] for j in frame_slots(times, t0, self.sync_ns, self.period_ns)]
+        except SlotMissing as e:
+            missing = e
         if times[0] > t0 + self.sync_ns:
             first = next(t for t in self._tracks.values() if t.ring[-1].frame.t_sof_ns == t0)
             return (
                 f"{track.label}: oldest buffered frame {(times[0] - t0) / 1e9:.1f} s ahead of "
                 f"{first.label}'s newest"
             )
-        for k in range(FRAMES_PER_CAMERA - 1, -1, -1):
-            err = int(np.abs(times - (t0 - k * self.period_ns)).min())
-            if err > self.sync_ns:
-                return (
-                    f"{track.label}: no frame within {self.sync_ns / 1e6:g} ms of {_slot(k * self.period_ns)} "
-                    f"(nearest {err / 1e6:.0f} ms off)"
-                )
-        return f"{track.label}: two window slots would take the same frame"
+        if missing.shared:
+            return f"{track.label}: two window slots would take the same frame"
+        k, err = missing.missing[0]
+        return (
+            f"{track.label}: no frame within {self.sync_ns / 1e6:g} ms of {_slot(k * self.period_ns)} "
+            f"(nearest {err / 1e6:.0f} ms off)"
+        )
 
     def commit(self, selection: Selection, now_ns: int) -> Window | None:
         """Take a selected window (its frames decoded): mark its frames used, count the skipped ticks. None
@@ -403,38 +403,40 @@ class InputState:
         )
 
     def _ego_history(self, t0: int) -> EgoHistory | str:
-        """The 16 poses at t0 - 15..0 periods, or why they cannot be had."""
+        """The 16 poses at t0 - 15..0 periods (`alpamayo.input_window`: interpolated, and extrapolated by at most
+        `extrapolation_ns` past the newest pose; no interpolation across a gap over `stale_ns`, which would
+        invent motion), or why they cannot be had."""
         poses = self._ego.poses
         if not poses:
             return "ego: no pose buffered"
         times = np.array([p.t_ns for p in poses], dtype=np.int64)
-        if t0 - times[-1] > self.extrapolation_ns:
-            return (
-                f"ego: no pose within {self.extrapolation_ns / 1e6:g} ms of t0 "
-                f"(newest {(t0 - times[-1]) / 1e9:.2f} s before it)"
+        # only the poses from the one before the oldest slot on take part
+        first = max(int(np.searchsorted(times, t0 - (HISTORY_STEPS - 1) * self.period_ns)) - 1, 0)
+        used = [poses[j] for j in range(first, len(poses))]
+        track = PoseTrack(
+            times[first:],
+            np.array([p.xyz for p in used]),
+            np.array([p.quat_xyzw for p in used]),
+            used[-1].velocity,
+        )
+        try:
+            return track.history_at(
+                t0, self.period_ns, max_gap_ns=self.stale_ns, extrapolate_ns=self.extrapolation_ns
             )
-        targets = t0 - self.period_ns * np.arange(HISTORY_STEPS - 1, -1, -1, dtype=np.int64)
-        xyz, quat = np.empty((HISTORY_STEPS, 3)), np.empty((HISTORY_STEPS, 4))
-        for n, t in enumerate(targets):
-            j = int(np.searchsorted(times, t))
-            if j < len(times) and times[j] == t:
-                xyz[n], quat[n] = poses[j].xyz, poses[j].quat_xyzw
-            elif 0 < j < len(times):
-                gap = times[j] - times[j - 1]
-                if gap > self.stale_ns:  # interpolating across a gap in the pose stream would invent motion
-                    return f"ego: a gap of {gap / 1e6:.0f} ms between poses at {_slot(t0 - t)}"
-                xyz[n], quat[n] = _interpolate(poses[j - 1], poses[j], t)
-            elif j == len(times):  # within extrapolation_ns of the newest pose: t <= t0, checked above
-                pose = _extrapolate(poses, t, self.stale_ns)
-                if pose is None:
-                    return "ego: one pose without velocity cannot be extrapolated to t0"
-                xyz[n], quat[n] = pose
-            else:
+        except HistoryUnavailable as e:
+            if e.reason == "after":
                 return (
-                    f"ego: poses start {(times[0] - t0) / 1e9:+.2f} s from t0, the history needs "
-                    f"{(t - t0) / 1e9:+.2f} s"
+                    f"ego: no pose within {self.extrapolation_ns / 1e6:g} ms of t0 "
+                    f"(newest {(t0 - times[-1]) / 1e9:.2f} s before it)"
                 )
-        return EgoHistory(xyz=xyz, quat_xyzw=quat, t_ns=targets)
+            if e.reason == "gap":
+                return f"ego: a gap of {e.gap / 1e6:.0f} ms between poses at {_slot(t0 - e.t)}"
+            if e.reason == "no_velocity":
+                return "ego: one pose without velocity cannot be extrapolated to t0"
+            return (
+                f"ego: poses start {(times[0] - t0) / 1e9:+.2f} s from t0, the history needs "
+                f"{(e.t - t0) / 1e9:+.2f} s"
+            )
 
     # ------------------------------------------------------------------------------------------ health
     def stale_reasons(self, now_ns: int) -> list[str]:
@@ -522,36 +524,3 @@ def _check_order(stream: str, fields: tuple[tuple[str, int, int | None], ...]) -
             raise ProtocolError(
                 "backwards", f"{stream}: {name} {value} is older than the last accepted {last}"
             )
-
-
-def _interpolate(a: EgoPose, b: EgoPose, t: int) -> tuple[np.ndarray, np.ndarray]:
-    u = (t - a.t_ns) / (b.t_ns - a.t_ns)
-    return a.xyz + u * (b.xyz - a.xyz), slerp(a.quat_xyzw, b.quat_xyzw, u)
-
-
-def _extrapolate(poses: deque[EgoPose], t: int, max_gap_ns: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Pose at t past the newest of `poses`: position from its velocity if sent, else the last two poses'
-    motion continued; orientation continued from the last two poses, else held."""
-    b = poses[-1]
-    a = poses[-2] if len(poses) >= 2 and b.t_ns - poses[-2].t_ns <= max_gap_ns else None
-    if a is None and b.velocity is None:
-        return None
-    xyz, quat = _interpolate(a, b, t) if a is not None else (b.xyz, b.quat_xyzw)
-    if b.velocity is not None:
-        xyz = b.xyz + b.velocity * (t - b.t_ns) / 1e9
-    return xyz, quat
-
-
-def window_slots(times_ns: np.ndarray, t0_ns: int, period_ns: int, tolerance_ns: int) -> list[int] | None:
-    """Indices into `times_ns` of the frames nearest t0 - 3, -2, -1, 0 periods (oldest first), each within
-    `tolerance_ns`; None when a slot has no such frame or two slots would share one."""
-    picked: list[int] = []
-    for k in range(FRAMES_PER_CAMERA - 1, -1, -1):
-        if len(times_ns) == 0:
-            return None
-        err = np.abs(times_ns - (t0_ns - k * period_ns))
-        j = int(np.argmin(err))
-        if err[j] > tolerance_ns or (picked and picked[-1] == j):
-            return None
-        picked.append(j)
-    return picked

@@ -28,6 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.generation",
         "alpamayo.tokenizer",
         "alpamayo.rotations",
+        "alpamayo.input_window",  # the window at t0: frame slots and the ego history, for every reader
         "alpamayo.devices",
         "alpamayo.profiling",
         "bridges",  # the package itself: its __init__ only

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from alpamayo.rotations import compose, from_frame, heading, slerp, slerp_track, to_frame, yaw_to_quat
+from alpamayo.rotations import compose, from_frame, heading, slerp, to_frame, yaw_to_quat
 
 ROOT = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(23)
@@ -127,17 +127,6 @@ def test_slerp_broadcasts_pairs_and_fractions():
     expected = [shoemake(a, b, w) for a, b, w in zip(q0, q1, u, strict=True)]
     np.testing.assert_allclose(slerp(q0, q1, u), expected, atol=1e-12)
     np.testing.assert_allclose(slerp(q0[0], q1[0], u), [shoemake(q0[0], q1[0], w) for w in u], atol=1e-12)
-
-
-def test_a_track_is_slerped_between_its_neighbours_and_not_beyond():
-    times, quats = np.array([0.0, 1.0, 3.0]), yaw_to_quat(np.array([0.0, 0.4, -0.2]))
-    np.testing.assert_allclose(
-        slerp_track(times, quats, np.array([0.0, 0.5, 1.0, 2.5, 3.0])),
-        yaw_to_quat(np.array([0.0, 0.2, 0.4, -0.05, -0.2])),
-        atol=1e-15,
-    )
-    with pytest.raises(ValueError):
-        slerp_track(times, quats, np.array([3.5]))
 
 
 def test_no_other_product_module_does_quaternion_maths():

@@ -13,10 +13,10 @@ from mcap.reader import make_reader
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.eval.ray_workers import start_local_ray
+from alpamayo.input_window import PoseTrack
 from alpamayo.replay.routes import RecordedRoute, RouteTable, check_route_options
 from alpamayo.rotations import yaw_to_quat
 from bridges.drives import open_drive
-from bridges.recording import PoseTrack
 from tests.compute_threads import threads_restored
 
 DRIVE = {"seconds": 1.7, "cameras": 1, "seed": 5, "size": (72, 128)}  # ticks at t0 = 1.5 and 1.6 s

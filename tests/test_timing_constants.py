@@ -1,5 +1,6 @@
-"""The model's timing constants are defined once, in alpamayo.prediction, and imported everywhere else: a second
-definition (a copy of HISTORY_STEPS, the 0.1 s period written out in ns or us) could drift from the first."""
+"""The model's timing constants are defined once, in alpamayo.prediction, and the window's offsets from t0 once, in
+alpamayo.input_window; everything else imports them: a second definition (a copy of HISTORY_STEPS, the 0.1 s
+period written out in ns or us, another array of history times) could drift from the first."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from alpamayo.prediction import DT_S, PERIOD_NS, PERIOD_US
 ROOT = Path(__file__).resolve().parents[1]
 HOME = "alpamayo/prediction.py"
 TIMING = ("DT_S", "PERIOD_NS", "PERIOD_US", "HISTORY_STEPS", "FUTURE_STEPS", "FRAMES_PER_CAMERA")
+WINDOW_HOME = "alpamayo/input_window.py"
+WINDOW = ("HISTORY_OFFSETS_NS", "FRAME_OFFSETS_NS", "FUTURE_OFFSETS_NS", "MAX_POSE_GAP_NS")
 # the period in every unit a constant could spell it in; a constant so named and valued is a second definition
 PERIOD_VALUES = (DT_S, DT_S * 1e3, PERIOD_US, PERIOD_NS)
 TIME_WORDS = ("PERIOD", "DT", "TICK", "STEP", "RATE", "SPACING")
@@ -44,13 +47,22 @@ def product_modules() -> list[Path]:
     ]
 
 
-def test_each_timing_constant_is_defined_in_alpamayo_prediction_only():
-    homes: dict[str, list[str]] = {name: [] for name in TIMING}
+def homes_of(names: tuple[str, ...]) -> dict[str, list[str]]:
+    """Per name, the product modules that assign it at module level."""
+    homes: dict[str, list[str]] = {name: [] for name in names}
     for path in product_modules():
         for name, _ in module_constants(path):
             if name in homes:
                 homes[name].append(str(path.relative_to(ROOT)))
-    assert homes == {name: [HOME] for name in TIMING}
+    return homes
+
+
+def test_each_timing_constant_is_defined_in_alpamayo_prediction_only():
+    assert homes_of(TIMING) == {name: [HOME] for name in TIMING}
+
+
+def test_the_window_offsets_and_pose_gap_are_defined_in_alpamayo_input_window_only():
+    assert homes_of(WINDOW) == {name: [WINDOW_HOME] for name in WINDOW}
 
 
 def spells_the_period(value: ast.expr) -> bool:

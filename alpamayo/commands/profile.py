@@ -9,9 +9,9 @@ from pathlib import Path
 from alpamayo.commands.make_demo_drive import parse_size
 from alpamayo.commands.replay_args import DRIVE_HELP, add_replay_args, settings_from_args
 from alpamayo.demo_drive import CAMERA_PERIOD_NS, make_demo_drive
+from alpamayo.input_window import HISTORY_OFFSETS_NS
 from alpamayo.replay.report import latency_table
 from alpamayo.replay.session import run_replay
-from alpamayo.replay.ticks import HISTORY_OFFSETS_NS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -22,19 +22,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from alpamayo.input_window import FRAME_OFFSETS_NS, HISTORY_OFFSETS_NS
 from alpamayo.prediction import Prediction, TrajectorySample
 from alpamayo.replay.accuracy import score_tick
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
-from alpamayo.replay.ticks import (
-    FRAME_OFFSETS_NS,
-    FRAME_TOLERANCE_NS,
-    HISTORY_OFFSETS_NS,
-    TickAssembler,
-    recorded_future,
-    recorded_history,
-)
+from alpamayo.replay.ticks import FRAME_TOLERANCE_NS, TickAssembler, recorded_future, recorded_history
 from bridges.client import FramePublisher, TrajectorySubscriber
 from bridges.config import (
     ControlSection,

@@ -19,9 +19,9 @@ from typing import Protocol
 import numpy as np
 
 from alpamayo.expert.sampler import describe_guidance
-from alpamayo.prediction import DT_S
+from alpamayo.input_window import PoseTrack
+from alpamayo.prediction import DT_S, PERIOD_NS
 from alpamayo.replay.ticks import poses_in_t0_frame
-from bridges.recording import PoseTrack
 from planner.navigation import route_to_nav_text
 
 AUTO = "auto"
@@ -56,8 +56,7 @@ class RecordedRoute:
     horizon_s: float = ROUTE_HORIZON_S
 
     def text_at(self, t0_ns: int) -> str | None:
-        period_ns = round(DT_S * 1e9)
-        times = t0_ns + period_ns * np.arange(1, round(self.horizon_s / DT_S) + 1, dtype=np.int64)
+        times = t0_ns + PERIOD_NS * np.arange(1, round(self.horizon_s / DT_S) + 1, dtype=np.int64)
         times = times[times <= self.poses.t_ns[-1]]
         if len(times) == 0:
             return None

@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from alpamayo.families.loader import checkpoint_family
+from alpamayo.input_window import FRAME_OFFSETS_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
 from alpamayo.prediction import DT_S
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware, software, source_commit
@@ -26,7 +27,7 @@ from alpamayo.replay.report import latency_table, speculation_line, write_json, 
 from alpamayo.replay.results import ReplayRun
 from alpamayo.replay.ros2_outputs import Ros2Recorder
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
-from alpamayo.replay.ticks import FRAME_OFFSETS_NS, FRAME_TOLERANCE_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
+from alpamayo.replay.ticks import FRAME_TOLERANCE_NS
 from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
 from bridges.drives import PAI_PREFIX, DriveSource, open_drive

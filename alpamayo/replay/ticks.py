@@ -19,16 +19,22 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.prediction import FRAMES_PER_CAMERA, FUTURE_STEPS, HISTORY_STEPS, PERIOD_NS, EgoHistory
+from alpamayo.input_window import (
+    FRAME_OFFSETS_NS,
+    FUTURE_OFFSETS_NS,
+    HISTORY_OFFSETS_NS,
+    MAX_POSE_GAP_NS,
+    HistoryUnavailable,
+    PoseTrack,
+    SlotMissing,
+    frame_slots,
+)
+from alpamayo.prediction import FRAMES_PER_CAMERA, PERIOD_NS, EgoHistory
 from alpamayo.rotations import heading, to_frame
-from bridges.recording import MAX_POSE_GAP_NS, FrameError, PoseTrack, RecordedFrame, RecordingError, Warn
-from bridges.window import window_slots
+from bridges.recording import FrameError, RecordedFrame, RecordingError, Warn
 
 FRAME_TOLERANCE_NS = PERIOD_NS // 2  # nearest frame within half a period: never the neighbouring slot's frame
 TICK_JITTER_NS = 10_000_000  # a reference frame up to 10 ms early still starts the next tick
-HISTORY_OFFSETS_NS = PERIOD_NS * np.arange(-(HISTORY_STEPS - 1), 1, dtype=np.int64)
-FRAME_OFFSETS_NS = PERIOD_NS * np.arange(-(FRAMES_PER_CAMERA - 1), 1, dtype=np.int64)
-FUTURE_OFFSETS_NS = PERIOD_NS * np.arange(1, FUTURE_STEPS + 1, dtype=np.int64)
 
 
 @dataclass
@@ -49,10 +55,11 @@ class Tick:
 
 def recorded_history(poses: PoseTrack, t0_ns: int) -> EgoHistory | None:
     """The recorded ego poses at t0 - 1.5 .. 0 s (world frame); None when the recording does not cover them
-    or has a pose gap over `bridges.recording.MAX_POSE_GAP_NS` among them."""
-    times_ns = t0_ns + HISTORY_OFFSETS_NS
-    history = poses.interpolate(times_ns)
-    return None if history is None else EgoHistory(xyz=history[0], quat_xyzw=history[1], t_ns=times_ns)
+    or has a pose gap over `alpamayo.input_window.MAX_POSE_GAP_NS` among them."""
+    try:
+        return poses.history_at(t0_ns)
+    except HistoryUnavailable:
+        return None
 
 
 def recorded_future(poses: PoseTrack, t0_ns: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -66,11 +73,11 @@ def poses_in_t0_frame(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The recorded ego poses at `times_ns` [M] in the ego frame at t0: xyz [M, 3] metres and heading [M] rad;
     None when the recording does not cover t0 and every time."""
-    origin = poses.interpolate(np.array([t0_ns]))
-    at = poses.interpolate(times_ns)
-    if origin is None or at is None:
+    try:
+        (xyz0,), (quat0,) = poses.at(np.array([t0_ns]))
+        at = poses.at(times_ns)
+    except HistoryUnavailable:
         return None
-    (xyz0,), (quat0,) = origin
     xyz, rot = to_frame(xyz0, quat0, at[0], at[1])
     return xyz, heading(rot)
 
@@ -182,8 +189,9 @@ class TickAssembler:
         frames = {}
         for camera, buffer in buffers.items():
             times = np.array([f.t_ns for f in buffer], dtype=np.int64)
-            picked = window_slots(times, t0, PERIOD_NS, FRAME_TOLERANCE_NS)
-            if picked is None:
+            try:
+                picked = frame_slots(times, t0, FRAME_TOLERANCE_NS)
+            except SlotMissing:
                 if t0 + FRAME_OFFSETS_NS[0] + FRAME_TOLERANCE_NS < first_seen.get(camera, t0 + 1):
                     self.not_ready += 1
                     return None

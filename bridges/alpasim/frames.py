@@ -14,7 +14,7 @@ other camera or session waits on a decode.
 
 The window (`window`), NVIDIA's `inference.subsample_factor` derived from the frame times: the anchor is the
 newest frame at or before the drive's `time_now_us`, then the frames nearest anchor - 0.1, -0.2, -0.3 s, each
-within SLOT_TOLERANCE_US (`bridges.window.window_slots`, the slot rule of the node's window). A 20 Hz camera
+within SLOT_TOLERANCE_US (`alpamayo.input_window.frame_slots`, the slot rule of the node's window). A 20 Hz camera
 gives every 2nd frame, 30 Hz every 3rd, 40 Hz every 4th, as subsample_factor 2, 3, 4 would, with no setting to
 match to the camera. NVIDIA counts frames back from the newest in the cache; here times count back from the
 newest at or before the query, so a frame after the query or one missing from the stream does not shift the
@@ -31,9 +31,9 @@ import threading
 import grpc
 import numpy as np
 
+from alpamayo.input_window import SlotMissing, frame_slots
 from alpamayo.prediction import FRAMES_PER_CAMERA, PERIOD_US
 from bridges.alpasim.status import InputRejected
-from bridges.window import window_slots
 
 WINDOW_US = (FRAMES_PER_CAMERA - 1) * PERIOD_US  # the 4 frames span 0.3 s
 # Simulated frame times are exact: 30 Hz frames are 33_333 us apart, 3 of them 1 us short of 0.1 s. Rates that
@@ -127,18 +127,19 @@ class CameraFrames:
                 )
             return None
         held = np.array(times[:n], dtype=np.int64)
-        picked = window_slots(held, anchor, PERIOD_US, SLOT_TOLERANCE_US)
-        if picked is None:
+        try:
+            picked = frame_slots(held, anchor, SLOT_TOLERANCE_US, PERIOD_US)
+        except SlotMissing as e:
+            # the newest slot without a frame (the tolerance is far below half a period: no frame serves two)
+            k, err = e.missing[-1]
             raise InputRejected(
-                grpc.StatusCode.FAILED_PRECONDITION, "frame_spacing", self._spacing_message(held, anchor)
-            )
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "frame_spacing",
+                self._spacing_message(held, anchor, k, err),
+            ) from None
         return [(times[j], images[j]) for j in picked]
 
-    def _spacing_message(self, times: np.ndarray, anchor: int) -> str:
-        for k in range(1, FRAMES_PER_CAMERA):
-            err = int(np.abs(times - (anchor - k * PERIOD_US)).min())
-            if err > SLOT_TOLERANCE_US:
-                break
+    def _spacing_message(self, times: np.ndarray, anchor: int, k: int, err: int) -> str:
         return (
             f"camera {self.camera}: no frame within {SLOT_TOLERANCE_US / 1e3:g} ms of t0 - {k * PERIOD_US / 1e3:g} ms "
             f"(nearest {err / 1e3:.3g} ms off) with t0 its newest frame at {anchor} us; {_rate(list(times))}. The "

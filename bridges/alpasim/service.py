@@ -26,8 +26,9 @@ import grpc
 import numpy as np
 from PIL import Image
 
+from alpamayo.input_window import PoseTrack
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, PERIOD_US, EgoHistory, Prediction, Predictor
-from alpamayo.rotations import compose, from_frame, slerp_track, to_frame, yaw_to_quat
+from alpamayo.rotations import compose, from_frame, to_frame, yaw_to_quat
 from bridges.alpasim.frames import CameraFrames
 from bridges.alpasim.selection import select_sample
 from bridges.alpasim.status import InputRejected
@@ -359,7 +360,7 @@ class EgodriverService(
         return response
 
     def _history(self, s: Session, t0: int) -> EgoHistory:
-        """16 poses at 10 Hz ending at t0, interpolated (linear xyz, slerp) from the session's poses; raises
+        """16 poses at 10 Hz ending at t0 (µs), interpolated (`alpamayo.input_window`) from the session's poses; raises
         FAILED_PRECONDITION with NVIDIA's wording when they do not cover [t0 - 1.5 s, t0]."""
         span_us = (HISTORY_STEPS - 1) * PERIOD_US
         with s.poses_lock:
@@ -388,11 +389,9 @@ class EgodriverService(
                 f"{span_us / 1e3:.1f}ms, earliest_available_us={ts[0]}, earliest_required_us={t0 - span_us}, "
                 f"latest_camera_frame_us={t0}.",
             )
-        grid = t0 - PERIOD_US * np.arange(HISTORY_STEPS - 1, -1, -1, dtype=np.int64)
-        xyz = np.stack([np.array([p[1] for p in poses])[:, i] for i in range(3)], axis=-1)
-        xyz_g = np.stack([np.interp(grid, ts, xyz[:, i]) for i in range(3)], axis=-1)
-        quat = slerp_track(ts, np.array([p[2] for p in poses]), grid)
-        return EgoHistory(xyz=xyz_g, quat_xyzw=quat, t_ns=grid * 1000)
+        # covered as checked above: interpolated across any gap, as NVIDIA's driver does
+        track = PoseTrack(ts * 1000, np.array([p[1] for p in poses]), np.array([p[2] for p in poses]))
+        return track.history_at(t0 * 1000, max_gap_ns=None)
 
     def _response(
         self, s: Session, pred: Prediction, t0: int, ego: EgoHistory, frame_times_us: dict[str, list[int]]

@@ -27,12 +27,12 @@ from mcap.reader import NonSeekingReader, SeekingReader
 from mcap.records import Channel, Message, Metadata, Schema
 from mcap.stream_reader import StreamReader
 
+from alpamayo.input_window import PoseTrack
 from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 from bridges.mcap_messages import MessageDecoder, MessageError, timestamp_ns
 from bridges.recording import (
     LAYOUT_METADATA,
     FrameError,
-    PoseTrack,
     RecordedFrame,
     RecordingError,
     RecordingLayout,

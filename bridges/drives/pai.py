@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from alpamayo.input_window import PoseTrack, SlotMissing, frame_slots
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, PERIOD_US
 from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
 from bridges.protocol import ALPAMAYO_CAMERAS
@@ -44,7 +45,6 @@ from bridges.recording import (
     RecordingError,
     RecordingLayout,
     Warn,
-    pose_brackets,
 )
 
 REPO_ID = "nvidia/PhysicalAI-Autonomous-Vehicles"
@@ -170,53 +170,49 @@ class CameraVideo:
                 f._rgb = by_index[f.index]
         return by_index[frame.index]
 
-    def frames_at(self, times_us: np.ndarray) -> list[VideoFrame]:
-        """The frames nearest at or before `times_us` (raises FrameError outside the video or when the frame is
-        older than MAX_FRAME_AGE_US: the camera dropped frames there)."""
+    def frames_at(self, t0_us: int) -> list[VideoFrame]:
+        """The window's frames at t0 by the reference loader's rule, the newest at or before each slot
+        (`alpamayo.input_window.frame_slots`); FrameError outside the video or when one is older than
+        MAX_FRAME_AGE_US (the camera dropped frames there)."""
         ts = self.timestamps_us
-        if times_us.min() < ts[0] or times_us.max() > ts[-1]:
+        first, last = t0_us + FRAME_OFFSETS_US[0], t0_us + FRAME_OFFSETS_US[-1]
+        if first < ts[0] or last > ts[-1]:
             raise FrameError(
                 f"camera {self.camera} ({self.feature}) has frames from {ts[0]} to {ts[-1]} µs; the tick needs "
-                f"{times_us.min()} .. {times_us.max()} µs"
+                f"{first} .. {last} µs"
             )
-        indices = np.searchsorted(ts, times_us, side="right") - 1
-        age = times_us - ts[indices]
-        if age.max() > MAX_FRAME_AGE_US:
-            worst = int(np.argmax(age))
+        try:
+            indices = frame_slots(ts, t0_us, MAX_FRAME_AGE_US, PERIOD_US, rule="at_or_before")
+        except SlotMissing as e:
+            # the oldest frame; the oldest slot of two as old
+            k, age = max(e.missing, key=lambda slot: slot[1] or 0)
             raise FrameError(
-                f"camera {self.camera} ({self.feature}): the newest frame at or before {times_us[worst]} µs is "
-                f"{age[worst] / 1000:g} ms older (limit {MAX_FRAME_AGE_US / 1000:g} ms): frames are missing"
-            )
-        return [self.frame(int(i)) for i in indices]
+                f"camera {self.camera} ({self.feature}): the newest frame at or before {t0_us - k * PERIOD_US} µs "
+                f"is {(age or 0) / 1000:g} ms older (limit {MAX_FRAME_AGE_US / 1000:g} ms): frames are missing"
+            ) from None
+        return [self.frame(i) for i in indices]
 
     def close(self) -> None:
         self.reader.close()
         self._frames.clear()
 
 
-class EgoTrack:
-    """The clip's egomotion: t_ns [N], xyz [N, 3] m, quat_xyzw [N, 4] (rig -> world), and the devkit's
-    interpolator for in-between times (a `PoseTrack` stand-in: same fields, same `interpolate`)."""
+def ego_track(interpolator: Any) -> PoseTrack:
+    """The clip's egomotion samples (t_ns [N], xyz [N, 3] m, quat_xyzw [N, 4] rig -> world) with the devkit's
+    interpolator between them, NVIDIA's semantics (cubic-spline position, slerp rotation). `PoseTrack.at`
+    asks it only for times within the samples and no gap over MAX_POSE_GAP_NS (outside them the devkit
+    would return NaN: it never extrapolates)."""
 
-    def __init__(self, interpolator: Any):
-        self._interpolate = interpolator
-        self.t_ns = np.asarray(interpolator.timestamps, dtype=np.int64) * 1000
-        self.xyz = np.asarray(interpolator.values.pose.translation)
-        self.quat_xyzw = np.asarray(interpolator.values.pose.rotation.as_quat())
+    def devkit(times_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        state = interpolator(times_ns // 1000)
+        return np.asarray(state.pose.translation), np.asarray(state.pose.rotation.as_quat())
 
-    def interpolate(self, times_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """Poses at `times_ns` [M]: (xyz [M, 3], quat_xyzw [M, 4]), or None when a time lies outside the
-        egomotion (the devkit returns NaN there: it never extrapolates) or between two samples more than
-        MAX_POSE_GAP_NS apart."""
-        times_ns = np.asarray(times_ns, dtype=np.int64)
-        if pose_brackets(self.t_ns, times_ns) is None:
-            return None
-        state = self._interpolate(times_ns // 1000)
-        xyz = np.asarray(state.pose.translation)
-        quat = np.asarray(state.pose.rotation.as_quat())
-        if not (np.isfinite(xyz).all() and np.isfinite(quat).all()):
-            return None
-        return xyz, quat
+    return PoseTrack(
+        np.asarray(interpolator.timestamps, dtype=np.int64) * 1000,
+        np.asarray(interpolator.values.pose.translation),
+        np.asarray(interpolator.values.pose.rotation.as_quat()),
+        interpolator=devkit,
+    )
 
 
 class PaiClip:
@@ -230,7 +226,7 @@ class PaiClip:
         clip: str,
         t0_us: int | None,
         videos: list[CameraVideo],
-        ego: EgoTrack,
+        ego: PoseTrack,
         ego_file: str,
         warn: Warn,
     ):
@@ -283,7 +279,7 @@ class PaiClip:
             )
         chunk = int(avdi.get_clip_chunk(clip))
         opened = cls._open_feature(avdi, pai_dir, clip, chunk, EGOMOTION)
-        ego = EgoTrack(opened[0])
+        ego = ego_track(opened[0])
         videos = []
         try:
             for camera in sorted(cameras):
@@ -351,8 +347,7 @@ class PaiClip:
         return np.arange(start, last + 1, PERIOD_US, dtype=np.int64)
 
     def window_frames(self, t0_ns: int) -> dict[int, list[RecordedFrame]]:
-        times_us = t0_ns // 1000 + FRAME_OFFSETS_US
-        return {camera: list(video.frames_at(times_us)) for camera, video in self.videos.items()}
+        return {camera: list(video.frames_at(t0_ns // 1000)) for camera, video in self.videos.items()}
 
     def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[RecordedFrame]:
         """The frames the ticks use (nearest at or before each 0.1 s slot), in time order; a slot a camera cannot

@@ -27,10 +27,11 @@ from mcap.records import Channel, Message, Schema
 from mcap.stream_reader import StreamReader
 from mcap_ros2.decoder import DecoderFactory
 
+from alpamayo.input_window import PoseTrack
 from alpamayo.rotations import compose, from_frame
 from bridges.drives.mcap import READ_ERRORS, Drive, DriveInfo, scan
 from bridges.mcap_messages import MessageError, pose, timestamp
-from bridges.recording import CameraTopic, PoseTrack, RecordingError, RecordingLayout, Warn
+from bridges.recording import CameraTopic, RecordingError, RecordingLayout, Warn
 from bridges.ros2_messages import SCHEMA_ENCODING, stamp_ns, type_name
 
 EGO_FRAME = "base_link"
