@@ -18,7 +18,10 @@ from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.contract import TextBackbone, TrajectoryDecoder, VisionTower
 from alpamayo.devices import parse_dtype, resolve_device
-from alpamayo.expert.config import expert_config_of
+from alpamayo.drafts import MODEL_FREE_BLOCK, Draft, check_draft_spec, load_draft
+from alpamayo.drafts.dflash import read_config
+from alpamayo.expert.config import ExpertConfig, expert_config_of
+from alpamayo.expert.decoding import ExpertDecoder
 from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
 from alpamayo.families.loader import checkpoint_family, load_shape_config
@@ -212,6 +215,51 @@ def load_expert_decoder(
 
     model = load_expert(source, expert, cfg.text, n_tokens=n_tokens, **options.torch_load_args())
     return ExpertDecoder(model, settings)
+
+
+def check_expert_settings(expert: ExpertConfig, settings: FlowSettings, options: BackendOptions) -> None:
+    """ValueError, before any weight is read, for flow settings that this checkpoint's expert
+    (`ExpertDecoder.check_settings`) or the backend's decoder cannot run (ttnn: no navigation guidance)."""
+    ExpertDecoder.check_settings(expert, settings)
+    if options.backend == "ttnn":
+        from alpamayo.tt.expert import TTExpertDecoder  # plans only: no ttnn import
+
+        TTExpertDecoder.check_settings(settings)
+
+
+def check_draft(draft: str, cfg: ModelConfig, options: BackendOptions) -> None:
+    """ValueError, before any weight is read, for a draft (`alpamayo.drafts`: none, lookup, previous,
+    dflash:DIR) that cannot run beside `cfg`'s text backbone on `options.backend`: a DFlash draft's config
+    against the target's (on ttnn also the device's limits), and on ttnn its verify blocks as rows of the
+    decode program, which the device MoE cannot route."""
+    check_draft_spec(draft)
+    block = MODEL_FREE_BLOCK
+    if draft.startswith("dflash:"):
+        where = draft[len("dflash:") :]
+        draft_cfg = read_config(where)
+        draft_cfg.check_target(cfg.text, where)
+        block = draft_cfg.block_size
+        if options.backend == "ttnn":
+            from alpamayo.tt.draft import check_device_draft
+
+            check_device_draft(draft_cfg, cfg.text, where)
+    if options.backend == "ttnn" and draft != "none":
+        from alpamayo.plan.programs.text import check_decode_rows  # plans only: no ttnn import
+
+        try:
+            check_decode_rows(block, bool(cfg.text.sparse_layers))
+        except ValueError as e:
+            raise ValueError(f"--draft {draft} with --backend ttnn: its verify blocks are {e}") from None
+
+
+def load_draft_model(draft: str, options: BackendOptions, text: TextBackbone) -> Draft | None:
+    """The draft `draft` names for the loaded `text` backbone (None for `none`): on ttnn a DFlash draft's
+    layers go to the text model's device (`TTDFlashDraft`), every other draft runs on the host."""
+    if draft.startswith("dflash:") and options.backend == "ttnn":
+        from alpamayo.tt.draft import TTDFlashDraft
+
+        return TTDFlashDraft.load(draft[len("dflash:") :], _tt_text(text))
+    return load_draft(draft, text)
 
 
 def _tt_text(text: TextBackbone) -> TTTextModel:

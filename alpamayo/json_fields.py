@@ -7,12 +7,19 @@ Used for `config.json` (model and Alpamayo planner sections) and `preprocessor_c
     hidden = f.sub("text_config").int("hidden_size")          # required
     eps = f.sub("text_config").number("rms_norm_eps", positive=True)
     bins = f.optional_sub("traj_tokenizer_cfg").int("num_bins", 3000, minimum=2)
+
+and `build_dataclass` turns a YAML or JSON mapping into a frozen dataclass by its type hints (the node YAML,
+`alpamayo.model_spec.ModelSpec`): unknown keys, missing keys and values of the wrong type are errors naming the
+dotted key; `check` is the checks' one message form, "KEY = VALUE is invalid; allowed: RANGE".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +134,62 @@ class Fields:
 
     def optional_id(self, key: str) -> int | None:
         return self.int(key, minimum=0) if self.has(key) else None
+
+
+def check(ok: bool, key: str, value: object, allowed: str) -> None:
+    """ConfigError "KEY = VALUE is invalid; allowed: ALLOWED" unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{key} = {value!r} is invalid; allowed: {allowed}")
+
+
+def build_dataclass(cls: type, data: Any, path: str) -> Any:
+    """`cls(**data)` with each value checked against `cls`'s type hints (nested dataclasses, lists, str-keyed
+    dicts, unions, floats from ints); `path` prefixes every key an error names (e.g. "model.")."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path.rstrip('.') or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(path + str(k) for k in unknown)}; allowed: {', '.join(names)}"
+        )
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"missing key(s) {', '.join(path + k for k in missing)}")
+    return cls(**{k: _coerce(hints[k], v, f"{path}{k}") for k, v in data.items()})
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) > 1:  # `float | str`: the type the value is spelled in
+            inner = (
+                [a for a in inner if a is str]
+                if isinstance(value, str)
+                else [a for a in inner if a is not str]
+            )
+        check(len(inner) == 1, key, value, " or ".join(a.__name__ for a in args if a is not type(None)))
+        return _coerce(inner[0], value, key)
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, value, key + ".")
+    if origin is list:
+        check(isinstance(value, list), key, value, "a list")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        check(isinstance(value, dict) and all(isinstance(k, str) for k in value), key, value, "a mapping")
+        return {k: _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
+    if tp is float:
+        check(type(value) in (int, float), key, value, "a number")
+        return float(value)
+    check(type(value) is tp, key, value, f"a {tp.__name__}")
+    return value

@@ -1,6 +1,6 @@
 """`AlpamayoVLA`: camera frames + ego history -> reasoning, trajectory tokens and 64 waypoints.
 
-    vla = AlpamayoVLA.from_checkpoint(ckpt_dir, BackendOptions(dtype=torch.bfloat16))
+    vla = AlpamayoVLA.from_spec(ModelSpec(checkpoint=ckpt_dir, dtype="bfloat16"))
     prediction = vla.predict(frames, ego_history, frame_times_ns=times)   # alpamayo.prediction.Prediction
     answer = vla.ask(frames, "Is there a pedestrian?")                    # VQA (Alpamayo 1.5 / 2 Super)
 
@@ -21,21 +21,24 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
 
-from alpamayo.backends import TORCH_CPU, BackendOptions, load_expert_decoder
+from alpamayo.backends import (
+    BackendOptions,
+    check_draft,
+    check_expert_settings,
+    load_draft_model,
+    load_expert_decoder,
+)
 from alpamayo.checkpoint import Checkpoint
 from alpamayo.config import ModelConfig
 from alpamayo.contract import ImageFeatures, TrajectoryDecoder
 from alpamayo.decoding.loop import FILLER, generate_plans
 from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.decoding.speculative import first_draft
-from alpamayo.drafts import MODEL_FREE_BLOCK, Draft, DraftContext, check_draft_spec, load_draft
-from alpamayo.drafts.dflash import read_config
+from alpamayo.drafts import Draft, DraftContext
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
 from alpamayo.expert.model import ActionExpert
@@ -44,8 +47,10 @@ from alpamayo.expert.weights import has_expert_weights, stored_action_statistics
 from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, Cancellation, EgoHistory, Prediction
 from alpamayo.profiling import Tracer
+from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.vlm import VisionLanguageModel
 from planner.ego_frame import LocalHistory
 from planner.pipeline import Planner
@@ -178,69 +183,47 @@ class AlpamayoVLA:
         self._resolution: tuple[int, int] | None = None
 
     @classmethod
-    def from_checkpoint(
+    def from_spec(
         cls,
-        directory: str | Path,
-        options: BackendOptions = TORCH_CPU,
+        spec: ModelSpec,
         tracer: Tracer | None = None,
-        sampling: Sampling | None = None,
-        max_reasoning_tokens: int = 256,
-        base_model: str | Path | None = None,
-        decoder: str | None = None,
-        flow: FlowSettings = DEFAULT_FLOW,
-        draft: str = "none",
+        options: BackendOptions | None = None,
         weights: Checkpoint | None = None,
         cfg: ModelConfig | None = None,
     ) -> AlpamayoVLA:
-        """Load a checkpoint directory of any family (`alpamayo.families`): an Alpamayo release (R1, 1.5,
-        2 Super), the project's layout, or a plain Qwen3-VL plus trajectory vocabulary. `base_model`: the
-        R1 / 1.5 base-model directory where `vlm_name_or_path` is not found locally. `sampling` None takes the
-        family's default (the released models: temperature 0.6, top_p 0.98; the project's layouts: greedy).
+        """Load what `spec` describes (`alpamayo.model_spec`): a checkpoint directory of any family
+        (`alpamayo.families`: an Alpamayo release, R1, 1.5 or 2 Super, the project's layout, or a plain
+        Qwen3-VL plus trajectory vocabulary), on its backend, with its decoder, flow settings, draft, sampling
+        (the family's defaults where the spec leaves them open) and reasoning cap; with `spec.reproducible`
+        this process computes on one thread from here on (`alpamayo.reproducibility.mode`).
 
-        The torch backend runs on `options.device` in `options.dtype`; ttnn runs the vision tower and the text
-        backbone on one Blackhole p150 with the precision `options.recipe` (K samples as K rows of one
-        decode program, each in its own cache slot). Either way only frames not seen before are encoded
-        (`FeatureCache`).
+        The torch backend runs on `spec.device` in `spec.dtype`; ttnn runs the vision tower and the text
+        backbone on one Blackhole p150 with the precision `spec.recipe` (K samples as K rows of one decode
+        program, each in its own cache slot). Either way only frames not seen before are encoded
+        (`FeatureCache`). The expert is checked against the VLM and its tensors against its config, and a
+        DFlash draft against the text backbone, before any weight is read.
 
-        `decoder`: "expert" or "tokens" (`alpamayo.expert.decoding.choose_decoder`; None: the expert whenever
-        the checkpoint has expert weights); `flow`: the expert's steps, noise temperature and navigation
-        guidance. The expert is checked against the VLM and its tensors against its config before any weight
-        is read. `draft`: the speculative draft of the reasoning (`alpamayo.drafts`: none, lookup, previous,
-        dflash:DIR), a DFlash draft checked against the text backbone before any weight is read.
-        `weights` serves the tensors instead of the directory's files and `cfg` replaces its config (as in
+        `options` replaces `spec.options` (a precision recipe built in memory), `weights` serves the tensors
+        instead of the directory's files and `cfg` replaces its config (as in
         `VisionLanguageModel.from_checkpoint`: `alpamayo precision` runs a recipe's rounded weights so).
         """
-        check_draft_spec(draft)
-        cfg = cfg or load_model_config(directory, base_model)
-        block = MODEL_FREE_BLOCK
-        if draft.startswith("dflash:"):
-            where = draft[len("dflash:") :]
-            draft_cfg = read_config(where)
-            draft_cfg.check_target(cfg.text, where)
-            block = draft_cfg.block_size
-            if options.backend == "ttnn":
-                from alpamayo.tt.draft import check_device_draft
-
-                check_device_draft(draft_cfg, cfg.text, where)
-        if options.backend == "ttnn" and draft != "none":
-            from alpamayo.plan.programs.text import check_decode_rows  # plans only: no ttnn import
-
-            try:  # a verify block is `block` rows of the decode program, which the device MoE cannot route
-                check_decode_rows(block, bool(cfg.text.sparse_layers))
-            except ValueError as e:
-                raise ValueError(f"--draft {draft} with --backend ttnn: its verify blocks are {e}") from None
+        if spec.checkpoint is None:
+            raise ValueError("no checkpoint: the model spec names none (--checkpoint DIR)")
+        options = options or spec.options
+        directory = spec.checkpoint
+        cfg = cfg or load_model_config(directory, spec.base_model)
+        check_draft(spec.draft, cfg, options)
+        if spec.reproducible:
+            compute_on_one_thread()
         ckpt = weights or Checkpoint(directory, cfg.weight_prefix)
         expert_cfg = expert_config_of(cfg)
         has_weights = expert_cfg is not None and has_expert_weights(ckpt, expert_cfg)
-        decoder = choose_decoder(decoder, expert_cfg, has_weights, cfg.source)
+        decoder = choose_decoder(spec.decoder, expert_cfg, has_weights, cfg.source)
+        flow = spec.flow
         statistics = None
         if decoder == "expert" and expert_cfg is not None:  # choose_decoder: the expert only where described
             validate_expert_tensors(ckpt, expert_cfg, cfg.text)
-            ExpertDecoder.check_settings(expert_cfg, flow)
-            if options.backend == "ttnn":
-                from alpamayo.tt.expert import TTExpertDecoder  # plans only: no ttnn import
-
-                TTExpertDecoder.check_settings(flow)
+            check_expert_settings(expert_cfg, flow, options)
             # R1 un-normalises the expert's actions with the statistics its checkpoint stores (bf16 in a bf16
             # release), not config.json's: `stored_action_statistics` has NVIDIA's rule.
             statistics = stored_action_statistics(ckpt, expert_cfg)
@@ -250,16 +233,19 @@ class AlpamayoVLA:
         if decoder == "expert":  # on the VLM's device
             n = planner.settings.action_space.n_waypoints
             expert = load_expert_decoder(ckpt, cfg, options, vlm.text, flow, n)
-        if draft.startswith("dflash:") and options.backend == "ttnn":  # its layers on the VLM's device
-            from alpamayo.tt.draft import TTDFlashDraft
-            from alpamayo.tt.text import TTTextModel
-
-            # `load_text_model` gives --backend ttnn a TTTextModel
-            spec: Draft | None = TTDFlashDraft.load(draft[len("dflash:") :], cast(TTTextModel, vlm.text))
-        else:
-            spec = load_draft(draft, vlm.text)
+        draft = load_draft_model(spec.draft, options, vlm.text)  # on the VLM's device
+        sampling = spec.sampling(cfg.family.sampling)
         return cls(
-            vlm, planner, tracer, sampling, max_reasoning_tokens, options.precision, expert, flow, spec, draft
+            vlm,
+            planner,
+            tracer,
+            sampling,
+            spec.max_reasoning_tokens,
+            options.precision,
+            expert,
+            flow,
+            draft,
+            spec.draft,
         )
 
     @property

@@ -24,6 +24,7 @@ from PIL import Image
 from scipy.spatial.transform import Rotation
 
 from alpamayo.demo_release import make_demo_checkpoint
+from alpamayo.model_spec import ModelSpec
 from alpamayo.runtime import AlpamayoVLA
 from bridges.alpasim.client import AlpasimDriverClient, EgoDynamics, EgoPose
 from bridges.alpasim.service import DEFAULT_CAMERAS, EgodriverService, serve
@@ -36,7 +37,7 @@ def main() -> None:
     ap.add_argument("--height", type=int, default=1080)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        vla = AlpamayoVLA.from_checkpoint(make_demo_checkpoint(Path(tmp) / "ckpt", seed=0))
+        vla = AlpamayoVLA.from_spec(ModelSpec(checkpoint=make_demo_checkpoint(Path(tmp) / "ckpt", seed=0)))
         service = EgodriverService(vla, vla.model_line())
         server, port = serve(service, "127.0.0.1:0")
         client = AlpasimDriverClient(f"127.0.0.1:{port}")

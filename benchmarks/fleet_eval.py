@@ -35,6 +35,7 @@ from alpamayo.eval.ray_workers import start_local_ray
 from alpamayo.eval.report import EvalRun
 from alpamayo.eval.session import run_eval
 from alpamayo.eval.settings import EvalSettings
+from alpamayo.model_spec import ModelSpec
 
 OBJECT_STORE_BYTES = 80 * 1024**2
 
@@ -72,11 +73,13 @@ def main() -> None:
         clips = collect_clips(drives, None, None)
 
         def settings(name: str, **kw) -> EvalSettings:
+            model = ModelSpec(
+                checkpoint, temperature=0.6, top_p=0.98, max_reasoning_tokens=args.max_reasoning_tokens
+            )
             return EvalSettings(
-                checkpoint=checkpoint,
+                model,
                 out=root / name,
                 num_samples=args.samples,
-                max_reasoning_tokens=args.max_reasoning_tokens,
                 progress=False,
                 **kw,
             )

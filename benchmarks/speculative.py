@@ -244,6 +244,7 @@ def dflash_side(model: TextModel, args: argparse.Namespace) -> dict:
 def drafts_on_drive(args: argparse.Namespace) -> dict:
     from alpamayo.demo_drive import make_demo_drive
     from alpamayo.demo_release import make_demo_checkpoint
+    from alpamayo.model_spec import ModelSpec
     from alpamayo.replay.report import mean_accepted_length
     from alpamayo.replay.session import run_replay
     from alpamayo.replay.settings import ReplaySettings
@@ -256,11 +257,9 @@ def drafts_on_drive(args: argparse.Namespace) -> dict:
         run = run_replay(
             ReplaySettings(
                 drive=drive.path,
-                checkpoint=ckpt,
+                model=ModelSpec(ckpt, max_reasoning_tokens=32, draft=draft),
                 warmup=1,
-                max_reasoning_tokens=32,
                 seed=0,
-                draft=draft,
                 progress=False,
             )
         )

@@ -7,9 +7,6 @@ the key path, the value and the allowed range. `NodeConfig.to_dict()` is the eff
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +15,9 @@ from typing import Any
 import yaml
 
 from alpamayo.errors import ConfigError
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE
-from alpamayo.plan.precision import PRESETS
+from alpamayo.json_fields import build_dataclass, check
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import FRAMES_PER_CAMERA
-from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
-from alpamayo.tt.device import MODES as TT_MODES
 from bridges.protocol import ALPAMAYO_CAMERAS, CHANNELS, ENCODINGS, CameraFormat, Limits
 from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 
@@ -30,14 +25,9 @@ from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 DEFAULT_CAMERAS = {ALPAMAYO_CAMERAS[i]: i for i in (0, 1, 2, 6)}
 
 
-def _check(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key} = {value!r} is invalid; allowed: {allowed}")
-
-
 def _check_endpoint(key: str, endpoint: str) -> None:
     scheme = endpoint.split("://", 1)[0]
-    _check(
+    check(
         "://" in endpoint and scheme in ("tcp", "ipc", "inproc"),
         key,
         endpoint,
@@ -46,129 +36,34 @@ def _check_endpoint(key: str, endpoint: str) -> None:
 
 
 @dataclass(frozen=True)
-class ModelSection:
-    """What to load and how to call it (`AlpamayoVLA.from_checkpoint`, `predict`)."""
+class ModelSection(ModelSpec):
+    """What to load and how to run it (`alpamayo.model_spec.ModelSpec`: its keys, checks and defaults), and what
+    each prediction asks for: the route, the sample count and the seed."""
 
-    checkpoint: str | None = None
-    base_model: str | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
-    backend: str = "torch"
-    device: str = "cpu"  # torch backend
-    dtype: str = "float32"  # torch backend
-    recipe: str = "performance"  # ttnn backend: a precision preset or recipe YAML (alpamayo.plan.precision)
-    tt_cache: str | None = None  # ttnn backend: directory of the packed weight cache (.tensorbin files)
-    tt_mode: str | None = None  # ttnn backend: device | golden (host, no card); null: env or device
-    moe_config: str | None = None  # ttnn backend, MoE checkpoints: block config YAML (None: the shipped one)
-    quant: str = "none"  # torch backend: weight-only none / int8 / int4 (alpamayo.quant); ttnn uses recipe
-    quant_group: int = DEFAULT_GROUP_SIZE  # quant int4: input columns per scale and zero (32, 64, 128)
-    quant_head: bool = False  # quant: the LM head too
-    quant_cache: str | None = None  # quant: directory of the packed-weight cache (alpamayo.quant.cache)
     route: str | None = None  # navigation text passed to every prediction
     num_samples: int = 1
     seed: int | None = None
-    # Decoding; None takes the model family's default (Alpamayo R1 / 1.5 / 2 Super: temperature 0.6, top_p 0.98;
-    # the project's layouts: greedy). temperature 0 = greedy.
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_reasoning_tokens: int = 256  # after this many, <|traj_future_start|> is forced
-    # Trajectory decoder: "expert" (flow-matching action expert) or "tokens"; null: the expert whenever the
-    # checkpoint has expert weights. The expert's Euler steps (null: the config's), noise temperature and
-    # navigation guidance weight (null: no CFG; "checkpoint": the checkpoint's inference_guidance_weight;
-    # needs model.route).
-    decoder: str | None = None
-    flow_steps: int | None = None
-    flow_temperature: float = 1.0
-    nav_guidance: float | str | None = None
-    # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous or dflash:DIR
-    draft: str = "none"
-    # one torch and one BLAS thread: the same bytes on any thread count (alpamayo.reproducibility.mode)
-    reproducible: bool = False
-
-    @property
-    def quant_recipe(self) -> QuantRecipe:
-        return QuantRecipe(self.quant, self.quant_group, self.quant_head)
 
     def __post_init__(self) -> None:
-        _check(
-            self.draft in ("none", "lookup", "previous")
-            or (self.draft.startswith("dflash:") and Path(self.draft[len("dflash:") :]).is_dir()),
-            "model.draft",
-            self.draft,
-            "none, lookup, previous or dflash:DIR with an existing DIR",
-        )
-        _check(self.backend in ("torch", "ttnn"), "model.backend", self.backend, "torch, ttnn")
-        _check(self.dtype in ("float32", "bfloat16"), "model.dtype", self.dtype, "float32, bfloat16")
-        _check(
-            self.tt_mode in (None, *TT_MODES), "model.tt_mode", self.tt_mode, ", ".join(["null", *TT_MODES])
-        )
-        _check(
-            self.recipe in PRESETS or Path(self.recipe).is_file(),
-            "model.recipe",
-            self.recipe,
-            f"{', '.join(PRESETS)} or an existing recipe YAML file",
-        )
-        _check(self.quant in QUANT_MODES, "model.quant", self.quant, ", ".join(QUANT_MODES))
-        _check(
-            self.quant_group in GROUP_SIZES,
-            "model.quant_group",
-            self.quant_group,
-            ", ".join(map(str, GROUP_SIZES)),
-        )
-        _check(
-            self.backend == "torch" or self.quant == "none",
-            "model.quant",
-            self.quant,
-            "none with backend ttnn (choose its precision with model.recipe)",
-        )
-        _check(1 <= self.num_samples <= 64, "model.num_samples", self.num_samples, "1..64")
-        _check(
-            self.temperature is None or 0 <= self.temperature <= 10,
-            "model.temperature",
-            self.temperature,
-            "0 (greedy) .. 10, or null for the model family's default",
-        )
-        _check(self.top_p is None or 0 < self.top_p <= 1, "model.top_p", self.top_p, "(0, 1] or null")
-        _check(
-            self.top_k is None or self.top_k >= 1, "model.top_k", self.top_k, ">= 1, or null for all tokens"
-        )
-        _check(
-            self.decoder in (None, "expert", "tokens"),
-            "model.decoder",
-            self.decoder,
-            "expert, tokens or null",
-        )
-        _check(
-            self.flow_steps is None or (isinstance(self.flow_steps, int) and 1 <= self.flow_steps <= 1000),
-            "model.flow_steps",
-            self.flow_steps,
-            "1..1000, or null for the checkpoint's",
-        )
-        _check(0 < self.flow_temperature <= 10, "model.flow_temperature", self.flow_temperature, "(0, 10]")
-        _check(
-            self.nav_guidance in (None, CHECKPOINT_GUIDANCE)
-            or (isinstance(self.nav_guidance, float) and math.isfinite(self.nav_guidance)),
-            "model.nav_guidance",
-            self.nav_guidance,
-            f"a finite number, {CHECKPOINT_GUIDANCE!r} (the checkpoint's weight) or null",
-        )
-        _check(
+        super().__post_init__()
+        check(1 <= self.num_samples <= 64, "model.num_samples", self.num_samples, "1..64")
+        check(
             self.nav_guidance is None or self.route is not None,
             "model.nav_guidance",
             self.nav_guidance,
             "null without model.route (the unguided branch is the prompt without the route)",
         )
-        _check(
-            1 <= self.max_reasoning_tokens <= 4096,
-            "model.max_reasoning_tokens",
-            self.max_reasoning_tokens,
-            "1..4096",
-        )
-        _check(
+        check(
             self.num_samples == 1 or self.temperature != 0,
             "model.num_samples",
             self.num_samples,
             "1 with greedy decoding (set model.temperature > 0 to draw several samples)",
         )
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's part of the section."""
+        return ModelSpec.from_dict(self.to_dict())
 
 
 @dataclass(frozen=True)
@@ -182,13 +77,13 @@ class InputSection:
     hwm: int = 32
 
     def __post_init__(self) -> None:
-        _check(len(self.endpoints) >= 1, "input.endpoints", self.endpoints, "at least one endpoint")
-        _check(
+        check(len(self.endpoints) >= 1, "input.endpoints", self.endpoints, "at least one endpoint")
+        check(
             not self.bind or len(self.endpoints) == 1, "input.endpoints", self.endpoints, "one when binding"
         )
         for i, ep in enumerate(self.endpoints):
             _check_endpoint(f"input.endpoints[{i}]", ep)
-        _check(1 <= self.hwm <= 10_000, "input.hwm", self.hwm, "1..10000")
+        check(1 <= self.hwm <= 10_000, "input.hwm", self.hwm, "1..10000")
 
 
 @dataclass(frozen=True)
@@ -241,38 +136,38 @@ class TimingSection:
     backwards_restart_after: int = 3
 
     def __post_init__(self) -> None:
-        _check(0.1 <= self.rate_hz <= 100, "timing.rate_hz", self.rate_hz, "0.1..100")
+        check(0.1 <= self.rate_hz <= 100, "timing.rate_hz", self.rate_hz, "0.1..100")
         period_ms = 1000.0 / self.rate_hz
-        _check(
+        check(
             0 < self.sync_tolerance_ms <= period_ms / 2,
             "timing.sync_tolerance_ms",
             self.sync_tolerance_ms,
             f"(0, {period_ms / 2:g}] (half a period)",
         )
-        _check(
+        check(
             0 <= self.cadence_tolerance_ms < period_ms,
             "timing.cadence_tolerance_ms",
             self.cadence_tolerance_ms,
             f"[0, {period_ms:g})",
         )
-        _check(self.stale_after_ms > 0, "timing.stale_after_ms", self.stale_after_ms, "> 0")
-        _check(
+        check(self.stale_after_ms > 0, "timing.stale_after_ms", self.stale_after_ms, "> 0")
+        check(
             0 <= self.max_ego_extrapolation_ms <= period_ms,
             "timing.max_ego_extrapolation_ms",
             self.max_ego_extrapolation_ms,
             f"[0, {period_ms:g}]",
         )
-        _check(self.shutdown_timeout_s > 0, "timing.shutdown_timeout_s", self.shutdown_timeout_s, "> 0")
-        _check(0 <= self.linger_ms <= 10_000, "timing.linger_ms", self.linger_ms, "0..10000")
-        _check(100 <= self.heartbeat_ms <= 60_000, "timing.heartbeat_ms", self.heartbeat_ms, "100..60000")
-        _check(self.max_future_ms > 0, "timing.max_future_ms", self.max_future_ms, "> 0")
-        _check(
+        check(self.shutdown_timeout_s > 0, "timing.shutdown_timeout_s", self.shutdown_timeout_s, "> 0")
+        check(0 <= self.linger_ms <= 10_000, "timing.linger_ms", self.linger_ms, "0..10000")
+        check(100 <= self.heartbeat_ms <= 60_000, "timing.heartbeat_ms", self.heartbeat_ms, "100..60000")
+        check(self.max_future_ms > 0, "timing.max_future_ms", self.max_future_ms, "> 0")
+        check(
             1 <= self.max_frame_id_jump <= 2**31,
             "timing.max_frame_id_jump",
             self.max_frame_id_jump,
             "1..2^31",
         )
-        _check(
+        check(
             2 <= self.backwards_restart_after <= 1000,
             "timing.backwards_restart_after",
             self.backwards_restart_after,
@@ -296,13 +191,13 @@ class LimitsSection:
     decode_budget_ms: float = 250.0
 
     def __post_init__(self) -> None:
-        _check(1 <= self.max_width <= 16384, "limits.max_width", self.max_width, "1..16384")
-        _check(1 <= self.max_height <= 16384, "limits.max_height", self.max_height, "1..16384")
-        _check(4 <= self.ring_frames <= 256, "limits.ring_frames", self.ring_frames, "4..256")
-        _check(self.ring_mb > 0, "limits.ring_mb", self.ring_mb, "> 0")
-        _check(1 <= self.max_jpeg_ratio <= 1e6, "limits.max_jpeg_ratio", self.max_jpeg_ratio, "1..1e6")
-        _check(1 <= self.decode_threads <= 64, "limits.decode_threads", self.decode_threads, "1..64")
-        _check(self.decode_budget_ms > 0, "limits.decode_budget_ms", self.decode_budget_ms, "> 0")
+        check(1 <= self.max_width <= 16384, "limits.max_width", self.max_width, "1..16384")
+        check(1 <= self.max_height <= 16384, "limits.max_height", self.max_height, "1..16384")
+        check(4 <= self.ring_frames <= 256, "limits.ring_frames", self.ring_frames, "4..256")
+        check(self.ring_mb > 0, "limits.ring_mb", self.ring_mb, "> 0")
+        check(1 <= self.max_jpeg_ratio <= 1e6, "limits.max_jpeg_ratio", self.max_jpeg_ratio, "1..1e6")
+        check(1 <= self.decode_threads <= 64, "limits.decode_threads", self.decode_threads, "1..64")
+        check(self.decode_budget_ms > 0, "limits.decode_budget_ms", self.decode_budget_ms, "> 0")
 
     @property
     def protocol(self) -> Limits:
@@ -318,9 +213,9 @@ class WarmupSection:
     height: int = 1080
 
     def __post_init__(self) -> None:
-        _check(0 <= self.runs <= 100, "warmup.runs", self.runs, "0..100")
-        _check(1 <= self.width <= 16384, "warmup.width", self.width, "1..16384")
-        _check(1 <= self.height <= 16384, "warmup.height", self.height, "1..16384")
+        check(0 <= self.runs <= 100, "warmup.runs", self.runs, "0..100")
+        check(1 <= self.width <= 16384, "warmup.width", self.width, "1..16384")
+        check(1 <= self.height <= 16384, "warmup.height", self.height, "1..16384")
 
 
 @dataclass(frozen=True)
@@ -333,10 +228,8 @@ class CurveSection:
 
     def __post_init__(self) -> None:
         secret, allowed = Path(self.server_secret_key), Path(self.authorized_keys)
-        _check(secret.is_file(), "curve.server_secret_key", str(secret), "an existing NAME.key_secret file")
-        _check(
-            allowed.is_dir(), "curve.authorized_keys", str(allowed), "an existing directory of *.key files"
-        )
+        check(secret.is_file(), "curve.server_secret_key", str(secret), "an existing NAME.key_secret file")
+        check(allowed.is_dir(), "curve.authorized_keys", str(allowed), "an existing directory of *.key files")
 
 
 @dataclass(frozen=True)
@@ -354,10 +247,10 @@ class NodeConfig:
     curve: CurveSection | None = None
 
     def __post_init__(self) -> None:
-        _check(1 <= len(self.cameras) <= 16, "cameras", self.cameras, "1..16 cameras")
+        check(1 <= len(self.cameras) <= 16, "cameras", self.cameras, "1..16 cameras")
         for name, index in self.cameras.items():
-            _check(0 <= index <= 15, f"cameras.{name}", index, "0..15")
-        _check(
+            check(0 <= index <= 15, f"cameras.{name}", index, "0..15")
+        check(
             len(set(self.cameras.values())) == len(self.cameras), "cameras", self.cameras, "distinct indices"
         )
         limits = self.limits
@@ -370,7 +263,7 @@ class NodeConfig:
                 * (fmt.height or limits.max_height)
                 * CHANNELS
             )
-            _check(
+            check(
                 share >= need,
                 "limits.ring_mb",
                 limits.ring_mb,
@@ -379,20 +272,20 @@ class NodeConfig:
             )
         for name, fmt in self.camera_formats.items():
             key = f"camera_formats.{name}"
-            _check(name in self.cameras, key, name, f"a configured camera: {', '.join(self.cameras)}")
-            _check(
+            check(name in self.cameras, key, name, f"a configured camera: {', '.join(self.cameras)}")
+            check(
                 fmt.width is None or 1 <= fmt.width <= limits.max_width,
                 f"{key}.width",
                 fmt.width,
                 f"1..{limits.max_width} (limits.max_width)",
             )
-            _check(
+            check(
                 fmt.height is None or 1 <= fmt.height <= limits.max_height,
                 f"{key}.height",
                 fmt.height,
                 f"1..{limits.max_height} (limits.max_height)",
             )
-            _check(
+            check(
                 fmt.encoding is None or fmt.encoding in ENCODINGS,
                 f"{key}.encoding",
                 fmt.encoding,
@@ -401,11 +294,11 @@ class NodeConfig:
         if self.curve is not None:
             endpoints = [*self.input.endpoints, self.output.endpoint, self.control.endpoint]
             for ep in endpoints:
-                _check(ep.startswith("tcp://"), "curve", ep, "tcp:// endpoints only (CURVE needs TCP)")
+                check(ep.startswith("tcp://"), "curve", ep, "tcp:// endpoints only (CURVE needs TCP)")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeConfig:
-        return _build(cls, data, "")
+        return build_dataclass(cls, data, "")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -417,7 +310,7 @@ class NodeConfig:
         for item in overrides:
             if isinstance(item, str):
                 key, sep, raw = item.partition("=")
-                _check(bool(sep) and bool(key), "override", item, "KEY=VALUE, e.g. timing.stale_after_ms=500")
+                check(bool(sep) and bool(key), "override", item, "KEY=VALUE, e.g. timing.stale_after_ms=500")
                 value = yaml.safe_load(raw)
             else:
                 key, value = item
@@ -427,7 +320,7 @@ class NodeConfig:
                 child = node.get(part)
                 if child is None:  # an optional section that is off (curve) or a key the file did not set
                     child = node[part] = {}
-                _check(isinstance(child, dict), "override", item, f"{part!r} names a section")
+                check(isinstance(child, dict), "override", item, f"{part!r} names a section")
                 node = child
             node[leaf] = value
         return NodeConfig.from_dict(data)
@@ -450,54 +343,3 @@ def load_node_config(path: str | Path | None, overrides: Sequence[str | tuple[st
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
     return config.replace(overrides) if overrides else config
-
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ConfigError(
-            f"unknown key(s) {', '.join(path + str(k) for k in unknown)}; allowed: {', '.join(names)}"
-        )
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.name not in data
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ConfigError(f"missing key(s) {', '.join(path + k for k in missing)}")
-    return cls(**{k: _coerce(hints[k], v, f"{path}{k}") for k, v in data.items()})
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) > 1:  # `float | str`: the type the value is spelled in
-            inner = (
-                [a for a in inner if a is str]
-                if isinstance(value, str)
-                else [a for a in inner if a is not str]
-            )
-        _check(len(inner) == 1, key, value, " or ".join(a.__name__ for a in args if a is not type(None)))
-        return _coerce(inner[0], value, key)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key + ".")
-    if origin is list:
-        _check(isinstance(value, list), key, value, "a list")
-        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        _check(isinstance(value, dict) and all(isinstance(k, str) for k in value), key, value, "a mapping")
-        return {k: _coerce(args[1], v, f"{key}.{k}") for k, v in value.items()}
-    if tp is float:
-        _check(type(value) in (int, float), key, value, "a number")
-        return float(value)
-    _check(type(value) is tp, key, value, f"a {tp.__name__}")
-    return value

@@ -17,6 +17,7 @@ from scipy.spatial.transform import Rotation
 
 from alpamayo.cli import build_parser
 from alpamayo.commands.common import load_vla
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from bridges.alpasim.client import AlpasimDriverClient, EgoDynamics, EgoPose, trajectory_arrays
@@ -30,7 +31,7 @@ T0 = FRAME_US[-1]
 
 @pytest.fixture(scope="module")
 def vla(demo_checkpoint):
-    model = AlpamayoVLA.from_checkpoint(demo_checkpoint)
+    model = AlpamayoVLA.from_spec(ModelSpec(checkpoint=demo_checkpoint))
     yield model
     model.close()
 

@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from bridges.camera_sim import CameraSim, SyntheticCamera, SyntheticDrive
@@ -28,7 +29,7 @@ SPEEDUP = 10.0
 
 @pytest.fixture(scope="module")
 def vla(demo_checkpoint):
-    return AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=4)
+    return AlpamayoVLA.from_spec(ModelSpec(checkpoint=demo_checkpoint, max_reasoning_tokens=4))
 
 
 def simulate(publisher: FramePublisher, ticks: int, drive: SyntheticDrive | None = None) -> None:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from alpamayo.model_spec import ModelSpec
 from alpamayo.runtime import AlpamayoVLA
 from bridges.client import FramePublisher
 from bridges.protocol import (
@@ -143,7 +144,7 @@ headers = st.dictionaries(
 
 @pytest.fixture(scope="module")
 def vla(demo_checkpoint):
-    return AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=4)
+    return AlpamayoVLA.from_spec(ModelSpec(checkpoint=demo_checkpoint, max_reasoning_tokens=4))
 
 
 def test_node_survives_fuzzing_and_accounts_for_every_message(vla, record_figure):

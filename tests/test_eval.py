@@ -19,10 +19,12 @@ from PIL import Image
 
 from alpamayo.cli import main
 from alpamayo.demo_drive import START_NS, make_demo_drive
+from alpamayo.errors import ConfigError
 from alpamayo.eval.clips import Clip, clip_seed, collect_clips, load_clip_list
 from alpamayo.eval.ray_workers import TENSTORRENT, start_local_ray, worker_resources
 from alpamayo.eval.results import RunDir
 from alpamayo.eval.settings import EvalSettings
+from alpamayo.model_spec import ModelSpec
 from alpamayo.profiling import plots
 from tests import eval_faults
 from tests.compute_threads import threads_restored
@@ -333,32 +335,45 @@ def test_per_clip_seeds_depend_on_the_clip_and_the_run_seed_only():
     assert Clip("a/b", "x").result_name != Clip("a_b", "x").result_name
 
 
+def protocol(checkpoint, **kw) -> ModelSpec:
+    """The model as `alpamayo eval` runs it by default: NVIDIA's protocol sampling."""
+    return ModelSpec(checkpoint=checkpoint, temperature=0.6, top_p=0.98, **kw)
+
+
 def test_settings_refuse_what_this_build_cannot_run(tmp_path, demo_checkpoint):
-    settings = EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", decoder="diffusion")
-    with pytest.raises(ValueError, match=r"--decoder 'diffusion' unknown; allowed: \['expert', 'tokens'\]"):
-        settings.validate()
+    with pytest.raises(
+        ConfigError, match=r"model.decoder = 'diffusion' is invalid; allowed: expert, tokens, null"
+    ):
+        protocol(tmp_path, decoder="diffusion")
     with pytest.raises(ValueError, match=r"--workers 2 needs --ray"):
-        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", workers=2).validate()
+        EvalSettings(protocol(tmp_path), out=tmp_path / "run", workers=2).validate()
     with pytest.raises(
         ValueError, match=r"--ray 'drive0.mcap' is not a Ray address .* put --ray after the drives"
     ):
-        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray="drive0.mcap").validate()
+        EvalSettings(protocol(tmp_path), out=tmp_path / "run", ray="drive0.mcap").validate()
     for address in ("auto", "ray://head.example:10001", "10.0.0.5:6379"):
-        EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray=address).validate()
+        EvalSettings(protocol(tmp_path), out=tmp_path / "run", ray=address).validate()
     # K = 6 on the device (a dense model: ttnn refuses K > 1 over MoE layers, read from the config)
-    EvalSettings(checkpoint=demo_checkpoint, out=tmp_path / "run", backend="ttnn").validate()
+    EvalSettings(protocol(demo_checkpoint, backend="ttnn"), out=tmp_path / "run").validate()
     with pytest.raises(ValueError, match=r"--samples 17 with --backend ttnn: .* allowed: 1\.\.16"):
         EvalSettings(
-            checkpoint=demo_checkpoint, out=tmp_path / "run", backend="ttnn", num_samples=17
+            protocol(demo_checkpoint, backend="ttnn"), out=tmp_path / "run", num_samples=17
         ).validate()
-    RunDir.open(tmp_path / "run", EvalSettings(checkpoint=tmp_path, out=tmp_path / "run"))
+    RunDir.open(tmp_path / "run", EvalSettings(protocol(tmp_path), out=tmp_path / "run"))
     with pytest.raises(ValueError, match=r"holds results of other settings.*'seed': \(0, 1\)"):
-        RunDir.open(tmp_path / "run", EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", seed=1))
+        RunDir.open(tmp_path / "run", EvalSettings(protocol(tmp_path), out=tmp_path / "run", seed=1))
 
 
 def test_workers_ask_for_the_resources_of_their_backend(tmp_path):
-    def settings(**kw) -> EvalSettings:
-        return EvalSettings(checkpoint=tmp_path, out=tmp_path / "run", ray="auto", **kw)
+    def settings(num_samples: int = 6, workers: int | None = None, cpus_per_worker: int | None = None, **kw):
+        return EvalSettings(
+            protocol(tmp_path, **kw),
+            out=tmp_path / "run",
+            ray="auto",
+            num_samples=num_samples,
+            workers=workers,
+            cpus_per_worker=cpus_per_worker,
+        )
 
     mixed = {"CPU": 64.0, "GPU": 4.0, TENSTORRENT: 2.0}
     assert worker_resources(settings(device="cuda"), mixed) == (4, {"num_cpus": 1, "num_gpus": 1})

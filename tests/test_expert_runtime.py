@@ -20,6 +20,7 @@ from alpamayo.expert.config import RELEASE_10B_EXPERT, expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder
 from alpamayo.expert.sampler import FlowSettings
 from alpamayo.families.loader import load_model_config
+from alpamayo.model_spec import ModelSpec
 from alpamayo.plan.dram import plan_memory
 from alpamayo.plan.precision import PRESETS
 from alpamayo.prediction import EgoHistory
@@ -33,7 +34,7 @@ REASONING_CAP = 6
 def release(tmp_path_factory):
     """The Alpamayo 1.5 demo layout (with its tiny expert), loaded once with the expert as decoder."""
     path = make_demo_checkpoint(tmp_path_factory.mktemp("r15") / "ckpt", 0, layout="alpamayo1.5")
-    return path, AlpamayoVLA.from_checkpoint(path, max_reasoning_tokens=REASONING_CAP)
+    return path, AlpamayoVLA.from_spec(ModelSpec(checkpoint=path, max_reasoning_tokens=REASONING_CAP))
 
 
 def inputs():
@@ -97,14 +98,16 @@ def test_bad_expert_inputs_are_clear_errors(release):
 def test_guidance_and_tokens_decoder_on_the_same_checkpoint(release):
     path, _ = release
     frames, ego = inputs()
-    guided = AlpamayoVLA.from_checkpoint(
-        path, max_reasoning_tokens=REASONING_CAP, flow=FlowSettings(steps=3, guidance=1.5)
+    guided = AlpamayoVLA.from_spec(
+        ModelSpec(checkpoint=path, max_reasoning_tokens=REASONING_CAP, flow_steps=3, nav_guidance=1.5)
     )
     with pytest.raises(ValueError, match="navigation guidance needs a route"):
         guided.predict(frames, ego, seed=0)
     pred = guided.predict(frames, ego, route="turn left", seed=0)
     assert pred.flow == {"steps": 3, "temperature": 1.0, "guidance": 1.5}
-    tokens = AlpamayoVLA.from_checkpoint(path, max_reasoning_tokens=REASONING_CAP, decoder="tokens")
+    tokens = AlpamayoVLA.from_spec(
+        ModelSpec(checkpoint=path, max_reasoning_tokens=REASONING_CAP, decoder="tokens")
+    )
     pred = tokens.predict(frames, ego, seed=0)
     assert tokens.decoder == pred.decoder == "tokens" and pred.flow is None
     assert len(pred.best.token_ids) == 128
@@ -117,17 +120,18 @@ def test_nav_guidance_flag_without_a_weight_takes_the_checkpoints(release):
     default 1.0), recorded resolved; a weight that is not a number is refused by argparse, naming it."""
     import argparse
 
-    from alpamayo.commands.common import add_decoder_args, flow_settings
+    from alpamayo.commands.common import add_model_args, model_spec
 
     parser = argparse.ArgumentParser()
-    add_decoder_args(parser)
-    settings = flow_settings(parser.parse_args(["--nav-guidance", "--flow-steps", "3"]))
-    assert settings.guidance == "checkpoint"
-    assert flow_settings(parser.parse_args(["--nav-guidance", "2"])).guidance == 2.0
+    add_model_args(parser, checkpoint_required=False)
+    path, _ = release
+    flags = ["--checkpoint", str(path), "--max-reasoning-tokens", str(REASONING_CAP)]
+    spec = model_spec(parser.parse_args([*flags, "--nav-guidance", "--flow-steps", "3"]))
+    assert spec.flow.guidance == "checkpoint"
+    assert model_spec(parser.parse_args(["--nav-guidance", "2"])).flow.guidance == 2.0
     with pytest.raises(SystemExit):
         parser.parse_args(["--nav-guidance", "strong"])
-    path, _ = release
-    guided = AlpamayoVLA.from_checkpoint(path, max_reasoning_tokens=REASONING_CAP, flow=settings)
+    guided = AlpamayoVLA.from_spec(spec)
     assert "navigation guidance 1" in guided.model_line()
     frames, ego = inputs()
     assert guided.predict(frames, ego, route="turn left", seed=0).flow == {
@@ -140,15 +144,11 @@ def test_nav_guidance_flag_without_a_weight_takes_the_checkpoints(release):
 def test_guidance_on_ttnn_is_refused_by_name_before_anything_loads(tmp_path):
     """The device expert reads one cache; navigation guidance (1.5's or Super's) is refused before the VLM or
     the expert is loaded."""
-    from alpamayo.backends import BackendOptions
-
     path = make_demo_checkpoint(tmp_path / "super", 0, layout="super")
     with pytest.raises(
         ValueError, match=r"navigation guidance \(--nav-guidance\) is not implemented on --backend ttnn"
     ):
-        AlpamayoVLA.from_checkpoint(
-            path, BackendOptions(backend="ttnn"), flow=FlowSettings(guidance="checkpoint")
-        )
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=path, backend="ttnn", nav_guidance="checkpoint"))
 
 
 class WithoutGuidance(ExpertDecoder):
@@ -195,7 +195,7 @@ def test_the_demo_layout_carries_the_expert_under_the_1_5_names(demo_checkpoint,
     index = json.loads((release[0] / "model.safetensors.index.json").read_text())
     assert demo_names == {k for k in index["weight_map"] if not k.startswith("vlm.")}
     assert demo_names == set(demo_cfg.weight_shapes())
-    vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=2)
+    vla = AlpamayoVLA.from_spec(ModelSpec(checkpoint=demo_checkpoint, max_reasoning_tokens=2))
     assert vla.decoder == "expert" and "action expert (10 flow steps" in vla.model_line()
 
 
@@ -220,14 +220,14 @@ def test_decoder_expert_without_expert_config_or_tensors_is_refused(demo_checkpo
         k: v for k, v in raw.items() if not k.startswith(("expert", "action_in", "action_out", "diffusion"))
     }
     no_config = _copy_checkpoint(demo_checkpoint, tmp_path / "no-config", config=bare)
-    assert AlpamayoVLA.from_checkpoint(no_config, max_reasoning_tokens=2).decoder == "tokens"
+    assert AlpamayoVLA.from_spec(ModelSpec(checkpoint=no_config, max_reasoning_tokens=2)).decoder == "tokens"
     with pytest.raises(ValueError, match="describes no action expert"):
-        AlpamayoVLA.from_checkpoint(no_config, decoder="expert")
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=no_config, decoder="expert"))
     vlm = {k: v for k, v in load_file(demo_checkpoint / "model.safetensors").items() if k.startswith("vlm.")}
     no_tensors = _copy_checkpoint(demo_checkpoint, tmp_path / "no-tensors", weights=vlm)
-    assert AlpamayoVLA.from_checkpoint(no_tensors, max_reasoning_tokens=2).decoder == "tokens"
+    assert AlpamayoVLA.from_spec(ModelSpec(checkpoint=no_tensors, max_reasoning_tokens=2)).decoder == "tokens"
     with pytest.raises(ValueError, match="it holds no expert tensors"):
-        AlpamayoVLA.from_checkpoint(no_tensors, decoder="expert")
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=no_tensors, decoder="expert"))
 
 
 def test_cli_predict_reports_the_expert(release, tmp_path, capsys):

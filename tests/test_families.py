@@ -20,6 +20,7 @@ from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import MARKERS_1_5, MARKERS_R1, TRAJ_MARKERS
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.generation import Sampling
+from alpamayo.model_spec import ModelSpec
 from alpamayo.numerics import max_abs_error
 from alpamayo.runtime import AlpamayoVLA, planner_config
 from alpamayo.tokenizer import load_tokenizer
@@ -60,8 +61,8 @@ def vla_of(releases):
         if layout not in loaded:
             # The discrete decoder: these tests pin its tokens against transformers' generate (the layouts'
             # default, the action expert, is pinned by tests/test_expert_*.py).
-            loaded[layout] = AlpamayoVLA.from_checkpoint(
-                releases[layout], max_reasoning_tokens=4, decoder="tokens"
+            loaded[layout] = AlpamayoVLA.from_spec(
+                ModelSpec(checkpoint=releases[layout], max_reasoning_tokens=4, decoder="tokens")
             )
         return loaded[layout]
 
@@ -540,7 +541,7 @@ def test_a_missing_base_model_names_the_id_and_the_three_ways(
     ckpt = with_base_name(releases["r1"], tmp_path / "r1", "nvidia/Cosmos-Reason2-8B")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(ConfigError) as e:
-        AlpamayoVLA.from_checkpoint(ckpt)
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=ckpt))
     message = str(e.value)
     assert "config.json: base model 'vlm_name_or_path' = 'nvidia/Cosmos-Reason2-8B' not found" in message
     assert f"(a) a local directory 'nvidia/Cosmos-Reason2-8B', absolute or relative to {ckpt}" in message
@@ -590,7 +591,7 @@ def test_a_super_checkpoint_with_a_plain_tokenizer_is_completed_at_load(releases
     ckpt = with_plain_tokenizer(releases["super"], tmp_path / "plain")
     assert "<i0>" not in load_tokenizer(ckpt).get_vocab()
     capsys.readouterr()
-    vla = AlpamayoVLA.from_checkpoint(ckpt, decoder="tokens", max_reasoning_tokens=2)
+    vla = AlpamayoVLA.from_spec(ModelSpec(checkpoint=ckpt, decoder="tokens", max_reasoning_tokens=2))
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines
     assert f"{ckpt}: the tokenizer lacks 4028 of Alpamayo 2 Super's trajectory tokens and markers" in lines[0]
@@ -600,7 +601,7 @@ def test_a_super_checkpoint_with_a_plain_tokenizer_is_completed_at_load(releases
     assert completed.get_vocab() == shipped.get_vocab() and len(completed) == BASE_LEN + 4028
     assert completed.convert_tokens_to_ids("<|traj_future_start|>") == BASE_LEN + 4012
     # the whole driving prompt (history bins, markers, route text) is the same token sequence
-    shipped_planner = AlpamayoVLA.from_checkpoint(releases["super"], decoder="tokens").planner
+    shipped_planner = AlpamayoVLA.from_spec(ModelSpec(checkpoint=releases["super"], decoder="tokens")).planner
     bins = vla.planner.history(straight_history())
     prompt = vla.planner.prompt([1, 6], 4, bins, "Turn left in 11m").token_ids
     assert prompt == shipped_planner.prompt([1, 6], 4, bins, "Turn left in 11m").token_ids
@@ -649,10 +650,12 @@ def test_physicalai_av_clips_open_the_familys_driving_cameras(releases, tmp_path
 
     expected = {"super": (0, 1, 2, 3, 5, 6), "alpamayo1.5": (0, 1, 2, 6), "r1": (0, 1, 2, 6)}
     for layout, cameras in expected.items():
-        assert pai_cameras(ReplaySettings(drive="pai:clip@100", checkpoint=releases[layout])) == cameras
-    chosen = ReplaySettings(drive="pai:clip@100", checkpoint=releases["super"], cameras=(1, 6))
+        assert pai_cameras(ReplaySettings(drive="pai:clip@100", model=ModelSpec(releases[layout]))) == cameras
+    chosen = ReplaySettings(drive="pai:clip@100", model=ModelSpec(releases["super"]), cameras=(1, 6))
     assert pai_cameras(chosen) == (1, 6)
-    assert pai_cameras(ReplaySettings(drive=tmp_path / "drive.mcap", checkpoint=releases["super"])) is None
+    assert (
+        pai_cameras(ReplaySettings(drive=tmp_path / "drive.mcap", model=ModelSpec(releases["super"]))) is None
+    )
 
 
 def test_a_super_tokenizer_that_disagrees_with_the_saved_traj_ids_is_refused(releases, tmp_path):
@@ -666,7 +669,7 @@ def test_a_super_tokenizer_that_disagrees_with_the_saved_traj_ids_is_refused(rel
         match=rf"config.json: field 'traj_ids.future_start' = {BASE_LEN + 4013}, but the checkpoint's tokenizer "
         rf"gives <\|traj_future_start\|> id {BASE_LEN + 4012}; the tokenizer is not the one",
     ):
-        AlpamayoVLA.from_checkpoint(ckpt, decoder="tokens")
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=ckpt, decoder="tokens"))
 
 
 @pytest.mark.parametrize(
@@ -690,7 +693,7 @@ def test_an_expert_that_cannot_share_the_vlm_cache_is_refused(
     raw["expert_cfg"].update(change)
     (ckpt / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match=rf"{ckpt / 'config.json'}: {message}"):
-        AlpamayoVLA.from_checkpoint(ckpt)
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=ckpt))
 
 
 def test_a_missing_shard_and_a_truncated_one_name_file_and_tensor(releases, tmp_path, no_weight_reads):

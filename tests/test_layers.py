@@ -60,7 +60,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "plan": ("alpamayo.plan",),  # recipes, device layouts, program configs, DRAM and GPU plans
     "tt": ("alpamayo.tt",),
-    "runtime": ("alpamayo.backends", "alpamayo.vlm", "alpamayo.runtime"),
+    "runtime": ("alpamayo.backends", "alpamayo.model_spec", "alpamayo.vlm", "alpamayo.runtime"),
     "applications": (
         "alpamayo.replay",
         "alpamayo.replay.routes",

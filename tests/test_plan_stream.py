@@ -19,6 +19,7 @@ import pytest
 
 from alpamayo.cli import main
 from alpamayo.demo_drive import make_demo_drive
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.replay.session import run_replay
 from alpamayo.replay.settings import ReplaySettings
@@ -36,9 +37,8 @@ def drive(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def encoded_per_tick(drive, demo_checkpoint) -> list[int]:
-    settings = ReplaySettings(
-        drive, demo_checkpoint, max_reasoning_tokens=2, decoder="tokens", progress=False, copy_inputs=False
-    )
+    model = ModelSpec(demo_checkpoint, max_reasoning_tokens=2, decoder="tokens")
+    settings = ReplaySettings(drive, model, progress=False, copy_inputs=False)
     run = run_replay(settings)
     misses = Counter(
         s.args["tick"] for s in run.tracer.spans if s.name == "vision" and not s.args.get("cached", True)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from alpamayo.expert.sampler import euler_sample
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import Cancellation, PredictionCancelled
 from alpamayo.runtime import AlpamayoVLA
 from tests.test_runtime import straight_history
@@ -43,7 +44,7 @@ def cancel_on_call(owner: object, name: str, calls: int, cancel: Cancellation) -
 def vla(demo_checkpoint):
     """The demo's default decoder, the action expert: the reasoning's decode steps, then Euler steps (the
     trajectory tokens' decode steps are the same loop's)."""
-    return AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=CAP)
+    return AlpamayoVLA.from_spec(ModelSpec(checkpoint=demo_checkpoint, max_reasoning_tokens=CAP))
 
 
 def test_a_cancelled_prediction_stops_at_the_next_decode_step_and_the_model_predicts_as_before(vla):
@@ -76,7 +77,9 @@ def test_a_cancelled_prediction_stops_before_the_next_vision_encode(vla):
 
 
 def test_a_speculative_prediction_stops_at_the_next_verify_block(demo_checkpoint):
-    vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=CAP, draft="lookup")
+    vla = AlpamayoVLA.from_spec(
+        ModelSpec(checkpoint=demo_checkpoint, max_reasoning_tokens=CAP, draft="lookup")
+    )
     frames, times = frames_at(3)
     cancel = Cancellation()
     seen = cancel_on_call(vla.vlm, "verify", 2, cancel)

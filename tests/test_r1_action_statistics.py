@@ -23,6 +23,7 @@ from alpamayo.errors import CheckpointError
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.weights import ACTION_STATISTICS, stored_action_statistics
 from alpamayo.families.loader import load_model_config
+from alpamayo.model_spec import ModelSpec
 from alpamayo.runtime import AlpamayoVLA
 from tests.test_expert_runtime import inputs
 
@@ -68,7 +69,7 @@ def test_the_stored_bf16_statistics_un_normalise_the_experts_actions(r1_pair):
     frames, ego = inputs()
     actions = {}
     for name, path in (("f32", f32), ("bf16", bf16)):
-        vla = AlpamayoVLA.from_checkpoint(path, max_reasoning_tokens=REASONING_CAP)
+        vla = AlpamayoVLA.from_spec(ModelSpec(checkpoint=path, max_reasoning_tokens=REASONING_CAP))
         try:
             assert vla.decoder == "expert"
             settings = vla.planner.action_space.settings

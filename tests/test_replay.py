@@ -21,6 +21,7 @@ from PIL import Image
 from alpamayo.cli import build_parser, main
 from alpamayo.commands.replay_args import settings_from_args
 from alpamayo.demo_drive import START_NS, make_demo_drive
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import DT_S, FUTURE_STEPS, Prediction, TrajectorySample
 from alpamayo.profiling import Tracer, plots
 from alpamayo.replay.outputs import TIMINGS_TOPIC
@@ -352,7 +353,7 @@ class PacedPredictor:
 
 
 def realtime_job(drive: Path, predictor: PacedPredictor) -> ReplayJob:
-    settings = ReplaySettings(drive=drive, checkpoint=Path("unused"), mode="realtime", speed=2.0)
+    settings = ReplaySettings(drive=drive, model=ModelSpec("unused"), mode="realtime", speed=2.0)
     return ReplayJob(open_drive(drive, None, None, None, print), predictor, Tracer(), settings)
 
 
@@ -442,7 +443,7 @@ def test_speed_without_realtime_is_refused_not_ignored():
 
 def test_output_paths_are_checked_before_the_replay_runs(tmp_path):
     (tmp_path / "file.png").write_bytes(b"")
-    base = ReplaySettings(drive=tmp_path / "d.mcap", checkpoint=tmp_path)
+    base = ReplaySettings(drive=tmp_path / "d.mcap", model=ModelSpec(tmp_path))
     base.validate()
     for option, field, value, message in [
         ("--out", "out", tmp_path, "is a directory; expected a file path"),

@@ -11,10 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from alpamayo.backends import BackendOptions
 from alpamayo.cli import main
 from alpamayo.generation import Sampling
 from alpamayo.inputs import read_frames
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from tests.hf_checkpoints import hf_image_processor, hf_plan_tokens, load_alpamayo_hf
@@ -52,7 +52,9 @@ def vla(demo_checkpoint):
     """The discrete-token decoder: these tests pin its 128 trajectory tokens (against transformers, across the
     vision cache, across samples); the demo checkpoint's default, the action expert, is
     `test_predict_command_prints_64_waypoints`' and tests/test_expert_runtime.py's."""
-    return AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=6, decoder="tokens")
+    return AlpamayoVLA.from_spec(
+        ModelSpec(checkpoint=demo_checkpoint, max_reasoning_tokens=6, decoder="tokens")
+    )
 
 
 def test_greedy_prediction_matches_transformers_end_to_end(vla, demo_checkpoint, record_figure):
@@ -191,8 +193,8 @@ def test_cuda_prediction_equals_the_cpu_one(vla, demo_checkpoint):
     device reproduce for a seed."""
     frames, times = frames_at(50)
     expected = vla.predict(frames, straight_history(), frame_times_ns=times)
-    cuda = AlpamayoVLA.from_checkpoint(
-        demo_checkpoint, BackendOptions(device="cuda"), max_reasoning_tokens=6, decoder="tokens"
+    cuda = AlpamayoVLA.from_spec(
+        ModelSpec(checkpoint=demo_checkpoint, device="cuda", max_reasoning_tokens=6, decoder="tokens")
     )
     pred = cuda.predict(frames, straight_history(), frame_times_ns=times)
     assert pred.best.reasoning_token_ids == expected.best.reasoning_token_ids

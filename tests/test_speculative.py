@@ -517,20 +517,27 @@ def test_predictions_with_any_draft_equal_plain_ones_bit_for_bit(
     bit: the reasoning, then the action expert, which reads the K/V the verify blocks left (float32 verify
     blocks used to round ~1e-6 apart, which the demo's random expert amplified to tenths of a metre), or the
     sampled trajectory tokens."""
-    from alpamayo.backends import BackendOptions
+    from alpamayo.model_spec import ModelSpec
     from alpamayo.runtime import AlpamayoVLA
     from tests.test_runtime import frames_at, straight_history
 
     frames, times = frames_at(3)
     ego = straight_history()
-    options = BackendOptions(dtype=dtype)
     save_dflash(tmp_path / "draft", dflash_config(load_model_config(demo_checkpoint).text))
     rows = 1 if sampling.greedy else 2
 
     def load(draft: str) -> AlpamayoVLA:
-        return AlpamayoVLA.from_checkpoint(
-            demo_checkpoint, options, sampling=sampling, max_reasoning_tokens=12, decoder=decoder, draft=draft
+        spec = ModelSpec(
+            checkpoint=demo_checkpoint,
+            dtype=dtype,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_reasoning_tokens=12,
+            decoder=decoder,
+            draft=draft,
         )
+        return AlpamayoVLA.from_spec(spec)
 
     def predict(vla: AlpamayoVLA):
         return vla.predict(frames, ego, frame_times_ns=times, stream="front", num_samples=rows, seed=3)

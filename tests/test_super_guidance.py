@@ -33,9 +33,10 @@ from alpamayo.demo_checkpoint import hf_vlm
 from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings
+from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE
 from alpamayo.families.loader import model_tokenizer
 from alpamayo.generation import Sampling
+from alpamayo.model_spec import ModelSpec
 from alpamayo.numerics import max_abs_error
 from alpamayo.runtime import AlpamayoVLA
 from tests.hf_checkpoints import hf_float_image_processor, nvidia_float_pixels
@@ -181,8 +182,8 @@ class Reference:
 def run(checkpoint):
     """Our guided prediction (greedy reasoning capped at MAX_REASONING, fixed noise) with the two contexts its
     decoder sampled from, and NVIDIA's composition after the same reasoning."""
-    vla = AlpamayoVLA.from_checkpoint(
-        checkpoint, max_reasoning_tokens=MAX_REASONING, flow=FlowSettings(guidance=CHECKPOINT_GUIDANCE)
+    vla = AlpamayoVLA.from_spec(
+        ModelSpec(checkpoint=checkpoint, max_reasoning_tokens=MAX_REASONING, nav_guidance=CHECKPOINT_GUIDANCE)
     )
     seen = {}
     sample = ExpertDecoder.sample

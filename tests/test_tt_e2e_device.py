@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from alpamayo.backends import BackendOptions
 from alpamayo.generation import Sampling
+from alpamayo.model_spec import ModelSpec
 from alpamayo.runtime import AlpamayoVLA
 from planner.metrics import ade
 from tests.test_runtime import CAMERAS, frames_at, straight_history
@@ -34,7 +34,9 @@ REASONING_CAP = 32
 def torch_predictions(demo_checkpoint):
     # The discrete-token decoder on both backends: the demo checkpoint's expert is its torch default, and this
     # test compares the 128 trajectory tokens.
-    vla = AlpamayoVLA.from_checkpoint(demo_checkpoint, max_reasoning_tokens=REASONING_CAP, decoder="tokens")
+    vla = AlpamayoVLA.from_spec(
+        ModelSpec(checkpoint=demo_checkpoint, max_reasoning_tokens=REASONING_CAP, decoder="tokens")
+    )
     out = []
     for tick in (3, 4):
         frames, times = frames_at(tick)
@@ -52,11 +54,15 @@ def test_device_trajectory_tokens_match_the_torch_backend(
     demo_checkpoint, torch_predictions, case, record_figure
 ):
     mode, recipe = case
-    vla = AlpamayoVLA.from_checkpoint(
-        demo_checkpoint,
-        BackendOptions("ttnn", recipe=recipe, tt_mode=tt_mode(mode)),
-        max_reasoning_tokens=REASONING_CAP,
-        decoder="tokens",
+    vla = AlpamayoVLA.from_spec(
+        ModelSpec(
+            checkpoint=demo_checkpoint,
+            backend="ttnn",
+            recipe=recipe,
+            tt_mode=tt_mode(mode),
+            max_reasoning_tokens=REASONING_CAP,
+            decoder="tokens",
+        )
     )
     try:
         agreement, drift, encoded, stages = [], [], [], set()
@@ -115,8 +121,10 @@ def torch_k_predictions(demo_checkpoint, draft_specs):
 
     def prediction(draft: str) -> Any:
         if draft not in made:
-            vla = AlpamayoVLA.from_checkpoint(
-                demo_checkpoint, max_reasoning_tokens=REASONING_CAP, draft=draft_specs[draft]
+            vla = AlpamayoVLA.from_spec(
+                ModelSpec(
+                    checkpoint=demo_checkpoint, max_reasoning_tokens=REASONING_CAP, draft=draft_specs[draft]
+                )
             )
             vla.vlm.text.max_verify_rows = MAX_ROWS
             frames, times = frames_at(3)
@@ -150,11 +158,15 @@ def test_k_samples_on_the_device_match_the_torch_backend(
     other steps, each between the same two tokens)."""
     mode, draft = case
     expected = torch_k_predictions(draft)
-    vla = AlpamayoVLA.from_checkpoint(
-        demo_checkpoint,
-        BackendOptions("ttnn", recipe="accuracy", tt_mode=tt_mode(mode)),
-        max_reasoning_tokens=REASONING_CAP,
-        draft=draft_specs[draft],
+    vla = AlpamayoVLA.from_spec(
+        ModelSpec(
+            checkpoint=demo_checkpoint,
+            backend="ttnn",
+            recipe="accuracy",
+            tt_mode=tt_mode(mode),
+            max_reasoning_tokens=REASONING_CAP,
+            draft=draft_specs[draft],
+        )
     )
     try:
         frames, times = frames_at(3)

@@ -53,15 +53,15 @@ def test_the_mode_is_chosen_by_argument_then_environment(monkeypatch, ttnn_host)
 
 
 def test_tt_mode_is_a_backend_option_of_the_model_commands():
-    """`--tt-mode` reaches `BackendOptions` (generate) and the eval / replay settings (`model_fields`)."""
+    """`--tt-mode` reaches `BackendOptions` (generate) and the eval / replay settings (their `ModelSpec`)."""
     from alpamayo.cli import build_parser
-    from alpamayo.commands.common import backend_options, model_fields
+    from alpamayo.commands.common import model_spec, run_fields
 
     common = ["--checkpoint", "ckpt", "--backend", "ttnn", "--tt-mode", "golden"]
     generate = build_parser().parse_args(["generate", *common, "--prompt", "hi"])
-    assert backend_options(generate).tt_mode == "golden"
+    assert model_spec(generate).options.tt_mode == "golden"
     evaluate = build_parser().parse_args(["eval", *common, "--out", "run", "drive.mcap"])
-    assert model_fields(evaluate)["tt_mode"] == "golden"
+    assert run_fields(evaluate)["model"].tt_mode == "golden"
 
 
 def test_the_golden_device_answers_as_a_p150(dev, ttnn_host):

@@ -158,9 +158,9 @@ def test_a_draft_on_moe_layers_is_refused_on_ttnn_before_any_weight_is_read(draf
     load refuses it with the decode program's own message, from the config alone (the safetensors file is
     removed: a load would fail on it first), not at the first verify after the upload. The torch backend
     takes the same draft on the same config."""
-    from alpamayo.backends import BackendOptions
     from alpamayo.drafts import MODEL_FREE_BLOCK
     from alpamayo.errors import CheckpointError
+    from alpamayo.model_spec import ModelSpec
     from alpamayo.plan.programs.text import check_decode_rows
     from alpamayo.runtime import AlpamayoVLA
 
@@ -170,10 +170,10 @@ def test_a_draft_on_moe_layers_is_refused_on_ttnn_before_any_weight_is_read(draf
     with pytest.raises(ValueError) as decode:
         check_decode_rows(MODEL_FREE_BLOCK, moe=True)
     with pytest.raises(ValueError) as refused:
-        AlpamayoVLA.from_checkpoint(moe, BackendOptions(backend="ttnn"), draft=draft)
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=moe, backend="ttnn", draft=draft))
     assert str(refused.value) == f"--draft {draft} with --backend ttnn: its verify blocks are {decode.value}"
     with pytest.raises(CheckpointError, match=r"no model\.safetensors"):  # torch: past it, to the weights
-        AlpamayoVLA.from_checkpoint(moe, draft=draft)
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=moe, draft=draft))
 
 
 def test_the_simulator_path_names_what_ttsim_still_needs(ttnn_host, monkeypatch, tmp_path):
@@ -224,8 +224,8 @@ def test_a_dflash_draft_the_device_cannot_serve_is_refused_before_the_device(
     """A DFlash draft's layers run on the device (`alpamayo.tt.draft`); one for another target, or whose
     attention the device draft cannot write with the target's K/V plan, is refused with ttnn before any
     weight is read or a device is opened."""
-    from alpamayo.backends import BackendOptions
     from alpamayo.families.loader import load_model_config
+    from alpamayo.model_spec import ModelSpec
     from alpamayo.runtime import AlpamayoVLA
     from tests.dflash_checkpoints import dflash_config
 
@@ -234,4 +234,4 @@ def test_a_dflash_draft_the_device_cannot_serve_is_refused_before_the_device(
     cfg = dflash_config(load_model_config(demo_checkpoint).text, **over)
     (draft / "config.json").write_text(json.dumps(cfg))  # no weights: reading one would fail otherwise
     with pytest.raises(ValueError, match=match):
-        AlpamayoVLA.from_checkpoint(demo_checkpoint, BackendOptions("ttnn"), draft=f"dflash:{draft}")
+        AlpamayoVLA.from_spec(ModelSpec(checkpoint=demo_checkpoint, backend="ttnn", draft=f"dflash:{draft}"))

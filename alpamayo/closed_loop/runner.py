@@ -16,7 +16,6 @@ import socket
 import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -48,9 +47,8 @@ class ClosedLoopSettings(EvalSettings):
     """An evaluation's model, sampling and placement (`EvalSettings`) plus the closed loop's: `scenes` scenes of
     seeds first_scene .. first_scene + scenes - 1 and, with `scripted`, the SCRIPTS on seed first_scene, each
     driven by each of `policies` (POLICIES) for `seconds` of closed loop, cameras rendered at `size` (height,
-    width) pixels. checkpoint None: reference policies only."""
+    width) pixels. A model without a checkpoint: reference policies only."""
 
-    checkpoint: Path | None
     scenes: int = 2
     first_scene: int = 0
     scripted: bool = False
@@ -65,7 +63,7 @@ class ClosedLoopSettings(EvalSettings):
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown or not self.policies or len(set(self.policies)) < len(self.policies):
             raise ValueError(f"--policy {','.join(self.policies)}: name each once, of {', '.join(POLICIES)}")
-        if "model" in self.policies and self.checkpoint is None:
+        if "model" in self.policies and self.model.checkpoint is None:
             raise ValueError("--policy model needs --checkpoint (the reference policies alone need none)")
         if not (0 if self.scripted else 1) <= self.scenes <= MAX_SCENES:
             low = "0 with --scripted" if self.scripted else "1"
@@ -140,7 +138,7 @@ class SceneRunner:
         self.load_s = time.perf_counter() - start
 
     def ready(self) -> dict[str, Any]:
-        accelerator = hardware(self.settings.device).get("accelerator")
+        accelerator = hardware(self.settings.model.device).get("accelerator")
         return {**self.worker, "accelerator": accelerator, "load_s": self.load_s}
 
     def close(self) -> None:

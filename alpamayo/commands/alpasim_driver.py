@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from alpamayo.commands.common import add_model_args, add_sampling_args, load_vla
+from alpamayo.commands.common import add_model_args, add_request_args, load_vla
 from bridges.alpasim.selection import SELECTIONS
 from bridges.alpasim.service import DEFAULT_CAMERAS, EgodriverService, Limits, serve
 
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--listen", default="127.0.0.1:6789", help="HOST:PORT or unix:PATH (default 127.0.0.1:6789)"
     )
     # No --seed: each drive's seed is the AlpaSim session's random_seed plus its drive count.
-    add_sampling_args(p, seed=False)
+    add_request_args(p, seed=False)
     p.add_argument(
         "--selection",
         choices=SELECTIONS,

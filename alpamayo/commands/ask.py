@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from alpamayo.commands.common import add_model_args, add_sampling_args, backend_options
+from alpamayo.commands.common import add_model_args, add_request_args, load_vla
 from alpamayo.inputs import read_frames
-from alpamayo.runtime import AlpamayoVLA
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--frames", required=True, help="directory with one sub-directory of 4 frames per camera")
     p.add_argument("--question", required=True, help="the question, plain text")
-    add_sampling_args(p, samples=False)
+    add_request_args(p, samples=False)
     p.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap (default 256)")
     p.add_argument("--json", action="store_true", help="print one JSON object: family, answer, token_ids")
     p.set_defaults(handler=run)
@@ -23,8 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     frames, times = read_frames(args.frames)
-    vla = AlpamayoVLA.from_checkpoint(args.checkpoint, backend_options(args), base_model=args.base_model)
-    vla.sampling = vla.sampling.override(args.temperature, args.top_p, args.top_k)
+    vla = load_vla(args)
     try:
         answer = vla.ask(
             frames, args.question, seed=args.seed, frame_times_ns=times, max_new_tokens=args.max_new_tokens

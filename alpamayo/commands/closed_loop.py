@@ -10,7 +10,7 @@ from pathlib import Path
 from alpamayo.closed_loop.policies import BASELINES, POLICIES
 from alpamayo.closed_loop.report import report_table
 from alpamayo.closed_loop.runner import MAX_SCENES, ClosedLoopSettings, run_closed_loop
-from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields, run_fields
+from alpamayo.commands.common import add_model_args, add_request_args, run_fields
 from alpamayo.eval.settings import LOCAL_RAY
 
 
@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-retries", type=int, default=2, help="re-runs of a scene whose worker process died")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(p, checkpoint_required=False)
-    add_sampling_args(p)
+    add_request_args(p)
     p.set_defaults(handler=run, seed=0)
 
 
@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         policies=policies,
         seconds=args.seconds,
         size=args.size,
-        **model_fields(args),
+        num_samples=args.samples,
+        seed=args.seed,
     )
     run_ = run_closed_loop(settings)
     print(report_table(run_.document))

@@ -14,6 +14,7 @@ from pathlib import Path
 from alpamayo.commands.make_demo_drive import parse_size
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.demo_release import make_demo_checkpoint
+from alpamayo.model_spec import ModelSpec
 from alpamayo.replay.session import run_replay, summary
 from alpamayo.replay.settings import ReplaySettings
 
@@ -52,12 +53,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote a {args.seconds:g} s drive, {drive.camera_frames} frames, to {drive.path}")
     settings = ReplaySettings(
         drive=drive.path,
-        checkpoint=checkpoint,
+        model=ModelSpec(
+            checkpoint=checkpoint, max_reasoning_tokens=args.max_reasoning_tokens, draft=args.draft
+        ),
         out=out / "predictions.mcap",
         warmup=1,  # the first tick encodes all 4 frames of every camera; later ticks only the newest
-        max_reasoning_tokens=args.max_reasoning_tokens,
         seed=args.seed,
-        draft=args.draft,
         trace=out / "trace.json",
         json=out / "report.json",
         plots=out / "plots",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields, run_fields
+from alpamayo.commands.common import add_model_args, add_request_args, run_fields
 from alpamayo.commands.replay_args import (
     add_drive_source_args,
     add_route_args,
@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worst", type=int, default=6, help="bird's-eye views of the N worst clips (default 6)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(p)
-    add_sampling_args(p)
+    add_request_args(p)
     p.set_defaults(handler=run, **PROTOCOL_DEFAULTS)
 
 
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         worst=args.worst,
         **drive_source_fields(args, resolve=True),
         **route_fields(args, resolve=True),
-        **model_fields(args),
+        num_samples=args.samples,
+        seed=args.seed,
     )
     evaluation = run_eval(settings, clips)
     print(report_table(evaluation.document))

@@ -8,7 +8,7 @@ import json
 import torch
 from PIL import Image
 
-from alpamayo.commands.common import add_model_args, backend_options, text_model
+from alpamayo.commands.common import add_model_args, model_spec, text_model
 from alpamayo.config import ModelConfig
 from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.generation import greedy_continue
@@ -18,7 +18,7 @@ from alpamayo.vlm import VisionLanguageModel
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="greedy chat generation from a text prompt and optional images")
-    add_model_args(p)
+    add_model_args(p, decoding=False)  # the text backbone and vision tower only
     p.add_argument("--prompt", required=True, help="user message")
     p.add_argument(
         "--image",
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = model_tokenizer(cfg)
     if images:
         content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]
-        with VisionLanguageModel.from_checkpoint(args.checkpoint, backend_options(args), cfg=cfg) as model:
+        with VisionLanguageModel.from_checkpoint(args.checkpoint, model_spec(args).options, cfg=cfg) as model:
             features = model.encode_images(images)
             prompt = model.expand_image_pads(
                 chat_prompt_ids(tokenizer, [{"role": "user", "content": content}]), features

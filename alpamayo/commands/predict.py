@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from alpamayo.backends import check_num_samples
-from alpamayo.commands.common import add_model_args, add_sampling_args, load_vla
+from alpamayo.commands.common import add_model_args, add_request_args, model_spec
 from alpamayo.inputs import read_ego_csv, read_frames
+from alpamayo.runtime import AlpamayoVLA
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,17 +16,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--frames", required=True, help="directory with one sub-directory of 4 frames per camera")
     p.add_argument("--ego", required=True, help="CSV of 16 ego poses: t_ns,x,y,z,qx,qy,qz,qw")
     p.add_argument("--route", help="optional navigation text, e.g. 'Turn left in 40 m'")
-    add_sampling_args(p)
+    add_request_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     # the sample count is refused before the frames are read, and those before the model loads
-    check_num_samples(args.backend, args.samples, args.temperature, args.checkpoint, args.base_model)
+    spec = model_spec(args)
+    spec.check_samples(args.samples)
     frames, times = read_frames(args.frames)
     ego = read_ego_csv(args.ego)
-    vla = load_vla(args)
+    vla = AlpamayoVLA.from_spec(spec)
     try:
         pred = vla.predict(
             frames, ego, route=args.route, num_samples=args.samples, seed=args.seed, frame_times_ns=times

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from alpamayo.commands.common import add_model_args, add_sampling_args, model_fields
+from alpamayo.commands.common import add_model_args, add_request_args, model_spec
 from alpamayo.replay.settings import OUTPUT_FORMATS, ReplaySettings
 from bridges.mcap_messages import ENCODINGS
 
@@ -40,7 +40,7 @@ def add_replay_args(p: argparse.ArgumentParser, cameras_flag: str = "--cameras")
     )
     add_drive_source_args(p, cameras_flag)
     add_route_args(p)
-    add_sampling_args(p)
+    add_request_args(p)
     p.add_argument("--trace", type=Path, default=None, help="write a Chrome/Perfetto trace JSON here")
     p.add_argument(
         "--json", type=Path, default=None, help="write the report (latency, decode, accuracy) here"
@@ -124,20 +124,20 @@ def settings_from_args(
         )
     return ReplaySettings(
         drive=drive,
-        checkpoint=Path(args.checkpoint),
+        model=model_spec(args),
         out=out,
         mode=args.mode,
         speed=1.0 if args.speed is None else args.speed,
         start_s=args.start,
         duration_s=args.duration,
-        base_model=None if args.base_model is None else Path(args.base_model),
+        num_samples=args.samples,
+        seed=args.seed,
         trace=args.trace,
         json=args.json,
         plots=args.plots,
         progress=not args.no_progress,
         **drive_source_fields(args),
         **route_fields(args),
-        **model_fields(args),
         **overrides,
     )
 

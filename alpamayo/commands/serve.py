@@ -12,13 +12,8 @@ from typing import NoReturn
 
 import yaml
 
-from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples
-from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP, TT_MODES, guidance_arg
+from alpamayo.commands.common import SPEC_KEYS, add_model_args
 from alpamayo.commands.stop_signals import StopSignals
-from alpamayo.devices import DTYPES
-from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings
-from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config
 from bridges.node import InferenceNode
@@ -26,17 +21,11 @@ from bridges.node import InferenceNode
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the inference node: frames in over ZeroMQ, trajectories out")
-    p.add_argument("--checkpoint", help="checkpoint directory (overrides model.checkpoint)")
-    p.add_argument("--base-model", help="overrides model.base_model (" + BASE_MODEL_HELP + ")")
     p.add_argument("--config", help="node YAML file (docs/protocol.md); keys it omits take their defaults")
     p.add_argument("--input", action="append", help="input endpoint (repeatable; overrides input.endpoints)")
     p.add_argument("--output", help="output endpoint (overrides output.endpoint)")
     p.add_argument("--control", help="control endpoint (overrides control.endpoint)")
-    p.add_argument("--backend", choices=BACKENDS, help="overrides model.backend")
-    p.add_argument("--recipe", help="overrides model.recipe (" + RECIPE_HELP + ")")
-    p.add_argument("--tt-mode", choices=TT_MODES, help="overrides model.tt_mode (ttnn: device or golden)")
-    p.add_argument("--device", help="overrides model.device (cpu, cuda[:N])")
-    p.add_argument("--dtype", choices=sorted(DTYPES), help="overrides model.dtype")
+    add_model_args(p, overrides=True)
     p.add_argument(
         "--set",
         action="append",
@@ -45,17 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="override any config key, e.g. --set timing.stale_after_ms=500 (repeatable)",
     )
     p.add_argument("--print-config", action="store_true", help="print the effective config and exit")
-    p.add_argument("--decoder", choices=DECODERS, help="overrides model.decoder (expert or tokens)")
-    p.add_argument("--flow-steps", type=int, help="overrides model.flow_steps (the expert's Euler steps)")
-    p.add_argument("--flow-temperature", type=float, help="overrides model.flow_temperature")
-    p.add_argument(
-        "--nav-guidance",
-        type=guidance_arg,
-        nargs="?",
-        const=CHECKPOINT_GUIDANCE,
-        metavar="W",
-        help="overrides model.nav_guidance (needs model.route); without W the checkpoint's weight",
-    )
     p.add_argument(
         "--no-model",
         action="store_true",
@@ -68,20 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def effective_config(args: argparse.Namespace) -> NodeConfig:
     """Defaults < --config file < --set KEY=VALUE < the dedicated flags."""
     flags = {
-        "model.checkpoint": args.checkpoint,
-        "model.base_model": args.base_model,
         "input.endpoints": args.input,
         "output.endpoint": args.output,
         "control.endpoint": args.control,
-        "model.backend": args.backend,
-        "model.recipe": args.recipe,
-        "model.tt_mode": args.tt_mode,
-        "model.device": args.device,
-        "model.dtype": args.dtype,
-        "model.decoder": args.decoder,
-        "model.flow_steps": args.flow_steps,
-        "model.flow_temperature": args.flow_temperature,
-        "model.nav_guidance": args.nav_guidance,
+        **{f"model.{key}": getattr(args, key) for key in SPEC_KEYS},
     }
     return load_node_config(args.config, [*args.set, *((k, v) for k, v in flags.items() if v is not None)])
 
@@ -97,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if config.model.checkpoint is None and not args.no_model:
         raise ValueError("no checkpoint: pass --checkpoint DIR or set model.checkpoint in the config")
     if not args.no_model:  # model.temperature null is the family's default, which config.json tells
-        m = config.model
-        check_num_samples(m.backend, m.num_samples, m.temperature, m.checkpoint, m.base_model)
+        config.model.check_samples(config.model.num_samples)
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -190,28 +157,6 @@ def _close(model: AlpamayoVLA | None) -> None:
 
 
 def load_model(config: NodeConfig) -> AlpamayoVLA:
-    m = config.model
-    if m.reproducible:
-        compute_on_one_thread()
-    vla = AlpamayoVLA.from_checkpoint(
-        m.checkpoint,
-        BackendOptions(
-            m.backend,
-            m.dtype,
-            m.device,
-            m.recipe,
-            m.tt_cache,
-            m.moe_config,
-            m.quant_recipe,
-            m.quant_cache,
-            m.tt_mode,
-        ),
-        max_reasoning_tokens=m.max_reasoning_tokens,
-        base_model=m.base_model,
-        decoder=m.decoder,
-        flow=FlowSettings(m.flow_steps, m.flow_temperature, m.nav_guidance),
-        draft=m.draft,
-    )
-    vla.sampling = vla.sampling.override(m.temperature, m.top_p, m.top_k)
+    vla = AlpamayoVLA.from_spec(config.model)
     print(vla.model_line(), flush=True)
     return vla

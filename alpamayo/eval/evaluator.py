@@ -74,7 +74,7 @@ class ClipEvaluator:
     def ready(self) -> dict[str, Any]:
         """Who this worker is, its accelerator (the CUDA device Ray gave it) and how long the model took to
         load; the Ray driver waits on it before handing out clips."""
-        accelerator = hardware(self.settings.device).get("accelerator")
+        accelerator = hardware(self.settings.model.device).get("accelerator")
         return {**self.worker, "accelerator": accelerator, "load_s": self.load_s}
 
     def close(self) -> None:

@@ -82,9 +82,10 @@ def connect(ray: Any, address: str) -> bool:
 def worker_resources(settings: EvalSettings, cluster: dict[str, float]) -> tuple[int, dict[str, Any]]:
     """(workers, actor options) for `settings` on a cluster with `cluster` resources (ray.cluster_resources());
     ValueError when the cluster lacks what one worker needs."""
-    if settings.backend == "ttnn":
+    model = settings.model
+    if model.backend == "ttnn":
         kind, need = TENSTORRENT, {"num_cpus": 1, "resources": {TENSTORRENT: 1}}
-    elif str(settings.device).startswith("cuda"):
+    elif model.device.startswith("cuda"):
         kind, need = "GPU", {"num_cpus": 1, "num_gpus": 1}
     else:
         kind, need = "CPU", {}
@@ -100,7 +101,7 @@ def worker_resources(settings: EvalSettings, cluster: dict[str, float]) -> tuple
     if capacity < 1 or workers > capacity:
         hint = f" (start nodes with --resources '{{\"{TENSTORRENT}\": 1}}')" if kind == TENSTORRENT else ""
         raise ValueError(
-            f"--workers {workers} with --backend {settings.backend} --device {settings.device}: the Ray cluster "
+            f"--workers {workers} with --backend {model.backend} --device {model.device}: the Ray cluster "
             f"has {have} {kind}{hint}, room for {max(capacity, 0)} worker(s) of {need}"
         )
     return workers, need

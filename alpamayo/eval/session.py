@@ -27,7 +27,7 @@ def run_info(settings: EvalSettings) -> dict[str, Any]:
     """Settings and environment recorded in report.json."""
     return {
         **settings.as_dict(),
-        "hardware": hardware(settings.device),
+        "hardware": hardware(settings.model.device),
         "software": software(),
         "commit": source_commit(),
     }

@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from alpamayo.backends import check_num_samples
-from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
-from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
+from alpamayo.model_spec import ModelSpec
 from alpamayo.replay.routes import check_route_options
 from alpamayo.replay.settings import ReplaySettings
 
 LOCAL_RAY = "local"  # `--ray` without an address: an embedded Ray on this machine
 # What `--ray ADDRESS` accepts: `auto`, Ray Client's ray://HOST:PORT, or a GCS HOST:PORT.
 RAY_ADDRESS = re.compile(r"auto|ray://[^\s/]+:\d+|[A-Za-z0-9.\-\[\]:]+:\d+")
-# Settings a resumed run must share with the results already in RUN_DIR (anything that changes a prediction).
+# Settings a resumed run must share with the results already in RUN_DIR (anything that changes a prediction):
+# the model's keys (alpamayo.model_spec) and the request's.
 RESULT_KEYS = (
     "checkpoint",
     "num_samples",
     "decoder",
-    "flow",
+    "flow_steps",
+    "flow_temperature",
+    "nav_guidance",
     "route",
     "route_file",
     "temperature",
@@ -34,6 +34,8 @@ RESULT_KEYS = (
     "dtype",
     "recipe",
     "quant",
+    "quant_group",
+    "quant_head",
     "cameras",
     "reproducible",
 )
@@ -41,37 +43,19 @@ RESULT_KEYS = (
 
 @dataclass
 class EvalSettings:
-    """One evaluation. ray: None (in-process), LOCAL_RAY (embedded) or an address (`auto`, `ray://host:10001`);
-    workers: Ray actors (None: as many as the cluster's accelerators, or 1 on CPUs); cpus_per_worker: CPUs
-    each CPU-backend actor requests (None: the cluster's CPUs / workers); max_retries: re-runs of a clip whose
-    worker process died (Ray's max_task_retries)."""
+    """One evaluation: the model (`alpamayo eval` gives it NVIDIA's protocol sampling, temperature 0.6 and
+    top_p 0.98, where no flag says otherwise), K samples per clip from the clip's seed, where it runs. ray: None
+    (in-process), LOCAL_RAY (embedded) or an address (`auto`, `ray://host:10001`); workers: Ray actors (None: as
+    many as the cluster's accelerators, or 1 on CPUs); cpus_per_worker: CPUs each CPU-backend actor requests
+    (None: the cluster's CPUs / workers); max_retries: re-runs of a clip whose worker process died (Ray's
+    max_task_retries)."""
 
-    checkpoint: Path
+    model: ModelSpec  # what to load and how to run it (alpamayo.model_spec)
     out: Path
     num_samples: int = 6
-    decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
-    flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
     route: str | None = None  # navigation text, or "auto" (alpamayo.replay.routes)
     route_file: Path | None = None  # a t0_ns,route CSV (alpamayo.replay.routes)
-    draft: str = (
-        "none"  # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous, dflash:DIR
-    )
-    temperature: float = 0.6
-    top_p: float = 0.98
-    top_k: int | None = None
     seed: int = 0
-    max_reasoning_tokens: int = 256
-    base_model: Path | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
-    backend: str = "torch"
-    device: str = "cpu"
-    dtype: str = "float32"
-    recipe: str = "performance"
-    tt_cache: Path | None = None
-    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.device.tt_mode)
-    moe_config: Path | None = None
-    quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
-    reproducible: bool = False  # one compute thread: the same bytes in-process and on any Ray worker layout
-    quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
     layout: Path | None = None
     pai_dir: Path | None = None
     cameras: tuple[int, ...] | None = None  # PhysicalAI-AV cameras (None: the family's driving cameras)
@@ -87,30 +71,12 @@ class EvalSettings:
         drive, window and seed (`dataclasses.replace`)."""
         return ReplaySettings(
             drive="",
-            checkpoint=self.checkpoint,
+            model=self.model,
             max_ticks=1,
             num_samples=self.num_samples,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
             seed=self.seed,
-            max_reasoning_tokens=self.max_reasoning_tokens,
-            base_model=self.base_model,
-            decoder=self.decoder,
-            flow=self.flow,
             route=self.route,
             route_file=self.route_file,
-            draft=self.draft,
-            backend=self.backend,
-            device=self.device,
-            dtype=self.dtype,
-            recipe=self.recipe,
-            tt_cache=self.tt_cache,
-            tt_mode=self.tt_mode,
-            moe_config=self.moe_config,
-            quant=self.quant,
-            quant_cache=self.quant_cache,
-            reproducible=self.reproducible,
             layout=self.layout,
             pai_dir=self.pai_dir,
             cameras=self.cameras,
@@ -119,12 +85,10 @@ class EvalSettings:
 
     def validate(self) -> None:
         """ValueError naming the option, its value and the allowed range for the first one out of range."""
-        if self.decoder is not None and self.decoder not in DECODERS:
-            raise ValueError(f"--decoder {self.decoder!r} unknown; allowed: {list(DECODERS)}")
         if self.num_samples < 1:
             raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
-        check_num_samples(self.backend, self.num_samples, self.temperature, self.checkpoint, self.base_model)
-        check_route_options(self.route, self.route_file, self.flow.guidance)
+        self.model.check_samples(self.num_samples)
+        check_route_options(self.route, self.route_file, self.model.nav_guidance)
         if self.seed < 0:
             raise ValueError(f"--seed must be >= 0, got {self.seed}")
         if self.workers is not None and self.workers < 1:
@@ -147,7 +111,9 @@ class EvalSettings:
             raise ValueError(f"--out {self.out} is a file; expected a run directory")
 
     def as_dict(self) -> dict[str, Any]:
-        values = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        """The settings as report.json records them: the model's keys beside the run's (paths as text)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        values = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()} | self.model.to_dict()
         values["cameras"] = None if self.cameras is None else list(self.cameras)  # as JSON reads it back
         return values
 

@@ -64,6 +64,7 @@ from alpamayo.expert.config import expert_config_of
 from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import REFERENCE_SAMPLING
 from alpamayo.generation import greedy_continue
+from alpamayo.model_spec import ModelSpec
 from alpamayo.numerics import pcc
 from alpamayo.plan.dram import MemoryPlan, plan_memory
 from alpamayo.plan.gpu_memory import GpuPlan, WeightCount, plan_gpu_memory, weight_counts
@@ -243,9 +244,8 @@ def eval_min_ade(
 
     if tick.future is None:
         return None
-    vla = AlpamayoVLA.from_checkpoint(
-        directory, options, max_reasoning_tokens=settings.max_reasoning_tokens, weights=weights, cfg=cfg
-    )
+    spec = ModelSpec(checkpoint=directory, max_reasoning_tokens=settings.max_reasoning_tokens)
+    vla = AlpamayoVLA.from_spec(spec, options=options, weights=weights, cfg=cfg)
     vla.vlm.text.kv_store = store
     start = time.perf_counter()
     frames = {c: [f.rgb() for f in fs] for c, fs in tick.frames.items()}
@@ -396,13 +396,13 @@ def golden_figures(
         "drive": None,
     }
     if ref.drive is not None:
-        vla = AlpamayoVLA.from_checkpoint(
-            directory,
-            BackendOptions("ttnn", recipe=precision, tt_mode="golden"),
-            max_reasoning_tokens=settings.max_reasoning_tokens,
+        spec = ModelSpec(
+            checkpoint=directory,
             base_model=base_model,
             decoder="tokens",
+            max_reasoning_tokens=settings.max_reasoning_tokens,
         )
+        vla = AlpamayoVLA.from_spec(spec, options=BackendOptions("ttnn", recipe=precision, tt_mode="golden"))
         try:
             figures["drive"] = _drive_figures(ref.drive, _drive_run(vla, ticks, label, progress))
         finally:

@@ -46,7 +46,7 @@ def replay_lockstep(job: ReplayJob) -> ReplayRun:
             break
         offered += 1
         route = None if routes is None else routes.text_at(tick.t0_ns)
-        if route is None and settings.flow.guidance is not None:
+        if route is None and settings.model.nav_guidance is not None:
             skipped[NO_ROUTE] += 1
             warn(f"skipped the tick at t0 = {tick.t0_ns} ns: {NO_ROUTE}")
             continue

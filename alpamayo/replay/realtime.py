@@ -61,19 +61,10 @@ def node_config(drive: DriveSource, settings: ReplaySettings, frame_size: tuple[
     height, width = frame_size
     return NodeConfig(
         model=ModelSection(
-            checkpoint=str(settings.checkpoint),
-            base_model=None if settings.base_model is None else str(settings.base_model),
-            backend=settings.backend,
-            device=settings.device,
-            dtype=settings.dtype,
+            **settings.model.to_dict(),
             num_samples=settings.num_samples,
             seed=settings.seed,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            top_k=settings.top_k,
-            max_reasoning_tokens=settings.max_reasoning_tokens,
             route=settings.route,  # a fixed text only: per-tick sources are refused in real-time mode
-            reproducible=settings.reproducible,
         ),
         input=InputSection(endpoints=[LOOPBACK], bind=True),
         output=OutputSection(endpoint=LOOPBACK, bind=True),

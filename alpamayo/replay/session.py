@@ -28,7 +28,6 @@ from alpamayo.replay.results import ReplayRun
 from alpamayo.replay.ros2_outputs import Ros2Recorder
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_TOLERANCE_NS
-from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
 from bridges.drives import PAI_PREFIX, DriveSource, open_drive
 from bridges.mcap_writer import RecordingWriter
@@ -43,26 +42,12 @@ def pai_cameras(settings: ReplaySettings, drive: str | Path | None = None) -> tu
     spec = str(settings.drive if drive is None else drive)
     if not spec.startswith(PAI_PREFIX):
         return settings.cameras
-    return settings.cameras or checkpoint_family(settings.checkpoint).driving_cameras
+    return settings.cameras or checkpoint_family(settings.model.checkpoint).driving_cameras
 
 
 def load_predictor(settings: ReplaySettings, tracer: Tracer) -> AlpamayoVLA:
-    """The model, decoding with its family's sampling defaults where the settings leave them open; with
-    `settings.reproducible` this process computes on one thread from here on (alpamayo.reproducibility.mode)."""
-    if settings.reproducible:
-        compute_on_one_thread()
-    vla = AlpamayoVLA.from_checkpoint(
-        settings.checkpoint,
-        settings.backend_options(),
-        tracer=tracer,
-        max_reasoning_tokens=settings.max_reasoning_tokens,
-        base_model=settings.base_model,
-        decoder=settings.decoder,
-        flow=settings.flow,
-        draft=settings.draft,
-    )
-    vla.sampling = vla.sampling.override(settings.temperature, settings.top_p, settings.top_k)
-    return vla
+    """The model of `settings.model` (`AlpamayoVLA.from_spec`), its stages recorded into `tracer`."""
+    return AlpamayoVLA.from_spec(settings.model, tracer)
 
 
 def run_info(settings: ReplaySettings, drive: DriveSource, predictor: AlpamayoVLA) -> dict[str, Any]:
@@ -74,11 +59,11 @@ def run_info(settings: ReplaySettings, drive: DriveSource, predictor: AlpamayoVL
         "speed": settings.speed if settings.mode == "realtime" else None,
         "drive": str(settings.drive),
         "drive_kind": drive.kind,
-        "checkpoint": str(settings.checkpoint),
-        "backend": settings.backend,
-        "device": settings.device,
-        "dtype": settings.dtype,
-        "reproducible": settings.reproducible,
+        "checkpoint": settings.model.checkpoint,
+        "backend": settings.model.backend,
+        "device": settings.model.device,
+        "dtype": settings.model.dtype,
+        "reproducible": settings.model.reproducible,
         "precision": predictor.precision,
         "cameras": [c.camera for c in drive.layout.cameras],
         "resolution": {
@@ -96,7 +81,7 @@ def run_info(settings: ReplaySettings, drive: DriveSource, predictor: AlpamayoVL
             "seed": settings.seed,
         },
         "warmup_ticks": settings.warmup,
-        "hardware": hardware(settings.device),
+        "hardware": hardware(settings.model.device),
         "software": software(),
         "commit": source_commit(),
     }

@@ -8,11 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alpamayo.backends import BackendOptions, check_num_samples
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
+from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
-from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 from alpamayo.replay.routes import check_route_options
 from bridges.drives import DriveSource
 from bridges.recording import Warn
@@ -30,7 +28,7 @@ class ReplaySettings:
     drive: an MCAP path or `pai:CLIP_ID[@T0_US]` (with pai_dir; cameras picks the clip's cameras)."""
 
     drive: Path | str
-    checkpoint: Path
+    model: ModelSpec  # what to load and how to run it (alpamayo.model_spec)
     out: Path | None = None
     mode: str = "lockstep"
     speed: float = 1.0
@@ -39,31 +37,9 @@ class ReplaySettings:
     max_ticks: int | None = None
     warmup: int = 0
     num_samples: int = 1
-    temperature: float | None = None  # 0 = greedy; None: the model family's default (alpamayo.families)
-    top_p: float | None = None
-    top_k: int | None = None
     seed: int | None = None
-    max_reasoning_tokens: int = 256
-    base_model: Path | None = None  # Alpamayo R1 / 1.5: base-model directory (alpamayo.families.base_model)
-    decoder: str | None = None  # "expert" / "tokens"; None: the expert when the checkpoint has its weights
-    flow: FlowSettings = DEFAULT_FLOW  # the action expert's steps, noise temperature, navigation guidance
     route: str | None = None  # navigation text, or "auto" (alpamayo.replay.routes)
     route_file: Path | None = None  # a t0_ns,route CSV (alpamayo.replay.routes)
-    draft: str = (
-        "none"  # speculative draft of the reasoning (alpamayo.drafts): none, lookup, previous, dflash:DIR
-    )
-    backend: str = "torch"
-    device: str = "cpu"
-    dtype: str = "float32"
-    quant: QuantRecipe = NO_QUANT  # torch backend: weight-only int8 / int4 (alpamayo.quant)
-    reproducible: bool = (
-        False  # one compute thread: the same bytes on any thread count (reproducibility.mode)
-    )
-    quant_cache: Path | None = None  # its packed-weight cache directory (alpamayo.quant.cache)
-    recipe: str = "performance"  # ttnn precision recipe
-    tt_cache: Path | None = None
-    tt_mode: str | None = None  # ttnn backend: device or golden (alpamayo.tt.device.tt_mode)
-    moe_config: Path | None = None  # ttnn MoE block config YAML (None: the shipped one)
     layout: Path | None = None
     pai_dir: Path | None = None
     cameras: tuple[int, ...] | None = None
@@ -75,19 +51,6 @@ class ReplaySettings:
     plots: Path | None = None
     progress: bool = True
 
-    def backend_options(self) -> BackendOptions:
-        return BackendOptions(
-            self.backend,
-            self.dtype,
-            self.device,
-            self.recipe,
-            self.tt_cache,
-            self.moe_config,
-            self.quant,
-            self.quant_cache,
-            self.tt_mode,
-        )
-
     def validate(self) -> None:
         """ValueError naming the option, its value and the allowed range for the first one out of range."""
         if self.mode not in MODES:
@@ -98,12 +61,12 @@ class ReplaySettings:
             raise ValueError(f"--speed must be in [0.05, 20], got {self.speed}")
         if self.num_samples < 1:
             raise ValueError(f"--samples must be >= 1, got {self.num_samples}")
-        check_num_samples(self.backend, self.num_samples, self.temperature, self.checkpoint, self.base_model)
+        self.model.check_samples(self.num_samples)
         if self.max_ticks is not None and self.max_ticks < 1:
             raise ValueError(f"--max-ticks must be >= 1, got {self.max_ticks}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
-        check_route_options(self.route, self.route_file, self.flow.guidance, self.mode)
+        check_route_options(self.route, self.route_file, self.model.nav_guidance, self.mode)
         # Checked before the replay runs, so a bad output path cannot lose a finished (possibly long) replay.
         for option, path in (("--out", self.out), ("--trace", self.trace), ("--json", self.json)):
             if path is not None and Path(path).is_dir():
