@@ -21,11 +21,11 @@ from typing import Protocol
 
 import torch
 
-from alpamayo.config import ModelConfig
-from alpamayo.decoding.plans import GeneratedPlan
-from alpamayo.expert.sampler import FlowSettings
+from alpamayo.config.flow import FlowSettings
+from alpamayo.config.model import ModelConfig
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
+from planner.plans import GeneratedPlan
 
 
 @dataclass(frozen=True)

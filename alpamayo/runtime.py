@@ -29,19 +29,19 @@ import torch
 
 from alpamayo.backends import TORCH_CPU, BackendOptions, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.flow import DEFAULT_FLOW, FlowSettings
+from alpamayo.config.loader import load_model_config, model_tokenizer
+from alpamayo.config.model import ModelConfig
 from alpamayo.contract import ImageFeatures, TrajectoryDecoder
 from alpamayo.decoding.loop import FILLER, generate_plans
-from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.decoding.speculative import first_draft
 from alpamayo.drafts import MODEL_FREE_BLOCK, Draft, DraftContext, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
-from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
 from alpamayo.expert.model import ActionExpert
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise
+from alpamayo.expert.sampler import check_noise
 from alpamayo.expert.weights import has_expert_weights, stored_action_statistics, validate_expert_tensors
-from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.prediction import FRAMES_PER_CAMERA, Answer, Cancellation, EgoHistory, Prediction
@@ -49,6 +49,7 @@ from alpamayo.profiling import Tracer
 from alpamayo.vlm import VisionLanguageModel
 from planner.ego_frame import LocalHistory
 from planner.pipeline import Planner
+from planner.plans import GeneratedPlan
 from planner.settings import PlannerConfig
 from vision.preprocess import check_image_size, preprocess_images
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from alpamayo.config.flow import CHECKPOINT_GUIDANCE
 from alpamayo.errors import ConfigError
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE
 from alpamayo.plan.precision import PRESETS
 from alpamayo.prediction import FRAMES_PER_CAMERA
 from alpamayo.quant.recipe import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe

@@ -225,7 +225,7 @@ def test_a_dflash_draft_the_device_cannot_serve_is_refused_before_the_device(
     attention the device draft cannot write with the target's K/V plan, is refused with ttnn before any
     weight is read or a device is opened."""
     from alpamayo.backends import BackendOptions
-    from alpamayo.families.loader import load_model_config
+    from alpamayo.config.loader import load_model_config
     from alpamayo.runtime import AlpamayoVLA
     from tests.dflash_checkpoints import dflash_config
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples, load_text_model
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.flow import CHECKPOINT_GUIDANCE, FlowSettings, parse_guidance
+from alpamayo.config.loader import check_checkpoint
+from alpamayo.config.model import ModelConfig
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings, parse_guidance
-from alpamayo.families.loader import check_checkpoint
 from alpamayo.quant import DEFAULT_GROUP_SIZE, GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
@@ -25,7 +25,7 @@ RECIPE_HELP = (
 )
 MOE_CONFIG_HELP = (
     "ttnn backend, MoE checkpoints: the MoE block config YAML (default: the shipped one for the "
-    "model's shape, see alpamayo.moe.config)"
+    "model's shape, see alpamayo.config.moe)"
 )
 
 

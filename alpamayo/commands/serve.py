@@ -15,9 +15,9 @@ import yaml
 from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples
 from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP, TT_MODES, guidance_arg
 from alpamayo.commands.stop_signals import StopSignals
+from alpamayo.config.flow import CHECKPOINT_GUIDANCE, FlowSettings
 from alpamayo.devices import DTYPES
 from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings
 from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.runtime import AlpamayoVLA
 from bridges.config import NodeConfig, load_node_config

@@ -16,10 +16,10 @@ from typing import Protocol, cast
 import torch
 
 from alpamayo.decoding.draft import Draft, DraftContext
-from alpamayo.decoding.plans import GeneratedPlan, PlanLimits
 from alpamayo.generation import ForkableLM, TokenSampler
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
+from planner.plans import GeneratedPlan, PlanLimits
 
 
 class SpeculativeLM(ForkableLM, Protocol):

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.backends import check_num_samples
+from alpamayo.config.flow import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
 from alpamayo.replay.routes import check_route_options
 from alpamayo.replay.settings import ReplaySettings

@@ -14,7 +14,7 @@ curvature) actions in a few Euler steps.
     demo        random expert weights under the real names (demo and test checkpoints)
 """
 
-from alpamayo.expert.config import (
+from alpamayo.config.expert import (
     ExpertConfig,
     InProjConfig,
     WeightPrefixes,

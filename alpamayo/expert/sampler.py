@@ -19,7 +19,7 @@ from typing import cast
 import numpy as np
 import torch
 
-from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
+from alpamayo.config.expert import ACTION_DIMS, ExpertConfig
 from alpamayo.generation import row_seeds
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer

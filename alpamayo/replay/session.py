@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from alpamayo.families.loader import checkpoint_family
+from alpamayo.config.loader import checkpoint_family
 from alpamayo.prediction import DT_S
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.environment import hardware, software, source_commit

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alpamayo.backends import BackendOptions, check_num_samples
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
+from alpamayo.config.flow import DEFAULT_FLOW, FlowSettings
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from alpamayo.checkpoint import Getter
-from alpamayo.config import TextConfig
-from alpamayo.moe.config import MoEBlockConfig
-from alpamayo.moe.router import TopKRouter
-from alpamayo.moe.weights import GATE, expert_weights
+from alpamayo.config.model import TextConfig
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.text.mlp import SwiGLU
+from alpamayo.text.moe.router import TopKRouter
+from alpamayo.text.moe.weights import GATE, expert_weights
 
 
 @dataclass(frozen=True)

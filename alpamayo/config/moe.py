@@ -1,6 +1,6 @@
 """`MoEBlockConfig`: the validated shape and placement of one MoE decode block (dispatch -> compute -> combine).
 
-The same config drives the torch reference (`alpamayo.moe.block.MoEBlock`) and the ttnn MoE block, so it
+The same config drives the torch reference (`alpamayo.text.moe.block.MoEBlock`) and the ttnn MoE block, so it
 names only device-neutral things, after tt-metal's `TTMoEDecodeConfig`:
 
     hidden_size: 2048
@@ -32,13 +32,13 @@ from typing import Any
 
 import yaml
 
-from alpamayo.config import TextConfig
-from alpamayo.configs import CONFIG_DIR
+from alpamayo.config.builtin import CONFIG_DIR
+from alpamayo.config.model import TextConfig
 from alpamayo.errors import ConfigError
 
 SEQUENTIAL = "sequential"
 FULLY_REPLICATED = "fully_replicated"
-# One YAML per published MoE model, `alpamayo/configs/<name>.moe.yaml`; a model whose dimensions match runs with it.
+# One YAML per published MoE model, `alpamayo/config/published/<name>.moe.yaml`; a model whose dimensions match runs with it.
 MOE_SUFFIX = ".moe.yaml"
 
 
@@ -276,7 +276,7 @@ def _shared_map(value: Any, source: str) -> dict[int, tuple[int, ...]]:
 
 
 def shipped_block_configs() -> dict[str, MoEBlockConfig]:
-    """The block configs shipped with the package, by model name (`alpamayo/configs/<name>.moe.yaml`)."""
+    """The block configs shipped with the package, by model name (`alpamayo/config/published/<name>.moe.yaml`)."""
     paths = sorted(CONFIG_DIR.glob("*" + MOE_SUFFIX))
     return {path.name.removesuffix(MOE_SUFFIX): MoEBlockConfig.load(path) for path in paths}
 

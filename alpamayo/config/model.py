@@ -5,7 +5,7 @@ Accepted layouts, one per model family (`alpamayo.families`, detected from `arch
     transformers-5 `save_pretrained` files: both rope spellings, `num_experts` or `num_local_experts`);
   * the project's demo layout and Alpamayo 2 Super: the Qwen3-VL config nested under `vlm_config`;
   * Alpamayo 1 (R1) and 1.5: a flat config whose `vlm_name_or_path` names the base model; its Qwen3-VL config
-    is used with the vocabulary of the extended tokenizer (`alpamayo.families.loader`).
+    is used with the vocabulary of the extended tokenizer (`alpamayo.config.loader`).
 In every Alpamayo family each VLM weight is prefixed `vlm.`, and the remaining top-level keys (trajectory
 tokenizer settings, action expert, ...) are kept verbatim in `ModelConfig.extra`, as data: Hydra `_target_` /
 `_recursive_` keys are never imported.
@@ -273,7 +273,7 @@ def _moe(text: Fields, n_layers: int) -> MoEConfig:
 
 def parse_text_config(text: Fields, kind: str = "dense") -> TextConfig:
     """A `TextConfig` from one HF-style Qwen3-VL text-config object (`kind`: "dense" or "moe"): the VLM's
-    `text_config`, and the action expert's transformer config (`alpamayo.expert.config`)."""
+    `text_config`, and the action expert's transformer config (`alpamayo.config.expert`)."""
     hidden = text.int("hidden_size")
     heads = text.int("num_attention_heads")
     kv_heads = text.int("num_key_value_heads", heads)
@@ -358,7 +358,7 @@ def parse_config(
     """Parse a `config.json` object (any family's layout) into a `ModelConfig`.
 
     R1 / 1.5 configs carry no Qwen3-VL config: `base_vlm` is their base model's, with the vocabulary already
-    set to the extended tokenizer's length (`alpamayo.families.loader.load_model_config` builds it)."""
+    set to the extended tokenizer's length (`alpamayo.config.loader.load_model_config` builds it)."""
     root = Fields(raw, "", source)
     family = detect_family(raw)
     extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY} if family.weight_prefix else {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from alpamayo.checkpoint import Getter, Shape, expert_layout
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 
 GATE = "gate.weight"  # router [E, H]
 GATE_UP = "experts.gate_up_proj"

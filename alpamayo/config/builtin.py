@@ -2,19 +2,19 @@
 
 Values from the hub config.json files of Qwen3-VL-2B/4B/8B/32B/30B-A3B/235B-A22B; the parameter totals they
 imply (2.13B, 4.44B, 8.77B, 33.4B, 31.1B, 235.7B) match the published sizes. `<name>.moe.yaml` beside a
-MoE model's config is its MoE block config (`alpamayo.moe.config.block_config_for`).
+MoE model's config is its MoE block config (`alpamayo.config.moe.block_config_for`).
 
 `<name>.expert.yaml` is an Alpamayo release for planning: a built-in VLM config (`vlm`) plus the release's
-top-level action-expert fields (`alpamayo.expert.config`); `builtin_expert(name)` parses both.
+top-level action-expert fields (`alpamayo.config.expert`); `builtin_expert(name)` parses both.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from alpamayo.config import ModelConfig, parse_config
-from alpamayo.expert.config import ExpertConfig, expert_config_of
-from alpamayo.families.loader import load_model_config
+from alpamayo.config.expert import ExpertConfig, expert_config_of
+from alpamayo.config.loader import load_model_config
+from alpamayo.config.model import ModelConfig, parse_config
 from alpamayo.json_fields import read_json
 
 CONFIG_DIR = Path(__file__).resolve().parent
