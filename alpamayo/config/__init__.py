@@ -1,7 +1,7 @@
 """Configuration: what a checkpoint is and how its components run, read as data (never imported from Hydra).
 
-    model     a checkpoint's `config.json` -> `ModelConfig` (`TextConfig`, `VisionConfig`), every family's layout
-    moe       the MoE settings: the checkpoint's `MoEConfig` and the block's shape and placement `MoEBlockConfig`
+    model     a checkpoint's `config.json` -> `ModelConfig` (`TextConfig`, `VisionConfig`), every family
+    moe       the MoE settings: a checkpoint's `MoEConfig`, the block's shape and placement `MoEBlockConfig`
     expert    the flow-matching action expert's `ExpertConfig`
     flow      how the expert samples (`FlowSettings`: steps, noise temperature, navigation guidance)
     loader    one loader for every family: config, tokenizer, checks (`load_model_config`, `model_tokenizer`)

@@ -1,7 +1,7 @@
 """One loader for every model family: `config.json` -> family -> `ModelConfig`, tokenizer, checks.
 
-    cfg = load_model_config(ckpt_dir, base_model=None)   # what `alpamayo.config.loader.load_model_config` does; checks the
-                                                         # action expert's config against the VLM's
+    cfg = load_model_config(ckpt_dir, base_model=None)   # the config; checks the action expert's config
+                                                         # against the VLM's
     tokenizer = model_tokenizer(cfg)                     # shipped, or the base model's extended
     check_checkpoint(ckpt, cfg)                          # headers only, before any weight is read
 

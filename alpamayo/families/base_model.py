@@ -24,8 +24,9 @@ from alpamayo.json_fields import read_json
 
 # The bases of the released R1 / 1.5 checkpoints; both are Qwen3-VL-8B (Cosmos-Reason2-8B is a fine-tune).
 KNOWN_8B_BASES = ("nvidia/Cosmos-Reason2-8B", "Qwen/Qwen3-VL-8B-Instruct")
-# One of `alpamayo.config.builtin`' files, found by path: that package reads configs through this one's loader.
-BUNDLED_8B = Path(__file__).resolve().parents[1] / "configs" / "qwen3-vl-8b.json"
+# One of `alpamayo.config.builtin`'s files, found by path: the config package, above this one, reads configs
+# through this package.
+BUNDLED_8B = Path(__file__).resolve().parents[1] / "config" / "published" / "qwen3-vl-8b.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
 

@@ -1,7 +1,7 @@
-"""Mixture-of-experts blocks: the Qwen3-VL-MoE sparse MLP and the hardware-shaped MoE block it runs on."""
+"""Mixture-of-experts blocks, part of the text backbone: the Qwen3-VL-MoE sparse MLP and the hardware-shaped
+MoE block it runs on. Their settings are `alpamayo.config.moe` (`MoEConfig`, `MoEBlockConfig`).
 
-from alpamayo.config.moe import MoEBlockConfig
-from alpamayo.text.moe.block import Dispatch, MoEBlock, SparseMoE
-from alpamayo.text.moe.router import TopKRouter
-
-__all__ = ["Dispatch", "MoEBlock", "MoEBlockConfig", "SparseMoE", "TopKRouter"]
+    router   the top-k router (`TopKRouter`)
+    block    the MoE block (dispatch -> compute -> combine, `MoEBlock`) and the sparse layer (`SparseMoE`)
+    weights  one sparse layer's expert tensors in a single in-memory layout, whatever the disk layout
+"""
