@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import yaml
 
@@ -147,7 +147,7 @@ class MoEBlockConfig:
             mapping = tuple(self.expert_mapping)
         object.__setattr__(self, "expert_mapping", mapping)
         object.__setattr__(self, "mesh_shape", self._resolve_mesh())
-        self._check_mapping()
+        self._check_mapping(mapping)
         object.__setattr__(self, "shared_expert_ids_to_slots", self._resolve_shared())
         scale = self.shared_expert_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
@@ -178,8 +178,8 @@ class MoEBlockConfig:
             )
         return (mesh[0], mesh[1])
 
-    def _check_mapping(self) -> None:
-        e, slots, mapping = self.num_routed_experts, self.num_slots, self.expert_mapping
+    def _check_mapping(self, mapping: tuple[int, ...]) -> None:
+        e, slots = self.num_routed_experts, self.num_slots
         if len(mapping) != e:
             raise ConfigError(
                 f"expert_mapping has {len(mapping)} entries, expected one slot per routed expert ({e})"
@@ -242,7 +242,8 @@ class MoEBlockConfig:
     @property
     def storage_order(self) -> tuple[int, ...]:
         """Routed expert ids in slot-major storage order (stable: ascending ids within a slot)."""
-        return tuple(sorted(range(self.num_routed_experts), key=lambda i: self.expert_mapping[i]))
+        mapping = cast(tuple[int, ...], self.expert_mapping)  # resolved on construction, never None
+        return tuple(sorted(range(self.num_routed_experts), key=lambda i: mapping[i]))
 
     # ------------------------------------------------------------------ constructors
     @classmethod
