@@ -46,7 +46,7 @@ class TorchLoadArgs(TypedDict):
 class BackendOptions:
     """backend: "torch" or "ttnn"; dtype/device: the torch backend's; recipe: the ttnn precision recipe
     (`accuracy`, `performance`, a YAML file or a loaded `Precision`); tt_cache: directory of the ttnn packed-weight cache;
-    moe_config: the ttnn MoE block config YAML (default: `alpamayo.config.moe.block_config_for`); quant: the
+    moe_config: the ttnn MoE block config YAML (default: `alpamayo.config.builtin.block_config_for`); quant: the
     torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`);
     quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load);
     tt_mode: the ttnn backend's mode (`alpamayo.tt.device.tt_mode`: "device", or "golden" for every device
