@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.expert import ExpertConfig, expert_config_of
+from alpamayo.config.flow import DEFAULT_FLOW, FlowSettings
+from alpamayo.config.loader import checkpoint_family, load_shape_config
+from alpamayo.config.model import ModelConfig
 from alpamayo.contract import TextBackbone, TrajectoryDecoder, VisionTower
 from alpamayo.devices import parse_dtype, resolve_device
 from alpamayo.drafts import MODEL_FREE_BLOCK, Draft, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import read_config
-from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings
 from alpamayo.expert.weights import has_expert_weights
-from alpamayo.families.loader import checkpoint_family, load_shape_config
 from alpamayo.prediction import FUTURE_STEPS
 from alpamayo.quant.cache import PackedWeightCache
 from alpamayo.quant.recipe import NO_QUANT, QuantRecipe
@@ -49,7 +49,7 @@ class TorchLoadArgs(TypedDict):
 class BackendOptions:
     """backend: "torch" or "ttnn"; dtype/device: the torch backend's; recipe: the ttnn precision recipe
     (`accuracy`, `performance`, a YAML file or a loaded `Precision`); tt_cache: directory of the ttnn packed-weight cache;
-    moe_config: the ttnn MoE block config YAML (default: `alpamayo.moe.config.block_config_for`); quant: the
+    moe_config: the ttnn MoE block config YAML (default: `alpamayo.config.builtin.block_config_for`); quant: the
     torch backend's weight-only quantisation (`alpamayo.quant.QuantRecipe`; ttnn chooses with `recipe`);
     quant_cache: directory of its packed-weight cache (`alpamayo.quant.cache`; None: quantise every load);
     tt_mode: the ttnn backend's mode (`alpamayo.tt.device.tt_mode`: "device", or "golden" for every device

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from alpamayo.config import ModelConfig, expert_layouts
+from alpamayo.config.loader import load_model_config
+from alpamayo.config.model import ModelConfig, expert_layouts
 from alpamayo.errors import CheckpointError
-from alpamayo.families.loader import load_model_config
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

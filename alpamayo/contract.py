@@ -21,11 +21,12 @@ from typing import Protocol
 
 import torch
 
-from alpamayo.config import ModelConfig
-from alpamayo.decoding.plans import GeneratedPlan
-from alpamayo.expert.sampler import FlowSettings
+from alpamayo.config.flow import FlowSettings
+from alpamayo.config.model import ModelConfig
+from alpamayo.generation import ForkableLM
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
+from planner.plans import GeneratedPlan
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,22 @@ class TextBackbone(Protocol):
     def close(self) -> None:
         """Release what the backbone holds on its device."""
         ...
+
+
+class SpeculativeLM(ForkableLM, Protocol):
+    """What speculative decoding asks of a backbone (`alpamayo.decoding.speculative`; every `TextBackbone` is
+    one): a `ForkableLM` that verifies blocks: `verify(ids [B, T], capture) -> logits [B, T, V]` (and the
+    captured layer outputs), `rollback(lengths)`, per-row `lengths` and `max_verify_rows`, the most B x T one
+    verify runs (None: no bound; ttnn: 32, one tile) (`alpamayo.text.model.TextModel`)."""
+
+    lengths: list[int]
+    max_verify_rows: int | None
+
+    def verify(
+        self, tokens: torch.Tensor, capture: Sequence[int] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+    def rollback(self, lengths: Sequence[int]) -> None: ...
 
 
 class VisionTower(Protocol):

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.expert.config import ExpertConfig, parse_expert_config
+from alpamayo.config.expert import ExpertConfig, parse_expert_config
 from alpamayo.families.registry import MARKERS_1_5
 from alpamayo.families.vocabulary import bin_token, extend_tokenizer
 from alpamayo.tokenizer import qwen3vl_chat_template
@@ -92,7 +92,7 @@ DEMO_VISION = {
 }
 # The action expert at toy size, as `expert_cfg` overrides of the text config: the VLM's 4 layers and KV layout
 # (2 heads x 32) are kept, as the shared cache needs; the 10B releases use hidden 2048, 16 heads x 128,
-# intermediate 8256 (`alpamayo.expert.config.RELEASE_10B_EXPERT`). Shared by every layout.
+# intermediate 8256 (`alpamayo.config.expert.RELEASE_10B_EXPERT`). Shared by every layout.
 EXPERT_CFG = {"hidden_size": 64, "num_attention_heads": 2, "head_dim": 32, "intermediate_size": 96}
 IN_PROJ = {"hidden_size": 32, "num_enc_layers": 2, "num_fourier_feats": 20, "max_freq": 100.0}
 DIFFUSION = {"int_method": "euler", "num_inference_steps": 10}
@@ -241,7 +241,7 @@ def action_space_fields() -> dict[str, Any]:
 
 def expert_settings() -> dict[str, Any]:
     """The action expert's config.json fields in the project's layout: Alpamayo 1.5's flat keys
-    (`alpamayo.expert.config`), without its Hydra `_target_` strings."""
+    (`alpamayo.config.expert`), without its Hydra `_target_` strings."""
     return {
         "expert_cfg": dict(EXPERT_CFG),
         "action_in_proj_cfg": dict(IN_PROJ),

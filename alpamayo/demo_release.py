@@ -17,7 +17,7 @@ Super (`nvidia/Alpamayo2-Super`): config.json with the nested `vlm_config` (voca
   its tokenizer (R1 marker names, history bins first) and preprocessor_config.json in OUT; expert weights under
   `expert.expert.*`, `expert.action_in_proj.*`, `expert.action_out_proj.*`.
 Expert weights are transformers' `Qwen3VLTextModel` for the expert config (no `embed_tokens`) plus the
-projections `alpamayo.expert.config.ExpertConfig.weight_shapes` lists; all are seeded float32.
+projections `alpamayo.config.expert.ExpertConfig.weight_shapes` lists; all are seeded float32.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from alpamayo.config.expert import ExpertConfig
 from alpamayo.demo_checkpoint import (
     DIFFUSION,
     EXPERT_CFG,
@@ -48,7 +49,6 @@ from alpamayo.demo_checkpoint import (
     write_demo_layout,
     write_json,
 )
-from alpamayo.expert.config import ExpertConfig
 from alpamayo.families.registry import ALPAMAYO_1_5, FAMILIES, R1, RELEASE_IDS, SUPER
 from alpamayo.families.vocabulary import bin_token, marker
 from alpamayo.plan.device_spec import round_up

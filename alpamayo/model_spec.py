@@ -6,7 +6,7 @@
 
 The checkpoint (and the R1 / 1.5 base model), the backend options (`alpamayo.backends.BackendOptions`: torch
 dtype and device, or the ttnn recipe, caches and mode; the torch backend's weight-only quantisation), the
-trajectory decoder, the action expert's flow settings (`alpamayo.expert.sampler.FlowSettings`), the draft of the
+trajectory decoder, the action expert's flow settings (`alpamayo.config.flow.FlowSettings`), the draft of the
 reasoning, the sampling overrides of the model family's defaults, the reasoning cap and one-thread reproducible
 compute. Its fields are its dict keys, the keys of the node YAML's `model:` section (`bridges.config`), of the
 eval and closed-loop run records, and the command-line flags with dashes (`alpamayo.commands.common`). Every
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.backends import BACKENDS, BackendOptions, check_num_samples
+from alpamayo.config.flow import CHECKPOINT_GUIDANCE, FlowSettings
 from alpamayo.devices import DTYPES
 from alpamayo.drafts import KINDS as DRAFTS
 from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, FlowSettings
 from alpamayo.generation import Sampling
 from alpamayo.json_fields import build_dataclass, check
 from alpamayo.plan.precision import PRESETS

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from alpamayo.config import ModelConfig
+from alpamayo.config.model import ModelConfig
 from alpamayo.text.inputs import rope_delta, text_position_ids
 
 

@@ -83,4 +83,3 @@ def slerp(q0: np.ndarray, q1: np.ndarray, u: np.ndarray | float) -> np.ndarray:
     r1 = Rotation.from_quat(np.broadcast_to(q1, (*shape, 4)).reshape(-1, 4))
     step = (r0.inv() * r1).as_rotvec() * np.broadcast_to(u, shape).reshape(-1, 1)
     return (r0 * Rotation.from_rotvec(step)).as_quat().reshape(*shape, 4)
-

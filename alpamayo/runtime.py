@@ -33,18 +33,18 @@ from alpamayo.backends import (
     load_expert_decoder,
 )
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.flow import DEFAULT_FLOW, FlowSettings
+from alpamayo.config.loader import load_model_config, model_tokenizer
+from alpamayo.config.model import ModelConfig
 from alpamayo.contract import ImageFeatures, TrajectoryDecoder
 from alpamayo.decoding.loop import FILLER, generate_plans
-from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.decoding.speculative import first_draft
 from alpamayo.drafts import Draft, DraftContext
-from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder, unguided_prompt
 from alpamayo.expert.model import ActionExpert
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise
+from alpamayo.expert.sampler import check_noise
 from alpamayo.expert.weights import has_expert_weights, stored_action_statistics, validate_expert_tensors
-from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import Family
 from alpamayo.generation import Sampling, TokenSampler, sample_continue
 from alpamayo.model_spec import ModelSpec
@@ -54,6 +54,7 @@ from alpamayo.reproducibility.mode import compute_on_one_thread
 from alpamayo.vlm import VisionLanguageModel
 from planner.ego_frame import LocalHistory
 from planner.pipeline import Planner
+from planner.plans import GeneratedPlan
 from planner.settings import PlannerConfig
 from vision.preprocess import check_image_size, preprocess_images
 

@@ -21,10 +21,10 @@ import torch
 
 from alpamayo.backends import TORCH_CPU, BackendOptions, load_text_model, load_vision_encoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.loader import check_checkpoint, load_model_config
+from alpamayo.config.model import ModelConfig
 from alpamayo.contract import ImageFeatures, TextBackbone, VisionTower
 from alpamayo.errors import ConfigError
-from alpamayo.families.loader import check_checkpoint, load_model_config
 from alpamayo.positions import expand_image_pads, image_token_counts, mrope_position_ids
 from alpamayo.profiling import Tracer
 from vision.preprocess import ImageInput, PreprocessConfig, preprocess_images

@@ -52,14 +52,14 @@ import torch
 from safetensors.torch import save_file
 from transformers import DynamicCache, Qwen3VLTextConfig, Qwen3VLTextModel
 
-from alpamayo.config import parse_config
-from alpamayo.configs import CONFIG_DIR
+from alpamayo.config.builtin import CONFIG_DIR
+from alpamayo.config.expert import RELEASE_10B_EXPERT, parse_expert_config
+from alpamayo.config.flow import FlowSettings
+from alpamayo.config.model import parse_config
 from alpamayo.demo_checkpoint import random_weights
 from alpamayo.devices import DTYPES, resolve_device
-from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder
 from alpamayo.expert.demo import random_expert_weights
-from alpamayo.expert.sampler import FlowSettings
 from alpamayo.expert.weights import load_expert
 from alpamayo.text import TextModel
 from alpamayo.text.weights import text_tensor_shapes

@@ -55,12 +55,12 @@ if str(ROOT) not in sys.path:  # run as `python benchmarks/gpu_check.py` from an
 from action_expert import N_TOKENS, HFComposed, fill_cache  # noqa: E402
 from text_backbone import save_random_model  # noqa: E402
 
-from alpamayo.configs import CONFIG_DIR  # noqa: E402
+from alpamayo.config.builtin import CONFIG_DIR  # noqa: E402
+from alpamayo.config.expert import RELEASE_10B_EXPERT, parse_expert_config  # noqa: E402
+from alpamayo.config.flow import FlowSettings  # noqa: E402
 from alpamayo.devices import resolve_device  # noqa: E402
-from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config  # noqa: E402
 from alpamayo.expert.decoding import ExpertDecoder  # noqa: E402
 from alpamayo.expert.demo import random_expert_weights  # noqa: E402
-from alpamayo.expert.sampler import FlowSettings  # noqa: E402
 from alpamayo.expert.weights import load_expert  # noqa: E402
 from alpamayo.quant import QuantRecipe  # noqa: E402
 from alpamayo.text import TextModel  # noqa: E402

@@ -36,9 +36,9 @@ from text_backbone import bench_model, bench_transformers, copy_bandwidth_gbs, s
 from torch import nn
 
 from alpamayo.devices import DTYPES
-from alpamayo.moe import SparseMoE
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel
+from alpamayo.text.moe.block import SparseMoE
 
 
 class AllExperts(nn.Module):

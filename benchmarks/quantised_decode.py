@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from action_expert import fill_cache, vlm_model
 from text_backbone import bench_model, copy_bandwidth_gbs, save_random_checkpoint
 
-from alpamayo.configs import CONFIG_DIR
-from alpamayo.expert.config import RELEASE_10B_EXPERT, parse_expert_config
+from alpamayo.config.builtin import CONFIG_DIR
+from alpamayo.config.expert import RELEASE_10B_EXPERT, parse_expert_config
+from alpamayo.config.flow import FlowSettings
 from alpamayo.expert.decoding import ExpertDecoder
 from alpamayo.expert.demo import random_expert_weights
-from alpamayo.expert.sampler import FlowSettings
 from alpamayo.expert.weights import load_expert
 from alpamayo.quant import QuantRecipe, quantise_weight
 from alpamayo.quant.weights import DEQUANTISE_FROM_ROWS, Int4Weight, Int8Weight

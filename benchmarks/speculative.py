@@ -41,8 +41,8 @@ import torch
 from text_backbone import copy_bandwidth_gbs
 from torch.profiler import ProfilerActivity, profile
 
-from alpamayo.config import parse_config
-from alpamayo.configs import CONFIG_DIR
+from alpamayo.config.builtin import CONFIG_DIR
+from alpamayo.config.model import parse_config
 from alpamayo.demo_checkpoint import random_weights
 from alpamayo.devices import DTYPES
 from alpamayo.drafts import DraftContext

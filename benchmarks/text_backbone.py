@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from alpamayo.configs import CONFIG_DIR
+from alpamayo.config.builtin import CONFIG_DIR
 from alpamayo.devices import DTYPES
 from alpamayo.numerics import pcc
 from alpamayo.text import TextModel

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from alpamayo.config.loader import load_model_config, model_tokenizer
 from alpamayo.decoding.loop import generate_plans
 from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.devices import resolve_device
-from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import planner_config

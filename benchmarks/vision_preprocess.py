@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alpamayo.configs import CONFIG_DIR
+from alpamayo.config.builtin import CONFIG_DIR
 from alpamayo.devices import DTYPES
 from alpamayo.numerics import max_abs_error, pcc
 from vision.encoder import VisionEncoder

@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from alpamayo.decoding.plans import GeneratedPlan, PlanLimits
 from alpamayo.families.registry import DEMO, Family
 from alpamayo.families.vocabulary import marker
 from alpamayo.prediction import EgoHistory, TrajectorySample
 from planner.action_space import UnicycleActionSpace
 from planner.ego_frame import LocalHistory, to_t0_frame
+from planner.plans import GeneratedPlan, PlanLimits
 from planner.prompt import DrivingPrompt, PromptSettings, build_prompt, build_vqa_prompt
 from planner.settings import PlannerConfig, PlannerSettings
 from planner.tokenizers import FutureTokenizer, HistoryTokenizer, TrajectoryVocab

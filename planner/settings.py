@@ -30,7 +30,7 @@ class PlannerConfig:
     """What planner reads of a checkpoint's config, and all it reads: the top-level Alpamayo keys (`extra`, see
     the module docstring), the file they came from (named in errors), the family (key spellings, prompt policy)
     and the text vocabulary size (trajectory token ids are checked against the embedding table; None: not
-    checked). The caller builds it from its `alpamayo.config.ModelConfig` (`alpamayo.runtime.planner_config`):
+    checked). The caller builds it from its `alpamayo.config.model.ModelConfig` (`alpamayo.runtime.planner_config`):
     planner sits below the models and reads no model config."""
 
     extra: dict[str, Any] = field(default_factory=dict)

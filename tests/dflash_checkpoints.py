@@ -14,7 +14,7 @@ from torch import nn
 
 
 def dflash_config(target, layers: int = 2, block_size: int = 8, **over: Any) -> dict[str, Any]:
-    """A Qwen3 text config + dflash_config for `target` (an `alpamayo.config.TextConfig`), z-lab's names."""
+    """A Qwen3 text config + dflash_config for `target` (an `alpamayo.config.model.TextConfig`), z-lab's names."""
     n = target.num_hidden_layers
     cfg = {
         "architectures": ["DFlashDraftModel"],

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from alpamayo.moe import SparseMoE
+from alpamayo.text.moe.block import SparseMoE
 
 # A relative gap (p_k - p_k+1) / p_k under 2% is within reach of bf16 activation rounding of the router input
 # (measured with the tiny MoE checkpoint: a flip at a 0.01% gap took a decode layer from PCC 0.9999 to 0.90).

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from alpamayo.checkpoint import canonical_name
-from alpamayo.config import parse_config
-from alpamayo.configs import CONFIG_DIR, NAMES, builtin_config
+from alpamayo.config.builtin import CONFIG_DIR, NAMES, builtin_config
+from alpamayo.config.loader import load_model_config
+from alpamayo.config.model import parse_config
 from alpamayo.errors import ConfigError
-from alpamayo.families.loader import load_model_config
 from alpamayo.text.weights import text_tensor_shapes
 
 HUB_2B = json.loads((CONFIG_DIR / "qwen3-vl-2b.json").read_text())

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from alpamayo.cli import main
+from alpamayo.config.loader import load_model_config
 from alpamayo.demo_checkpoint import token_layout
-from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import max_abs_error, pcc
 from alpamayo.runtime import planner_config
 from alpamayo.text import TextModel

@@ -10,10 +10,8 @@ import pytest
 import torch
 from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
 
-from alpamayo.config import parse_text_config
-from alpamayo.configs import CONFIG_DIR
-from alpamayo.errors import ConfigError
-from alpamayo.expert.config import (
+from alpamayo.config.builtin import CONFIG_DIR
+from alpamayo.config.expert import (
     FLAT,
     RELEASE_10B_EXPERT,
     SUPER,
@@ -21,6 +19,8 @@ from alpamayo.expert.config import (
     parse_expert_config,
     validate_against_vlm,
 )
+from alpamayo.config.model import parse_text_config
+from alpamayo.errors import ConfigError
 from alpamayo.json_fields import Fields
 from tests.hf_checkpoints import text_config
 

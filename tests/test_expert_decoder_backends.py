@@ -9,8 +9,8 @@ import torch
 
 from alpamayo.backends import TORCH_CPU, load_expert_decoder, load_text_model
 from alpamayo.checkpoint import open_checkpoint
-from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.expert.decoding import ExpertDecoder
+from planner.plans import GeneratedPlan
 from tests.hf_checkpoints import save_checkpoint, text_config
 from tests.tt_expert_cases import save_alpamayo_checkpoint
 

@@ -21,18 +21,19 @@ from transformers import Qwen3VLMoeTextConfig, Qwen3VLMoeTextModel, Qwen3VLTextC
 
 from alpamayo.backends import BackendOptions, load_expert_decoder
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.decoding.plans import GeneratedPlan
+from alpamayo.config.expert import InProjConfig, parse_expert_config
+from alpamayo.config.flow import FlowSettings
+from alpamayo.config.loader import load_model_config
 from alpamayo.errors import CheckpointError, ConfigError
-from alpamayo.expert.config import InProjConfig, parse_expert_config
 from alpamayo.expert.decoding import ExpertDecoder, replayed_tokens, unguided_prompt
 from alpamayo.expert.demo import random_expert_weights
 from alpamayo.expert.in_proj import default_freqs, fourier_features
-from alpamayo.expert.sampler import FlowSettings, check_noise, euler_sample
+from alpamayo.expert.sampler import check_noise, euler_sample
 from alpamayo.expert.weights import load_expert
-from alpamayo.families.loader import load_model_config
 from alpamayo.numerics import assert_agrees, max_abs_error, pcc
 from alpamayo.vlm import VisionLanguageModel
 from planner.action_space import UnicycleActionSpace
+from planner.plans import GeneratedPlan
 from tests.hf_checkpoints import (
     IMAGE_VISION,
     TOKEN_IDS,

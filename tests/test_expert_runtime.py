@@ -13,13 +13,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from alpamayo.config import parse_config
-from alpamayo.configs import CONFIG_DIR
+from alpamayo.config.builtin import CONFIG_DIR
+from alpamayo.config.expert import RELEASE_10B_EXPERT, expert_config_of
+from alpamayo.config.flow import FlowSettings
+from alpamayo.config.loader import load_model_config
+from alpamayo.config.model import parse_config
 from alpamayo.demo_release import make_demo_checkpoint
-from alpamayo.expert.config import RELEASE_10B_EXPERT, expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder, choose_decoder
-from alpamayo.expert.sampler import FlowSettings
-from alpamayo.families.loader import load_model_config
 from alpamayo.model_spec import ModelSpec
 from alpamayo.plan.dram import plan_memory
 from alpamayo.plan.precision import PRESETS

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from alpamayo.checkpoint import INDEX_FILE, Checkpoint
+from alpamayo.config.expert import parse_expert_config
+from alpamayo.config.loader import load_model_config, model_tokenizer
 from alpamayo.demo_checkpoint import QWEN_ADDED_TOKENS, base_tokenizer, hf_vlm
 from alpamayo.demo_release import make_demo_checkpoint, write_base_model
 from alpamayo.errors import CheckpointError, ConfigError
-from alpamayo.expert.config import parse_expert_config
-from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import MARKERS_1_5, MARKERS_R1, TRAJ_MARKERS
 from alpamayo.families.vocabulary import extend_tokenizer
 from alpamayo.generation import Sampling
@@ -113,7 +113,7 @@ def test_released_layouts_are_detected_and_load(releases, layout):
 @pytest.mark.parametrize("layout", RELEASES)
 def test_tensors_map_to_the_vlm_and_the_expert(releases, layout):
     """VLM tensors lose `vlm.` for the canonical names; the expert's keep their on-disk names, which are the
-    ones the expert config (alpamayo.expert.config) expects, with its shapes."""
+    ones the expert config (alpamayo.config.expert) expects, with its shapes."""
     path = releases[layout]
     cfg = load_model_config(path)
     ckpt = Checkpoint(path, cfg.weight_prefix)

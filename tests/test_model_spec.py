@@ -12,8 +12,8 @@ import yaml
 
 from alpamayo.cli import COMMANDS, build_parser, command_name, main
 from alpamayo.commands.common import SPEC_KEYS, add_model_args, model_spec
+from alpamayo.config.flow import FlowSettings
 from alpamayo.errors import ConfigError
-from alpamayo.expert.sampler import FlowSettings
 from alpamayo.model_spec import ModelSpec
 from alpamayo.quant.recipe import QuantRecipe
 from bridges.config import ModelSection, NodeConfig

@@ -10,11 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.configs import builtin_config
+from alpamayo.config.builtin import builtin_config
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.errors import CheckpointError, ConfigError
-from alpamayo.moe import MoEBlock, MoEBlockConfig, TopKRouter
 from alpamayo.numerics import max_abs_error
 from alpamayo.text import TextModel
+from alpamayo.text.moe.block import MoEBlock
+from alpamayo.text.moe.router import TopKRouter
 from tests.hf_checkpoints import rewrite_hub_layout, save_checkpoint, text_config
 
 HIDDEN, EXPERTS = 32, 8

@@ -101,7 +101,7 @@ def test_the_floor_line_prices_the_ticks_rest_and_what_would_lower_it(capsys):
     each); the fidelity trades it names are
     the verify estimate at those bfp4 groups over those 15, and one more token per verify drops the verifies
     it saves."""
-    from alpamayo.configs import builtin_expert
+    from alpamayo.config.builtin import builtin_expert
     from alpamayo.plan.device_spec import P150
     from alpamayo.plan.estimate import decode_estimate, first_block_ms, verify_estimate
     from alpamayo.plan.precision import load_precision

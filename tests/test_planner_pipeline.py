@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from alpamayo.config.loader import load_model_config
 from alpamayo.decoding.loop import generate_plans
-from alpamayo.decoding.plans import GeneratedPlan
-from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import planner_config
@@ -16,6 +15,7 @@ from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
 from planner.metrics import ade, fde
 from planner.pipeline import Planner
+from planner.plans import GeneratedPlan
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from alpamayo.cli import main
+from alpamayo.config.loader import load_model_config
 from alpamayo.demo_drive import make_demo_drive
-from alpamayo.families.loader import load_model_config
 from alpamayo.plan.dram import plan_memory
 from alpamayo.plan.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS
 from alpamayo.precision.planner import DriveRun, _drive_figures

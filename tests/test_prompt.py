@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from alpamayo.config.loader import load_model_config
 from alpamayo.errors import ConfigError
-from alpamayo.families.loader import load_model_config
 from alpamayo.runtime import planner_config
 from alpamayo.tokenizer import load_tokenizer
 from planner.prompt import PromptSettings, build_prompt

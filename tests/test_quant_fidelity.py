@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from alpamayo.cli import main
+from alpamayo.config.loader import load_model_config
 from alpamayo.demo_drive import make_demo_drive
-from alpamayo.families.loader import load_model_config
 from alpamayo.precision import planner as precision_planner
 from alpamayo.precision.planner import Settings, precision_report
 from alpamayo.quant import Int8Weight, QuantRecipe

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from alpamayo.cli import main
-from alpamayo.expert.config import expert_config_of
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.loader import load_model_config
 from alpamayo.expert.weights import load_expert
-from alpamayo.families.loader import load_model_config
 from alpamayo.plan.gpu_memory import GPUS_GB, kv_cache_nbytes, packed_nbytes, plan_gpu_memory, weight_counts
 from alpamayo.quant import QuantRecipe
 from alpamayo.text import TextModel

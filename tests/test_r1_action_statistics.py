@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.checkpoint import Checkpoint
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.loader import load_model_config
 from alpamayo.demo_release import make_demo_checkpoint
 from alpamayo.errors import CheckpointError
-from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.weights import ACTION_STATISTICS, stored_action_statistics
-from alpamayo.families.loader import load_model_config
 from alpamayo.model_spec import ModelSpec
 from alpamayo.runtime import AlpamayoVLA
 from tests.test_expert_runtime import inputs

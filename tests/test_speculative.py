@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from alpamayo.config.loader import load_model_config
 from alpamayo.decoding.loop import generate_plans
-from alpamayo.decoding.plans import PlanLimits
 from alpamayo.decoding.speculative import first_draft
 from alpamayo.drafts import Draft, DraftContext, LookupDraft, PreviousDraft, check_draft_spec, load_draft
 from alpamayo.drafts.dflash import DFlashDraft, DraftConfigError, read_config
-from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
+from planner.plans import PlanLimits
 from planner.tokenizers import TrajectoryVocab
 from tests.dflash_checkpoints import dflash_config, reference_block_logits, save_dflash
 from tests.hf_checkpoints import load_hf, save_checkpoint, text_config

@@ -23,17 +23,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.checkpoint import open_checkpoint
-from alpamayo.decoding.plans import PlanLimits
+from alpamayo.config.expert import expert_config_of, parse_expert_config
+from alpamayo.config.loader import load_model_config
 from alpamayo.drafts import Draft, LookupDraft, PreviousDraft
-from alpamayo.expert.config import expert_config_of, parse_expert_config
 from alpamayo.expert.decoding import offsets_after_reasoning
 from alpamayo.expert.demo import random_expert_weights
 from alpamayo.expert.model import ExpertContext
 from alpamayo.expert.sampler import euler_sample, initial_noise
 from alpamayo.expert.weights import load_expert
-from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler
 from alpamayo.text import TextModel
+from planner.plans import PlanLimits
 from tests.hf_checkpoints import save_checkpoint, text_config
 from tests.test_expert_golden import EXPERT_RAW
 from tests.test_speculative import Oracle, Target, _dflash, continuation

@@ -29,12 +29,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from alpamayo.checkpoint import INDEX_FILE
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.flow import CHECKPOINT_GUIDANCE
+from alpamayo.config.loader import model_tokenizer
 from alpamayo.demo_checkpoint import hf_vlm
 from alpamayo.demo_release import make_demo_checkpoint
-from alpamayo.expert.config import expert_config_of
 from alpamayo.expert.decoding import ExpertDecoder
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE
-from alpamayo.families.loader import model_tokenizer
 from alpamayo.generation import Sampling
 from alpamayo.model_spec import ModelSpec
 from alpamayo.numerics import max_abs_error

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import alpamayo.text.threads as threads
-from alpamayo.config import parse_config
-from alpamayo.configs import CONFIG_DIR
+from alpamayo.config.builtin import CONFIG_DIR
+from alpamayo.config.model import parse_config
 from alpamayo.demo_checkpoint import random_weights
 from alpamayo.text import TextModel
 from alpamayo.text.weights import text_tensor_shapes

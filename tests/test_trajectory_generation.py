@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from alpamayo.config.loader import load_model_config
 from alpamayo.decoding.loop import generate_plans
-from alpamayo.decoding.plans import PlanLimits
-from alpamayo.families.loader import load_model_config
 from alpamayo.generation import Sampling, TokenSampler, nucleus_logits, row_seeds
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text import TextModel
 from alpamayo.tokenizer import load_tokenizer
+from planner.plans import PlanLimits
 from planner.tokenizers import TrajectoryVocab
 from tests.hf_checkpoints import PlanConstraints, load_alpamayo_hf
 

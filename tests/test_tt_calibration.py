@@ -10,7 +10,7 @@ import re
 import pytest
 
 from alpamayo.cli import main
-from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
+from alpamayo.config.builtin import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
 from alpamayo.errors import ConfigError
 from alpamayo.plan.calibration import model as calibration_model
 from alpamayo.plan.calibration.anchors import FORMAT, load_anchors, parse_anchor, write_anchors

@@ -123,7 +123,7 @@ def test_predict_backend_ttnn_runs_a_dflash_draft_on_the_device(
     """`--draft dflash:DIR --backend ttnn` on the demo checkpoint with a random tiny draft in z-lab's layout:
     the draft's layers run on the device (`alpamayo.tt.draft`) over the prompt's and the verifies' captured
     target layers, K rows ragged as the target's; each row's accepted lengths add up to its reasoning."""
-    from alpamayo.families.loader import load_model_config
+    from alpamayo.config.loader import load_model_config
     from tests.dflash_checkpoints import dflash_config, save_dflash
 
     draft = tmp_path / "draft"

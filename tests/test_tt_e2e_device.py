@@ -102,7 +102,7 @@ ARGMAX = Sampling(temperature=0.6, top_p=1e-6, top_k=1)
 @pytest.fixture(scope="module")
 def draft_specs(demo_checkpoint, tmp_path_factory):
     """--draft values by name: none, lookup, and dflash over a random tiny draft in z-lab's layout."""
-    from alpamayo.families.loader import load_model_config
+    from alpamayo.config.loader import load_model_config
     from tests.dflash_checkpoints import dflash_config, save_dflash
 
     path = tmp_path_factory.mktemp("dflash")

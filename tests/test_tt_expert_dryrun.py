@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from alpamayo.decoding.plans import GeneratedPlan
 from alpamayo.plan.precision import load_precision
 from alpamayo.plan.programs.text import plan_text
 from alpamayo.tt.dryrun.graph import Capture
+from planner.plans import GeneratedPlan
 from tests.tt_checkpoints import TT_TINY, tiny_config
 from tests.tt_expert_cases import TINY_VLM, release_cut, save_expert_weights, tiny_expert
 

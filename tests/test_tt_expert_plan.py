@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from alpamayo.cli import main
-from alpamayo.configs import CONFIG_DIR, EXPERT_SUFFIX, builtin_expert
+from alpamayo.config.builtin import CONFIG_DIR, EXPERT_SUFFIX, builtin_expert
 from alpamayo.errors import ConfigError
 from alpamayo.plan.dram import plan_memory, spec_bytes
 from alpamayo.plan.estimate import expert_estimate

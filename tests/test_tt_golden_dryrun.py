@@ -99,8 +99,8 @@ def text_run(path, device) -> None:
 
 def expert_run(path, device) -> None:
     """The demo's action expert: 2 samples over 2 forked, ragged slots, 2 Euler steps."""
-    from alpamayo.expert.config import expert_config_of
-    from alpamayo.families.loader import load_model_config
+    from alpamayo.config.expert import expert_config_of
+    from alpamayo.config.loader import load_model_config
     from alpamayo.tt.expert import TTActionExpert
     from alpamayo.tt.text import TTTextModel
 

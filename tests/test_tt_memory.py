@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from alpamayo.cli import main
-from alpamayo.configs import CONFIG_DIR, builtin_config
+from alpamayo.config.builtin import CONFIG_DIR, builtin_config
 from alpamayo.plan.dram import DoesNotFit, check_fits, plan_memory, spec_bytes
 from alpamayo.plan.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS, TILE_BYTES, Precision
 from alpamayo.plan.weights import text_weight_specs

@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-from alpamayo.families.loader import load_model_config
+from alpamayo.config.loader import load_model_config
 from alpamayo.numerics import assert_agrees
 from tests.routing import NEAR_TIE, routing_margin
 from tests.tt_checkpoints import REAL_ENV, real_recipe, reference_and_device, save_tt_checkpoint

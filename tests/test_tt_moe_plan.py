@@ -1,6 +1,6 @@
 """The one-chip MoE block's host side: its YAML config and validation, the plan, and the prefill grouping.
 
-The grouping is checked against the torch reference block (`alpamayo.moe.MoEBlock`, itself checked against
+The grouping is checked against the torch reference block (`alpamayo.text.moe.block.MoEBlock`, itself checked against
 transformers in tests/test_moe.py): the grouped rows, one expert per 32-row group, weighted and gathered back,
 must give the block's output.
 """
@@ -10,15 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alpamayo.configs import CONFIG_DIR, builtin_config
+from alpamayo.config.builtin import CONFIG_DIR, block_config_for, builtin_config, shipped_block_configs
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.errors import ConfigError
-from alpamayo.moe import MoEBlock, MoEBlockConfig, TopKRouter
-from alpamayo.moe.config import block_config_for, shipped_block_configs
 from alpamayo.plan.dram import check_fits
 from alpamayo.plan.precision import PRESETS
 from alpamayo.plan.programs.grid import PlanError
 from alpamayo.plan.programs.moe import plan_moe
 from alpamayo.plan.programs.text import plan_text
+from alpamayo.text.moe.block import MoEBlock
+from alpamayo.text.moe.router import TopKRouter
 from alpamayo.tt.moe import group_rows, max_groups
 from tests.tt_checkpoints import TT_TINY, tiny_config
 

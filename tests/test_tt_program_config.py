@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alpamayo.configs import NAMES, builtin_config
+from alpamayo.config.builtin import NAMES, builtin_config
 from alpamayo.plan.device_spec import P150, TILE
 from alpamayo.plan.precision import PRESETS
 from alpamayo.plan.programs.grid import DEST_TILES, L1_HEADROOM, CoreGrid, PlanError

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.expert.config import expert_config_of
-from alpamayo.families.loader import load_model_config
-from alpamayo.moe.weights import DOWN, EXPERT_DOWN, EXPERT_GATE, EXPERT_UP, GATE_UP, ExpertView
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.loader import load_model_config
 from alpamayo.plan.precision import PRESETS
 from alpamayo.plan.vision_weights import vision_weight_specs
 from alpamayo.plan.weights import prepare, restore, text_weight_specs, weight_dtype
 from alpamayo.text import TextModel
+from alpamayo.text.moe.weights import DOWN, EXPERT_DOWN, EXPERT_GATE, EXPERT_UP, GATE_UP, ExpertView
 from alpamayo.text.weights import EMBED, LM_HEAD
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from alpamayo.tt.weight_cache import to_host_tensor

@@ -224,7 +224,7 @@ def test_a_dflash_draft_the_device_cannot_serve_is_refused_before_the_device(
     """A DFlash draft's layers run on the device (`alpamayo.tt.draft`); one for another target, or whose
     attention the device draft cannot write with the target's K/V plan, is refused with ttnn before any
     weight is read or a device is opened."""
-    from alpamayo.families.loader import load_model_config
+    from alpamayo.config.loader import load_model_config
     from alpamayo.model_spec import ModelSpec
     from alpamayo.runtime import AlpamayoVLA
     from tests.dflash_checkpoints import dflash_config

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from alpamayo.cli import main
-from alpamayo.configs import builtin_config, builtin_expert
+from alpamayo.config.builtin import builtin_config, builtin_expert
 from alpamayo.plan.device_spec import P150
 from alpamayo.plan.estimate import (
     decode_estimate,

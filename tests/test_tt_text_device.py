@@ -23,7 +23,7 @@ import os
 import pytest
 import torch
 
-from alpamayo.families.loader import load_model_config
+from alpamayo.config.loader import load_model_config
 from alpamayo.generation import greedy_continue
 from alpamayo.numerics import agreement, assert_agrees, pcc
 from alpamayo.plan.precision import load_precision

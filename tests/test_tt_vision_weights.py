@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.configs import NAMES, builtin_config
+from alpamayo.config.builtin import NAMES, builtin_config
+from alpamayo.config.loader import load_model_config
 from alpamayo.errors import ConfigError
-from alpamayo.families.loader import load_model_config
 from alpamayo.plan.programs.vision import VISION_GELU, plan_vision
 from alpamayo.plan.vision_weights import vision_weight_specs
 from alpamayo.plan.weights import head_positions, prepare, restore, rotary_head_dim

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.families.loader import load_model_config
-from alpamayo.moe.weights import ExpertView
+from alpamayo.config.loader import load_model_config
 from alpamayo.numerics import pcc
 from alpamayo.plan.precision import BLOCK_FLOAT_ERROR
 from alpamayo.plan.weights import (
@@ -24,6 +23,7 @@ from alpamayo.plan.weights import (
     text_weight_specs,
     zero_pad,
 )
+from alpamayo.text.moe.weights import ExpertView
 from alpamayo.text.weights import layer_prefix
 from alpamayo.tt.weight_cache import to_host_tensor
 from tests.hf_checkpoints import rewrite_hub_layout, save_checkpoint

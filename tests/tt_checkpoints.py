@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from alpamayo.config import ModelConfig, parse_config
+from alpamayo.config.model import ModelConfig, parse_config
 from alpamayo.plan.precision import Precision
 from alpamayo.text import TextModel
 from alpamayo.tt.quantized import QuantizedCheckpoint

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from alpamayo.config import ModelConfig
-from alpamayo.configs import builtin_expert
-from alpamayo.expert.config import ExpertConfig, parse_expert_config
+from alpamayo.config.builtin import builtin_expert
+from alpamayo.config.expert import ExpertConfig, parse_expert_config
+from alpamayo.config.model import ModelConfig
 from alpamayo.expert.demo import random_expert_weights
 from tests.tt_checkpoints import TT_TINY, save_tt_checkpoint
 

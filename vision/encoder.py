@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
-from alpamayo.config import ModelConfig, VisionConfig
+from alpamayo.config.model import ModelConfig, VisionConfig
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.quant import PART_NAMES, QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache

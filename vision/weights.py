@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from alpamayo.checkpoint import Checkpoint, Getter, Shape
-from alpamayo.config import ModelConfig, VisionConfig
+from alpamayo.config.model import ModelConfig, VisionConfig
 from alpamayo.errors import ConfigError
 from alpamayo.text.linear import Linear
 from vision.block import LayerNorm, PatchMerger, VisionAttention, VisionBlock, VisionMLP

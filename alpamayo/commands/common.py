@@ -11,12 +11,12 @@ from typing import Any
 
 from alpamayo.backends import BACKENDS, BackendOptions, load_text_model
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.flow import CHECKPOINT_GUIDANCE, parse_guidance
+from alpamayo.config.loader import check_checkpoint
+from alpamayo.config.model import ModelConfig
 from alpamayo.devices import DTYPES
 from alpamayo.errors import ConfigError
 from alpamayo.expert.decoding import DECODERS
-from alpamayo.expert.sampler import CHECKPOINT_GUIDANCE, parse_guidance
-from alpamayo.families.loader import check_checkpoint
 from alpamayo.model_spec import ModelSpec
 from alpamayo.quant import GROUP_SIZES, QUANT_MODES, QuantRecipe
 from alpamayo.runtime import AlpamayoVLA
@@ -27,7 +27,7 @@ RECIPE_HELP = (
 )
 MOE_CONFIG_HELP = (
     "ttnn backend, MoE checkpoints: the MoE block config YAML (default: the shipped one for the "
-    "model's shape, see alpamayo.moe.config)"
+    "model's shape, see alpamayo.config.moe)"
 )
 
 

@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 from alpamayo.commands.common import add_model_args, model_spec, text_model
-from alpamayo.config import ModelConfig
-from alpamayo.families.loader import load_model_config, model_tokenizer
+from alpamayo.config.loader import load_model_config, model_tokenizer
+from alpamayo.config.model import ModelConfig
 from alpamayo.generation import greedy_continue
 from alpamayo.tokenizer import chat_prompt_ids
 from alpamayo.vlm import VisionLanguageModel

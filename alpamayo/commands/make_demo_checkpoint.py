@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from alpamayo.config.loader import load_model_config, model_tokenizer
 from alpamayo.demo_checkpoint import token_layout
 from alpamayo.demo_release import LAYOUTS, make_demo_checkpoint
-from alpamayo.families.loader import load_model_config, model_tokenizer
 
 
 def register(sub: argparse._SubParsersAction) -> None:

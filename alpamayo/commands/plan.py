@@ -19,12 +19,11 @@ from pathlib import Path
 from alpamayo.backends import BACKENDS
 from alpamayo.commands.common import BASE_MODEL_HELP, MOE_CONFIG_HELP, RECIPE_HELP, add_quant_args
 from alpamayo.commands.make_demo_drive import parse_size
-from alpamayo.config import ModelConfig
-from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
+from alpamayo.config.builtin import EXPERT_NAMES, NAMES, builtin_config, builtin_expert, model_block_config
+from alpamayo.config.expert import ExpertConfig, expert_config_of
+from alpamayo.config.loader import load_shape_config
+from alpamayo.config.model import ModelConfig
 from alpamayo.devices import DTYPES
-from alpamayo.expert.config import ExpertConfig, expert_config_of
-from alpamayo.families.loader import load_shape_config
-from alpamayo.moe.config import model_block_config
 from alpamayo.plan.calibration.anchors import ANCHORS_PATH, UNITS, load_anchors
 from alpamayo.plan.calibration.model import FIT_TOLERANCE, ExpectedModel, calibration, fitted
 from alpamayo.plan.device_spec import P150

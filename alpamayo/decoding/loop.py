@@ -25,12 +25,13 @@ from typing import cast
 import numpy as np
 import torch
 
+from alpamayo.contract import SpeculativeLM
 from alpamayo.decoding.draft import Draft, DraftContext
-from alpamayo.decoding.plans import GeneratedPlan, PlanLimits
-from alpamayo.decoding.speculative import SpeculativeLM, speculate
+from alpamayo.decoding.speculative import speculate
 from alpamayo.generation import ForkableLM, TokenSampler
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
+from planner.plans import GeneratedPlan, PlanLimits
 from planner.tokenizers import TrajectoryVocab
 
 REASONING, TRAJECTORY, DONE = 0, 1, 2

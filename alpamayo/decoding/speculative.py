@@ -11,30 +11,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import cast
 
 import torch
 
+from alpamayo.contract import SpeculativeLM
 from alpamayo.decoding.draft import Draft, DraftContext
-from alpamayo.decoding.plans import GeneratedPlan, PlanLimits
-from alpamayo.generation import ForkableLM, TokenSampler
+from alpamayo.generation import TokenSampler
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
-
-
-class SpeculativeLM(ForkableLM, Protocol):
-    """A `ForkableLM` that verifies blocks: `verify(ids [B, T], capture) -> logits [B, T, V]` (and the captured
-    layer outputs), `rollback(lengths)`, per-row `lengths` and `max_verify_rows`, the most B x T one verify
-    runs (None: no bound; ttnn: 32, one tile) (`alpamayo.text.model.TextModel`)."""
-
-    lengths: list[int]
-    max_verify_rows: int | None
-
-    def verify(
-        self, tokens: torch.Tensor, capture: Sequence[int] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
-
-    def rollback(self, lengths: Sequence[int]) -> None: ...
+from planner.plans import GeneratedPlan, PlanLimits
 
 
 def first_draft(draft: Draft, ctx: DraftContext, limits: PlanLimits, start_id: int) -> list[int]:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 from alpamayo.decoding.draft import Draft, DraftContext
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.linear import Linear, pack_linears

@@ -1,10 +1,9 @@
 """The flow-matching action expert: the trajectory decoder NVIDIA's Alpamayo releases use for inference.
 
 It reads the VLM's KV cache after `<|traj_future_start|>` and turns noise into normalised (acceleration,
-curvature) actions in a few Euler steps.
+curvature) actions in a few Euler steps. Its settings are `alpamayo.config.expert` (from a checkpoint's
+config.json) and `alpamayo.config.flow` (how a run samples).
 
-    config      its settings from a checkpoint's config.json (R1 / 1.5 flat fields, Super's expert_config),
-                the family's tensor names, the checks against the VLM
     in_proj     PerWaypointActionInProjV2: Fourier features of the noisy actions and t, MLP, LayerNorm
     model       ActionExpert: alpamayo.text's layers attending over a read-only VLM cache prefix; ExpertContext
     weights     validation and loading of every family's tensors
@@ -13,23 +12,3 @@ curvature) actions in a few Euler steps.
     cuda_graph  the velocity step captured as a CUDA graph
     demo        random expert weights under the real names (demo and test checkpoints)
 """
-
-from alpamayo.expert.config import (
-    ExpertConfig,
-    InProjConfig,
-    WeightPrefixes,
-    expert_text_dict,
-    has_expert,
-    parse_expert_config,
-    validate_against_vlm,
-)
-
-__all__ = [
-    "ExpertConfig",
-    "InProjConfig",
-    "WeightPrefixes",
-    "expert_text_dict",
-    "has_expert",
-    "parse_expert_config",
-    "validate_against_vlm",
-]

@@ -22,15 +22,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from alpamayo.config.expert import ExpertConfig
+from alpamayo.config.flow import DEFAULT_FLOW, FlowSettings
 from alpamayo.contract import DecoderContext, ImageFeatures, PromptModel, TextBackbone, UnguidedContext
-from alpamayo.decoding.plans import GeneratedPlan
-from alpamayo.expert.config import ExpertConfig
 from alpamayo.expert.model import ActionExpert, ExpertContext
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, euler_sample, noise_for
+from alpamayo.expert.sampler import euler_sample, noise_for
 from alpamayo.prediction import Cancellation
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.model import TextModel
+from planner.plans import GeneratedPlan
 
 
 def offsets_after_reasoning(prompt_len: int, plans: Sequence[GeneratedPlan]) -> list[int]:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from alpamayo.expert.config import ExpertConfig
+from alpamayo.config.expert import ExpertConfig
 
 
 def random_expert_weights(cfg: ExpertConfig, seed: int) -> dict[str, torch.Tensor]:

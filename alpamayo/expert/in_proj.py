@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alpamayo.expert.config import InProjConfig
+from alpamayo.config.expert import InProjConfig
 from alpamayo.text.linear import Linear
 from alpamayo.text.norm import RMSNorm
 

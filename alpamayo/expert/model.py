@@ -25,7 +25,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
+from alpamayo.config.expert import ACTION_DIMS, ExpertConfig
 from alpamayo.expert.in_proj import ActionInProj
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.layer import DecoderLayer

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from alpamayo.checkpoint import Checkpoint, Getter, Shape
-from alpamayo.config import TextConfig
+from alpamayo.config.expert import ExpertConfig, validate_against_vlm
+from alpamayo.config.model import TextConfig
 from alpamayo.errors import CheckpointError
-from alpamayo.expert.config import ExpertConfig, validate_against_vlm
 from alpamayo.expert.in_proj import ActionInProj, default_freqs
 from alpamayo.expert.model import ActionExpert
 from alpamayo.prediction import FUTURE_STEPS

@@ -8,7 +8,7 @@ Qwen3-VL config, tokenizer, chat template and image processor the checkpoint reu
              (b) the local Hugging Face cache (`HF_HUB_CACHE`), with `local_files_only`: nothing is downloaded.
 
 The directory must hold a tokenizer. Its `config.json` gives the Qwen3-VL config; where it has none and the id
-is one of the two 8B bases the released checkpoints name, the bundled `alpamayo/configs/qwen3-vl-8b.json`
+is one of the two 8B bases the released checkpoints name, the bundled `alpamayo/config/published/qwen3-vl-8b.json`
 serves (their configs are identical).
 """
 
@@ -24,8 +24,9 @@ from alpamayo.json_fields import read_json
 
 # The bases of the released R1 / 1.5 checkpoints; both are Qwen3-VL-8B (Cosmos-Reason2-8B is a fine-tune).
 KNOWN_8B_BASES = ("nvidia/Cosmos-Reason2-8B", "Qwen/Qwen3-VL-8B-Instruct")
-# One of `alpamayo.configs`' files, found by path: that package reads configs through this one's loader.
-BUNDLED_8B = Path(__file__).resolve().parents[1] / "configs" / "qwen3-vl-8b.json"
+# One of `alpamayo.config.builtin`'s files, found by path: the config package, above this one, reads configs
+# through this package.
+BUNDLED_8B = Path(__file__).resolve().parents[1] / "config" / "published" / "qwen3-vl-8b.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
 

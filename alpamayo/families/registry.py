@@ -155,7 +155,7 @@ RELEASE_IDS = {
 def detect_family(raw: Any) -> Family:
     """The family of a parsed `config.json` object: an Alpamayo release by `architectures` / `model_type`,
     else the project's layout when a `vlm_config` is nested, else a Hugging Face Qwen3-VL config (whose
-    architecture `alpamayo.config` then checks, naming every known family when it fits none)."""
+    architecture `alpamayo.config.model` then checks, naming every known family when it fits none)."""
     archs = raw.get("architectures") or []
     archs = archs if isinstance(archs, list) else [archs]
     for name, (arch, model_type) in RELEASE_IDS.items():

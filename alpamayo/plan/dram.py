@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.config.expert import ExpertConfig, expert_config_of
+from alpamayo.config.model import ModelConfig, TextConfig
 from alpamayo.errors import ConfigError
-from alpamayo.expert.config import ExpertConfig, expert_config_of
 from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.plan.expert_weights import expert_weight_specs
 from alpamayo.plan.precision import PRESETS, TILE_BYTES, Precision

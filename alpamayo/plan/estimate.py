@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.config.expert import ExpertConfig
+from alpamayo.config.model import ModelConfig, TextConfig
 from alpamayo.drafts.dflash import DFlashConfig
-from alpamayo.expert.config import ExpertConfig
 from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.plan.draft_weights import draft_cache_rows, draft_weight_specs
 from alpamayo.plan.dram import kv_bytes, spec_bytes

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from alpamayo.expert.config import ACTION_DIMS, ExpertConfig
+from alpamayo.config.expert import ACTION_DIMS, ExpertConfig
 from alpamayo.plan.weights import (
     LayerGroups,
     WeightSpec,
@@ -37,7 +37,7 @@ EXPERT_BANKS = 1  # the expert's padding granule: whole tiles (its weights are i
 
 def in_proj_specs(expert: ExpertConfig) -> list[WeightSpec]:
     """The in-projection MLP: Linear, SiLU, then (RMSNorm, Linear, SiLU) per extra layer, RMSNorm, Linear,
-    LayerNorm (see `alpamayo.expert.config.ExpertConfig._in_proj_shapes`)."""
+    LayerNorm (see `alpamayo.config.expert.ExpertConfig._in_proj_shapes`)."""
     c, hidden = expert.in_proj, expert.text.hidden_size
     trunk = f"{expert.prefixes.in_proj}encoder.trunk."
     specs = linear_specs("expert.in_proj.0", trunk + "0.", "expert", c.num_features, c.hidden_size)

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from alpamayo.config import ModelConfig
-from alpamayo.expert.config import ExpertConfig
+from alpamayo.config.expert import ExpertConfig
+from alpamayo.config.model import ModelConfig
 from alpamayo.expert.in_proj import default_freqs
 from alpamayo.expert.weights import build_expert
 from alpamayo.prediction import FUTURE_STEPS

@@ -11,7 +11,7 @@ zero fc2 rows: gelu(0) = 0). The learned position table stays on the host.
 
 from __future__ import annotations
 
-from alpamayo.config import VisionConfig
+from alpamayo.config.model import VisionConfig
 from alpamayo.plan.weights import WeightSpec, layer_norm_specs, linear_specs, rotary_head_dim
 from vision.weights import MERGER, PATCH_EMBED, block_prefix, deepstack_prefix
 

@@ -19,7 +19,7 @@ put block-float rounding done in the device layout back into a checkpoint). Layo
     projection's K too (zero rows), so padding never changes a result: silu(0) * 0 = 0;
   * routed experts are `[1, E, K, N]` per projection (gate, up: `[1, E, hidden_p, I_p]`; down:
     `[1, E, I_p, hidden_p]`), the weight layout of `ttnn.sparse_matmul`, read from the experts' canonical
-    per-projection view (`alpamayo.moe.weights.ExpertView`); the router is a bf16 `[hidden_p, E]` linear;
+    per-projection view (`alpamayo.text.moe.weights.ExpertView`); the router is a bf16 `[hidden_p, E]` linear;
   * the lm_head `[hidden_p, vocab]` is zero-padded to whole tiles; logits are cut back to `vocab` on the host;
   * RMSNorm gammas come in two forms: row-major `[1, 1, dim/32, 32]` (sharded decode norms and the per-head
     q/k norms) and TILE `[1, 1, 1, dim]` (the interleaved prefill norms: with a row-major gamma `rms_norm`
@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from alpamayo.checkpoint import Getter
-from alpamayo.config import ModelConfig, TextConfig
-from alpamayo.moe.weights import EXPERT_DOWN, EXPERT_GATE, EXPERT_UP, GATE
+from alpamayo.config.model import ModelConfig, TextConfig
 from alpamayo.plan.device_spec import TILE, round_up
 from alpamayo.plan.precision import Precision
+from alpamayo.text.moe.weights import EXPERT_DOWN, EXPERT_GATE, EXPERT_UP, GATE
 from alpamayo.text.weights import EMBED, FINAL_NORM, LM_HEAD, layer_prefix
 
 # Groups whose tensors are bf16 in every recipe (not `Precision.dtypes` keys): norm weights, biases, the router.

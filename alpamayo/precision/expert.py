@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
-from alpamayo.expert.config import expert_config_of
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.model import ModelConfig
 from alpamayo.expert.sampler import euler_sample, initial_noise
 from alpamayo.expert.weights import has_expert_weights, load_expert
 from alpamayo.numerics import pcc

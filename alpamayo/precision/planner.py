@@ -56,12 +56,12 @@ import torch
 
 from alpamayo.backends import TORCH_CPU, BackendOptions
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.expert import expert_config_of
+from alpamayo.config.loader import load_model_config, model_tokenizer
+from alpamayo.config.model import ModelConfig
 from alpamayo.demo_checkpoint import CORPUS
 from alpamayo.errors import BackendUnavailable
 from alpamayo.eval.clips import clip_seed, drive_clip
-from alpamayo.expert.config import expert_config_of
-from alpamayo.families.loader import load_model_config, model_tokenizer
 from alpamayo.families.registry import REFERENCE_SAMPLING
 from alpamayo.generation import greedy_continue
 from alpamayo.model_spec import ModelSpec
@@ -702,7 +702,7 @@ def precision_report(
 ) -> PrecisionReport:
     """Compare `recipes` on the checkpoint in `directory` (and on `drive`, a recorded drive: MCAP path, with a
     YAML topic `layout` where its topics are not the default ones, or `pai:CLIP[@T0_US]` with `pai_dir`); R1 / 1.5 read their base model from `base_model` where given (see
-    `alpamayo.families.loader.load_model_config`). `quants`: the torch backend's weight-only recipes to
+    `alpamayo.config.loader.load_model_config`). `quants`: the torch backend's weight-only recipes to
     compare too (`QuantRecipe.parse` names: int8, int4, int4-g32, ...). `golden`: the ttnn recipes' golden-mode
     figures too (`golden_figures`; needs ttnn, refused before any model runs without it)."""
     settings.validate()

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from alpamayo.expert.sampler import describe_guidance
+from alpamayo.config.flow import describe_guidance
 from alpamayo.input_window import PoseTrack
 from alpamayo.prediction import DT_S, PERIOD_NS
 from alpamayo.replay.ticks import poses_in_t0_frame

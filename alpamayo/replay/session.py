@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from alpamayo.families.loader import checkpoint_family
+from alpamayo.config.loader import checkpoint_family
 from alpamayo.input_window import FRAME_OFFSETS_NS, FUTURE_OFFSETS_NS, HISTORY_OFFSETS_NS
 from alpamayo.prediction import DT_S
 from alpamayo.profiling import Tracer

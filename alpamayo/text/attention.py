@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 from alpamayo.text.kv_cache import KVCache
 from alpamayo.text.linear import Linear
 from alpamayo.text.norm import RMSNorm

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 
 
 def check_token_ids(ids: torch.Tensor, vocab: int) -> None:

@@ -13,7 +13,7 @@ class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)); gate and up run as one fused [2I, H] matmul (gate rows first).
 
     gate, up: [I, H]; down: [H, I]. The optional biases ([I], [I], [H]) are added after each projection, as in
-    MoE checkpoints whose experts carry them (`has_bias` in `alpamayo.moe.config`); Qwen3-VL has none.
+    MoE checkpoints whose experts carry them (`has_bias` in `alpamayo.config.moe`); Qwen3-VL has none.
     """
 
     def __init__(

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, open_checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.model import ModelConfig
 from alpamayo.profiling.tracer import Tracer
 from alpamayo.quant import PART_NAMES, QuantRecipe
 from alpamayo.quant.cache import PackedWeightCache

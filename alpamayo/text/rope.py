@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 
 
 def inv_freq(theta: float, head_dim: int) -> torch.Tensor:

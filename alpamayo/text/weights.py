@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from alpamayo.checkpoint import Checkpoint, Getter, Shape
-from alpamayo.config import ModelConfig, TextConfig
+from alpamayo.config.model import ModelConfig, TextConfig
 from alpamayo.errors import CheckpointError
-from alpamayo.moe.weights import disk_layout
 from alpamayo.text.attention import Attention
 from alpamayo.text.layer import DecoderLayer
 from alpamayo.text.mlp import SwiGLU
+from alpamayo.text.moe.weights import disk_layout
 from alpamayo.text.norm import RMSNorm
 
 EMBED = "language_model.embed_tokens.weight"
@@ -66,7 +66,7 @@ def build_mlp(cfg: TextConfig, i: int, get: Getter, prefix: str) -> nn.Module:
     resolved it): dense SwiGLU, or the sparse MoE block where the config says so."""
     p = prefix + "mlp."
     if cfg.is_sparse(i):
-        from alpamayo.moe.block import SparseMoE
+        from alpamayo.text.moe.block import SparseMoE
 
         return SparseMoE.from_weights(cfg, p, get)
     return SwiGLU(get(p + "gate_proj.weight"), get(p + "up_proj.weight"), get(p + "down_proj.weight"))

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 from alpamayo.decoding.draft import DraftContext
 from alpamayo.drafts.dflash import (
     BlockDraft,

@@ -58,12 +58,12 @@ from typing import Any
 import torch
 
 from alpamayo.checkpoint import Checkpoint
+from alpamayo.config.expert import ACTION_DIMS, ExpertConfig, InProjConfig
+from alpamayo.config.flow import DEFAULT_FLOW, FlowSettings
 from alpamayo.contract import DecoderContext, TextBackbone
-from alpamayo.decoding.plans import GeneratedPlan
-from alpamayo.expert.config import ACTION_DIMS, ExpertConfig, InProjConfig
 from alpamayo.expert.decoding import offsets_after_reasoning
 from alpamayo.expert.in_proj import OUT_NORM_EPS, TRUNK_NORM_EPS, default_freqs, fourier_features
-from alpamayo.expert.sampler import DEFAULT_FLOW, FlowSettings, check_noise, noise_for
+from alpamayo.expert.sampler import check_noise, noise_for
 from alpamayo.expert.weights import validate_expert_tensors
 from alpamayo.plan.device_spec import TILE, round_up
 from alpamayo.plan.expert_weights import EXPERT_BANKS, EXPERT_GROUPS, expert_weight_specs
@@ -77,6 +77,7 @@ from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.text.upload import layer_weights
 from alpamayo.tt.weight_cache import upload_weights
+from planner.plans import GeneratedPlan
 
 X_WIDTH = TILE  # x, v: [rows, 32] float32 tiles, columns 0..1 real (accel, curvature), the rest exactly 0
 

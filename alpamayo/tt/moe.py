@@ -1,11 +1,11 @@
 """The MoE block of Qwen3-VL-MoE sparse layers on one Blackhole p150 (router, routed experts, combine).
 
-Configured by the validated `alpamayo.moe.MoEBlockConfig` of the model (planned by
+Configured by the validated `alpamayo.config.moe.MoEBlockConfig` of the model (planned by
 `alpamayo.plan.programs.moe.plan_moe`, which refuses what this block does not implement: several chips,
 shared experts, expert biases). Weights (`alpamayo.plan.weights.expert_specs`): router `[H_p, E]` bf16, experts
 gate and up `[1, E, H_p, I_p]` and down `[1, E, I_p, H_p]` in the recipe's `experts` dtype (bfp8 or bfp4).
 
-Router, as the torch reference `alpamayo.moe.TopKRouter`: logits in float32 (`ttnn.linear(..., dtype=float32)`:
+Router, as the torch reference `alpamayo.text.moe.router.TopKRouter`: logits in float32 (`ttnn.linear(..., dtype=float32)`:
 a bf16 logit rounding can flip a near-tie expert choice), softmax and top-k in float32, the k probabilities
 renormalised to sum to 1 and applied in bf16.
 

@@ -24,10 +24,16 @@ from pathlib import Path
 import torch
 
 from alpamayo.checkpoint import Checkpoint, Getter
-from alpamayo.expert.config import ExpertConfig, expert_config_of
+from alpamayo.config.expert import ExpertConfig, expert_config_of
+from alpamayo.config.loader import load_model_config
 from alpamayo.expert.weights import has_expert_weights
-from alpamayo.families.loader import load_model_config
-from alpamayo.moe.weights import (
+from alpamayo.plan.block_float import quantize
+from alpamayo.plan.device_spec import P150
+from alpamayo.plan.expert_weights import expert_weight_specs
+from alpamayo.plan.precision import Precision, load_precision
+from alpamayo.plan.vision_weights import vision_weight_specs
+from alpamayo.plan.weights import WeightSpec, prepare, restore, text_weight_specs, weight_dtype
+from alpamayo.text.moe.weights import (
     DOWN,
     EXPERT_DOWN,
     EXPERT_GATE,
@@ -37,12 +43,6 @@ from alpamayo.moe.weights import (
     disk_layout,
     fused_expert_tensors,
 )
-from alpamayo.plan.block_float import quantize
-from alpamayo.plan.device_spec import P150
-from alpamayo.plan.expert_weights import expert_weight_specs
-from alpamayo.plan.precision import Precision, load_precision
-from alpamayo.plan.vision_weights import vision_weight_specs
-from alpamayo.plan.weights import WeightSpec, prepare, restore, text_weight_specs, weight_dtype
 from alpamayo.text.weights import EMBED, LM_HEAD
 
 

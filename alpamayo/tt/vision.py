@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
-from alpamayo.config import ModelConfig, VisionConfig
+from alpamayo.config.model import ModelConfig, VisionConfig
 from alpamayo.plan.device_spec import DeviceSpec
 from alpamayo.plan.precision import Precision, load_precision
 from alpamayo.plan.programs.vision import VISION_GELU, VISION_SDPA_CHUNK, VisionPlan, plan_vision

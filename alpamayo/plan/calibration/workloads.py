@@ -11,10 +11,10 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-from alpamayo.config import ModelConfig
-from alpamayo.configs import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
+from alpamayo.config.builtin import EXPERT_NAMES, NAMES, builtin_config, builtin_expert
+from alpamayo.config.expert import ExpertConfig
+from alpamayo.config.model import ModelConfig
 from alpamayo.errors import ConfigError
-from alpamayo.expert.config import ExpertConfig
 from alpamayo.plan.estimate import (
     StageEstimate,
     decode_attention_ops,

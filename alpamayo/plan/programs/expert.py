@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alpamayo.config import ModelConfig
-from alpamayo.expert.config import ExpertConfig, validate_against_vlm
+from alpamayo.config.expert import ExpertConfig, validate_against_vlm
+from alpamayo.config.model import ModelConfig
 from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.plan.expert_weights import EXPERT_BANKS
 from alpamayo.plan.precision import Precision

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from alpamayo.config import ModelConfig
+from alpamayo.config.model import ModelConfig
 from alpamayo.errors import ConfigError
 from alpamayo.plan.device_spec import TILE, DeviceSpec
 from alpamayo.plan.precision import TILE_BYTES

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alpamayo.config import ModelConfig
-from alpamayo.moe.config import MoEBlockConfig
+from alpamayo.config.model import ModelConfig
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.plan.precision import Precision
 from alpamayo.plan.programs.grid import (

@@ -29,8 +29,9 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from alpamayo.config import ModelConfig, TextConfig
-from alpamayo.moe.config import MoEBlockConfig, block_config_for
+from alpamayo.config.builtin import block_config_for
+from alpamayo.config.model import ModelConfig, TextConfig
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.plan.precision import TILE_BYTES, Precision
 from alpamayo.plan.programs.grid import (

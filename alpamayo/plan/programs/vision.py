@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alpamayo.config import VisionConfig
+from alpamayo.config.model import VisionConfig
 from alpamayo.plan.device_spec import P150, TILE, DeviceSpec, round_up
 from alpamayo.plan.programs.grid import (
     PREFILL_MAX_GRID,

@@ -1,7 +1,7 @@
 """The ttnn models at real dimensions on the dry run's mock p150, without their weights.
 
 A real model's weights are gigabytes, and packing them on the host would take minutes for a device that
-ignores their values. These builders plan a published config (`alpamayo.configs`) with its layer count cut
+ignores their values. These builders plan a published config (`alpamayo.config.builtin`) with its layer count cut
 and allocate every device weight uninitialised where the checkpoint's would go (`allocate_weights`: same
 shape, dtype, layout and memory config), so every op of the model runs its host-side checks at the real
 shapes:
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from alpamayo.config import ModelConfig, parse_config
-from alpamayo.configs import CONFIG_DIR, NAMES
-from alpamayo.moe.config import MoEBlockConfig, model_block_config
+from alpamayo.config.builtin import CONFIG_DIR, NAMES, model_block_config
+from alpamayo.config.model import ModelConfig, parse_config
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.plan.device_spec import DeviceSpec
 from alpamayo.plan.precision import Precision, load_precision
 from alpamayo.plan.programs.text import plan_text

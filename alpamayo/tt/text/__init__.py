@@ -30,7 +30,7 @@ untilized. Each program is captured once as a trace whose persistent inputs (emb
 are rewritten in place before each replay; `close()` releases it.
 
 Sparse MoE layers (Qwen3-VL-MoE) run their MLP as `alpamayo.tt.moe.TTMoE`, configured by the model's
-validated `MoEBlockConfig` (`alpamayo.moe.config.block_config_for`): top-k sparse expert matmuls in decode
+validated `MoEBlockConfig` (`alpamayo.config.builtin.block_config_for`): top-k sparse expert matmuls in decode
 (inside the trace), expert-grouped matmuls in prefill.
 
 The residual stream is `hidden_p` = hidden rounded up to 32 x DRAM banks wide (zero columns; see

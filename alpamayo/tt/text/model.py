@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from alpamayo.checkpoint import Checkpoint, open_checkpoint
-from alpamayo.config import ModelConfig
+from alpamayo.config.builtin import model_block_config
+from alpamayo.config.model import ModelConfig
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.errors import BackendUnavailable
-from alpamayo.moe.config import MoEBlockConfig, model_block_config
 from alpamayo.plan.device_spec import DeviceSpec
 from alpamayo.plan.dram import check_fits
 from alpamayo.plan.precision import Precision, load_precision

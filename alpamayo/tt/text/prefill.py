@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 from alpamayo.plan.device_spec import TILE
 from alpamayo.plan.weights import TEXT_GROUPS, LayerGroups
 from alpamayo.text.inputs import check_prefill, prompt_hidden, rope_delta, text_position_ids

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 from alpamayo.plan.programs.text import TextPlan
 from alpamayo.profiling import Tracer
 from alpamayo.text.rope import MRope

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from alpamayo.checkpoint import Checkpoint
-from alpamayo.config import ModelConfig
-from alpamayo.moe.weights import ExpertView
+from alpamayo.config.model import ModelConfig
 from alpamayo.plan.precision import Precision
 from alpamayo.plan.programs.text import TextPlan
 from alpamayo.plan.weights import text_weight_specs
+from alpamayo.text.moe.weights import ExpertView
 from alpamayo.tt.weight_cache import upload_weights
 
 

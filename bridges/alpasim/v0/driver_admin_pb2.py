@@ -9,6 +9,7 @@ from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
+
 _runtime_version.ValidateProtobufRuntimeVersion(
     _runtime_version.Domain.PUBLIC,
     7,
@@ -23,7 +24,6 @@ _sym_db = _symbol_database.Default()
 
 
 from bridges.alpasim.v0 import common_pb2 as bridges_dot_alpasim_dot_v0_dot_common__pb2
-
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%bridges/alpasim/v0/driver_admin.proto\x12\x10\x61lpamayo.alpasim\x1a\x1f\x62ridges/alpasim/v0/common.proto\"\x1a\n\nStatusJson\x12\x0c\n\x04json\x18\x01 \x01(\t2s\n\x0b\x44riverAdmin\x12\x39\n\nget_status\x12\r.common.Empty\x1a\x1c.alpamayo.alpasim.StatusJson\x12)\n\tshut_down\x12\r.common.Empty\x1a\r.common.Emptyb\x06proto3')
 

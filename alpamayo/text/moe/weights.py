@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from alpamayo.checkpoint import Getter, Shape, expert_layout
-from alpamayo.config import TextConfig
+from alpamayo.config.model import TextConfig
 
 GATE = "gate.weight"  # router [E, H]
 GATE_UP = "experts.gate_up_proj"
@@ -31,6 +31,8 @@ def disk_layout(cfg: TextConfig, prefix: str, gate_up: Shape, down: Shape) -> st
     """On-disk layout ("hub" or "v5") of the fused expert tensors of shapes `gate_up` and `down` of the sparse
     layer under `prefix`: `alpamayo.checkpoint.expert_layout` at the config's expert dimensions."""
     moe = cfg.moe
+    if moe is None:
+        raise ValueError(f"{prefix}: a sparse layer's expert layout, but the text config names no experts")
     return expert_layout(
         prefix + "experts", gate_up, down, moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size
     )

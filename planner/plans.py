@@ -1,4 +1,8 @@
-"""What the decoding of one prediction yields per sample (`GeneratedPlan`) and how far it may go (`PlanLimits`)."""
+"""What the decoding of one prediction yields per sample (`GeneratedPlan`) and how far it may go (`PlanLimits`).
+
+The decoding loop (`alpamayo.decoding.loop`) produces them; the planner's pipeline turns them into trajectories.
+They live here, with their consumer, because the decoding sits above the backends' contract (which returns
+them from a trajectory decoder) while the planner sits below it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,12 @@
-"""`MoEBlockConfig`: the validated shape and placement of one MoE decode block (dispatch -> compute -> combine).
+"""The MoE settings, in one place: what a checkpoint says and how its blocks are laid out.
 
-The same config drives the torch reference (`alpamayo.moe.block.MoEBlock`) and the ttnn MoE block, so it
-names only device-neutral things, after tt-metal's `TTMoEDecodeConfig`:
+`MoEConfig` is a Qwen3-VL-MoE checkpoint's sparse-MLP settings, read from its text config (`parse_moe`): expert
+count, top-k, expert width and which layers are sparse. `MoEBlockConfig` is the validated shape and placement of
+one MoE decode block (dispatch -> compute -> combine), derived from it (`MoEBlockConfig.for_text`) or read from a
+YAML file (`alpamayo.config.builtin.block_config_for` picks the one a model runs with).
+
+The same block config drives the torch reference (`alpamayo.text.moe.block.MoEBlock`) and the ttnn MoE block, so
+it names only device-neutral things, after tt-metal's `TTMoEDecodeConfig`:
 
     hidden_size: 2048
     intermediate_size: 768            # per-expert SwiGLU width
@@ -28,18 +33,72 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import yaml
 
-from alpamayo.config import TextConfig
-from alpamayo.configs import CONFIG_DIR
 from alpamayo.errors import ConfigError
+from alpamayo.json_fields import Fields
 
 SEQUENTIAL = "sequential"
 FULLY_REPLICATED = "fully_replicated"
-# One YAML per published MoE model, `alpamayo/configs/<name>.moe.yaml`; a model whose dimensions match runs with it.
-MOE_SUFFIX = ".moe.yaml"
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sparse-MLP settings of a Qwen3-VL-MoE text model."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer: int) -> bool:
+        """Layer `layer` uses the MoE block (transformers' rule); otherwise a dense SwiGLU MLP."""
+        return (
+            layer not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+
+def parse_moe(text: Fields, n_layers: int) -> MoEConfig:
+    """The `MoEConfig` of an MoE model's HF-style text config `text` with `n_layers` decoder layers."""
+    key = "num_experts" if text.has("num_experts") else "num_local_experts"
+    if not text.has(key):
+        raise ConfigError(
+            f"{text.source}: missing field '{text.name('num_experts')}' (or 'num_local_experts')"
+        )
+    moe = MoEConfig(
+        num_experts=text.int(key),
+        num_experts_per_tok=text.int("num_experts_per_tok"),
+        moe_intermediate_size=text.int("moe_intermediate_size"),
+        decoder_sparse_step=text.int("decoder_sparse_step", 1),
+        mlp_only_layers=text.int_list("mlp_only_layers", ()),
+    )
+    if moe.num_experts_per_tok > moe.num_experts:
+        raise ConfigError(
+            f"{text.source}: '{text.name('num_experts_per_tok')}' = {moe.num_experts_per_tok} exceeds "
+            f"the number of experts {moe.num_experts}"
+        )
+    bad = [i for i in moe.mlp_only_layers if i >= n_layers]
+    if bad:
+        raise ConfigError(
+            f"{text.source}: '{text.name('mlp_only_layers')}' names layers {bad} >= num_hidden_layers {n_layers}"
+        )
+    return moe
+
+
+class MoEText(Protocol):
+    """What a block config reads of a text config (`alpamayo.config.model.TextConfig`, which holds its
+    `MoEConfig`)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def moe(self) -> MoEConfig | None: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +147,7 @@ class MoEBlockConfig:
             mapping = tuple(self.expert_mapping)
         object.__setattr__(self, "expert_mapping", mapping)
         object.__setattr__(self, "mesh_shape", self._resolve_mesh())
-        self._check_mapping()
+        self._check_mapping(mapping)
         object.__setattr__(self, "shared_expert_ids_to_slots", self._resolve_shared())
         scale = self.shared_expert_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
@@ -119,8 +178,8 @@ class MoEBlockConfig:
             )
         return (mesh[0], mesh[1])
 
-    def _check_mapping(self) -> None:
-        e, slots, mapping = self.num_routed_experts, self.num_slots, self.expert_mapping
+    def _check_mapping(self, mapping: tuple[int, ...]) -> None:
+        e, slots = self.num_routed_experts, self.num_slots
         if len(mapping) != e:
             raise ConfigError(
                 f"expert_mapping has {len(mapping)} entries, expected one slot per routed expert ({e})"
@@ -183,11 +242,12 @@ class MoEBlockConfig:
     @property
     def storage_order(self) -> tuple[int, ...]:
         """Routed expert ids in slot-major storage order (stable: ascending ids within a slot)."""
-        return tuple(sorted(range(self.num_routed_experts), key=lambda i: self.expert_mapping[i]))
+        mapping = cast(tuple[int, ...], self.expert_mapping)  # resolved on construction, never None
+        return tuple(sorted(range(self.num_routed_experts), key=lambda i: mapping[i]))
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def for_text(cls, cfg: TextConfig) -> MoEBlockConfig:
+    def for_text(cls, cfg: MoEText) -> MoEBlockConfig:
         """The block of a Qwen3-VL-MoE sparse layer: one slot, no shared experts, no biases."""
         if cfg.moe is None:
             raise ConfigError(
@@ -273,52 +333,3 @@ def _shared_map(value: Any, source: str) -> dict[int, tuple[int, ...]]:
             )
         out[sid] = _slot_list(f"shared_expert_ids_to_slots[{sid}]", slots, source)
     return out
-
-
-def shipped_block_configs() -> dict[str, MoEBlockConfig]:
-    """The block configs shipped with the package, by model name (`alpamayo/configs/<name>.moe.yaml`)."""
-    paths = sorted(CONFIG_DIR.glob("*" + MOE_SUFFIX))
-    return {path.name.removesuffix(MOE_SUFFIX): MoEBlockConfig.load(path) for path in paths}
-
-
-def block_config_for(text: TextConfig, path: str | Path | None = None) -> MoEBlockConfig:
-    """The MoE block config a model runs with, checked against the model's dimensions.
-
-    `path` names a YAML file; without one, the shipped config whose dimensions are the model's (a
-    Qwen3-VL-30B-A3B-shaped model gets `qwen3-vl-30b-a3b.moe.yaml`), else `MoEBlockConfig.for_text`.
-    """
-    model = MoEBlockConfig.for_text(text)
-    if path is None:
-        shipped = [c for c in shipped_block_configs().values() if _dims(c) == _dims(model)]
-        return shipped[0] if shipped else model
-    block = MoEBlockConfig.load(path)
-    for field_name, model_value in zip(_DIMS, _dims(model), strict=True):
-        if getattr(block, field_name) != model_value:
-            raise ConfigError(
-                f"{path}: {field_name} = {getattr(block, field_name)} but the checkpoint's text config has "
-                f"{model_value}; an MoE block config must describe the model it runs"
-            )
-    return block
-
-
-def model_block_config(
-    text: TextConfig, moe: str | Path | MoEBlockConfig | None = None
-) -> MoEBlockConfig | None:
-    """The MoE block config a model runs with: `moe` (a config, or its YAML file) or `block_config_for`'s
-    default; None for a model without MoE layers, for which a given `moe` is refused rather than ignored."""
-    if text.moe is None:
-        if moe is not None:
-            given = "an MoEBlockConfig" if isinstance(moe, MoEBlockConfig) else repr(str(moe))
-            raise ConfigError(
-                f"MoE block config {given} given for a model without MoE layers (its text config names no "
-                "experts); a block config applies to MoE checkpoints only"
-            )
-        return None
-    return moe if isinstance(moe, MoEBlockConfig) else block_config_for(text, moe)
-
-
-_DIMS = ("hidden_size", "intermediate_size", "num_routed_experts", "select_experts_k")
-
-
-def _dims(cfg: MoEBlockConfig) -> tuple[int, ...]:
-    return tuple(getattr(cfg, name) for name in _DIMS)

@@ -5,7 +5,7 @@ Accepted layouts, one per model family (`alpamayo.families`, detected from `arch
     transformers-5 `save_pretrained` files: both rope spellings, `num_experts` or `num_local_experts`);
   * the project's demo layout and Alpamayo 2 Super: the Qwen3-VL config nested under `vlm_config`;
   * Alpamayo 1 (R1) and 1.5: a flat config whose `vlm_name_or_path` names the base model; its Qwen3-VL config
-    is used with the vocabulary of the extended tokenizer (`alpamayo.families.loader`).
+    is used with the vocabulary of the extended tokenizer (`alpamayo.config.loader`).
 In every Alpamayo family each VLM weight is prefixed `vlm.`, and the remaining top-level keys (trajectory
 tokenizer settings, action expert, ...) are kept verbatim in `ModelConfig.extra`, as data: Hydra `_target_` /
 `_recursive_` keys are never imported.
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alpamayo.config.moe import MoEConfig, parse_moe
 from alpamayo.errors import ConfigError
 from alpamayo.families.registry import FAMILIES, QWEN3_VL, RELEASE_IDS, Family, detect_family
 from alpamayo.json_fields import Fields, read_json
@@ -32,25 +33,6 @@ MODEL_TYPES = {"qwen3_vl": "dense", "qwen3_vl_moe": "moe"}
 PLAIN_ROPE_TYPES = ("default", "mrope")
 DEFAULT_MROPE_SECTION = (24, 20, 20)  # transformers' fallback when the config omits it
 ALPAMAYO_VLM_KEY = "vlm_config"
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    """Sparse-MLP settings of a Qwen3-VL-MoE text model."""
-
-    num_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    decoder_sparse_step: int = 1
-    mlp_only_layers: tuple[int, ...] = ()
-
-    def is_sparse(self, layer: int) -> bool:
-        """Layer `layer` uses the MoE block (transformers' rule); otherwise a dense SwiGLU MLP."""
-        return (
-            layer not in self.mlp_only_layers
-            and self.num_experts > 0
-            and (layer + 1) % self.decoder_sparse_step == 0
-        )
 
 
 @dataclass(frozen=True)
@@ -245,35 +227,9 @@ def _rope(text: Fields, head_dim: int) -> tuple[float, tuple[int, int, int]]:
     return theta, (section[0], section[1], section[2])
 
 
-def _moe(text: Fields, n_layers: int) -> MoEConfig:
-    key = "num_experts" if text.has("num_experts") else "num_local_experts"
-    if not text.has(key):
-        raise ConfigError(
-            f"{text.source}: missing field '{text.name('num_experts')}' (or 'num_local_experts')"
-        )
-    moe = MoEConfig(
-        num_experts=text.int(key),
-        num_experts_per_tok=text.int("num_experts_per_tok"),
-        moe_intermediate_size=text.int("moe_intermediate_size"),
-        decoder_sparse_step=text.int("decoder_sparse_step", 1),
-        mlp_only_layers=text.int_list("mlp_only_layers", ()),
-    )
-    if moe.num_experts_per_tok > moe.num_experts:
-        raise ConfigError(
-            f"{text.source}: '{text.name('num_experts_per_tok')}' = {moe.num_experts_per_tok} exceeds "
-            f"the number of experts {moe.num_experts}"
-        )
-    bad = [i for i in moe.mlp_only_layers if i >= n_layers]
-    if bad:
-        raise ConfigError(
-            f"{text.source}: '{text.name('mlp_only_layers')}' names layers {bad} >= num_hidden_layers {n_layers}"
-        )
-    return moe
-
-
 def parse_text_config(text: Fields, kind: str = "dense") -> TextConfig:
     """A `TextConfig` from one HF-style Qwen3-VL text-config object (`kind`: "dense" or "moe"): the VLM's
-    `text_config`, and the action expert's transformer config (`alpamayo.expert.config`)."""
+    `text_config`, and the action expert's transformer config (`alpamayo.config.expert`)."""
     hidden = text.int("hidden_size")
     heads = text.int("num_attention_heads")
     kv_heads = text.int("num_key_value_heads", heads)
@@ -307,7 +263,7 @@ def parse_text_config(text: Fields, kind: str = "dense") -> TextConfig:
         mrope_section=section,
         max_position_embeddings=text.int("max_position_embeddings", 262144),
         attention_bias=text.bool("attention_bias", False),
-        moe=_moe(text, n_layers) if kind == "moe" else None,
+        moe=parse_moe(text, n_layers) if kind == "moe" else None,
     )
 
 
@@ -358,7 +314,7 @@ def parse_config(
     """Parse a `config.json` object (any family's layout) into a `ModelConfig`.
 
     R1 / 1.5 configs carry no Qwen3-VL config: `base_vlm` is their base model's, with the vocabulary already
-    set to the extended tokenizer's length (`alpamayo.families.loader.load_model_config` builds it)."""
+    set to the extended tokenizer's length (`alpamayo.config.loader.load_model_config` builds it)."""
     root = Fields(raw, "", source)
     family = detect_family(raw)
     extra = {k: v for k, v in raw.items() if k != ALPAMAYO_VLM_KEY} if family.weight_prefix else {}

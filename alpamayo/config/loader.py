@@ -1,7 +1,7 @@
 """One loader for every model family: `config.json` -> family -> `ModelConfig`, tokenizer, checks.
 
-    cfg = load_model_config(ckpt_dir, base_model=None)   # what `alpamayo.families.loader.load_model_config` does; checks the
-                                                         # action expert's config against the VLM's
+    cfg = load_model_config(ckpt_dir, base_model=None)   # the config; checks the action expert's config
+                                                         # against the VLM's
     tokenizer = model_tokenizer(cfg)                     # shipped, or the base model's extended
     check_checkpoint(ckpt, cfg)                          # headers only, before any weight is read
 
@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from alpamayo.config import ModelConfig, generation_eos, parse_config
+from alpamayo.config.expert import expert_config_of, validate_against_vlm
+from alpamayo.config.model import ModelConfig, generation_eos, parse_config
 from alpamayo.errors import ConfigError
-from alpamayo.expert.config import expert_config_of, validate_against_vlm
 from alpamayo.families.base_model import BUNDLED_8B, KNOWN_8B_BASES, resolve_base_model
 from alpamayo.families.registry import RELEASE_IDS, Family, detect_family
 from alpamayo.families.vocabulary import (

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from alpamayo.checkpoint import Getter
-from alpamayo.config import TextConfig
-from alpamayo.moe.config import MoEBlockConfig
-from alpamayo.moe.router import TopKRouter
-from alpamayo.moe.weights import GATE, expert_weights
+from alpamayo.config.model import TextConfig
+from alpamayo.config.moe import MoEBlockConfig
 from alpamayo.text.mlp import SwiGLU
+from alpamayo.text.moe.router import TopKRouter
+from alpamayo.text.moe.weights import GATE, expert_weights
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class MoEBlock(nn.Module):
     order (slot-major by `expert_mapping`, then the shared experts).
     """
 
+    position: torch.Tensor  # [E + S] int64: expert id -> storage position (a buffer)
+    shared_ids: torch.Tensor  # [S] int64: the shared experts' ids E .. E+S-1 (a buffer)
+
     def __init__(
         self,
         config: MoEBlockConfig,
@@ -75,7 +78,8 @@ class MoEBlock(nn.Module):
         self.config = c
         self.storage_ids = (*c.storage_order, *range(e, e + s))  # expert id at each storage position
         experts = [_swiglu(gate_up, down, gate_up_bias, down_bias, i, x) for x in c.storage_order]
-        experts += [_swiglu(shared_gate_up, shared_down, None, None, i, x) for x in range(s)]
+        if shared_gate_up is not None and shared_down is not None:  # given exactly when s > 0 (checked above)
+            experts += [_swiglu(shared_gate_up, shared_down, None, None, i, x) for x in range(s)]
         self.experts = nn.ModuleList(experts)
         self._position = {x: p for p, x in enumerate(self.storage_ids)}  # expert id -> storage position
         position = torch.tensor([self._position[x] for x in range(e + s)], device=gate_up.device)
@@ -178,8 +182,8 @@ def _swiglu(
     bfloat16: 8 experts of the 30B-A3B shape (2048 x 768) for one token took 2.8 ms packed vs 5.6 ms with
     `F.linear` on views of the stacked [E, 2I, H] tensor and 47 ms gathering the 8 into a `bmm` (2 cores).
     """
-    biases = (None, None, None)
-    if gate_up_bias is not None:
+    biases: tuple[torch.Tensor | None, ...] = (None, None, None)
+    if gate_up_bias is not None and down_bias is not None:  # both or neither (`has_bias`)
         biases = (gate_up_bias[e, :inter], gate_up_bias[e, inter:], down_bias[e])
     return SwiGLU(gate_up[e, :inter], gate_up[e, inter:], down[e].clone(), *biases)
 

@@ -21,7 +21,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from alpamayo.config import ModelConfig, TextConfig, parse_text_config
+from alpamayo.config.model import ModelConfig, TextConfig, parse_text_config
 from alpamayo.errors import ConfigError
 from alpamayo.json_fields import Fields
 
@@ -178,7 +178,7 @@ def expert_text_dict(
 
     Flat layout: a deep copy of the VLM's `text_config` dict `vlm_text` with each `expert_cfg` key set (as
     NVIDIA's `setattr` loop does). Super: `expert_config.llm_config` (its `text_config` when it is a full
-    vision-language config). The dict parses with `alpamayo.config.parse_text_config` and builds
+    vision-language config). The dict parses with `alpamayo.config.model.parse_text_config` and builds
     transformers' `Qwen3VLTextModel(Qwen3VLTextConfig(**d))`.
     """
     root = Fields(raw, "", source)
