@@ -1,5 +1,5 @@
 """The model's input window at t0, one home for every reader of frames and poses: the node's window
-(`bridges.window`), the recorded drives and their ticks (`bridges.recording`, `bridges.drives`,
+(`bridges.node.window`), the recorded drives and their ticks (`bridges.drives.recording`, `bridges.drives`,
 `alpamayo.replay.ticks`) and the AlpaSim service (`bridges.alpasim`).
 
 Timing (the constants themselves live in `alpamayo.prediction`, defined once): the window at t0 holds per

@@ -8,7 +8,7 @@ The checkpoint (and the R1 / 1.5 base model), the backend options (`alpamayo.bac
 dtype and device, or the ttnn recipe, caches and mode; the torch backend's weight-only quantisation), the
 trajectory decoder, the action expert's flow settings (`alpamayo.config.flow.FlowSettings`), the draft of the
 reasoning, the sampling overrides of the model family's defaults, the reasoning cap and one-thread reproducible
-compute. Its fields are its dict keys, the keys of the node YAML's `model:` section (`bridges.config`), of the
+compute. Its fields are its dict keys, the keys of the node YAML's `model:` section (`bridges.node.config`), of the
 eval and closed-loop run records, and the command-line flags with dashes (`alpamayo.commands.common`). Every
 value is checked on construction; an error names `model.KEY`, the value and the allowed range.
 

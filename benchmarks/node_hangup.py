@@ -1,6 +1,6 @@
 """How soon a peer sees the node hang up on it, with the node telling the disconnect's cause apart.
 
-`bridges.disconnects` keeps a duplicate of each input connection's fd until the node's control thread has
+`bridges.node.disconnects` keeps a duplicate of each input connection's fd until the node's control thread has
 handled the DISCONNECTED event, so the peer's view of the hang-up waits for that thread. This measures the
 cost side by side in one run: a raw ZMTP peer (`tests.bridge_nodes.silent_zmtp_peer`) completes the handshake,
 sends the header of a message over ZMQ_MAXMSGSIZE, and times until its socket reads end of stream or a
@@ -25,8 +25,8 @@ import time
 
 import zmq
 
-from bridges.node import MAXMSGSIZE_FACTOR, InferenceNode
-from bridges.sockets import make_socket
+from bridges.node.server import MAXMSGSIZE_FACTOR, InferenceNode
+from bridges.wire.sockets import make_socket
 from tests.bridge_nodes import node_config, silent_zmtp_peer
 
 SETTLE_S = 0.02  # after the handshake, before the oversize header goes out

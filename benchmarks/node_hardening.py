@@ -43,9 +43,9 @@ from typing import Any
 import msgpack
 import zmq
 
-from bridges.client import ControlClient, FramePublisher
-from bridges.config import DEFAULT_CAMERAS
-from bridges.protocol import encode_frame
+from bridges.node.config import DEFAULT_CAMERAS
+from bridges.wire.client import ControlClient, FramePublisher
+from bridges.wire.protocol import encode_frame
 from tests.images import lying_jpeg
 from tests.test_bridge_serve import camera_sim as test_camera_sim
 from tests.test_bridge_serve import sigterm_during_imports
@@ -161,7 +161,7 @@ def bombs(count: int, timeout_s: float, overrides: list[str]) -> dict[str, Any]:
 # Senders in child processes, so that their GIL never delays the replies being timed.
 SEND_INPUT_ENVELOPES = """
 import sys, zmq
-from bridges.protocol import encode_ego
+from bridges.wire.protocol import encode_ego
 endpoint, envelopes, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sock = zmq.Context.instance().socket(zmq.XPUB)
 sock.sndhwm, sock.linger = 0, -1  # queue every envelope; exit only once all are sent
@@ -231,8 +231,8 @@ FUZZ = """
 import sys, time
 import numpy as np
 import zmq
-from bridges.client import FramePublisher
-from bridges.protocol import encode_ego, encode_frame
+from bridges.wire.client import FramePublisher
+from bridges.wire.protocol import encode_ego, encode_frame
 endpoint, rate, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 rng = np.random.default_rng(0)
 image = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)

@@ -29,9 +29,9 @@ from alpamayo.demo_checkpoint import MAX_PIXELS, MIN_PIXELS
 from alpamayo.profiling import Tracer
 from alpamayo.profiling.stats import summarize
 from bridges.camera_sim import CameraSim, SimStats, SyntheticCamera
-from bridges.client import ControlClient, FramePublisher
-from bridges.config import DEFAULT_CAMERAS, NodeConfig
-from bridges.node import InferenceNode
+from bridges.node.config import DEFAULT_CAMERAS, NodeConfig
+from bridges.node.server import InferenceNode
+from bridges.wire.client import ControlClient, FramePublisher
 from vision.preprocess import PreprocessConfig, preprocess_images
 
 LOOPBACK = "tcp://127.0.0.1:*"

@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 
 from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
-from bridges.client import ControlClient, FramePublisher, TrajectorySubscriber
-from bridges.config import NodeConfig
-from bridges.node import InferenceNode
-from bridges.protocol import TrajectoryMessage
-from bridges.sockets import CurveClientKeys
+from bridges.node.config import NodeConfig
+from bridges.node.server import InferenceNode
+from bridges.wire.client import ControlClient, FramePublisher, TrajectorySubscriber
+from bridges.wire.protocol import TrajectoryMessage
+from bridges.wire.sockets import CurveClientKeys
 
 CAMERAS = {"left": 0, "front": 1}
 WIDTH, HEIGHT = 64, 48

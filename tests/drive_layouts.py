@@ -1,6 +1,6 @@
 """One known drive written in each real recording layout, with the formats' own libraries.
 
-* Foxglove MCAP (`bridges.mcap_writer`, the project's writer);
+* Foxglove MCAP (`bridges.drives.mcap_writer`, the project's writer);
 * rosbag2 MCAP: CDR messages written by `mcap-ros2-support` with the ROS 2 definitions rosbag2 embeds;
 * a PhysicalAI-AV tree: H.264 MP4s encoded by PyAV, timestamp and egomotion parquets (pyarrow), in chunk zips,
   with `clip_index.parquet`, `features.csv` and the metadata parquets the `physical-ai-av` devkit reads.
@@ -31,11 +31,11 @@ from mcap_ros2.writer import Writer as Ros2Writer
 from PIL import Image
 
 from alpamayo.rotations import yaw_to_quat
-from bridges.mcap_messages import pose, timestamp
-from bridges.mcap_writer import RecordingWriter
-from bridges.protocol import ALPAMAYO_CAMERAS
-from bridges.recording import LAYOUT_METADATA, default_layout
-from bridges.ros2_messages import definition, stamp
+from bridges.drives.mcap_messages import pose, timestamp
+from bridges.drives.mcap_writer import RecordingWriter
+from bridges.drives.recording import LAYOUT_METADATA, default_layout
+from bridges.drives.ros2_messages import definition, stamp
+from bridges.wire.protocol import ALPAMAYO_CAMERAS
 
 SPEED = 10.0  # m/s
 YAW_RATE = 0.2  # rad/s

@@ -66,8 +66,12 @@ MUTANTS = (
         "output-key-renamed",
         "`frame_age_ms` renamed `age_ms` in the encoder and the decoder alike (finding 2)",
         (
-            ("bridges/protocol.py", '"frame_age_ms": self.frame_age_ms,', '"age_ms": self.frame_age_ms,'),
-            ("bridges/protocol.py", 'frame_age_ms=d["frame_age_ms"],', 'frame_age_ms=d["age_ms"],'),
+            (
+                "bridges/wire/protocol.py",
+                '"frame_age_ms": self.frame_age_ms,',
+                '"age_ms": self.frame_age_ms,',
+            ),
+            ("bridges/wire/protocol.py", 'frame_age_ms=d["frame_age_ms"],', 'frame_age_ms=d["age_ms"],'),
         ),
         ("tests/test_bridge_output_doc.py::test_encoded_messages_follow_the_doc",),
     ),

@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from bridges.protocol import CameraWindow, TrajectoryMessage
+from bridges.wire.protocol import CameraWindow, TrajectoryMessage
 
 PROTOCOL_DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 OUTPUT_HEADING = "## Output message (node PUB)"

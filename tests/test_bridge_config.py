@@ -7,7 +7,7 @@ import yaml
 
 from alpamayo.cli import main
 from alpamayo.errors import ConfigError
-from bridges.config import DEFAULT_CAMERAS, NodeConfig, load_node_config
+from bridges.node.config import DEFAULT_CAMERAS, NodeConfig, load_node_config
 
 
 def test_defaults_are_a_complete_config():

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgpack
 import zmq
 
-from bridges.protocol import CONTROL_REQUEST_FRAMES
+from bridges.wire.protocol import CONTROL_REQUEST_FRAMES
 from tests.bridge_nodes import node_config, running_node
 from tests.test_bridge_hardening import control_latencies_ms
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from bridges.disconnects import Cause, DisconnectCauses
+from bridges.node.disconnects import Cause, DisconnectCauses
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
 from bridges.camera_sim import CameraSim, SyntheticCamera, SyntheticDrive
-from bridges.client import FramePublisher
+from bridges.wire.client import FramePublisher
 from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, answering_window, node_config, running_node, wait_until
 from tests.protocol_doc import doc_problems, plain_subscriber, received
 

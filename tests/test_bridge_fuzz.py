@@ -22,8 +22,8 @@ from PIL import Image
 
 from alpamayo.model_spec import ModelSpec
 from alpamayo.runtime import AlpamayoVLA
-from bridges.client import FramePublisher
-from bridges.protocol import (
+from bridges.wire.client import FramePublisher
+from bridges.wire.protocol import (
     EGO_FIELDS,
     FRAME_FIELDS,
     REJECTION_REASONS,

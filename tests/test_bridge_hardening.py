@@ -16,11 +16,11 @@ from PIL import Image
 
 from alpamayo.errors import ConfigError
 from bridges.camera_sim import CameraSim
-from bridges.client import ControlClient, FramePublisher
-from bridges.config import NodeConfig
-from bridges.jpeg import DecodePool, JpegError
-from bridges.node import InferenceNode
-from bridges.protocol import encode_ego, encode_frame
+from bridges.node.config import NodeConfig
+from bridges.node.server import InferenceNode
+from bridges.wire.client import ControlClient, FramePublisher
+from bridges.wire.jpeg import DecodePool, JpegError
+from bridges.wire.protocol import encode_ego, encode_frame
 from tests.bridge_nodes import (
     CAMERAS,
     HEIGHT,

@@ -10,10 +10,10 @@ import pytest
 
 from alpamayo.cli import main
 from bridges.camera_sim import CameraSim
-from bridges.client import ControlClient, FramePublisher
-from bridges.node import NO_MODEL, InferenceNode, StaleLog
-from bridges.protocol import TrajectoryMessage, encode_ego, encode_frame
-from bridges.sockets import CurveClientKeys, create_keys
+from bridges.node.server import NO_MODEL, InferenceNode, StaleLog
+from bridges.wire.client import ControlClient, FramePublisher
+from bridges.wire.protocol import TrajectoryMessage, encode_ego, encode_frame
+from bridges.wire.sockets import CurveClientKeys, create_keys
 from tests.bridge_nodes import (
     CAMERAS,
     HEIGHT,

@@ -11,8 +11,8 @@ import msgpack
 import pytest
 
 from bridges.camera_sim import CameraSim
-from bridges.node import NO_MODEL
-from bridges.protocol import TrajectoryMessage, encode_trajectory
+from bridges.node.server import NO_MODEL
+from bridges.wire.protocol import TrajectoryMessage, encode_trajectory
 from tests.bridge_nodes import CAMERAS, HEIGHT, WIDTH, node_config, running_node, wait_until
 from tests.protocol_doc import (
     FULL_TRAJECTORY,

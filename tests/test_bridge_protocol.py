@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridges.jpeg import decode_jpeg
-from bridges.protocol import (
+from bridges.wire.jpeg import decode_jpeg
+from bridges.wire.protocol import (
     MAX_HEADER_BYTES,
     MAX_OUTPUT_BYTES,
     CameraTable,

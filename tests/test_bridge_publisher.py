@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
-from bridges.protocol import unpack_header
+from bridges.wire.protocol import unpack_header
 from tests.bridge_nodes import CAMERAS
 from tests.test_bridge_serve import start_serve, stop
 
@@ -23,8 +23,8 @@ RUNS = 3  # before the fix 4 of 5 slow-subscriber runs and 1 of 2 camera-sim run
 PUBLISH_AND_EXIT = """
 import sys
 import numpy as np
-from bridges.client import FramePublisher
-from bridges.protocol import encode_frame
+from bridges.wire.client import FramePublisher
+from bridges.wire.protocol import encode_frame
 endpoint, width, height, frames = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 with FramePublisher(endpoint) as pub:
     assert pub.wait_for_subscriber(30.0), "no subscriber"

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from alpamayo.cli import main
-from bridges.client import ControlClient, TrajectorySubscriber
-from bridges.node import NO_MODEL
+from bridges.node.server import NO_MODEL
+from bridges.wire.client import ControlClient, TrajectorySubscriber
 from tests.bridge_nodes import CAMERAS, answering_window, wait_until
 
 LOOPBACK = "tcp://127.0.0.1:*"

@@ -11,8 +11,8 @@ import sys
 import time
 
 from alpamayo.cli import COMMANDS, build_parser, command_name
-from bridges.client import ControlClient, TrajectorySubscriber
-from bridges.protocol import TrajectoryMessage
+from bridges.wire.client import ControlClient, TrajectorySubscriber
+from bridges.wire.protocol import TrajectoryMessage
 from tests.bridge_nodes import wait_until
 from tests.test_bridge_serve import camera_sim, sigterm_during_imports, start_serve, stop
 

@@ -7,9 +7,9 @@ import pytest
 
 from alpamayo.rotations import slerp
 from bridges.camera_sim import SyntheticDrive
-from bridges.config import TimingSection
-from bridges.protocol import CameraTable, EgoPose, ProtocolError, WireFrame
-from bridges.window import InputState
+from bridges.node.config import TimingSection
+from bridges.node.window import InputState
+from bridges.wire.protocol import CameraTable, EgoPose, ProtocolError, WireFrame
 
 CAMERAS = CameraTable({"left": 0, "front": 1})
 MS = 1_000_000

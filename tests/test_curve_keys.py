@@ -8,7 +8,7 @@ import stat
 import zmq.auth
 
 from alpamayo.cli import main
-from bridges.sockets import create_keys, load_key_file
+from bridges.wire.sockets import create_keys, load_key_file
 
 
 def test_curve_keys_refuses_to_replace_a_pair_without_force(tmp_path, capsys):

@@ -20,7 +20,7 @@ from alpamayo.replay.ticks import TickAssembler
 from alpamayo.rotations import yaw_to_quat
 from bridges.drives import open_drive
 from bridges.drives.pai import REPO_FOLDER, VIEW_DIR, VIEW_REVISION
-from bridges.recording import RecordingError, RecordingLayout
+from bridges.drives.recording import RecordingError, RecordingLayout
 from tests.drive_layouts import (
     CHUNK,
     CLIP,
@@ -395,7 +395,7 @@ def test_a_cdr_message_that_does_not_decode_is_skipped_and_counted(layouts, tmp_
 def test_bag_errors_name_the_topic_type_and_transforms(known, layouts, tmp_path):
     from mcap_ros2.writer import Writer as Ros2Writer
 
-    from bridges.ros2_messages import definition
+    from bridges.drives.ros2_messages import definition
 
     topic = "/sensing/camera/camera1/image_raw/compressed"
     bag = tmp_path / "string.mcap"
@@ -451,7 +451,7 @@ def test_ros_raw_image_encodings_convert_to_rgb(known, tmp_path, encoding):
     step = len(frame_bytes) // 32
     from mcap_ros2.writer import Writer as Ros2Writer
 
-    from bridges.ros2_messages import definition, stamp
+    from bridges.drives.ros2_messages import definition, stamp
 
     bag = tmp_path / "raw.mcap"
     xyz, quat = ego_pose(known.pose_times_us)

@@ -25,7 +25,7 @@ from alpamayo.plan.dram import plan_memory
 from alpamayo.plan.precision import PRESETS
 from alpamayo.prediction import EgoHistory
 from alpamayo.runtime import AlpamayoVLA
-from bridges.protocol import TRAJECTORY_VERSION, TrajectoryMessage, decode_trajectory, encode_trajectory
+from bridges.wire.protocol import TRAJECTORY_VERSION, TrajectoryMessage, decode_trajectory, encode_trajectory
 
 REASONING_CAP = 6
 

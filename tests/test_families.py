@@ -717,7 +717,7 @@ def test_a_missing_shard_and_a_truncated_one_name_file_and_tensor(releases, tmp_
 
 def test_plan_prints_the_family_and_the_node_yaml_takes_a_base_model(releases, capsys):
     from alpamayo.cli import main
-    from bridges.config import load_node_config
+    from bridges.node.config import load_node_config
 
     assert main(["plan", "--checkpoint", str(releases["r1"])]) == 0
     assert "model family: Alpamayo 1 (R1) (r1)" in capsys.readouterr().out

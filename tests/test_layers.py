@@ -27,14 +27,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.devices",
         "alpamayo.profiling",
         "bridges",  # the package itself: its __init__ only
-        "bridges.protocol",
-        "bridges.jpeg",
-        "bridges.sockets",
-        "bridges.client",
-        "bridges.mcap_messages",
-        "bridges.mcap_writer",
-        "bridges.ros2_messages",
-        "bridges.recording",  # what the drive readers share; the readers are bridges.drives
+        "bridges.wire.protocol",
+        "bridges.wire.jpeg",
+        "bridges.wire.sockets",
+        "bridges.wire.client",
+        "bridges.drives.mcap_messages",
+        "bridges.drives.mcap_writer",
+        "bridges.drives.ros2_messages",
+        "bridges.drives.recording",  # what the drive readers share; the readers are bridges.drives
         "bridges.drives",
     ),
     "planner": ("planner",),  # below the config: the planner reads no model config (PlannerConfig is its own)
@@ -64,10 +64,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.demo_drive",
         "alpamayo.demo_checkpoint",
         "alpamayo.demo_release",
-        "bridges.config",
-        "bridges.window",
-        "bridges.disconnects",
-        "bridges.node",
+        "bridges.node.config",
+        "bridges.node.window",
+        "bridges.node.disconnects",
+        "bridges.node.server",
         "bridges.camera_sim",
         "bridges.alpasim",
     ),
@@ -230,7 +230,7 @@ def test_the_check_finds_an_upward_import_and_a_circle():
     assert unit("alpamayo.text.moe.block") == "alpamayo.text"
     assert unit("alpamayo.runtime") == "alpamayo.runtime"
     assert unit("bridges.drives.pai") == "bridges.drives"
-    assert unit("bridges.node") == unit("bridges") == "bridges"
+    assert unit("bridges.node.server") == unit("bridges") == "bridges"
     assert unit("planner.plans") == "planner"
     no_module_circle = {
         "alpamayo.text.weights": {"alpamayo.text.moe.block", "alpamayo.config.model"},
@@ -239,8 +239,8 @@ def test_the_check_finds_an_upward_import_and_a_circle():
         "alpamayo.config.model": set(),
         "alpamayo.checkpoint": {"alpamayo.config.model"},
         "alpamayo.config.loader": {"alpamayo.text.mlp"},
-        "bridges.drives.pai": {"bridges.recording"},
-        "bridges.recording": {"bridges.drives.mcap"},
+        "bridges.drives.pai": {"bridges.drives.recording"},
+        "bridges.drives.recording": {"bridges.drives.mcap"},
         "bridges.drives.mcap": set(),
     }
     assert circles(no_module_circle) == []

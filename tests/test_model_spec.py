@@ -16,7 +16,7 @@ from alpamayo.config.flow import FlowSettings
 from alpamayo.errors import ConfigError
 from alpamayo.model_spec import ModelSpec
 from alpamayo.quant.recipe import QuantRecipe
-from bridges.config import ModelSection, NodeConfig
+from bridges.node.config import ModelSection, NodeConfig
 
 # The commands that load an AlpamayoVLA; `generate` loads the text backbone / VLM only, so it takes what to
 # load but not how the runtime decodes.

@@ -28,8 +28,8 @@ from alpamayo.quant.kernels import check_int4_shape
 from alpamayo.quant.weights import DEQUANTISE_FROM_ROWS, cpu_int4_layout_known, unpack_cpu_int4
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear, pack_linears
-from bridges.client import TrajectorySubscriber
-from bridges.config import ModelSection
+from bridges.node.config import ModelSection
+from bridges.wire.client import TrajectorySubscriber
 from tests.bridge_nodes import answering_window, wait_until
 from tests.test_bridge_serve import camera_sim, start_serve, stop
 from tests.test_runtime import frames_at, predict_argv, straight_history, write_prediction_inputs

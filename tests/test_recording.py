@@ -16,9 +16,9 @@ from alpamayo.demo_drive import START_NS, make_demo_drive
 from alpamayo.demo_drive.world import World
 from alpamayo.prediction import FUTURE_STEPS, HISTORY_STEPS
 from alpamayo.replay.ticks import TickAssembler
-from bridges import mcap_messages
+from bridges.drives import mcap_messages
 from bridges.drives.mcap import Drive
-from bridges.recording import FrameError, RecordingError, RecordingLayout, default_layout
+from bridges.drives.recording import FrameError, RecordingError, RecordingLayout, default_layout
 
 SIZE = (72, 128)
 

@@ -28,10 +28,10 @@ from alpamayo.replay.outputs import TIMINGS_TOPIC
 from alpamayo.replay.realtime import _Collector, _drain, replay_realtime
 from alpamayo.replay.report import REPORT_SCHEMA
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
-from bridges.client import TrajectorySubscriber
 from bridges.drives import open_drive
-from bridges.node import InferenceNode
-from bridges.protocol import TrajectoryMessage, encode_trajectory
+from bridges.node.server import InferenceNode
+from bridges.wire.client import TrajectorySubscriber
+from bridges.wire.protocol import TrajectoryMessage, encode_trajectory
 from tests.bridge_nodes import node_config
 from tests.test_recording import rewrite
 from tests.test_tracer import assert_tracks_nest

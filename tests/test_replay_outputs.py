@@ -11,8 +11,8 @@ from alpamayo.prediction import FUTURE_STEPS, Prediction, TrajectorySample
 from alpamayo.replay.accuracy import invalid_reasons, summarize_accuracy, tick_errors
 from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import TickResult
-from bridges.mcap_messages import MessageDecoder
-from bridges.mcap_writer import RecordingWriter
+from bridges.drives.mcap_messages import MessageDecoder
+from bridges.drives.mcap_writer import RecordingWriter
 
 T = 0.1 * np.arange(1, FUTURE_STEPS + 1)
 RECORDED = np.stack([12.0 * T, 0.01 * (12.0 * T) ** 2, 0 * T], axis=1)

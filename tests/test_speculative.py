@@ -585,7 +585,7 @@ def test_a_lockstep_replay_publishes_the_same_bytes_with_any_draft(demo_checkpoi
 
 def test_the_node_config_checks_model_draft(tmp_path):
     from alpamayo.errors import ConfigError
-    from bridges.config import ModelSection
+    from bridges.node.config import ModelSection
 
     assert ModelSection(draft="lookup").draft == "lookup"
     assert ModelSection(draft=f"dflash:{tmp_path}").draft == f"dflash:{tmp_path}"

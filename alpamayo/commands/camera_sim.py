@@ -8,9 +8,9 @@ import threading
 
 from alpamayo.commands.curve_client import add_curve_client_args, curve_client_keys
 from bridges.camera_sim import CameraSim, SyntheticDrive
-from bridges.client import FramePublisher
-from bridges.config import DEFAULT_CAMERAS
-from bridges.protocol import ENCODINGS
+from bridges.node.config import DEFAULT_CAMERAS
+from bridges.wire.client import FramePublisher
+from bridges.wire.protocol import ENCODINGS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

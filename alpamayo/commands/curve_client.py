@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from bridges.sockets import CurveClientKeys
+from bridges.wire.sockets import CurveClientKeys
 
 
 def add_curve_client_args(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bridges.sockets import create_keys
+from bridges.wire.sockets import create_keys
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ import sys
 from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args
 from alpamayo.replay.ticks import TickAssembler
 from bridges.drives import open_drive
-from bridges.recording import RecordingLayout
+from bridges.drives.recording import RecordingLayout
 
 
 def register(sub: argparse._SubParsersAction) -> None:

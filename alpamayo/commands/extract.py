@@ -9,7 +9,7 @@ from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args
 from alpamayo.replay.extract import extract_tick, find_tick
 from alpamayo.replay.session import print_warning
 from bridges.drives import open_drive
-from bridges.recording import RecordingLayout
+from bridges.drives.recording import RecordingLayout
 
 
 def register(sub: argparse._SubParsersAction) -> None:

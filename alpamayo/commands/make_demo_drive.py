@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from alpamayo.demo_drive import CAMERA_PERIOD_NS, IMAGE_FORMATS, make_demo_drive
-from bridges.mcap_messages import ENCODINGS
+from bridges.drives.mcap_messages import ENCODINGS
 
 
 def parse_size(text: str) -> tuple[int, int]:

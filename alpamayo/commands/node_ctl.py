@@ -6,8 +6,8 @@ import argparse
 import json
 
 from alpamayo.commands.curve_client import add_curve_client_args, curve_client_keys
-from bridges.client import ControlClient
-from bridges.protocol import CONTROL_COMMANDS
+from bridges.wire.client import ControlClient
+from bridges.wire.protocol import CONTROL_COMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

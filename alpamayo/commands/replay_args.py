@@ -8,7 +8,7 @@ from typing import Any
 
 from alpamayo.commands.common import add_model_args, add_request_args, model_spec
 from alpamayo.replay.settings import OUTPUT_FORMATS, ReplaySettings
-from bridges.mcap_messages import ENCODINGS
+from bridges.drives.mcap_messages import ENCODINGS
 
 
 def add_replay_args(p: argparse.ArgumentParser, cameras_flag: str = "--cameras") -> None:

@@ -15,8 +15,8 @@ import yaml
 from alpamayo.commands.common import SPEC_KEYS, add_model_args
 from alpamayo.commands.stop_signals import StopSignals
 from alpamayo.runtime import AlpamayoVLA
-from bridges.config import NodeConfig, load_node_config
-from bridges.node import InferenceNode
+from bridges.node.config import NodeConfig, load_node_config
+from bridges.node.server import InferenceNode
 
 
 def register(sub: argparse._SubParsersAction) -> None:

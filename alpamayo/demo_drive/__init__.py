@@ -25,9 +25,9 @@ from alpamayo.demo_drive.render import RIG, Renderer
 from alpamayo.demo_drive.world import World
 from alpamayo.prediction import PERIOD_NS
 from alpamayo.rotations import yaw_to_quat
-from bridges.mcap_messages import ENCODINGS, pose, timestamp
-from bridges.mcap_writer import RecordingWriter
-from bridges.recording import LAYOUT_METADATA, default_layout
+from bridges.drives.mcap_messages import ENCODINGS, pose, timestamp
+from bridges.drives.mcap_writer import RecordingWriter
+from bridges.drives.recording import LAYOUT_METADATA, default_layout
 
 START_NS = 1_700_000_000_000_000_000  # recording clock origin (a plausible unix time, ns)
 CAMERA_PERIOD_NS = PERIOD_NS  # 10 Hz, the model's frame rate

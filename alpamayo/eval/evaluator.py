@@ -28,7 +28,7 @@ from alpamayo.replay.outputs import TickOutput, path_record, prediction_record
 from alpamayo.replay.session import load_predictor, pai_cameras
 from alpamayo.replay.settings import ReplayJob
 from bridges.drives import DriveSource, open_drive
-from bridges.recording import RecordingLayout
+from bridges.drives.recording import RecordingLayout
 
 
 class ClipCapture:

@@ -18,7 +18,7 @@ from alpamayo.eval.report import EvalRun, write_report
 from alpamayo.eval.results import RunDir, RunOutcome
 from alpamayo.eval.settings import EvalSettings
 from alpamayo.profiling.environment import hardware, software, source_commit
-from bridges.recording import require_recording_file
+from bridges.drives.recording import require_recording_file
 
 R = TypeVar("R", bound=RunOutcome)
 

@@ -281,7 +281,7 @@ def drive_ticks(
     collected)."""
     from alpamayo.replay.ticks import TickAssembler
     from bridges.drives import open_drive
-    from bridges.recording import RecordingLayout
+    from bridges.drives.recording import RecordingLayout
 
     mapping = None if layout is None else RecordingLayout.load(layout)
     source = open_drive(path, mapping, pai_dir=pai_dir, cameras=cameras, warn=warn)

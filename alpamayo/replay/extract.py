@@ -12,7 +12,7 @@ from pathlib import Path
 from alpamayo.inputs import write_ego_csv, write_frames
 from alpamayo.replay.ticks import Tick, TickAssembler
 from bridges.drives import DriveSource
-from bridges.recording import RecordingError, Warn
+from bridges.drives.recording import RecordingError, Warn
 
 FRAMES_DIR = "frames"
 EGO_CSV = "ego.csv"
@@ -50,7 +50,7 @@ def find_tick(
 
 def extract_tick(tick: Tick, out: Path) -> tuple[Path, Path]:
     """Write `tick` into `out`: FRAMES_DIR/<camera>/<start-of-frame ns>.png and EGO_CSV; returns both paths.
-    Raises bridges.recording.FrameError when a frame does not decode (nothing is written then)."""
+    Raises bridges.drives.recording.FrameError when a frame does not decode (nothing is written then)."""
     frames = {c: [(f.t_ns, f.rgb()) for f in fs] for c, fs in tick.frames.items()}
     out.mkdir(parents=True, exist_ok=True)
     write_frames(out / FRAMES_DIR, frames)

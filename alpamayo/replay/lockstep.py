@@ -19,7 +19,7 @@ from alpamayo.replay.results import ReplayRun, TickResult
 from alpamayo.replay.routes import route_source
 from alpamayo.replay.settings import ReplayJob
 from alpamayo.replay.ticks import Tick, TickAssembler
-from bridges.recording import FrameError
+from bridges.drives.recording import FrameError
 
 # A tick whose route source has no text for it (past a route file's rows, the recording's end) has no guided
 # branch: with --nav-guidance it is skipped.

@@ -23,8 +23,8 @@ import numpy as np
 from alpamayo.prediction import EgoHistory, Prediction
 from alpamayo.replay.results import TickResult
 from alpamayo.rotations import yaw_to_quat
-from bridges.mcap_messages import LOG_LEVEL_INFO, encode, pose, timestamp, wire_encoding
-from bridges.mcap_writer import RecordingWriter
+from bridges.drives.mcap_messages import LOG_LEVEL_INFO, encode, pose, timestamp, wire_encoding
+from bridges.drives.mcap_writer import RecordingWriter
 
 TIMINGS_TOPIC = "/alpamayo/timings"
 EGO_FRAME = "base_link"
@@ -80,7 +80,7 @@ Encoded = list[tuple[str, str, str, bytes]]  # (topic, schema, encoding, payload
 
 
 def yaw_poses(xyz: np.ndarray, heading: np.ndarray) -> list[dict[str, Any]]:
-    """Pose dicts (`bridges.mcap_messages.pose`; Foxglove's Pose and ROS 2's geometry_msgs/Pose alike) of
+    """Pose dicts (`bridges.drives.mcap_messages.pose`; Foxglove's Pose and ROS 2's geometry_msgs/Pose alike) of
     positions xyz [N, 3] m with headings [N] rad (yaw about +z)."""
     return [pose(p, q) for p, q in zip(xyz, yaw_to_quat(heading), strict=True)]
 

@@ -1,6 +1,6 @@
 """Real-time replay: a recorded drive published over ZeroMQ to the real inference node at the recorded pace.
 
-The node (`bridges.node.InferenceNode`, started in this process on loopback TCP with the predictor) receives
+The node (`bridges.node.server.InferenceNode`, started in this process on loopback TCP with the predictor) receives
 the drive's camera frames (JPEG passed through, raw images as rgb8) and ego poses from a `FramePublisher`, each
 sent when its recorded time, divided by `speed`, has elapsed since the first one. The node windows, predicts
 on the newest complete window (dropping what it cannot keep up with) and publishes; a `TrajectorySubscriber`
@@ -29,8 +29,9 @@ from alpamayo.replay.outputs import PredictionRecorder, TickOutput
 from alpamayo.replay.results import ReplayRun, TickResult
 from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_TOLERANCE_NS, TickAssembler, recorded_future, recorded_history
-from bridges.client import FramePublisher, TrajectorySubscriber
-from bridges.config import (
+from bridges.drives import DriveSource
+from bridges.drives.recording import FrameError, RecordedFrame, Warn
+from bridges.node.config import (
     ControlSection,
     InputSection,
     ModelSection,
@@ -38,10 +39,9 @@ from bridges.config import (
     OutputSection,
     WarmupSection,
 )
-from bridges.drives import DriveSource
-from bridges.node import InferenceNode
-from bridges.protocol import ProtocolError, TrajectoryMessage, encode_ego, encode_frame
-from bridges.recording import FrameError, RecordedFrame, Warn
+from bridges.node.server import InferenceNode
+from bridges.wire.client import FramePublisher, TrajectorySubscriber
+from bridges.wire.protocol import ProtocolError, TrajectoryMessage, encode_ego, encode_frame
 
 LOOPBACK = "tcp://127.0.0.1:*"
 WARMUP_TIMEOUT_S = 600.0

@@ -11,7 +11,7 @@ Trajectory points: `time_from_start` the waypoint's time after t0, `pose` its po
 quaternion), `longitudinal_velocity_mps` the rollout's speed (distance between consecutive waypoints, the first
 from the origin, over 0.1 s), `acceleration_mps2` the decoded acceleration, `heading_rate_rps` the heading's
 change per second; the other fields 0. Each schema is the type's .msg text with its dependencies
-(`bridges.ros2_messages`), as rosbag2 writes it, so `ros2 bag play` and Foxglove read the file.
+(`bridges.drives.ros2_messages`), as rosbag2 writes it, so `ros2 bag play` and Foxglove read the file.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mcap_ros2.writer import Writer
 
 from alpamayo.prediction import DT_S, FUTURE_STEPS
 from alpamayo.replay.outputs import EGO_FRAME, TIMINGS_TOPIC, TickOutput, timings_record, yaw_poses
-from bridges.ros2_messages import SCHEMA_ENCODING, definition, stamp
+from bridges.drives.ros2_messages import SCHEMA_ENCODING, definition, stamp
 
 WORLD_FRAME = "map"  # ROS's fixed world frame name (REP 105)
 TYPES = {

@@ -30,8 +30,8 @@ from alpamayo.replay.settings import ReplayJob, ReplaySettings
 from alpamayo.replay.ticks import FRAME_TOLERANCE_NS
 from alpamayo.runtime import AlpamayoVLA
 from bridges.drives import PAI_PREFIX, DriveSource, open_drive
-from bridges.mcap_writer import RecordingWriter
-from bridges.recording import RecordingLayout, Warn
+from bridges.drives.mcap_writer import RecordingWriter
+from bridges.drives.recording import RecordingLayout, Warn
 
 RUN_METADATA = "alpamayo.run"
 

@@ -13,7 +13,7 @@ from alpamayo.prediction import Predictor
 from alpamayo.profiling import Tracer
 from alpamayo.replay.routes import check_route_options
 from bridges.drives import DriveSource
-from bridges.recording import Warn
+from bridges.drives.recording import Warn
 
 if TYPE_CHECKING:  # outputs imports the MCAP writer stack; settings stay importable without it
     from alpamayo.replay.outputs import PredictionRecorder

@@ -31,7 +31,7 @@ from alpamayo.input_window import (
 )
 from alpamayo.prediction import FRAMES_PER_CAMERA, PERIOD_NS, EgoHistory
 from alpamayo.rotations import heading, to_frame
-from bridges.recording import FrameError, RecordedFrame, RecordingError, Warn
+from bridges.drives.recording import FrameError, RecordedFrame, RecordingError, Warn
 
 FRAME_TOLERANCE_NS = PERIOD_NS // 2  # nearest frame within half a period: never the neighbouring slot's frame
 TICK_JITTER_NS = 10_000_000  # a reference frame up to 10 ms early still starts the next tick

@@ -40,7 +40,7 @@ from bridges.alpasim.v0 import (
     egodriver_pb2,
     egodriver_pb2_grpc,
 )
-from bridges.protocol import ALPAMAYO_CAMERAS
+from bridges.wire.protocol import ALPAMAYO_CAMERAS
 from planner.navigation import route_to_nav_text
 
 # NVIDIA's driver maps AlpaSim logical ids to Alpamayo camera indices this way (alpamayo_base.py).

@@ -28,7 +28,7 @@ Open any drive with `open_drive` and iterate its ticks with `alpamayo.replay.tic
 Bad input raises `RecordingError` (a ValueError) naming the file, topic, clip or camera and what is allowed.
 
 Every source satisfies `DriveSource`; the readers live in `bridges.drives.mcap` (Foxglove), `bridges.drives.rosbag2`
-and `bridges.drives.pai`; what they share (layout, recorded frames, pose track, errors) in `bridges.recording`.
+and `bridges.drives.pai`; what they share (layout, recorded frames, pose track, errors) in `bridges.drives.recording`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from mcap.records import Channel, Message, Schema
 
 from bridges.drives.description import CameraDescription, DriveDescription
 from bridges.drives.mcap import Drive
-from bridges.recording import RecordedFrame, RecordingError, RecordingLayout, Warn
+from bridges.drives.recording import RecordedFrame, RecordingError, RecordingLayout, Warn
 
 __all__ = ["CameraDescription", "DriveDescription", "DriveSource", "open_drive", "parse_pai_spec"]
 

@@ -3,7 +3,7 @@
 A drive holds one image topic per camera (`foxglove.CompressedImage` JPEG/PNG or `foxglove.RawImage`) and one
 ego-pose topic (`foxglove.PoseInFrame`, world frame), in JSON or protobuf encoding; `docs/recordings.md` lists the
 fields. Times are the messages' own `timestamp` (acquisition time, integer ns); a zero timestamp falls back to the
-MCAP log time. The topic-to-camera mapping is a `RecordingLayout` (`bridges.recording`: a YAML file, or the
+MCAP log time. The topic-to-camera mapping is a `RecordingLayout` (`bridges.drives.recording`: a YAML file, or the
 `alpamayo.layout` metadata record that `make-demo-drive` writes).
 
 Damaged recordings lose nothing that is readable: a truncated file (no footer) is read linearly up to the damage
@@ -29,8 +29,8 @@ from mcap.stream_reader import StreamReader
 
 from alpamayo.input_window import PoseTrack
 from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
-from bridges.mcap_messages import MessageDecoder, MessageError, timestamp_ns
-from bridges.recording import (
+from bridges.drives.mcap_messages import MessageDecoder, MessageError, timestamp_ns
+from bridges.drives.recording import (
     LAYOUT_METADATA,
     FrameError,
     RecordedFrame,

@@ -37,8 +37,7 @@ import numpy as np
 from alpamayo.input_window import PoseTrack, SlotMissing, frame_slots
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, PERIOD_US
 from bridges.drives.description import DriveDescription, camera_descriptions, ego_fields
-from bridges.protocol import ALPAMAYO_CAMERAS
-from bridges.recording import (
+from bridges.drives.recording import (
     CameraTopic,
     FrameError,
     RecordedFrame,
@@ -46,6 +45,7 @@ from bridges.recording import (
     RecordingLayout,
     Warn,
 )
+from bridges.wire.protocol import ALPAMAYO_CAMERAS
 
 REPO_ID = "nvidia/PhysicalAI-Autonomous-Vehicles"
 REPO_FOLDER = "datasets--nvidia--PhysicalAI-Autonomous-Vehicles"

@@ -30,9 +30,9 @@ from mcap_ros2.decoder import DecoderFactory
 from alpamayo.input_window import PoseTrack
 from alpamayo.rotations import compose, from_frame
 from bridges.drives.mcap import READ_ERRORS, Drive, DriveInfo, scan
-from bridges.mcap_messages import MessageError, pose, timestamp
-from bridges.recording import CameraTopic, RecordingError, RecordingLayout, Warn
-from bridges.ros2_messages import SCHEMA_ENCODING, stamp_ns, type_name
+from bridges.drives.mcap_messages import MessageError, pose, timestamp
+from bridges.drives.recording import CameraTopic, RecordingError, RecordingLayout, Warn
+from bridges.drives.ros2_messages import SCHEMA_ENCODING, stamp_ns, type_name
 
 EGO_FRAME = "base_link"
 COMPRESSED = "sensor_msgs/CompressedImage"

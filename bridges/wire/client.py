@@ -19,8 +19,8 @@ from typing import Any, ClassVar, TypeVar
 import msgpack
 import zmq
 
-from bridges.protocol import TrajectoryMessage, decode_trajectory
-from bridges.sockets import CurveClientKeys, attach, make_socket
+from bridges.wire.protocol import TrajectoryMessage, decode_trajectory
+from bridges.wire.sockets import CurveClientKeys, attach, make_socket
 
 # Frames a publisher queues per subscriber before ZeroMQ drops new ones: a stalled node must never
 # back-pressure the camera (PUB never blocks), and a short queue keeps what does arrive recent.
@@ -70,7 +70,7 @@ class _Client:
 
 class FramePublisher(_Client):
     """Publishes camera frames and ego poses, one ZeroMQ frame per message built by
-    `bridges.protocol.encode_frame` / `encode_ego`.
+    `bridges.wire.protocol.encode_frame` / `encode_ego`.
 
     An XPUB socket, so `wait_for_subscriber` can tell when the node's subscription has arrived (messages sent
     before that are dropped by PUB/SUB: the "slow joiner").

@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 from PIL import Image, UnidentifiedImageError
 
-from bridges.protocol import ALPAMAYO_CAMERAS
+from bridges.wire.protocol import ALPAMAYO_CAMERAS
 
 LAYOUT_METADATA = "alpamayo.layout"
 RAW_ENCODINGS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1}

@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from bridges.jpeg import JpegError, JpegSizeError, inspect_jpeg
+from bridges.wire.jpeg import JpegError, JpegSizeError, inspect_jpeg
 
 PROTOCOL_VERSION = 1  # input messages (frame, ego)
 # The output (trajectory) message. Version 2 added `decoder` (the action expert or the trajectory tokens);
@@ -87,7 +87,7 @@ class Limits:
 
     max_width: int = 3840
     max_height: int = 2160
-    max_jpeg_ratio: float = 1024.0  # decoded RGB bytes / JPEG bytes (bridges.jpeg: measured at most 497)
+    max_jpeg_ratio: float = 1024.0  # decoded RGB bytes / JPEG bytes (bridges.wire.jpeg: measured at most 497)
 
     @property
     def max_payload_bytes(self) -> int:
@@ -152,7 +152,7 @@ class WireFrame:
     """A camera frame message (`kind: "frame"`) received on the node's input socket and accepted. image:
     [height, width, 3] uint8 RGB, C-contiguous (read-only when zero-copy);
     a JPEG frame keeps its compressed bytes in `jpeg` and has image None until a window decodes it
-    (`bridges.jpeg.decode_jpeg`)."""
+    (`bridges.wire.jpeg.decode_jpeg`)."""
 
     camera: int
     frame_id: int

@@ -18,8 +18,8 @@ import numpy as np
 from PIL import Image
 
 from alpamayo.rotations import yaw_to_quat
-from bridges.client import FramePublisher
-from bridges.protocol import ENCODINGS, encode_ego, encode_frame
+from bridges.wire.client import FramePublisher
+from bridges.wire.protocol import ENCODINGS, encode_ego, encode_frame
 
 DASH_PERIOD_M = 6.0  # a 3 m dash and a 3 m gap
 PHASES = 10  # dash phases rendered per camera

@@ -1,4 +1,4 @@
-"""Append-only MCAP writer of message dicts (`bridges.mcap_messages` layout), one channel per topic.
+"""Append-only MCAP writer of message dicts (`bridges.drives.mcap_messages` layout), one channel per topic.
 
 Used for synthetic drives and for replay outputs. MCAP writes are append-only, so a crash loses only the
 unfinished chunk; `close()` writes the summary Foxglove uses to seek.
@@ -13,7 +13,7 @@ from typing import Any
 from mcap.records import Channel, Message, Schema
 from mcap.writer import CompressionType, Writer
 
-from bridges.mcap_messages import encode, register_schema, wire_encoding
+from bridges.drives.mcap_messages import encode, register_schema, wire_encoding
 
 COMPRESSION = {"zstd": CompressionType.ZSTD, "lz4": CompressionType.LZ4, "none": CompressionType.NONE}
 
@@ -46,7 +46,7 @@ class RecordingWriter:
         self.write_encoded(topic, schema_name, encoding, encode(schema_name, message, encoding), t_ns)
 
     def write_encoded(self, topic: str, schema_name: str, encoding: str, payload: bytes, t_ns: int) -> None:
-        """Append a message already serialised as `encoding` (see `bridges.mcap_messages.encode`)."""
+        """Append a message already serialised as `encoding` (see `bridges.drives.mcap_messages.encode`)."""
         if topic not in self._channels:
             key = (schema_name, encoding)
             if key not in self._schemas:

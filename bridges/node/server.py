@@ -52,10 +52,11 @@ from alpamayo.prediction import (
     Predictor,
 )
 from alpamayo.profiling import Tracer
-from bridges.config import NodeConfig
-from bridges.disconnects import Cause, DisconnectCauses
-from bridges.jpeg import DecodePool, JpegError
-from bridges.protocol import (
+from bridges.node.config import NodeConfig
+from bridges.node.disconnects import Cause, DisconnectCauses
+from bridges.node.window import InputState, Selection, StoredFrame, Window
+from bridges.wire.jpeg import DecodePool, JpegError
+from bridges.wire.protocol import (
     CONTROL_COMMANDS,
     CONTROL_REQUEST_FRAMES,
     MAX_CONTROL_BYTES,
@@ -67,8 +68,7 @@ from bridges.protocol import (
     decode_message,
     encode_trajectory,
 )
-from bridges.sockets import CurveServer, attach, make_socket
-from bridges.window import InputState, Selection, StoredFrame, Window
+from bridges.wire.sockets import CurveServer, attach, make_socket
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class NodeCounters:
     predictions_cancelled: int = 0  # stopped at a step boundary by a shutdown (warm-up predictions too)
     published: int = 0
     published_invalid: int = 0
-    # Input connections ended after a completed handshake, told apart by `bridges.disconnects`: by the node
+    # Input connections ended after a completed handshake, told apart by `bridges.node.disconnects`: by the node
     # (libzmq dropped a live peer: a message over ZMQ_MAXMSGSIZE, or a heartbeat timeout), or by the peer (an
     # ordinary close or reset, and the rare connection gone before the node could watch it).
     input_disconnects: int = 0

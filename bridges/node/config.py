@@ -18,8 +18,8 @@ from alpamayo.errors import ConfigError
 from alpamayo.json_fields import build_dataclass, check
 from alpamayo.model_spec import ModelSpec
 from alpamayo.prediction import FRAMES_PER_CAMERA
-from bridges.protocol import ALPAMAYO_CAMERAS, CHANNELS, ENCODINGS, CameraFormat, Limits
-from bridges.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
+from bridges.wire.protocol import ALPAMAYO_CAMERAS, CHANNELS, ENCODINGS, CameraFormat, Limits
+from bridges.wire.sockets import DEFAULT_HEARTBEAT_MS, DEFAULT_LINGER_MS
 
 # Alpamayo's default four cameras and their model indices (reference/alpamayo.md §1.3).
 DEFAULT_CAMERAS = {ALPAMAYO_CAMERAS[i]: i for i in (0, 1, 2, 6)}
@@ -185,7 +185,9 @@ class LimitsSection:
     # Memory of all frame rings (pixels and compressed JPEG bytes), MB, shared equally by the cameras; the
     # oldest frames go first. Each camera's share must hold a window (4 frames of its largest size).
     ring_mb: float = 1024.0
-    max_jpeg_ratio: float = 1024.0  # decoded bytes / wire bytes of a JPEG (bridges.jpeg: real frames <= 497)
+    max_jpeg_ratio: float = (
+        1024.0  # decoded bytes / wire bytes of a JPEG (bridges.wire.jpeg: real frames <= 497)
+    )
     decode_threads: int = 2  # JPEG decoding pool (Pillow releases the GIL while decoding)
     # A JPEG whose decode uses more CPU time is rejected (`jpeg_decode`): 1080p decodes in 15 ms, 4K in 60 ms here.
     decode_budget_ms: float = 250.0

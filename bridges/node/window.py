@@ -30,8 +30,8 @@ import numpy as np
 
 from alpamayo.input_window import HistoryUnavailable, PoseTrack, SlotMissing, frame_slots
 from alpamayo.prediction import FRAMES_PER_CAMERA, HISTORY_STEPS, EgoHistory
-from bridges.config import TimingSection
-from bridges.protocol import CameraTable, CameraWindow, EgoPose, ProtocolError, WireFrame
+from bridges.node.config import TimingSection
+from bridges.wire.protocol import CameraTable, CameraWindow, EgoPose, ProtocolError, WireFrame
 
 DROP_WINDOW_NS = (
     10_000_000_000  # frame_drop_perc covers windows taken in the last 10 s (openpilot's filter RC)
