@@ -1,19 +1,13 @@
-"""Bridges between the model and the outside world: the on-vehicle ZeroMQ node, its wire protocol and client
-helpers, and recorded drives (MCAP).
+"""Bridges between the model and the outside world, one subpackage per layer of docs/architecture.md (this
+`__init__` imports none of them):
 
-* `bridges.wire.protocol`: the message schema (camera frames, ego poses in; trajectories out), encode/decode;
-* `bridges.wire.jpeg`: JPEG checks at intake (no pixel decoded), the decode, and the bounded decoding pool;
-* `bridges.node.config`: the node's validated configuration (YAML plus overrides);
-* `bridges.node.window`: per-camera frame rings, the ego track and the 10 Hz input window;
-* `bridges.node.server`: `InferenceNode`, the node itself (start/stop in-process, endpoints, counters);
-* `bridges.wire.client`: `FramePublisher`, `TrajectorySubscriber`, `ControlClient` for drivers and consumers;
-* `bridges.wire.sockets`: ZeroMQ socket options, bind/connect and CURVE keys shared by the node and the clients;
-* `bridges.camera_sim`: synthetic multi-camera frames and ego poses;
-* `bridges.drives.mcap_messages`: Foxglove and project message schemas for recordings, protobuf and JSON codecs;
-* `bridges.drives.mcap_writer`: `RecordingWriter`, append-only MCAP writing of message dicts;
-* `bridges.drives.recording`: what the drive readers share (`RecordingLayout`, recorded camera frames, the ego pose track,
-  the errors);
-* `bridges.drives`: every kind of recorded drive behind one interface (`open_drive`: Foxglove MCAP in
-  `bridges.drives.mcap`, rosbag2 MCAP, PhysicalAI-AV clips), and `drive-info`'s description;
-* `bridges.drives.ros2_messages`: the ROS 2 message definitions bags are read and written with.
+* `bridges.wire` (layer 1): the node's ZeroMQ wire protocol (`protocol`), JPEG checks and decoding (`jpeg`),
+  socket options and CURVE keys (`sockets`), and the clients drivers and consumers use (`client`);
+* `bridges.drives` (layer 1): recorded drives behind one interface (`open_drive`: Foxglove MCAP, rosbag2 MCAP,
+  PhysicalAI-AV clips), what the readers share (`recording`), MCAP and ROS 2 messages (`mcap_messages`,
+  `ros2_messages`), MCAP writing (`mcap_writer`) and `drive-info`'s description;
+* `bridges.node` (layer 7): the on-vehicle inference node (`server.InferenceNode`), its configuration
+  (`config`), input window (`window`) and disconnect causes (`disconnects`);
+* `bridges.camera_sim` (layer 7): synthetic multi-camera frames and ego poses published to a node;
+* `bridges.alpasim` (layer 7): the AlpaSim egodriver service.
 """

@@ -27,15 +27,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.devices",
         "alpamayo.profiling",
         "bridges",  # the package itself: its __init__ only
-        "bridges.wire.protocol",
-        "bridges.wire.jpeg",
-        "bridges.wire.sockets",
-        "bridges.wire.client",
-        "bridges.drives.mcap_messages",
-        "bridges.drives.mcap_writer",
-        "bridges.drives.ros2_messages",
-        "bridges.drives.recording",  # what the drive readers share; the readers are bridges.drives
-        "bridges.drives",
+        "bridges.wire",  # the node's ZeroMQ protocol, JPEG checks, sockets and clients
+        "bridges.drives",  # recorded drives: readers, writers, MCAP and ROS 2 messages
     ),
     "planner": ("planner",),  # below the config: the planner reads no model config (PlannerConfig is its own)
     "config": (
@@ -64,10 +57,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "alpamayo.demo_drive",
         "alpamayo.demo_checkpoint",
         "alpamayo.demo_release",
-        "bridges.node.config",
-        "bridges.node.window",
-        "bridges.node.disconnects",
-        "bridges.node.server",
+        "bridges.node",  # the inference node, its config, input window and disconnect causes
         "bridges.camera_sim",
         "bridges.alpasim",
     ),
@@ -210,6 +200,13 @@ def test_imports_only_go_down():
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
+def test_bridges_modules_live_in_subpackages():
+    """Each subpackage of bridges sits wholly in one layer; a flat module beside bridges/__init__.py would fall
+    into the base layer by the `bridges` prefix whatever it imports, so there is none."""
+    flat = sorted(p.name for p in (ROOT / "bridges").glob("*.py") if p.name != "__init__.py")
+    assert not flat, f"flat modules in bridges/ (give each a subpackage, one layer): {flat}"
+
+
 def test_no_import_circle():
     found = circles(graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
@@ -230,7 +227,7 @@ def test_the_check_finds_an_upward_import_and_a_circle():
     assert unit("alpamayo.text.moe.block") == "alpamayo.text"
     assert unit("alpamayo.runtime") == "alpamayo.runtime"
     assert unit("bridges.drives.pai") == "bridges.drives"
-    assert unit("bridges.node.server") == unit("bridges") == "bridges"
+    assert unit("bridges.node.server") == "bridges.node" and unit("bridges") == "bridges"
     assert unit("planner.plans") == "planner"
     no_module_circle = {
         "alpamayo.text.weights": {"alpamayo.text.moe.block", "alpamayo.config.model"},
@@ -239,14 +236,15 @@ def test_the_check_finds_an_upward_import_and_a_circle():
         "alpamayo.config.model": set(),
         "alpamayo.checkpoint": {"alpamayo.config.model"},
         "alpamayo.config.loader": {"alpamayo.text.mlp"},
-        "bridges.drives.pai": {"bridges.drives.recording"},
-        "bridges.drives.recording": {"bridges.drives.mcap"},
-        "bridges.drives.mcap": set(),
+        "bridges.node.server": {"bridges.wire.protocol"},
+        "bridges.wire.client": {"bridges.node.config"},
+        "bridges.wire.protocol": set(),
+        "bridges.node.config": set(),
     }
     assert circles(no_module_circle) == []
     assert circles(packages(no_module_circle)) == [
         ["alpamayo.checkpoint", "alpamayo.config", "alpamayo.text"],
-        ["bridges", "bridges.drives"],
+        ["bridges.node", "bridges.wire"],
     ]
     assert (
         circles(packages({"alpamayo.text.weights": {"alpamayo.text.mlp"}, "alpamayo.text.mlp": set()})) == []
