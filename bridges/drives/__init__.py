@@ -27,8 +27,10 @@ Open any drive with `open_drive` and iterate its ticks with `alpamayo.replay.tic
     (camera indices) picks the clip's cameras (default Alpamayo's 0, 1, 2, 6).
 Bad input raises `RecordingError` (a ValueError) naming the file, topic, clip or camera and what is allowed.
 
-Every source satisfies `DriveSource`; the readers live in `bridges.drives.mcap` (Foxglove), `bridges.drives.rosbag2`
-and `bridges.drives.pai`; what they share (layout, recorded frames, pose track, errors) in `bridges.drives.recording`.
+Every source satisfies `DriveSource`; the readers live in `bridges.drives.mcap` (Foxglove),
+`bridges.drives.rosbag2` and `bridges.drives.pai`; what they share (layout, recorded frames, pose track, errors)
+in `bridges.drives.recording`. The package also writes drives: `mcap_writer` (`RecordingWriter`) with the message
+schemas and codecs of `mcap_messages` and the ROS 2 definitions of `ros2_messages`.
 """
 
 from __future__ import annotations
