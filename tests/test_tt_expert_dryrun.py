@@ -34,12 +34,18 @@ def filled(text: Any, slots: int = 1, **reserve: int) -> Any:
 
 def weightless_text(device: Any, cfg: Any, recipe: str) -> Any:
     """A `TTTextModel` without layer weights: the expert uses only its KV cache, plan, kernel configs and rope
-    (on the mock whatever fills the cache reads back as zeros, so a prefill would add nothing here)."""
+    (on the mock whatever fills the cache reads back as zeros, so a prefill would add nothing here); its head
+    is three one-tile placeholders, which `close()` frees."""
+    from alpamayo.tt.device import ttnn_for
     from alpamayo.tt.text import TTTextModel
+    from alpamayo.tt.text.weights import TextWeights
 
+    ttnn = ttnn_for(device)
     precision = load_precision(recipe)
     embed = torch.zeros(1, cfg.text.hidden_size, dtype=torch.bfloat16)
-    return TTTextModel(cfg, precision, plan_text(cfg, precision), device, {}, embed)
+    tile = [ttnn.Shape([1, 1, 32, 32]), ttnn.bfloat16, ttnn.TILE_LAYOUT, device, ttnn.DRAM_MEMORY_CONFIG]
+    head = [ttnn.allocate_tensor_on_device(*tile) for _ in range(3)]
+    return TTTextModel(cfg, precision, plan_text(cfg, precision), device, TextWeights([], *head), embed)
 
 
 CASES = {

@@ -29,5 +29,5 @@ def velocity(
     tt.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
     v = tt._velocity(state)
     out = tt._download_actions(v, x.shape[0])
-    tt._free(v)
+    tt.free(v)
     return out

@@ -12,13 +12,16 @@ import torch
 
 from alpamayo.profiling import Tracer
 
+# A ttnn.Tensor on the device (ttnn is imported lazily and ships no type stubs).
+DeviceTensor = Any
+
 
 class DeviceIO:
     ttnn: Any
     device: Any
     tracer: Tracer
 
-    def _upload(self, t: torch.Tensor, dtype: Any = None, layout: Any = None, memory: Any = None) -> Any:
+    def upload(self, t: torch.Tensor, dtype: Any = None, layout: Any = None, memory: Any = None) -> Any:
         """Host tensor -> device tensor: bf16 TILE in interleaved DRAM unless told otherwise."""
         ttnn = self.ttnn
         with self.tracer.span("tt.host_to_device"):
@@ -30,16 +33,16 @@ class DeviceIO:
                 memory_config=memory or ttnn.DRAM_MEMORY_CONFIG,
             )
 
-    def _rows(self, rows: torch.Tensor, padded_rows: int, width: int, memory: Any = None) -> Any:
+    def upload_rows(self, rows: torch.Tensor, padded_rows: int, width: int, memory: Any = None) -> Any:
         """Host rows [N, W] zero-padded to [1, 1, padded_rows, width] bf16 on the device."""
         x = torch.zeros(1, 1, padded_rows, width, dtype=torch.bfloat16)
         x[0, 0, : rows.shape[0], : rows.shape[1]] = rows.to(torch.bfloat16)
-        return self._upload(x, memory=memory)
+        return self.upload(x, memory=memory)
 
-    def _download(self, t: Any) -> torch.Tensor:
+    def download(self, t: Any) -> torch.Tensor:
         with self.tracer.span("tt.device_to_host"):
             return self.ttnn.to_torch(t)
 
-    def _free(self, *tensors: Any) -> None:
+    def free(self, *tensors: Any) -> None:
         for t in tensors:
             self.ttnn.deallocate(t)

@@ -66,7 +66,7 @@ from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import TTTextModel
 from alpamayo.tt.text.trace import DecodeTrace
-from alpamayo.tt.text.upload import layer_weights
+from alpamayo.tt.text.weights import LayerWeights
 from alpamayo.tt.weight_cache import upload_weights
 
 
@@ -96,7 +96,9 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
         self.capture = cfg.target_layer_ids
         self.weights = weights
         t = cfg.text
-        self.layer_weights = [layer_weights(weights, i, "draft.") for i in range(t.num_hidden_layers)]
+        self.layer_weights = [
+            LayerWeights.take(weights, f"draft.layers.{i}.") for i in range(t.num_hidden_layers)
+        ]
         self.hidden_padded = padded_hidden(t, DRAFT_BANKS)
         self.residual_eps = residual_norm_eps(t, DRAFT_BANKS)
         self.scale = t.head_dim**-0.5
@@ -125,7 +127,7 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
     def close(self) -> None:
         """Release the block trace and free the draft's device tensors (the device is the target's)."""
         self._drop_state()
-        self._free(*self.weights.values())
+        self.free(*self.weights.values())
         self.weights, self.layer_weights = {}, []
 
     # ------------------------------------------------------------------ cache and persistent inputs
@@ -134,7 +136,7 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
             return
         if self._state["trace"] is not None:
             self._state["trace"].release()
-        self._free(*self._state["inputs"].values(), *(x for kv in self._state["cache"] for x in kv))
+        self.free(*self._state["inputs"].values(), *(x for kv in self._state["cache"] for x in kv))
         self._state = None
 
     def _setup(self) -> dict[str, Any]:
@@ -152,7 +154,7 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
             tuple(
                 ttnn.zeros(
                     shape,
-                    dtype=text.kv_dtype,
+                    dtype=text.kernels.kv_dtype,
                     layout=ttnn.TILE_LAYOUT,
                     device=self.device,
                     memory_config=ttnn.DRAM_MEMORY_CONFIG,
@@ -162,7 +164,7 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
             for _ in range(t.num_hidden_layers)
         ]
         host = self._block_inputs([0] * slots, [0] * slots, slots, region, rows)
-        inputs = {name: self._upload(v) for name, v in host.items()}
+        inputs = {name: self.upload(v) for name, v in host.items()}
         self._state = {
             "target": text.cache,
             "slots": slots,
@@ -231,16 +233,16 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
             parts = [ttnn.slice(x, [0, 0, 0, 0], [1, 1, padded, h]) for x in tensors]  # the real columns
             x = ttnn.concat(parts, dim=-1) if len(parts) > 1 else parts[0]
             if len(parts) > 1:
-                self._free(*parts)
+                self.free(*parts)
             if (pad := round_up(x.shape[-1], TILE) - x.shape[-1]) > 0:
                 wide = ttnn.pad(x, [(0, 0), (0, 0), (0, 0), (0, pad)], 0.0)
-                self._free(x)
+                self.free(x)
                 x = wide
             start = length // TILE * TILE  # the host keeps the last partial tile's features for the appends
             if start < length:
                 tile = ttnn.slice(x, [0, 0, start, 0], [1, 1, start + TILE, x.shape[-1]])
-                tail = self._download(tile)[0, 0, : length - start, : len(self.capture) * h]
-                self._free(tile)
+                tail = self.download(tile)[0, 0, : length - start, : len(self.capture) * h]
+                self.free(tile)
             else:
                 tail = torch.zeros(0, len(self.capture) * h, dtype=torch.bfloat16)
             self._project(state, rows, x, 0)
@@ -259,7 +261,7 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
         n = feats.shape[0]
         with self.tracer.span("tt.draft_context", rows=len(rows), positions=n):
             self._project(
-                state, rows, self._rows(feats, round_up(n, TILE), round_up(feats.shape[1], TILE)), first
+                state, rows, self.upload_rows(feats, round_up(n, TILE), round_up(feats.shape[1], TILE)), first
             )
         end = first + n
         for row in rows:
@@ -271,14 +273,14 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
         the draft cache of slots `rows`."""
         ttnn, text, t = self.ttnn, self.text, self.cfg.text
         padded = x.shape[-2]
-        fc = text._mm(x, self.weights["draft.fc"], FC_GROUP)
-        self._free(x)
-        context = text._rms(fc, self.weights["draft.hidden_norm.tile"], self.residual_eps)
-        self._free(fc)
+        fc = text.kernels.mm(x, self.weights["draft.fc"], FC_GROUP)
+        self.free(x)
+        context = text.kernels.rms(fc, self.weights["draft.hidden_norm.tile"], self.residual_eps)
+        self.free(fc)
         cos, sin = self.rope.cos_sin_1d(torch.arange(first, first + padded), torch.bfloat16)
-        cos, sin = self._upload(cos.view(1, 1, padded, -1)), self._upload(sin.view(1, 1, padded, -1))
+        cos, sin = self.upload(cos.view(1, 1, padded, -1)), self.upload(sin.view(1, 1, padded, -1))
         for i, w in enumerate(self.layer_weights):
-            qkv = text._mm(context, w["wqkv"], TEXT_GROUPS.qkv)
+            qkv = text.kernels.mm(context, w.wqkv, TEXT_GROUPS.qkv)
             q, k, v = ttnn.experimental.nlp_create_qkv_heads(
                 qkv,
                 num_heads=t.num_attention_heads,
@@ -286,17 +288,17 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
                 transpose_k_heads=False,
                 memory_config=ttnn.DRAM_MEMORY_CONFIG,
             )
-            self._free(qkv, q)
-            kn = text._rms(k, w["k_norm.rm"], t.rms_norm_eps)
-            self._free(k)
+            self.free(qkv, q)
+            kn = text.kernels.rms(k, w.k_norm, t.rms_norm_eps)
+            self.free(k)
             kr = ttnn.experimental.rotary_embedding_hf(kn, cos, sin, is_decode_mode=False)
-            self._free(kn)
+            self.free(kn)
             cache_k, cache_v = state["cache"][i]
             for row in rows:
-                text._fill_cache(cache_k, kr, padded, first, batch=row)
-                text._fill_cache(cache_v, v, padded, first, batch=row)
-            self._free(kr, v)
-        self._free(context, cos, sin)
+                text.kernels.fill_cache(cache_k, kr, padded, first, batch=row)
+                text.kernels.fill_cache(cache_v, v, padded, first, batch=row)
+            self.free(kr, v)
+        self.free(context, cos, sin)
 
     # ------------------------------------------------------------------ the block program
     def _attend(self, i: int, state: dict[str, Any]) -> Any:
@@ -316,7 +318,7 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
                 program_config=cfgs.sdpa(
                     ttnn, text.plan.prefill_grid, TILE, TextPlan.prefill_sdpa_chunk(state["rows"])
                 ),
-                compute_kernel_config=text.ck["sdpa_prefill"],
+                compute_kernel_config=text.kernels.ck.sdpa_prefill,
             )
 
         def attend(q: Any, k: Any, v: Any) -> Any:
@@ -331,23 +333,23 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
         h = ttnn.multiply(b["x"], self.cfg.input_embedding_scale)  # a new tensor: x stays for the replays
         for i, w in enumerate(self.layer_weights):
             attend = self._attend(i, state)
-            h = text.block_prefill(
+            h = text.kernels.block_prefill(
                 self.cfg.text, w, h, b["cos"], b["sin"], attend, residual_eps=self.residual_eps
             )
-        normed = text._rms(h, self.weights["draft.norm.tile"], self.residual_eps)
-        self._free(h)
+        normed = text.kernels.rms(h, self.weights["draft.norm.tile"], self.residual_eps)
+        self.free(h)
         if (pad := text.hidden_padded - self.hidden_padded) > 0:  # the target head's K (zero columns)
             wide = ttnn.pad(normed, [(0, 0), (0, 0), (0, 0), (0, pad)], 0.0)
-            self._free(normed)
+            self.free(normed)
             normed = wide
         out = []
         for s in range(state["slots"]):
             tile = ttnn.slice(normed, [0, 0, s * TILE, 0], [1, 1, (s + 1) * TILE, text.hidden_padded])
             l1 = ttnn.to_memory_config(tile, ttnn.L1_MEMORY_CONFIG)
-            self._free(tile)
-            out.append(text._head(l1, self.block_size - 1))
-            self._free(l1)
-        self._free(normed)
+            self.free(tile)
+            out.append(text.head.logits(l1, self.block_size - 1))
+            self.free(l1)
+        self.free(normed)
         return out
 
     def block_logits(self, anchors: Sequence[int], traced: bool = True) -> torch.Tensor:
@@ -366,10 +368,10 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
             out = trace.replay() if traced and trace is not None else self._block_graph(state)
         c, vocab = self.cfg, self.cfg.text.vocab_size
         logits = torch.stack(
-            [self._download(o)[0, 0, 1 : self.block_size, :vocab].float() for o in out[: len(anchors)]]
+            [self.download(o)[0, 0, 1 : self.block_size, :vocab].float() for o in out[: len(anchors)]]
         )
         if not (traced and trace is not None):
-            self._free(*out)
+            self.free(*out)
             if traced:
                 state["trace"] = DecodeTrace(self.ttnn, self.device)
                 state["trace"].capture(lambda: self._block_graph(state))

@@ -75,7 +75,7 @@ from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device_io import DeviceIO
 from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import TTTextModel
-from alpamayo.tt.text.upload import layer_weights
+from alpamayo.tt.text.weights import LayerWeights
 from alpamayo.tt.weight_cache import upload_weights
 
 X_WIDTH = TILE  # x, v: [rows, 32] float32 tiles, columns 0..1 real (accel, curvature), the rest exactly 0
@@ -95,7 +95,9 @@ class TTActionExpert(DeviceIO):
         self.ttnn, self.text, self.cfg, self.device = text.ttnn, text, cfg, text.device
         self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
         self.weights = weights
-        self.layer_weights = [layer_weights(weights, i, "expert.") for i in range(cfg.text.num_hidden_layers)]
+        self.layer_weights = [
+            LayerWeights.take(weights, f"expert.layers.{i}.") for i in range(cfg.text.num_hidden_layers)
+        ]
         self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
         self.tracer = tracer or text.tracer
         self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)
@@ -140,7 +142,7 @@ class TTActionExpert(DeviceIO):
     def close(self) -> None:
         """Release the step trace and free the expert's device tensors (the device belongs to the text model)."""
         self._drop_state()
-        self._free(*self._statics.values(), *self.weights.values())
+        self.free(*self._statics.values(), *self.weights.values())
         self._statics, self.weights, self.layer_weights = {}, {}, []
 
     def _drop_state(self) -> None:
@@ -148,14 +150,14 @@ class TTActionExpert(DeviceIO):
             return
         if self._state.get("trace") is not None:
             self.ttnn.release_trace(self.device, self._state["trace"])
-        self._free(*self._state["buffers"].values(), *self._state["t_rows"])
+        self.free(*self._state["buffers"].values(), *self._state["t_rows"])
         self._state = None
 
     # ------------------------------------------------------------------ static device tensors
     def _upload_statics(self) -> dict[str, Any]:
         """The feature rows, fixed for the model's life."""
         return {
-            name: self._upload(row, self.ttnn.float32)
+            name: self.upload(row, self.ttnn.float32)
             for name, row in feature_rows(self.cfg.in_proj, self.freqs).items()
         }
 
@@ -166,8 +168,8 @@ class TTActionExpert(DeviceIO):
         cos, sin = self.text.rope.cos_sin_1d(torch.arange(rows), torch.bfloat16)
         layout = self.ttnn.ROW_MAJOR_LAYOUT
         return {
-            "cos_table": self._upload(cos.view(1, 1, rows, -1), layout=layout),
-            "sin_table": self._upload(sin.view(1, 1, rows, -1), layout=layout),
+            "cos_table": self.upload(cos.view(1, 1, rows, -1), layout=layout),
+            "sin_table": self.upload(sin.view(1, 1, rows, -1), layout=layout),
         }
 
     def _setup(self, samples: int, steps: int) -> dict[str, Any]:
@@ -196,13 +198,13 @@ class TTActionExpert(DeviceIO):
         hd = self.cfg.text.head_dim
         width = round_up(self.cfg.in_proj.num_features, TILE)
         buffers = {
-            "x": self._upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
-            "x_saved": self._upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
-            "t": self._upload(torch.zeros(1, 1, 1, width), ttnn.float32),
-            "cos": self._upload(torch.zeros(1, 1, rows, hd)),
-            "sin": self._upload(torch.zeros(1, 1, rows, hd)),
-            "slot_of": self._upload(slot_of.view(1, 1, 1, entries), ttnn.float32),
-            "page_table": self._upload(
+            "x": self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            "x_saved": self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            "t": self.upload(torch.zeros(1, 1, 1, width), ttnn.float32),
+            "cos": self.upload(torch.zeros(1, 1, rows, hd)),
+            "sin": self.upload(torch.zeros(1, 1, rows, hd)),
+            "slot_of": self.upload(slot_of.view(1, 1, 1, entries), ttnn.float32),
+            "page_table": self.upload(
                 torch.tensor(plan.page_table(), dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT
             ),
             "cur_pos": ttnn.allocate_tensor_on_device(
@@ -210,7 +212,7 @@ class TTActionExpert(DeviceIO):
             ),
             **self._rope_tables(),
         }
-        t_rows = [self._upload(r, ttnn.float32) for r in t_feature_rows(self.cfg.in_proj, self.freqs, steps)]
+        t_rows = [self.upload(r, ttnn.float32) for r in t_feature_rows(self.cfg.in_proj, self.freqs, steps)]
         self._state = {
             "samples": samples,
             "steps": steps,
@@ -243,16 +245,16 @@ class TTActionExpert(DeviceIO):
         for slot, offset in enumerate([*offsets, *[0] * (slots - len(offsets))]):
             mine = ttnn.eq(b["slot_of"], float(slot))
             term = ttnn.where(mine, float(plan.cur_pos(offset)), 0.0)
-            self._free(mine)
+            self.free(mine)
             if bound is not None:
                 total = ttnn.add(bound, term)
-                self._free(bound, term)
+                self.free(bound, term)
                 term = total
             bound = term
         as_int = ttnn.typecast(bound, ttnn.int32)
-        self._free(bound)
+        self.free(bound)
         flat = ttnn.to_layout(as_int, ttnn.ROW_MAJOR_LAYOUT)  # the op reads int32 rows
-        self._free(as_int)
+        self.free(as_int)
         self._into(ttnn.reshape(flat, [plan.users * plan.q_tiles]), b["cur_pos"])  # a view of flat
         bases = [rope_delta + o for o in offsets] + [rope_delta + offsets[0]] * (slots - len(offsets))
         for name in ("cos", "sin"):
@@ -265,12 +267,12 @@ class TTActionExpert(DeviceIO):
             rows = ttnn.concat(parts, dim=2) if slots > 1 else parts[0]
             tiled = ttnn.to_layout(rows, ttnn.TILE_LAYOUT)
             self._into(tiled, b[name])
-            self._free(*parts, *([rows] if slots > 1 else []))
+            self.free(*parts, *([rows] if slots > 1 else []))
 
     def _into(self, src: Any, dst: Any) -> None:
         """dst <- src on the device (src freed)."""
         self.ttnn.copy(src, dst)
-        self._free(src)
+        self.free(src)
 
     # ------------------------------------------------------------------ the step graph
     def _features(self, b: dict[str, Any]) -> Any:
@@ -281,23 +283,23 @@ class TTActionExpert(DeviceIO):
         a = ttnn.slice(x, [0, 0, 0, 0], [1, 1, rows, 1])
         k = ttnn.slice(x, [0, 0, 0, 1], [1, 1, rows, 2])
         ua, uk = ttnn.multiply(a, s["freq_a"]), ttnn.multiply(k, s["freq_k"])  # float32, exact products
-        self._free(a, k)
+        self.free(a, k)
         u = ttnn.add(ua, uk)  # one of the two is 0 in every column
-        self._free(ua, uk)
+        self.free(ua, uk)
         turns = ttnn.frac(u)
-        self._free(u)
+        self.free(u)
         phased = ttnn.add(turns, s["phase"])
-        self._free(turns)
+        self.free(turns)
         angle = ttnn.multiply(phased, 2 * math.pi)
-        self._free(phased)
+        self.free(phased)
         sines = ttnn.sin(angle)
-        self._free(angle)
+        self.free(angle)
         scaled = ttnn.multiply(sines, math.sqrt(2))
-        self._free(sines)
+        self.free(sines)
         feats = ttnn.add(scaled, b["t"])  # the t row already carries sqrt(2)
-        self._free(scaled)
+        self.free(scaled)
         out = ttnn.typecast(feats, ttnn.bfloat16)
-        self._free(feats)
+        self.free(feats)
         return out
 
     def _linear(self, x: Any, name: str, silu: bool = False) -> Any:
@@ -308,7 +310,7 @@ class TTActionExpert(DeviceIO):
             self.weights[name],
             bias=self.weights.get(name + ".bias"),
             activation="silu" if silu else None,
-            compute_kernel_config=self.text.ck["expert"],
+            compute_kernel_config=self.text.kernels.ck.matmul["expert"],
             dtype=ttnn.bfloat16,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
@@ -318,26 +320,26 @@ class TTActionExpert(DeviceIO):
         H_p] bf16, the residual stream (zero-padded past hidden)."""
         ttnn, c = self.ttnn, self.cfg.in_proj
         h = self._linear(feats, "expert.in_proj.0", silu=True)
-        self._free(feats)
+        self.free(feats)
         for layer in range(c.num_enc_layers):
             norm = 2 + 3 * layer
-            n = self.text._rms(h, self.weights[f"expert.in_proj.norm{norm}.tile"], TRUNK_NORM_EPS)
-            self._free(h)
+            n = self.text.kernels.rms(h, self.weights[f"expert.in_proj.norm{norm}.tile"], TRUNK_NORM_EPS)
+            self.free(h)
             h = self._linear(n, f"expert.in_proj.{norm + 1}", silu=layer < c.num_enc_layers - 1)
-            self._free(n)
+            self.free(n)
         out = ttnn.layer_norm(
             h,
             epsilon=OUT_NORM_EPS,
             weight=self.weights["expert.in_proj.ln.weight"],
             bias=self.weights["expert.in_proj.ln.bias"],
-            compute_kernel_config=self.text.ck["norm"],
+            compute_kernel_config=self.text.kernels.ck.norm,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
-        self._free(h)
+        self.free(h)
         pad = plan.hidden_padded - self.cfg.text.hidden_size
         if pad:
             padded = ttnn.pad(out, [(0, 0), (0, 0), (0, 0), (0, pad)], 0.0)
-            self._free(out)
+            self.free(out)
             out = padded
         return out
 
@@ -364,7 +366,7 @@ class TTActionExpert(DeviceIO):
                 spec_multi_pos_tiles=plan.q_tiles,
                 scale=self.scale,
                 program_config=config,
-                compute_kernel_config=text.ck["sdpa_prefill"],
+                compute_kernel_config=text.kernels.ck.sdpa_prefill,
                 memory_config=ttnn.DRAM_MEMORY_CONFIG,
             )
             return ttnn.reshape(a, (slots, self.cfg.text.num_attention_heads, block, hd))
@@ -382,7 +384,7 @@ class TTActionExpert(DeviceIO):
         h = self._in_proj(self._features(b), plan)
         for i in range(self.cfg.text.num_hidden_layers):
             attend = self._attend(i, plan, b)
-            h = text.block_prefill(
+            h = text.kernels.block_prefill(
                 self.cfg.text,
                 self.layer_weights[i],
                 h,
@@ -392,12 +394,12 @@ class TTActionExpert(DeviceIO):
                 ops=EXPERT_GROUPS,
                 residual_eps=self.residual_eps,
             )
-        hn = text._rms(h, self.weights["expert.norm.tile"], self.residual_eps)
-        self._free(h)
+        hn = text.kernels.rms(h, self.weights["expert.norm.tile"], self.residual_eps)
+        self.free(h)
         v = self._linear(hn, "expert.out_proj")
-        self._free(hn)
+        self.free(hn)
         v32 = ttnn.typecast(v, ttnn.float32)
-        self._free(v)
+        self.free(v)
         return v32
 
     def _euler_step(self, state: dict[str, Any]) -> None:
@@ -405,9 +407,9 @@ class TTActionExpert(DeviceIO):
         ttnn, x = self.ttnn, state["buffers"]["x"]
         v = self._velocity(state)
         dv = ttnn.multiply(v, 1.0 / state["steps"])
-        self._free(v)
+        self.free(v)
         ttnn.add(x, dv, output_tensor=x)
-        self._free(dv)
+        self.free(dv)
 
     # ------------------------------------------------------------------ public
     def _write_noise(self, state: dict[str, Any], noise: torch.Tensor) -> None:
@@ -424,7 +426,7 @@ class TTActionExpert(DeviceIO):
 
     def _download_actions(self, rows: Any, samples: int) -> torch.Tensor:
         """[samples, 64, 2] float32 of a device [1, 1, rows, 32] x or v (columns 0..1 real)."""
-        out = self._download(rows)[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
+        out = self.download(rows)[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
         return out.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
 
     def _check(self, noise: torch.Tensor, offsets: int | Sequence[int]) -> tuple[torch.Tensor, list[int]]:

@@ -113,14 +113,14 @@ class TTVisionEncoder(DeviceIO):
 
     def close(self) -> None:
         """Free the device weights (the device itself belongs to the text model)."""
-        self._free(*self.w.values())
+        self.free(*self.w.values())
         self.w = {}
 
     # ------------------------------------------------------------------ host <-> device
     def _fetch(self, t: Any, rows: int, cols: int) -> torch.Tensor:
         """Rows [:rows, :cols] of a [1, 1, R, C] device tensor (freed) as bf16 on the host."""
-        out = self._download(t)[0, 0, :rows, :cols].to(torch.bfloat16)
-        self._free(t)
+        out = self.download(t)[0, 0, :rows, :cols].to(torch.bfloat16)
+        self.free(t)
         return out
 
     @contextmanager
@@ -137,19 +137,19 @@ class TTVisionEncoder(DeviceIO):
             bounds.append(padded)  # the padding rows: a window of their own
         ttnn = self.ttnn
         dev = {
-            "cos": self._rows(cos_p, padded, p.padded_head_dim),
-            "sin": self._rows(sin_p, padded, p.padded_head_dim),
-            "windows": self._upload(
+            "cos": self.upload_rows(cos_p, padded, p.padded_head_dim),
+            "sin": self.upload_rows(sin_p, padded, p.padded_head_dim),
+            "windows": self.upload(
                 torch.tensor(bounds, dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT
             ),
-            "pos": self._rows(
+            "pos": self.upload_rows(
                 learned_position_embeds(self.pos_table, grid_thw, rows, cols), padded, v.hidden_size
             ),
         }
         try:
             yield dev
         finally:
-            self._free(*dev.values())
+            self.free(*dev.values())
 
     # ------------------------------------------------------------------ device ops
     def _linear(self, x: Any, name: str) -> Any:
@@ -180,9 +180,9 @@ class TTVisionEncoder(DeviceIO):
         """fc2(gelu(fc1(x))) with biases; x kept."""
         h = self._linear(x, prefix + "fc1")
         g = self.ttnn.gelu(h, variant=variant, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
-        self._free(h)
+        self.free(h)
         out = self._linear(g, prefix + "fc2")
-        self._free(g)
+        self.free(g)
         return out
 
     def _attention(self, x: Any, j: int, inputs: dict[str, Any]) -> Any:
@@ -196,10 +196,10 @@ class TTVisionEncoder(DeviceIO):
             transpose_k_heads=False,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
-        self._free(qkv)
+        self.free(qkv)
         qr = ttnn.experimental.rotary_embedding_hf(q, inputs["cos"], inputs["sin"], is_decode_mode=False)
         kr = ttnn.experimental.rotary_embedding_hf(k, inputs["cos"], inputs["sin"], is_decode_mode=False)
-        self._free(q, k)
+        self.free(q, k)
         a = ttnn.transformer.scaled_dot_product_attention(
             qr,
             kr,
@@ -210,16 +210,16 @@ class TTVisionEncoder(DeviceIO):
             program_config=cfgs.sdpa(ttnn, self.plan.grid, VISION_SDPA_CHUNK, VISION_SDPA_CHUNK),
             compute_kernel_config=self.ck["sdpa"],
         )
-        self._free(qr, kr, val)
+        self.free(qr, kr, val)
         heads = ttnn.experimental.nlp_concat_heads(a, memory_config=ttnn.DRAM_MEMORY_CONFIG)
-        self._free(a)
+        self.free(a)
         out = self._linear(heads, p + "proj")
-        self._free(heads)
+        self.free(heads)
         return out
 
     def _residual(self, x: Any, branch: Any) -> Any:
         out = self.ttnn.add(x, branch, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
-        self._free(x, branch)
+        self.free(x, branch)
         return out
 
     def _block(self, j: int, x: Any, inputs: dict[str, Any]) -> Any:
@@ -227,10 +227,10 @@ class TTVisionEncoder(DeviceIO):
         p = f"vision.blocks.{j}."
         n1 = self._norm(x, p + "norm1")
         x = self._residual(x, self._attention(n1, j, inputs))
-        self._free(n1)
+        self.free(n1)
         n2 = self._norm(x, p + "norm2")
         x = self._residual(x, self._mlp(n2, p + "mlp.", self.block_gelu))
-        self._free(n2)
+        self.free(n2)
         return x
 
     def _fuse(self, x: Any) -> Any:
@@ -238,9 +238,9 @@ class TTVisionEncoder(DeviceIO):
         ttnn = self.ttnn
         flat = ttnn.to_layout(x, ttnn.ROW_MAJOR_LAYOUT)
         fused = ttnn.reshape(flat, (1, 1, -1, x.shape[-1] * self.cfg.spatial_merge_size**2))
-        self._free(flat)
+        self.free(flat)
         out = ttnn.to_layout(fused, ttnn.TILE_LAYOUT)
-        self._free(fused)
+        self.free(fused)
         return out
 
     def _merger(self, x: Any, name: str, post_shuffle_norm: bool) -> Any:
@@ -248,22 +248,22 @@ class TTVisionEncoder(DeviceIO):
         if post_shuffle_norm:  # DeepStack: fuse, then normalise the fused row
             fused = self._fuse(x)
             normed = self._norm(fused, name + ".norm")
-            self._free(fused)
+            self.free(fused)
         else:  # main merger: normalise each patch, then fuse
             n = self._norm(x, name + ".norm")
             normed = self._fuse(n)
-            self._free(n)
+            self.free(n)
         out = self._mlp(normed, name + ".", self.ttnn.GeluVariant.Accurate)  # exact (erf) GELU
-        self._free(normed)
+        self.free(normed)
         return out
 
     def _embed(self, pixel_values: torch.Tensor, inputs: dict[str, Any], padded: int) -> Any:
         """Patch embedding (a matmul + bias) plus the resampled position embeddings -> [1, 1, N_p, C]."""
-        pix = self._rows(pixel_values, padded, self.cfg.patch_dim)
+        pix = self.upload_rows(pixel_values, padded, self.cfg.patch_dim)
         x = self._linear(pix, "vision.patch_embed")
-        self._free(pix)
+        self.free(pix)
         out = self.ttnn.add(x, inputs["pos"], memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
-        self._free(x)
+        self.free(x)
         return out
 
     # ------------------------------------------------------------------ public
@@ -287,5 +287,5 @@ class TTVisionEncoder(DeviceIO):
                     k = v.deepstack_visual_indexes.index(j)
                     deepstack.append(self._fetch(self._merger(x, f"vision.deepstack.{k}", True), merged, out))
             embeds = self._fetch(self._merger(x, "vision.merger", False), merged, out)
-            self._free(x)
+            self.free(x)
         return embeds, deepstack
