@@ -185,11 +185,11 @@ def test_the_expert_step_is_captured_once_and_replayed_for_every_later_step(
         assert recorder.calls == [("begin", 1), ("end", 1), ("execute", 1), ("execute", 1), ("execute", 1)]
         steps = [s for s in expert.tracer.spans if s.name == "expert_step"]
         assert [(s.args["step"], s.args["traced"]) for s in steps] == [(k, True) for k in range(4)]
-        x = expert._state["buffers"]["x"]
+        x = expert._state.buffers.x
         writes = [v for d, v in recorder.copies if d is x]
         assert len(writes) == 1 and torch.equal(writes[0][0, 0, :128, :2], noise.reshape(-1, 2))
         expert.sample(2 * noise, [300, 310], rope_delta=-40, steps=4)
-        assert recorder.calls[5:] == [("execute", 1)] * 4 and expert._state["buffers"]["x"] is x
+        assert recorder.calls[5:] == [("execute", 1)] * 4 and expert._state.buffers.x is x
         writes = [v for d, v in recorder.copies if d is x]
         assert len(writes) == 2 and torch.equal(writes[1][0, 0, :128, :2], 2 * noise.reshape(-1, 2))
         expert.sample(noise, [300, 310], rope_delta=-40, steps=3)  # another schedule: another trace

@@ -26,7 +26,7 @@ def velocity(
     state = tt._setup(tt.text.max_batch, steps)
     tt._write_noise(state, x)
     tt._prepare(state, offsets, rope_delta)
-    tt.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
+    tt.ttnn.copy(state.t_rows[k], state.buffers.t)
     v = tt._velocity(state)
     out = tt._download_actions(v, x.shape[0])
     tt.free(v)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +72,51 @@ from alpamayo.plan.weights import residual_norm_eps
 from alpamayo.prediction import FUTURE_STEPS, Cancellation
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO
+from alpamayo.tt.device_io import DeviceIO, DeviceTensor
 from alpamayo.tt.slot_attention import attend_by_slot
-from alpamayo.tt.text import TTTextModel
+from alpamayo.tt.text import DeviceKVCache, TTTextModel
 from alpamayo.tt.text.weights import LayerWeights
 from alpamayo.tt.weight_cache import upload_weights
 
 X_WIDTH = TILE  # x, v: [rows, 32] float32 tiles, columns 0..1 real (accel, curvature), the rest exactly 0
+
+
+@dataclass
+class StepBuffers:
+    """The Euler step's persistent inputs on the device: the action rows x and their pre-capture copy
+    x_saved [1, 1, rows, 32] float32, the t feature row [1, 1, 1, F_p] float32, the action tokens' cos and
+    sin [1, 1, rows, hd] bf16, the slot of every (user, query tile) entry [1, 1, 1, entries] float32, the
+    attention's page table (int32 row-major) and causal bounds `cur_pos` [entries] int32, and the rope tables
+    [1, 1, P, hd] (row-major bf16, `TTActionExpert._rope_tables`) cos and sin are sliced from."""
+
+    x: DeviceTensor
+    x_saved: DeviceTensor
+    t: DeviceTensor
+    cos: DeviceTensor
+    sin: DeviceTensor
+    slot_of: DeviceTensor
+    page_table: DeviceTensor
+    cur_pos: DeviceTensor
+    cos_table: DeviceTensor
+    sin_table: DeviceTensor
+
+    def tensors(self) -> list[DeviceTensor]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+
+@dataclass
+class StepState:
+    """What the step runs with for `samples` samples and `steps` Euler steps over one text KV cache (`cache`,
+    whose buffers a trace binds): the plan, the persistent inputs, the t rows per step [1, 1, 1, F_p]
+    float32, and the captured step's trace id (None until captured)."""
+
+    samples: int
+    steps: int
+    cache: DeviceKVCache | None
+    plan: ExpertPlan
+    buffers: StepBuffers
+    t_rows: list[DeviceTensor]
+    trace: Any = None
 
 
 class TTActionExpert(DeviceIO):
@@ -103,7 +141,7 @@ class TTActionExpert(DeviceIO):
         self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)
         self.scale = cfg.text.head_dim**-0.5
         self._statics = self._upload_statics()
-        self._state: dict[str, Any] | None = None  # per (samples, steps): persistent inputs and trace
+        self._state: StepState | None = None  # per (samples, steps): persistent inputs and trace
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -148,9 +186,9 @@ class TTActionExpert(DeviceIO):
     def _drop_state(self) -> None:
         if self._state is None:
             return
-        if self._state.get("trace") is not None:
-            self.ttnn.release_trace(self.device, self._state["trace"])
-        self.free(*self._state["buffers"].values(), *self._state["t_rows"])
+        if self._state.trace is not None:
+            self.ttnn.release_trace(self.device, self._state.trace)
+        self.free(*self._state.buffers.tensors(), *self._state.t_rows)
         self._state = None
 
     # ------------------------------------------------------------------ static device tensors
@@ -161,18 +199,18 @@ class TTActionExpert(DeviceIO):
             for name, row in feature_rows(self.cfg.in_proj, self.freqs).items()
         }
 
-    def _rope_tables(self) -> dict[str, Any]:
+    def _rope_tables(self) -> tuple[DeviceTensor, DeviceTensor]:
         """Row-major bf16 cos/sin [1, 1, P, hd] over every position an action token can take with the text
         model's cache (P = max_seq_len + 64: M-RoPE deltas are <= 0, images compress positions)."""
         rows = self.text.max_seq_len + FUTURE_STEPS
         cos, sin = self.text.rope.cos_sin_1d(torch.arange(rows), torch.bfloat16)
         layout = self.ttnn.ROW_MAJOR_LAYOUT
-        return {
-            "cos_table": self.upload(cos.view(1, 1, rows, -1), layout=layout),
-            "sin_table": self.upload(sin.view(1, 1, rows, -1), layout=layout),
-        }
+        return (
+            self.upload(cos.view(1, 1, rows, -1), layout=layout),
+            self.upload(sin.view(1, 1, rows, -1), layout=layout),
+        )
 
-    def _setup(self, samples: int, steps: int) -> dict[str, Any]:
+    def _setup(self, samples: int, steps: int) -> StepState:
         """Persistent step inputs for `samples` (the cache's slots) samples and `steps` Euler steps over the
         text model's current cache (allocated once and reused; a new cache, set up since, means new inputs
         and a new trace, which binds the cache's buffers)."""
@@ -180,8 +218,8 @@ class TTActionExpert(DeviceIO):
         state = self._state
         if (
             state is not None
-            and (state["samples"], state["steps"]) == (samples, steps)
-            and state["cache"] is text.cache
+            and (state.samples, state.steps) == (samples, steps)
+            and state.cache is text.cache
         ):
             return state
         self._drop_state()
@@ -197,39 +235,32 @@ class TTActionExpert(DeviceIO):
         slot_of = torch.arange(samples, dtype=torch.float32).repeat_interleave(entries // samples)
         hd = self.cfg.text.head_dim
         width = round_up(self.cfg.in_proj.num_features, TILE)
-        buffers = {
-            "x": self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
-            "x_saved": self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
-            "t": self.upload(torch.zeros(1, 1, 1, width), ttnn.float32),
-            "cos": self.upload(torch.zeros(1, 1, rows, hd)),
-            "sin": self.upload(torch.zeros(1, 1, rows, hd)),
-            "slot_of": self.upload(slot_of.view(1, 1, 1, entries), ttnn.float32),
-            "page_table": self.upload(
+        buffers = StepBuffers(
+            x=self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            x_saved=self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            t=self.upload(torch.zeros(1, 1, 1, width), ttnn.float32),
+            cos=self.upload(torch.zeros(1, 1, rows, hd)),
+            sin=self.upload(torch.zeros(1, 1, rows, hd)),
+            slot_of=self.upload(slot_of.view(1, 1, 1, entries), ttnn.float32),
+            page_table=self.upload(
                 torch.tensor(plan.page_table(), dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT
             ),
-            "cur_pos": ttnn.allocate_tensor_on_device(
+            cur_pos=ttnn.allocate_tensor_on_device(
                 ttnn.Shape([entries]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, self.device, ttnn.DRAM_MEMORY_CONFIG
             ),
-            **self._rope_tables(),
-        }
+            cos_table=(tables := self._rope_tables())[0],  # after the others: the upload order as before
+            sin_table=tables[1],
+        )
         t_rows = [self.upload(r, ttnn.float32) for r in t_feature_rows(self.cfg.in_proj, self.freqs, steps)]
-        self._state = {
-            "samples": samples,
-            "steps": steps,
-            "cache": text.cache,
-            "plan": plan,
-            "buffers": buffers,
-            "t_rows": t_rows,
-            "trace": None,
-        }
+        self._state = StepState(samples, steps, text.cache, plan, buffers, t_rows)
         return self._state
 
     # ------------------------------------------------------------------ per prediction (device only)
-    def _prepare(self, state: dict[str, Any], offsets: Sequence[int], rope_delta: int) -> None:
+    def _prepare(self, state: StepState, offsets: Sequence[int], rope_delta: int) -> None:
         """The attention's causal bounds and cos/sin of one prediction (sample b: cache slot b, `offsets[b]`),
         built on the device into the persistent inputs; the slots past len(offsets) see their own region
         only, at offsets[0]'s positions."""
-        ttnn, b, text = self.ttnn, state["buffers"], self.text
+        ttnn, b, text = self.ttnn, state.buffers, self.text
         last = text.max_seq_len
         if len(offsets) > text.batch:
             raise ValueError(f"{len(offsets)} offsets for the text model's {text.batch} active row(s)")
@@ -240,10 +271,10 @@ class TTActionExpert(DeviceIO):
                     f"row {row}: offset {offset} must be in [1, its length {filled}] (after "
                     f"<|traj_future_start|>) and rope_delta + offset = {base} in [0, {last}]"
                 )
-        slots, plan = state["samples"], state["plan"]
+        slots, plan = state.samples, state.plan
         bound = None  # the causal bound of every (user, query tile) entry: its slot's `ExpertPlan.cur_pos`
         for slot, offset in enumerate([*offsets, *[0] * (slots - len(offsets))]):
-            mine = ttnn.eq(b["slot_of"], float(slot))
+            mine = ttnn.eq(b.slot_of, float(slot))
             term = ttnn.where(mine, float(plan.cur_pos(offset)), 0.0)
             self.free(mine)
             if bound is not None:
@@ -255,18 +286,16 @@ class TTActionExpert(DeviceIO):
         self.free(bound)
         flat = ttnn.to_layout(as_int, ttnn.ROW_MAJOR_LAYOUT)  # the op reads int32 rows
         self.free(as_int)
-        self._into(ttnn.reshape(flat, [plan.users * plan.q_tiles]), b["cur_pos"])  # a view of flat
+        self._into(ttnn.reshape(flat, [plan.users * plan.q_tiles]), b.cur_pos)  # a view of flat
         bases = [rope_delta + o for o in offsets] + [rope_delta + offsets[0]] * (slots - len(offsets))
-        for name in ("cos", "sin"):
+        for table, dst in ((b.cos_table, b.cos), (b.sin_table, b.sin)):
             parts = [
-                ttnn.slice(
-                    b[f"{name}_table"], [0, 0, base, 0], [1, 1, base + FUTURE_STEPS, self.cfg.text.head_dim]
-                )
+                ttnn.slice(table, [0, 0, base, 0], [1, 1, base + FUTURE_STEPS, self.cfg.text.head_dim])
                 for base in bases
             ]
             rows = ttnn.concat(parts, dim=2) if slots > 1 else parts[0]
             tiled = ttnn.to_layout(rows, ttnn.TILE_LAYOUT)
-            self._into(tiled, b[name])
+            self._into(tiled, dst)
             self.free(*parts, *([rows] if slots > 1 else []))
 
     def _into(self, src: Any, dst: Any) -> None:
@@ -275,10 +304,10 @@ class TTActionExpert(DeviceIO):
         self.free(src)
 
     # ------------------------------------------------------------------ the step graph
-    def _features(self, b: dict[str, Any]) -> Any:
+    def _features(self, b: StepBuffers) -> Any:
         """The in-projection's input [1, 1, rows, F_p] bf16: FE(accel), FE(curvature), FE(t), zero padding."""
         ttnn, s = self.ttnn, self._statics
-        x = b["x"]
+        x = b.x
         rows = x.shape[-2]
         a = ttnn.slice(x, [0, 0, 0, 0], [1, 1, rows, 1])
         k = ttnn.slice(x, [0, 0, 0, 1], [1, 1, rows, 2])
@@ -296,7 +325,7 @@ class TTActionExpert(DeviceIO):
         self.free(angle)
         scaled = ttnn.multiply(sines, math.sqrt(2))
         self.free(sines)
-        feats = ttnn.add(scaled, b["t"])  # the t row already carries sqrt(2)
+        feats = ttnn.add(scaled, b.t)  # the t row already carries sqrt(2)
         self.free(scaled)
         out = ttnn.typecast(feats, ttnn.bfloat16)
         self.free(feats)
@@ -343,12 +372,12 @@ class TTActionExpert(DeviceIO):
             out = padded
         return out
 
-    def _attend(self, i: int, plan: ExpertPlan, b: dict[str, Any]) -> Callable[[Any, Any, Any], Any]:
+    def _attend(self, i: int, plan: ExpertPlan, b: StepBuffers) -> Callable[[Any, Any, Any], Any]:
         """Layer i's attention: sample b's K/V into slot b's cache region, then one paged flash-decode over
         every slot in place (`ExpertPlan`): the queries [S, n_heads, 64, hd] read as [1, S x n_kv, 64 x group,
         hd] (user s x n_kv + g: the rows of K/V head g's query heads, head-major), the cache
         [S, n_kv, cache_rows, hd] as pages [S x n_kv x pages, 1, 64, hd], the persistent page table and
-        causal bounds `b["page_table"]`, `b["cur_pos"]`; the output is read back as [S, n_heads, 64, hd]."""
+        causal bounds `b.page_table`, `b.cur_pos`; the output is read back as [S, n_heads, 64, hd]."""
         ttnn, text = self.ttnn, self.text
         slots, block, hd = plan.samples, plan.region_rows, self.cfg.text.head_dim
         config = cfgs.sdpa(ttnn, plan.sdpa_grid, TILE, plan.k_chunk)
@@ -361,8 +390,8 @@ class TTActionExpert(DeviceIO):
                 q,
                 ttnn.reshape(cache_k, pages),
                 ttnn.reshape(cache_v, pages),
-                b["page_table"],
-                cur_pos_tensor=b["cur_pos"],
+                b.page_table,
+                cur_pos_tensor=b.cur_pos,
                 spec_multi_pos_tiles=plan.q_tiles,
                 scale=self.scale,
                 program_config=config,
@@ -378,9 +407,9 @@ class TTActionExpert(DeviceIO):
 
         return attend
 
-    def _velocity(self, state: dict[str, Any]) -> Any:
+    def _velocity(self, state: StepState) -> Any:
         """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, bounds."""
-        ttnn, b, plan, text = self.ttnn, state["buffers"], state["plan"], self.text
+        ttnn, b, plan, text = self.ttnn, state.buffers, state.plan, self.text
         h = self._in_proj(self._features(b), plan)
         for i in range(self.cfg.text.num_hidden_layers):
             attend = self._attend(i, plan, b)
@@ -388,8 +417,8 @@ class TTActionExpert(DeviceIO):
                 self.cfg.text,
                 self.layer_weights[i],
                 h,
-                b["cos"],
-                b["sin"],
+                b.cos,
+                b.sin,
                 attend,
                 ops=EXPERT_GROUPS,
                 residual_eps=self.residual_eps,
@@ -402,27 +431,27 @@ class TTActionExpert(DeviceIO):
         self.free(v)
         return v32
 
-    def _euler_step(self, state: dict[str, Any]) -> None:
+    def _euler_step(self, state: StepState) -> None:
         """x <- x + v(x, t) / N, written into the persistent x (the traced body: allocates, computes, frees)."""
-        ttnn, x = self.ttnn, state["buffers"]["x"]
+        ttnn, x = self.ttnn, state.buffers.x
         v = self._velocity(state)
-        dv = ttnn.multiply(v, 1.0 / state["steps"])
+        dv = ttnn.multiply(v, 1.0 / state.steps)
         self.free(v)
         ttnn.add(x, dv, output_tensor=x)
         self.free(dv)
 
     # ------------------------------------------------------------------ public
-    def _write_noise(self, state: dict[str, Any], noise: torch.Tensor) -> None:
+    def _write_noise(self, state: StepState, noise: torch.Tensor) -> None:
         """x <- `noise` [K, 64, 2] in its first K x 64 rows (idle slots' rows: zeros)."""
-        x = torch.zeros(1, 1, state["plan"].rows, X_WIDTH)
+        x = torch.zeros(1, 1, state.plan.rows, X_WIDTH)
         x[0, 0, : noise.shape[0] * FUTURE_STEPS, :ACTION_DIMS] = noise.reshape(-1, ACTION_DIMS)
         ttnn = self.ttnn
         with self.tracer.span("tt.host_to_device"):
             host = ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT)
-            ttnn.copy_host_to_device_tensor(host, state["buffers"]["x"])
+            ttnn.copy_host_to_device_tensor(host, state.buffers.x)
 
-    def _actions(self, state: dict[str, Any], samples: int) -> torch.Tensor:
-        return self._download_actions(state["buffers"]["x"], samples)
+    def _actions(self, state: StepState, samples: int) -> torch.Tensor:
+        return self._download_actions(state.buffers.x, samples)
 
     def _download_actions(self, rows: Any, samples: int) -> torch.Tensor:
         """[samples, 64, 2] float32 of a device [1, 1, rows, 32] x or v (columns 0..1 real)."""
@@ -467,17 +496,17 @@ class TTActionExpert(DeviceIO):
         traced = self.text.trace_switch.traced(traced)
         ttnn = self.ttnn
         state = self._setup(self.text.max_batch, steps)
-        b = state["buffers"]
+        b = state.buffers
         cancel = cancel or Cancellation()
         with self.tracer.span("tt.expert_prepare"):
             self._write_noise(state, noise)
             self._prepare(state, offsets, rope_delta)
         for k in range(steps):
             cancel.check()
-            ttnn.copy(state["t_rows"][k], b["t"])
+            ttnn.copy(state.t_rows[k], b.t)
             with self.tracer.span("expert_step", step=k, traced=traced):
-                if traced and state["trace"] is not None:
-                    ttnn.execute_trace(self.device, state["trace"], cq_id=0, blocking=False)
+                if traced and state.trace is not None:
+                    ttnn.execute_trace(self.device, state.trace, cq_id=0, blocking=False)
                 else:
                     self._euler_step(state)
                     if traced:
@@ -485,17 +514,17 @@ class TTActionExpert(DeviceIO):
         with self.tracer.span("tt.expert_actions"):
             return self._actions(state, samples)
 
-    def _capture(self, state: dict[str, Any]) -> None:
+    def _capture(self, state: StepState) -> None:
         """Capture the step for the next replays; x is saved around the capture (on the device), so a capture
         that also executes its commands cannot advance the state."""
-        ttnn, b = self.ttnn, state["buffers"]
-        ttnn.copy(b["x"], b["x_saved"])
+        ttnn, b = self.ttnn, state.buffers
+        ttnn.copy(b.x, b.x_saved)
         trace = ttnn.begin_trace_capture(self.device, cq_id=0)
         self._euler_step(state)
         ttnn.end_trace_capture(self.device, trace, cq_id=0)
-        ttnn.copy(b["x_saved"], b["x"])
+        ttnn.copy(b.x_saved, b.x)
         ttnn.synchronize_device(self.device)
-        state["trace"] = trace
+        state.trace = trace
 
 
 def step_times(steps: int) -> torch.Tensor:
