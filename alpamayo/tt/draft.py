@@ -338,13 +338,13 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
             )
         normed = text.kernels.rms(h, self.weights["draft.norm.tile"], self.residual_eps)
         self.free(h)
-        if (pad := text.hidden_padded - self.hidden_padded) > 0:  # the target head's K (zero columns)
+        if (pad := text.kernels.hidden_padded - self.hidden_padded) > 0:  # the target head's K (zero columns)
             wide = ttnn.pad(normed, [(0, 0), (0, 0), (0, 0), (0, pad)], 0.0)
             self.free(normed)
             normed = wide
         out = []
         for s in range(state["slots"]):
-            tile = ttnn.slice(normed, [0, 0, s * TILE, 0], [1, 1, (s + 1) * TILE, text.hidden_padded])
+            tile = ttnn.slice(normed, [0, 0, s * TILE, 0], [1, 1, (s + 1) * TILE, text.kernels.hidden_padded])
             l1 = ttnn.to_memory_config(tile, ttnn.L1_MEMORY_CONFIG)
             self.free(tile)
             out.append(text.head.logits(l1, self.block_size - 1))
