@@ -99,7 +99,7 @@ def test_the_block_step_moves_no_feature_between_host_and_device(text, draft):
     with Capture(text.ttnn) as step:
         out = draft._block_graph(state)
     assert step.host_transfers() == []
-    assert len(out) == state["slots"] and tuple(out[0].shape)[-2] == draft.block_size
+    assert len(out) == state.slots and tuple(out[0].shape)[-2] == draft.block_size
     draft.free(*out)
 
 

@@ -1,12 +1,14 @@
 """Host <-> device copies shared by the ttnn models (text backbone, vision tower, MoE block).
 
 `DeviceIO` is a mixin for a class holding `ttnn` (the module), `device` and `tracer`: uploads and downloads are
-timed as the profiling stages `tt.host_to_device` and `tt.device_to_host`.
+timed as the profiling stages `tt.host_to_device` and `tt.device_to_host`. `TensorGroup` is the base of the
+dataclasses that hold a model's device tensors (weights, persistent inputs), `opened` guards them after close.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
+from typing import Any, TypeVar
 
 import torch
 
@@ -14,6 +16,38 @@ from alpamayo.profiling import Tracer
 
 # A ttnn.Tensor on the device (ttnn is imported lazily and ships no type stubs).
 DeviceTensor = Any
+
+V = TypeVar("V")
+
+
+class TensorGroup:
+    """A dataclass whose fields hold tensors: `tensors()` lists them in field order, through lists, tuples and
+    nested groups (anything with its own `tensors()`), skipping None (an absent optional tensor)."""
+
+    def tensors(self) -> list[Any]:
+        out: list[Any] = []
+        for f in fields(self):  # type: ignore[arg-type]  # subclasses are dataclasses
+            _collect(getattr(self, f.name), out)
+        return out
+
+
+def _collect(value: Any, out: list[Any]) -> None:
+    if value is None:
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _collect(v, out)
+    elif callable(getattr(value, "tensors", None)):
+        out += value.tensors()
+    else:
+        out.append(value)
+
+
+def opened(held: V | None, owner: str) -> V:
+    """`held` (a model's device tensors), refused once its `owner` has closed and freed them (None)."""
+    if held is None:
+        raise RuntimeError(f"{owner} is closed: its device tensors are freed")
+    return held
 
 
 class DeviceIO:

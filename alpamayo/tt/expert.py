@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -72,17 +72,98 @@ from alpamayo.plan.weights import residual_norm_eps
 from alpamayo.prediction import FUTURE_STEPS, Cancellation
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO, DeviceTensor
+from alpamayo.tt.device_io import DeviceIO, DeviceTensor, TensorGroup, opened
 from alpamayo.tt.slot_attention import attend_by_slot
 from alpamayo.tt.text import DeviceKVCache, TTTextModel
+from alpamayo.tt.text.decode_inputs import Shaped
 from alpamayo.tt.text.weights import LayerWeights
-from alpamayo.tt.weight_cache import upload_weights
+from alpamayo.tt.weight_cache import NamedTensors, upload_weights
 
 X_WIDTH = TILE  # x, v: [rows, 32] float32 tiles, columns 0..1 real (accel, curvature), the rest exactly 0
 
 
 @dataclass
-class StepBuffers:
+class DeviceLinear(TensorGroup):
+    """A linear layer's weight [K_p, N_p] and bias row [1, 1, 1, N_p] (None without a bias), tile-padded."""
+
+    weight: DeviceTensor
+    bias: DeviceTensor | None
+
+    @classmethod
+    def take(cls, named: NamedTensors, name: str) -> DeviceLinear:
+        """`name` and, where uploaded, `name`.bias (`linear_specs`)."""
+        return cls(named[name], named.get(name + ".bias"))
+
+
+@dataclass
+class InProjWeights(TensorGroup):
+    """The in-projection MLP (`in_proj_specs`): the first linear on the feature row, then per extra layer its
+    RMSNorm gamma (TILE) and linear, and the closing LayerNorm's weight and bias rows [1, 1, 1, hidden]."""
+
+    first: DeviceLinear
+    trunk: list[tuple[DeviceTensor, DeviceLinear]]
+    ln_weight: DeviceTensor
+    ln_bias: DeviceTensor
+
+    @classmethod
+    def take(cls, named: NamedTensors, layers: int) -> InProjWeights:
+        trunk = []
+        for layer in range(layers):
+            norm = 2 + 3 * layer  # the trunk's module indices: (RMSNorm, Linear, SiLU) per layer after 0, 1
+            trunk.append(
+                (
+                    named[f"expert.in_proj.norm{norm}.tile"],
+                    DeviceLinear.take(named, f"expert.in_proj.{norm + 1}"),
+                )
+            )
+        return cls(
+            DeviceLinear.take(named, "expert.in_proj.0"),
+            trunk,
+            named["expert.in_proj.ln.weight"],
+            named["expert.in_proj.ln.bias"],
+        )
+
+
+@dataclass
+class ExpertWeights(TensorGroup):
+    """Every device weight of the expert (`expert_weight_specs`): its decoder layers, the final RMSNorm's TILE
+    gamma, the in-projection and the action out-projection [hidden_p, 32] (+ bias)."""
+
+    layers: list[LayerWeights]
+    norm: DeviceTensor
+    in_proj: InProjWeights
+    out_proj: DeviceLinear
+
+    @classmethod
+    def take(cls, named: NamedTensors, cfg: ExpertConfig) -> ExpertWeights:
+        """The expert of `cfg` from its tensors by `expert_weight_specs` name."""
+        layers = [LayerWeights.take(named, f"expert.layers.{i}.") for i in range(cfg.text.num_hidden_layers)]
+        in_proj = InProjWeights.take(named, cfg.in_proj.num_enc_layers)
+        return cls(layers, named["expert.norm.tile"], in_proj, DeviceLinear.take(named, "expert.out_proj"))
+
+
+T = TypeVar("T", bound=Shaped)
+U = TypeVar("U", bound=Shaped)
+
+
+@dataclass
+class FeatureRows(TensorGroup, Generic[T]):
+    """The device Fourier features' fixed rows [1, 1, 1, F_p] float32 (`feature_rows`), host or device: the
+    accel and the curvature frequencies at their sine and cosine columns, and the phase (a quarter turn at
+    the cosine columns)."""
+
+    freq_a: T
+    freq_k: T
+    phase: T
+
+    def map(self, fn: Callable[[T], U]) -> FeatureRows[U]:
+        """`fn` of every row, in the order of `tensors()`."""
+        freq_a, freq_k, phase = fn(self.freq_a), fn(self.freq_k), fn(self.phase)
+        return FeatureRows(freq_a, freq_k, phase)
+
+
+@dataclass
+class StepBuffers(TensorGroup):
     """The Euler step's persistent inputs on the device: the action rows x and their pre-capture copy
     x_saved [1, 1, rows, 32] float32, the t feature row [1, 1, 1, F_p] float32, the action tokens' cos and
     sin [1, 1, rows, hd] bf16, the slot of every (user, query tile) entry [1, 1, 1, entries] float32, the
@@ -99,9 +180,6 @@ class StepBuffers:
     cur_pos: DeviceTensor
     cos_table: DeviceTensor
     sin_table: DeviceTensor
-
-    def tensors(self) -> list[DeviceTensor]:
-        return [getattr(self, f.name) for f in fields(self)]
 
 
 @dataclass
@@ -126,22 +204,32 @@ class TTActionExpert(DeviceIO):
         self,
         text: TTTextModel,
         cfg: ExpertConfig,
-        weights: dict[str, Any],
+        weights: ExpertWeights,
         freqs: list[torch.Tensor],
         tracer: Tracer | None = None,
     ):
         self.ttnn, self.text, self.cfg, self.device = text.ttnn, text, cfg, text.device
         self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
-        self.weights = weights
-        self.layer_weights = [
-            LayerWeights.take(weights, f"expert.layers.{i}.") for i in range(cfg.text.num_hidden_layers)
-        ]
+        self._weights: ExpertWeights | None = weights
         self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
         self.tracer = tracer or text.tracer
         self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)
         self.scale = cfg.text.head_dim**-0.5
-        self._statics = self._upload_statics()
+        # the feature rows, fixed for the model's life
+        self._statics: FeatureRows[DeviceTensor] | None = feature_rows(cfg.in_proj, self.freqs).map(
+            lambda row: self.upload(row, self.ttnn.float32)
+        )
         self._state: StepState | None = None  # per (samples, steps): persistent inputs and trace
+
+    @property
+    def weights(self) -> ExpertWeights:
+        """The device weights (refused once `close`d)."""
+        return opened(self._weights, "the action expert")
+
+    @property
+    def statics(self) -> FeatureRows[DeviceTensor]:
+        """The device feature rows (refused once `close`d)."""
+        return opened(self._statics, "the action expert")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -163,14 +251,14 @@ class TTActionExpert(DeviceIO):
         plan = plan_expert(text.cfg, cfg, text.precision, 1, samples, text.plan.device)
         text.reserved_rows = plan.region_rows
         banks = text.plan.device.dram_banks
-        weights = upload_weights(
+        named = upload_weights(
             expert_weight_specs(cfg), text.precision, text.device, ckpt.get, cache_dir, banks
         )
         freqs = [
             ckpt.get(name, torch.float32) if name in ckpt else default_freqs(cfg.in_proj)
             for name in cfg.freqs_keys()
         ]
-        return cls(text, cfg, weights, freqs, tracer)
+        return cls(text, cfg, ExpertWeights.take(named, cfg), freqs, tracer)
 
     def plan_for(self, max_seq_len: int, samples: int) -> ExpertPlan:
         return plan_expert(
@@ -180,8 +268,9 @@ class TTActionExpert(DeviceIO):
     def close(self) -> None:
         """Release the step trace and free the expert's device tensors (the device belongs to the text model)."""
         self._drop_state()
-        self.free(*self._statics.values(), *self.weights.values())
-        self._statics, self.weights, self.layer_weights = {}, {}, []
+        if self._statics is not None and self._weights is not None:
+            self.free(*self._statics.tensors(), *self._weights.tensors())
+        self._statics, self._weights = None, None
 
     def _drop_state(self) -> None:
         if self._state is None:
@@ -192,13 +281,6 @@ class TTActionExpert(DeviceIO):
         self._state = None
 
     # ------------------------------------------------------------------ static device tensors
-    def _upload_statics(self) -> dict[str, Any]:
-        """The feature rows, fixed for the model's life."""
-        return {
-            name: self.upload(row, self.ttnn.float32)
-            for name, row in feature_rows(self.cfg.in_proj, self.freqs).items()
-        }
-
     def _rope_tables(self) -> tuple[DeviceTensor, DeviceTensor]:
         """Row-major bf16 cos/sin [1, 1, P, hd] over every position an action token can take with the text
         model's cache (P = max_seq_len + 64: M-RoPE deltas are <= 0, images compress positions)."""
@@ -306,18 +388,18 @@ class TTActionExpert(DeviceIO):
     # ------------------------------------------------------------------ the step graph
     def _features(self, b: StepBuffers) -> Any:
         """The in-projection's input [1, 1, rows, F_p] bf16: FE(accel), FE(curvature), FE(t), zero padding."""
-        ttnn, s = self.ttnn, self._statics
+        ttnn, s = self.ttnn, self.statics
         x = b.x
         rows = x.shape[-2]
         a = ttnn.slice(x, [0, 0, 0, 0], [1, 1, rows, 1])
         k = ttnn.slice(x, [0, 0, 0, 1], [1, 1, rows, 2])
-        ua, uk = ttnn.multiply(a, s["freq_a"]), ttnn.multiply(k, s["freq_k"])  # float32, exact products
+        ua, uk = ttnn.multiply(a, s.freq_a), ttnn.multiply(k, s.freq_k)  # float32, exact products
         self.free(a, k)
         u = ttnn.add(ua, uk)  # one of the two is 0 in every column
         self.free(ua, uk)
         turns = ttnn.frac(u)
         self.free(u)
-        phased = ttnn.add(turns, s["phase"])
+        phased = ttnn.add(turns, s.phase)
         self.free(turns)
         angle = ttnn.multiply(phased, 2 * math.pi)
         self.free(phased)
@@ -331,13 +413,13 @@ class TTActionExpert(DeviceIO):
         self.free(feats)
         return out
 
-    def _linear(self, x: Any, name: str, silu: bool = False) -> Any:
-        """x [1, 1, rows, K_p] @ expert weight `name` + its bias (SiLU fused when asked), bf16 DRAM."""
+    def _linear(self, x: Any, w: DeviceLinear, silu: bool = False) -> Any:
+        """x [1, 1, rows, K_p] @ w's weight + its bias (SiLU fused when asked), bf16 DRAM."""
         ttnn = self.ttnn
         return ttnn.linear(
             x,
-            self.weights[name],
-            bias=self.weights.get(name + ".bias"),
+            w.weight,
+            bias=w.bias,
             activation="silu" if silu else None,
             compute_kernel_config=self.text.kernels.ck.matmul["expert"],
             dtype=ttnn.bfloat16,
@@ -347,20 +429,19 @@ class TTActionExpert(DeviceIO):
     def _in_proj(self, feats: Any, plan: ExpertPlan) -> Any:
         """Trunk (Linear, SiLU, (RMSNorm, Linear, SiLU)..., RMSNorm, Linear) and LayerNorm -> [1, 1, rows,
         H_p] bf16, the residual stream (zero-padded past hidden)."""
-        ttnn, c = self.ttnn, self.cfg.in_proj
-        h = self._linear(feats, "expert.in_proj.0", silu=True)
+        ttnn, w = self.ttnn, self.weights.in_proj
+        h = self._linear(feats, w.first, silu=True)
         self.free(feats)
-        for layer in range(c.num_enc_layers):
-            norm = 2 + 3 * layer
-            n = self.text.kernels.rms(h, self.weights[f"expert.in_proj.norm{norm}.tile"], TRUNK_NORM_EPS)
+        for layer, (gamma, linear) in enumerate(w.trunk):
+            n = self.text.kernels.rms(h, gamma, TRUNK_NORM_EPS)
             self.free(h)
-            h = self._linear(n, f"expert.in_proj.{norm + 1}", silu=layer < c.num_enc_layers - 1)
+            h = self._linear(n, linear, silu=layer < len(w.trunk) - 1)
             self.free(n)
         out = ttnn.layer_norm(
             h,
             epsilon=OUT_NORM_EPS,
-            weight=self.weights["expert.in_proj.ln.weight"],
-            bias=self.weights["expert.in_proj.ln.bias"],
+            weight=w.ln_weight,
+            bias=w.ln_bias,
             compute_kernel_config=self.text.kernels.ck.norm,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
@@ -409,13 +490,13 @@ class TTActionExpert(DeviceIO):
 
     def _velocity(self, state: StepState) -> Any:
         """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, bounds."""
-        ttnn, b, plan, text = self.ttnn, state.buffers, state.plan, self.text
+        ttnn, b, plan, text, weights = self.ttnn, state.buffers, state.plan, self.text, self.weights
         h = self._in_proj(self._features(b), plan)
-        for i in range(self.cfg.text.num_hidden_layers):
+        for i, layer in enumerate(weights.layers):
             attend = self._attend(i, plan, b)
             h = text.kernels.block_prefill(
                 self.cfg.text,
-                self.layer_weights[i],
+                layer,
                 h,
                 b.cos,
                 b.sin,
@@ -423,9 +504,9 @@ class TTActionExpert(DeviceIO):
                 ops=EXPERT_GROUPS,
                 residual_eps=self.residual_eps,
             )
-        hn = text.kernels.rms(h, self.weights["expert.norm.tile"], self.residual_eps)
+        hn = text.kernels.rms(h, weights.norm, self.residual_eps)
         self.free(h)
-        v = self._linear(hn, "expert.out_proj")
+        v = self._linear(hn, weights.out_proj)
         self.free(hn)
         v32 = ttnn.typecast(v, ttnn.float32)
         self.free(v)
@@ -532,18 +613,18 @@ def step_times(steps: int) -> torch.Tensor:
     return torch.linspace(0.0, 1.0, steps + 1)[:steps]
 
 
-def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> FeatureRows[torch.Tensor]:
     """[1, 1, 1, F_p] float32 rows of the device Fourier features (F_p: the in-projection's K padded to a tile):
     the accel frequencies and the curvature frequencies, each at their sine and cosine columns, and the phase
     (a quarter turn makes the cosine columns' sines cosines). With x = (a, k) per row the device computes
     sqrt(2) sin(2 pi (frac(a freq_a + k freq_k) + phase)), and the step's t row fills the t columns."""
     width = round_up(cfg.num_features, TILE)
-    rows = {name: torch.zeros(1, 1, 1, width) for name in ("freq_a", "freq_k", "phase")}
+    rows = FeatureRows(*(torch.zeros(1, 1, 1, width) for _ in range(3)))
     n, f = cfg.num_freqs, cfg.num_fourier_feats
-    for dim, name in enumerate(("freq_a", "freq_k")):
-        rows[name][..., dim * f : dim * f + n] = freqs[dim]
-        rows[name][..., dim * f + n : (dim + 1) * f] = freqs[dim]
-        rows["phase"][..., dim * f + n : (dim + 1) * f] = 0.25
+    for dim, row in enumerate((rows.freq_a, rows.freq_k)):
+        row[..., dim * f : dim * f + n] = freqs[dim]
+        row[..., dim * f + n : (dim + 1) * f] = freqs[dim]
+        rows.phase[..., dim * f + n : (dim + 1) * f] = 0.25
     return rows
 
 

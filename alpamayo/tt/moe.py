@@ -36,7 +36,7 @@ from alpamayo.plan.device_spec import TILE
 from alpamayo.plan.programs.moe import MoEPlan
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO, DeviceTensor
+from alpamayo.tt.device_io import DeviceIO, DeviceTensor, TensorGroup
 from alpamayo.tt.ttnn_configs import ComputeKernels
 
 
@@ -90,7 +90,7 @@ def group_rows(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, padde
 
 
 @dataclass
-class DeviceGrouping:
+class DeviceGrouping(TensorGroup):
     """A `Grouping` on the device: gather and combine row indices [1, N] (uint32 row-major), row weights
     [1, G, 32, 1] bf16, and the one-hot expert of every group as the sparsity [1, G, 1, E] (bf16 row-major)."""
 
@@ -99,12 +99,9 @@ class DeviceGrouping:
     weights: DeviceTensor
     sparsity: DeviceTensor
 
-    def tensors(self) -> list[DeviceTensor]:
-        return [self.gather, self.combine, self.weights, self.sparsity]
-
 
 @dataclass
-class MoEWeights:
+class MoEWeights(TensorGroup):
     """A sparse layer's router [H_p, E_p] (bf16, interleaved) and routed experts, gate and up
     [1, E, H_p, I_p], down [1, E, I_p, H_p] (`alpamayo.plan.weights.expert_specs`)."""
 
@@ -112,9 +109,6 @@ class MoEWeights:
     gate: DeviceTensor
     up: DeviceTensor
     down: DeviceTensor
-
-    def tensors(self) -> list[DeviceTensor]:
-        return [self.router, self.gate, self.up, self.down]
 
 
 class TTMoE(DeviceIO):

@@ -7,7 +7,6 @@ expert's and the DFlash draft's layers are the same blocks under another name pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,7 @@ from alpamayo.plan.programs.text import TextPlan
 from alpamayo.plan.weights import text_weight_specs
 from alpamayo.tt.device_io import DeviceTensor
 from alpamayo.tt.moe import MoEWeights
-from alpamayo.tt.weight_cache import upload_weights
-
-NamedTensors = Mapping[str, DeviceTensor]  # `WeightSpec.name` -> device tensor, as `upload_weights` returns
+from alpamayo.tt.weight_cache import NamedTensors, upload_weights
 
 
 @dataclass
