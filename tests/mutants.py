@@ -143,10 +143,12 @@ MUTANTS = (
         (
             (
                 "alpamayo/tt/text/decode.py",
-                "            for name, h in hosts.items():\n"
-                "                ttnn.copy_host_to_device_tensor(h, self._inputs[key][name])\n",
-                "                for name, h in hosts.items():\n"
-                "                    ttnn.copy_host_to_device_tensor(h, self._inputs[key][name])\n",
+                "            inputs = self.persistent[key]\n"
+                "            for h, d in zip(hosts.tensors(), inputs.tensors(), strict=True):\n"
+                "                ttnn.copy_host_to_device_tensor(h, d)\n",
+                "                for h, d in zip(hosts.tensors(), self.persistent[key].tensors(), strict=True):\n"
+                "                    ttnn.copy_host_to_device_tensor(h, d)\n"
+                "            inputs = self.persistent[key]\n",
             ),
         ),
         (

@@ -85,7 +85,7 @@ def test_the_prompts_features_stay_on_the_device(text, draft):
     with Capture(text.ttnn) as begin:
         draft.begin(DraftContext(list(range(PROMPT_LEN)), 2, None, None))
     assert [f for f in begin.host_transfers() if f == "ttnn.to_torch"] == ["ttnn.to_torch"]
-    assert text._captured_host is None
+    assert text.prefiller._captured_host is None
     assert [t.shape for t in draft.tails] == [(PROMPT_LEN - 32, 2 * text.text_cfg.hidden_size)] * 2
     assert draft.lengths == [PROMPT_LEN] * 2
 
@@ -99,8 +99,8 @@ def test_the_block_step_moves_no_feature_between_host_and_device(text, draft):
     with Capture(text.ttnn) as step:
         out = draft._block_graph(state)
     assert step.host_transfers() == []
-    assert len(out) == state["slots"] and tuple(out[0].shape)[-2] == draft.block_size
-    draft._free(*out)
+    assert len(out) == state.slots and tuple(out[0].shape)[-2] == draft.block_size
+    draft.free(*out)
 
 
 def test_a_draft_the_device_cannot_run_is_refused_before_any_weight_is_read(text, tmp_path):

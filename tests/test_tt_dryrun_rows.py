@@ -73,12 +73,12 @@ def test_a_k_row_step_copies_nothing_and_runs_the_one_row_programs(model):
         model.setup_cache(MAX_SEQ_LEN, max_batch=slots)
         model.prefill(prompt(model))
         model.fork(slots)
-        inputs = model._write_inputs(model._decode_host_inputs(list(range(slots)), model.lengths))
+        inputs = model.decoder.write_inputs(model.decoder.host_inputs(list(range(slots)), model.lengths))
         with Capture(ttnn) as step:
-            out = model._decode_graph(inputs)
+            out = model.decoder.graph(model.cache, inputs)
         assert step.host_transfers() == []
         assert tuple(out.shape) == (1, 1, slots, model.plan.head.n_padded)
-        model._free(out)
+        model.kernels.free(out)
         counts[slots] = step.programs()
     assert counts[SLOTS] == counts[1]  # more rows of the same tile: the same programs
     model.prefill(prompt(model))  # one active row of SLOTS slots: the idle ones run along, unread
@@ -95,16 +95,16 @@ def test_verify_runs_a_block_on_one_slot_and_rolls_back(model, block):
     assert logits.shape == (1, block, vocab) and logits.dtype == torch.float32
     assert model.lengths == [PROMPT_LEN + block]
     model.rollback([PROMPT_LEN + 1])
-    inputs = model._write_inputs(
-        model._decode_host_inputs(
+    inputs = model.decoder.write_inputs(
+        model.decoder.host_inputs(
             tokens[0].tolist(), list(range(PROMPT_LEN + 1, PROMPT_LEN + 1 + block)), [0] * block
         )
     )
     with Capture(ttnn) as step:
-        out = model._decode_graph(inputs)
+        out = model.decoder.graph(model.cache, inputs)
     assert step.host_transfers() == []
     assert tuple(out.shape) == (1, 1, block, model.plan.head.n_padded)
-    model._free(out)
+    model.kernels.free(out)
     assert model.verify(tokens[:, :1]).shape == (1, 1, vocab)  # T = 1 is a decode step
     model.setup_cache(MAX_SEQ_LEN, max_batch=SLOTS)
 
@@ -125,18 +125,18 @@ def test_verify_runs_a_block_per_row_on_its_own_slot_ragged(model, rows, block):
     kept = [n + 1 + b % block for b, n in enumerate(before)]
     model.rollback(kept)
     assert model.lengths == kept
-    from alpamayo.tt.text.decode import program_rows
+    from alpamayo.tt.text.decode_inputs import program_rows
 
     pad = program_rows(rows * block) - rows * block  # what verify pads with: the last row again
     positions = [n + j for n in kept for j in range(block)] + [kept[-1] + block - 1] * pad
     pages = [b for b in range(rows) for _ in range(block)] + [rows - 1] * pad
     ids = tokens.reshape(-1).tolist() + [int(tokens[-1, -1])] * pad
-    inputs = model._write_inputs(model._decode_host_inputs(ids, positions, pages))
+    inputs = model.decoder.write_inputs(model.decoder.host_inputs(ids, positions, pages))
     with Capture(ttnn) as step:
-        out = model._decode_graph(inputs)
+        out = model.decoder.graph(model.cache, inputs)
     assert step.host_transfers() == []
     assert tuple(out.shape) == (1, 1, rows * block + pad, model.plan.head.n_padded)
-    model._free(out)
+    model.kernels.free(out)
 
 
 SDPA_OP = "ttnn.transformer.paged_scaled_dot_product_attention_decode"
@@ -146,7 +146,7 @@ def verify_layout(lengths: list[int], block: int) -> tuple[list[int], list[int]]
     """(pages, positions) of the program rows of a verify of `block` tokens per row at cache `lengths`, as
     `TTTextModel.verify` lays them out: row b's tokens on slot b, then the padding rows to `program_rows`
     (copies of the last row)."""
-    from alpamayo.tt.text.decode import program_rows
+    from alpamayo.tt.text.decode_inputs import program_rows
 
     rows = len(lengths)
     pad = program_rows(rows * block) - rows * block
@@ -160,7 +160,7 @@ def test_a_verify_writes_each_k_v_row_once_and_no_two_rows_of_a_pass_share_a_til
     """`paged_update_cache` runs its rows on separate cores at once, each rewriting its row's whole 32-row
     tile, so two rows of one call on one tile would race. Each pass writes at most one row per slot, every
     (slot, position) of the block exactly once, by its first row; the padding rows write nothing."""
-    from alpamayo.tt.text.decode import kv_write_passes
+    from alpamayo.tt.text.decode_inputs import kv_write_passes
 
     pages, positions = verify_layout(lengths, block)
     passes = kv_write_passes(pages, positions)
@@ -183,14 +183,13 @@ def test_a_verify_writes_each_k_v_row_once_and_no_two_rows_of_a_pass_share_a_til
 def test_a_verify_layer_writes_k_and_v_in_its_passes(model, rows, block, monkeypatch):
     """Each layer of a verify program calls `paged_update_cache` once per pass for K and once for V, each
     with that pass's update indices and the page table; a decode step writes K and V once, at `pos`."""
-    from alpamayo.tt.text.decode import kv_writes
 
     ttnn, t = model.ttnn, model.text_cfg
     model.prefill(prompt(model))
     model.fork(rows)
     pages, positions = verify_layout(list(model.lengths), block)
-    values = model._decode_host_inputs([1] * len(pages), positions, pages)
-    inputs = model._write_inputs(values)
+    values = model.decoder.host_inputs([1] * len(pages), positions, pages)
+    inputs = model.decoder.write_inputs(values)
     calls, op = [], ttnn.experimental.paged_update_cache
 
     def recorded(cache, rows_in, update_idxs_tensor, page_table=None):
@@ -198,17 +197,19 @@ def test_a_verify_layer_writes_k_and_v_in_its_passes(model, rows, block, monkeyp
         return op(cache, rows_in, update_idxs_tensor=update_idxs_tensor, page_table=page_table)
 
     monkeypatch.setattr(ttnn.experimental, "paged_update_cache", recorded)
-    out = model._decode_graph(inputs)
-    model._free(out)
-    writes = kv_writes(inputs)
+    out = model.decoder.graph(model.cache, inputs)
+    model.kernels.free(out)
+    writes = inputs.kv_write
     assert len(writes) == block
-    per_layer = [(w, inputs["page"]) for w in writes for _ in "kv"]
+    per_layer = [(w, inputs.page) for w in writes for _ in "kv"]
     assert [tuple(map(id, c)) for c in calls] == [tuple(map(id, c)) for c in per_layer] * t.num_hidden_layers
     calls.clear()
     idle = model.max_batch - rows  # a decode step runs every slot (idle ones at position 0)
-    step = model._write_inputs(model._decode_host_inputs([1] * model.max_batch, model.lengths + [0] * idle))
-    model._free(model._decode_graph(step))
-    assert [tuple(map(id, c)) for c in calls] == [(id(step["pos"]), id(None))] * 2 * t.num_hidden_layers
+    step = model.decoder.write_inputs(
+        model.decoder.host_inputs([1] * model.max_batch, model.lengths + [0] * idle)
+    )
+    model.kernels.free(model.decoder.graph(model.cache, step))
+    assert [tuple(map(id, c)) for c in calls] == [(id(step.pos), id(None))] * 2 * t.num_hidden_layers
 
 
 @pytest.mark.parametrize("rows, block, calls", [(1, 8, 1), (3, 8, 3), (3, 10, 6), (1, 32, 4)])
@@ -218,10 +219,10 @@ def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block,
     slot x n_kv + 0..n_kv-1), not once per row: K = 3 ragged rows x 8 are 3 calls per layer; 3 x 10 (30 rows,
     padded to 32 with copies of the last row on the last slot) are 8 + 2, 8 + 2, 8 + 4. Every call runs on
     the device's whole grid (`TextPlan.block_sdpa_grid`), which its program factory accepts."""
-    from alpamayo.tt.text.decode import block_chunks, program_key, program_rows
+    from alpamayo.tt.text.decode_inputs import block_chunks, program_rows
 
     ttnn, t, vocab = model.ttnn, model.text_cfg, model.text_cfg.vocab_size
-    assert model.block_sdpa
+    assert model.decoder.programs.block_sdpa
     model.prefill(prompt(model))
     model.fork(rows)
     model.rollback([PROMPT_LEN - 2 * b for b in range(rows)])  # ragged
@@ -235,13 +236,13 @@ def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block,
     pages = [b for b in range(rows) for _ in range(block)] + [rows - 1] * pad
     chunks = block_chunks(pages)
     assert len(chunks) == calls and sum(n for _, n in chunks) == rows * block + pad
-    values = model._decode_host_inputs(tokens.reshape(-1).tolist() + [0] * pad, positions, pages)
+    values = model.decoder.host_inputs(tokens.reshape(-1).tolist() + [0] * pad, positions, pages)
     n_kv = t.num_key_value_heads
     for c, (first, n) in enumerate(chunks):
-        assert values[f"kv_page.{c}"].view(-1).tolist() == [pages[first] * n_kv + g for g in range(n_kv)]
-        assert values[f"kv_pos.{c}"].tolist() == positions[first : first + n] * n_kv
-    assert program_key(values) == (rows * block + pad, True, tuple(n for _, n in chunks), block)
-    inputs = model._write_inputs(values)
+        assert values.kv_page[c].view(-1).tolist() == [pages[first] * n_kv + g for g in range(n_kv)]
+        assert values.kv_pos[c].tolist() == positions[first : first + n] * n_kv
+    assert values.key() == (rows * block + pad, True, tuple(n for _, n in chunks), block)
+    inputs = model.decoder.write_inputs(values)
     grids, op = [], ttnn.transformer.paged_scaled_dot_product_attention_decode
 
     def recorded(*args, **kwargs):
@@ -251,14 +252,14 @@ def test_a_verify_block_attends_once_per_8_rows_of_each_slot(model, rows, block,
 
     monkeypatch.setattr(ttnn.transformer, "paged_scaled_dot_product_attention_decode", recorded)
     with Capture(ttnn) as step:
-        out = model._decode_graph(inputs)
+        out = model.decoder.graph(model.cache, inputs)
     monkeypatch.undo()
     assert step.host_transfers() == []
     assert step.functions().count(SDPA_OP) == calls * t.num_hidden_layers
     whole = model.device.compute_with_storage_grid_size()
     assert grids == [(whole.x, whole.y)] * (calls * t.num_hidden_layers)
     assert tuple(out.shape) == (1, 1, rows * block + pad, model.plan.head.n_padded)
-    model._free(out)
+    model.kernels.free(out)
 
 
 def test_a_verify_whose_heads_span_two_tiles_attends_per_row(dryrun_device):
@@ -267,26 +268,26 @@ def test_a_verify_whose_heads_span_two_tiles_attends_per_row(dryrun_device):
     from alpamayo.tt.dryrun.models import cut_config, text_model
 
     with text_model(cut_config("qwen3-vl-32b", 1), "performance", dryrun_device) as tt:
-        assert tt.text_cfg.num_attention_heads == 64 and not tt.block_sdpa
+        assert tt.text_cfg.num_attention_heads == 64 and not tt.decoder.programs.block_sdpa
         tt.setup_cache(MAX_SEQ_LEN, max_batch=2)
         tt.prefill(prompt(tt))
         tt.fork(2)
         pages = [0] * 4 + [1] * 4
-        values = tt._decode_host_inputs(list(range(8)), [PROMPT_LEN + j % 4 for j in range(8)], pages)
-        writes = [f"kv_write.{p}" for p in range(4)]  # 4 rows per slot
-        assert sorted(values) == ["cos", *writes, "page", "pos", "sin", "x"]
-        inputs = tt._write_inputs(values)
+        values = tt.decoder.host_inputs(list(range(8)), [PROMPT_LEN + j % 4 for j in range(8)], pages)
+        assert len(values.kv_write) == 4 and values.page is not None  # 4 rows per slot
+        assert not values.kv_pos and not values.kv_page and values.head_select is None
+        inputs = tt.decoder.write_inputs(values)
         with Capture(tt.ttnn) as step:
-            out = tt._decode_graph(inputs)
+            out = tt.decoder.graph(tt.cache, inputs)
         assert step.functions().count(SDPA_OP) == 1
-        tt._free(out)
+        tt.kernels.free(out)
         assert tt.verify(torch.zeros(2, 4, dtype=torch.long)).shape == (2, 4, tt.text_cfg.vocab_size)
 
 
 def test_nine_to_31_rows_run_as_the_next_multiple_of_8(model):
     """Flash-decode SDPA refuses 9..31 rows but multiples of 8 (`program_rows`): a cache of 9 slots has 16,
     and 9 active rows decode in the 16-row program (a verify's padding rows are tested above: 3 x 10)."""
-    from alpamayo.tt.text.decode import program_rows
+    from alpamayo.tt.text.decode_inputs import program_rows
 
     assert [program_rows(n) for n in (1, 6, 8, 9, 16, 17, 30, 32)] == [1, 6, 8, 16, 16, 24, 32, 32]
     model.setup_cache(MAX_SEQ_LEN, max_batch=9)
@@ -338,11 +339,11 @@ def test_verify_and_prefill_leave_the_captured_layers_a_draft_reads(model):
     model.prefill_hidden(prompt(model), capture=layers)
     assert [tuple(c.shape) for c in model.captured] == [(PROMPT_LEN, t.hidden_size)] * len(layers)
     ttnn = model.ttnn
-    inputs = model._write_inputs(model._decode_host_inputs([1, 2, 3], [126, 127, 128], [0, 0, 0]))
+    inputs = model.decoder.write_inputs(model.decoder.host_inputs([1, 2, 3], [126, 127, 128], [0, 0, 0]))
     with Capture(ttnn) as step:
-        outs = model._decode_graph(inputs, layers)
+        outs = model.decoder.graph(model.cache, inputs, layers)
     assert step.host_transfers() == []  # the captured layers stay on the device inside the step
-    model._free(*outs)
+    model.kernels.free(*outs)
     logits, feats = model.verify(torch.tensor([[1, 2, 3]]), capture=layers)
     assert logits.shape == (1, 3, t.vocab_size)
     assert feats.shape == (1, 3, len(layers) * t.hidden_size) and feats.dtype == torch.bfloat16

@@ -73,6 +73,20 @@ def decode_matmuls(t, banks: int) -> dict[str, tuple[int, int, str]]:
     return plan
 
 
+def device_weights(model):
+    """(name, tensor) of every device weight of `model`: each layer's matmul weights by `decoder_layer_specs`
+    name (`layers.{i}.wqkv`, ...), its other tensors and the head's under names no plan entry ends with."""
+    for i, layer in enumerate(model.layers):
+        w = layer.weights
+        matmuls = {"wqkv": w.wqkv, "wo": w.wo}
+        if w.mlp is not None:
+            matmuls |= {"w_gate": w.mlp.gate, "w_up": w.mlp.up, "w_down": w.mlp.down}
+        yield from ((f"layers.{i}.{name}", t) for name, t in matmuls.items())
+        others = [t for t in w.tensors() if all(t is not m for m in matmuls.values())]
+        yield from ((f"layers.{i}.tensor{j}", t) for j, t in enumerate(others))
+    yield from ((f"head.tensor{j}", t) for j, t in enumerate(model.head.tensors()))
+
+
 def test_weights_and_kv_cache_are_placed_as_planned(model):
     """Every device weight against the plan restated from the config (not the loader's own `placement()`):
     the decode matmuls DRAM width-sharded over every bank, [K, N / banks] per bank, in their group's dtype;
@@ -80,7 +94,7 @@ def test_weights_and_kv_cache_are_placed_as_planned(model):
     ttnn, banks, t = model.ttnn, model.plan.device.dram_banks, model.text_cfg
     plan = decode_matmuls(t, banks)
     sharded = []
-    for name, w in model.weights.items():
+    for name, w in device_weights(model):
         config = w.memory_config()
         assert config.buffer_type == ttnn.BufferType.DRAM, name
         suffix = name.rsplit(".", 1)[-1]
@@ -95,7 +109,7 @@ def test_weights_and_kv_cache_are_placed_as_planned(model):
         else:
             assert config == ttnn.DRAM_MEMORY_CONFIG, name
     assert len(sharded) == t.num_hidden_layers * len(plan)
-    head = model.weights["lm_head"]
+    head = model.head.lm_head
     assert tuple(head.shape) == (round_up(t.hidden_size, TILE * banks), round_up(t.vocab_size, TILE))
     assert len(model.kv_cache) == t.num_hidden_layers
     for k, v in model.kv_cache:
@@ -106,7 +120,7 @@ def test_weights_and_kv_cache_are_placed_as_planned(model):
                 model.plan.cache_length(MAX_SEQ_LEN),
                 t.head_dim,
             )
-            assert c.dtype == model.kv_dtype and c.memory_config() == ttnn.DRAM_MEMORY_CONFIG
+            assert c.dtype == model.kernels.kv_dtype and c.memory_config() == ttnn.DRAM_MEMORY_CONFIG
 
 
 def test_prefill_and_decode_across_a_tile_and_a_flash_decode_chunk(model, capsys):
@@ -132,11 +146,11 @@ def test_prefill_and_decode_across_a_tile_and_a_flash_decode_chunk(model, capsys
     assert model.cache_len == PROMPT_LEN + DECODE_STEPS
     residual = (1, 1, 32, model.plan.hidden_padded)
     assert seen == [
-        (i, residual, ttnn.bfloat16, model.res_mem)
+        (i, residual, ttnn.bfloat16, model.decoder.programs.res_mem)
         for _ in range(DECODE_STEPS)
         for i in range(t.num_hidden_layers)
     ]
-    assert model.res_mem.shard_spec.grid.num_cores() == model.plan.residual_grid.cores
+    assert model.decoder.programs.res_mem.shard_spec.grid.num_cores() == model.plan.residual_grid.cores
     assert capsys.readouterr().err.count(DRY_RUN_NOTICE) == 1
 
 
@@ -156,24 +170,24 @@ def test_a_prefill_block_scores_its_drafted_rows_across_a_tile_and_the_padding(m
 def test_a_decode_step_copies_nothing_between_host_and_device(model, record_figure):
     ttnn, t = model.ttnn, model.text_cfg
     model.prefill(prompt(model))
-    inputs = model._write_inputs(
-        model._decode_host_inputs([1], [model.cache_len])
+    inputs = model.decoder.write_inputs(
+        model.decoder.host_inputs([1], [model.cache_len])
     )  # before the step, as a replay
     with Capture(ttnn) as step:
-        row = model._decode_graph(inputs)
+        row = model.decoder.graph(model.cache, inputs)
     assert step.host_transfers() == []
     assert tuple(row.shape) == (1, 1, 1, model.plan.head.n_padded)
     assert row.layout == ttnn.ROW_MAJOR_LAYOUT and row.dtype == ttnn.bfloat16
     assert row.memory_config() == ttnn.DRAM_MEMORY_CONFIG
-    model._free(row)
-    x, cos, sin = model._sharded_inputs(inputs)
+    model.kernels.free(row)
+    x, cos, sin = model.decoder.programs.sharded_inputs(inputs)
     per_layer = []
     for i in range(t.num_hidden_layers):
         with Capture(ttnn) as layer:
-            x = model._layer_decode(i, x, cos, sin, inputs["pos"])
+            x = model.layers[i].decode(x, cos, sin, model.kv_cache[i], inputs)
         assert layer.host_transfers() == []
         per_layer.append(layer.programs())
-    model._free(x, cos, sin)
+    model.kernels.free(x, cos, sin)
     assert sum(per_layer) < step.programs()  # the step is the layers, the final norm and the head
     kinds = {"MoE" if i in model.moe else "dense": n for i, n in enumerate(per_layer)}
     for kind, n in kinds.items():
@@ -189,9 +203,9 @@ def test_moe_block_runs_its_decode_and_grouped_prefill_paths(model):
     for rows in (1, 33, 300):  # decode path (one row), grouped prefill (padded to 128 and to 384 rows)
         out = moe_rows(block, torch.randn(rows, hidden))
         assert out.shape == (rows, hidden) and out.dtype == torch.bfloat16
-    x = model._rows(torch.randn(1, hidden), 32, model.plan.hidden_padded, ttnn.L1_MEMORY_CONFIG)
+    x = model.kernels.upload_rows(torch.randn(1, hidden), 32, model.plan.hidden_padded, ttnn.L1_MEMORY_CONFIG)
     with Capture(ttnn) as decode:
         out = block.decode(x)
     assert decode.host_transfers() == []  # the MoE decode runs inside the traced step
     assert tuple(out.shape) == (1, 1, 32, model.plan.hidden_padded)
-    model._free(x, out)
+    model.kernels.free(x, out)

@@ -184,11 +184,11 @@ def test_the_device_builds_each_slots_causal_bound_and_keeps_the_page_table(case
     its n_kv x q_tiles entries (an idle slot: its own region only), the uploaded page table the plan's."""
     state = case.tt._setup(case.tt_text.max_batch, case.cfg.num_inference_steps)
     case.tt._prepare(state, case.offset, case.rope_delta)
-    plan, b = state["plan"], state["buffers"]
-    got = case.tt._download(b["cur_pos"]).reshape(plan.samples, -1)
+    plan, b = state.plan, state.buffers
+    got = case.tt.download(b.cur_pos).reshape(plan.samples, -1)
     offsets = [*case.offset, *[0] * (plan.samples - len(case.offset))]
     assert got.tolist() == [[plan.cur_pos(o)] * (plan.kv_heads * plan.q_tiles) for o in offsets]
-    assert case.tt._download(b["page_table"]).tolist() == plan.page_table()
+    assert case.tt.download(b.page_table).tolist() == plan.page_table()
 
 
 def test_traced_sampling_is_identical_to_untraced(case):

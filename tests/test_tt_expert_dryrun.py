@@ -34,12 +34,18 @@ def filled(text: Any, slots: int = 1, **reserve: int) -> Any:
 
 def weightless_text(device: Any, cfg: Any, recipe: str) -> Any:
     """A `TTTextModel` without layer weights: the expert uses only its KV cache, plan, kernel configs and rope
-    (on the mock whatever fills the cache reads back as zeros, so a prefill would add nothing here)."""
+    (on the mock whatever fills the cache reads back as zeros, so a prefill would add nothing here); its head
+    is three one-tile placeholders, which `close()` frees."""
+    from alpamayo.tt.device import ttnn_for
     from alpamayo.tt.text import TTTextModel
+    from alpamayo.tt.text.weights import TextWeights
 
+    ttnn = ttnn_for(device)
     precision = load_precision(recipe)
     embed = torch.zeros(1, cfg.text.hidden_size, dtype=torch.bfloat16)
-    return TTTextModel(cfg, precision, plan_text(cfg, precision), device, {}, embed)
+    tile = [ttnn.Shape([1, 1, 32, 32]), ttnn.bfloat16, ttnn.TILE_LAYOUT, device, ttnn.DRAM_MEMORY_CONFIG]
+    head = [ttnn.allocate_tensor_on_device(*tile) for _ in range(3)]
+    return TTTextModel(cfg, precision, plan_text(cfg, precision), device, TextWeights([], *head), embed)
 
 
 CASES = {
@@ -78,16 +84,16 @@ def test_untraced_sampling_runs_every_step_at_the_planned_shapes(case, samples):
     offsets = [300 + 7 * b for b in range(samples)]  # ragged reasoning lengths
     actions = expert.sample(noise, offsets, rope_delta=-40, steps=STEPS, traced=False)
     assert actions.shape == (samples, 64, 2) and actions.dtype == torch.float32
-    b = expert._state["buffers"]
+    b = expert._state.buffers
     # the flash-decode's page table (a row per user) and causal bounds (one per user's query tile): int32
     # rows, row-major (the op's checks)
     users = samples * expert.cfg.text.num_key_value_heads
-    assert list(b["page_table"].shape) == [users, plan.pages]
-    assert list(b["cur_pos"].shape) == [users * plan.q_tiles]
-    for name in ("page_table", "cur_pos"):
-        assert b[name].dtype == expert.ttnn.int32 and b[name].layout == expert.ttnn.ROW_MAJOR_LAYOUT
-    assert list(b["cos"].shape) == [1, 1, plan.rows, expert.cfg.text.head_dim]
-    assert list(b["x"].shape) == [1, 1, plan.rows, 32]
+    assert list(b.page_table.shape) == [users, plan.pages]
+    assert list(b.cur_pos.shape) == [users * plan.q_tiles]
+    for table in (b.page_table, b.cur_pos):
+        assert table.dtype == expert.ttnn.int32 and table.layout == expert.ttnn.ROW_MAJOR_LAYOUT
+    assert list(b.cos.shape) == [1, 1, plan.rows, expert.cfg.text.head_dim]
+    assert list(b.x.shape) == [1, 1, plan.rows, 32]
 
 
 ATTENTION_OP = "paged_scaled_dot_product_attention_decode"
@@ -103,13 +109,11 @@ def test_each_layer_attends_in_one_paged_flash_decode_over_the_whole_grid(case, 
     plan = expert.plan_for(MAX_SEQ_LEN, samples)
     filled(text, samples)
     expert.sample(torch.zeros(samples, 64, 2), [200] * samples, rope_delta=0, steps=STEPS, traced=False)
-    b, op, calls = expert._state["buffers"], getattr(ttnn.transformer, ATTENTION_OP), []
+    b, op, calls = expert._state.buffers, getattr(ttnn.transformer, ATTENTION_OP), []
 
     def recorded(q, k, v, page_table, **kwargs):
         grid = kwargs["program_config"].compute_with_storage_grid_size
-        calls.append(
-            (tuple(q.shape), tuple(k.shape), page_table is b["page_table"], kwargs, (grid.x, grid.y))
-        )
+        calls.append((tuple(q.shape), tuple(k.shape), page_table is b.page_table, kwargs, (grid.x, grid.y)))
         return op(q, k, v, page_table, **kwargs)
 
     monkeypatch.setattr(ttnn.transformer, ATTENTION_OP, recorded)
@@ -123,7 +127,7 @@ def test_each_layer_attends_in_one_paged_flash_decode_over_the_whole_grid(case, 
     for q, k, own_table, kwargs, grid in calls:
         assert q == (1, users, plan.q_tiles * 32, t.head_dim)
         assert k == (users * plan.pages, 1, 64, t.head_dim)
-        assert own_table and kwargs["cur_pos_tensor"] is b["cur_pos"]
+        assert own_table and kwargs["cur_pos_tensor"] is b.cur_pos
         assert kwargs["spec_multi_pos_tiles"] == plan.q_tiles
         assert grid == (whole.x, whole.y)
 
@@ -137,7 +141,7 @@ def test_fewer_samples_than_slots_run_the_slots_step_and_return_k_samples(case):
     text.lengths = [400, 350]  # two active rows
     actions = expert.sample(torch.zeros(2, 64, 2), [400, 350], rope_delta=0, steps=STEPS, traced=False)
     assert actions.shape == (2, 64, 2)
-    assert expert._state["samples"] == 3 and list(expert._state["buffers"]["x"].shape) == [1, 1, 192, 32]
+    assert expert._state.samples == 3 and list(expert._state.buffers.x.shape) == [1, 1, 192, 32]
 
 
 def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in_place(case, record_figure):
@@ -145,11 +149,11 @@ def test_the_euler_step_moves_no_tensor_between_host_and_device_and_updates_x_in
     filled(text)
     expert.sample(torch.zeros(1, 64, 2), 200, rope_delta=0, steps=STEPS, traced=False)
     state = expert._state
-    address = state["buffers"]["x"].buffer_address()
+    address = state.buffers.x.buffer_address()
     with Capture(expert.ttnn) as step:
         expert._euler_step(state)
     assert step.host_transfers() == []
-    assert state["buffers"]["x"].buffer_address() == address
+    assert state.buffers.x.buffer_address() == address
     record_figure(
         f"device programs per Euler step ({expert.cfg.text.num_hidden_layers} layers)", step.programs()
     )

@@ -215,8 +215,8 @@ def test_device_fourier_tables_give_the_in_projections_features(release):
     x = torch.randn(3, 64, 2, generator=torch.Generator().manual_seed(0)) * 2.5
     tables = feature_rows(c, freqs)
     for k, t_row in enumerate(t_feature_rows(c, freqs, 10)):
-        u = x[..., :1] * tables["freq_a"][0, 0] + x[..., 1:] * tables["freq_k"][0, 0]
-        device = math.sqrt(2) * torch.sin(2 * math.pi * (torch.frac(u) + tables["phase"][0, 0])) + t_row[0, 0]
+        u = x[..., :1] * tables.freq_a[0, 0] + x[..., 1:] * tables.freq_k[0, 0]
+        device = math.sqrt(2) * torch.sin(2 * math.pi * (torch.frac(u) + tables.phase[0, 0])) + t_row[0, 0]
         reference = in_proj.features(x, torch.full((3,), k / 10))
         assert device.shape[-1] == 64 and torch.equal(device[..., 60:], torch.zeros(3, 64, 4))
         # both round the float32 argument: one ulp of 2 pi f x at |2 pi f x| ~ 3000 rad is 2.4e-4

@@ -200,7 +200,7 @@ def test_a_traced_step_runs_untraced_and_says_so_once(ttnn_host, tmp_path, capsy
         untraced = [tt.decode(t, traced=False) for t in (1, 2)]
     assert all(torch.equal(a, b) for a, b in zip(traced, untraced, strict=True))
     assert capsys.readouterr().err.count(GOLDEN_NOTICE) == 1
-    assert not tt._traces
+    assert not tt.decoder.traces
 
 
 def test_an_output_subblock_must_fit_the_dest_registers(dev):

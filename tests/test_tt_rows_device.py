@@ -252,13 +252,13 @@ def test_k_ragged_rows_verify_their_own_blocks_and_accept_the_torch_lengths(
 ):
     """K rows of ragged lengths (forked, then rolled back), each verifying its own T-token block on its own
     cache slot in one K x T-row program, every slot's block attention reading its K/V once per 8 of its rows
-    (`TextDecode._block_sdpa`: these checkpoints' heads fit one tile): every row's block logits match the
+    (`DecoderLayer.block_sdpa`: these checkpoints' heads fit one tile): every row's block logits match the
     reference's batch-1 decoding of that row (PCC per row and token), each row accepts the reference's length
     (a corruption at 1..T), and after the per-row rollback each row's bonus token decodes as the reference's."""
     ref, tt, prompt = models
     if traced:
         card_only(tt, "traced verify rows")
-    assert tt.block_sdpa
+    assert tt.decoder.programs.block_sdpa
     vocab = min(ref.text_cfg.vocab_size, 256)
     steps = torch.randint(0, vocab, (2, rows), generator=torch.Generator().manual_seed(5))
     tt.setup_cache(MAX_SEQ_LEN, max_batch=rows)

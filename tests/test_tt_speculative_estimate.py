@@ -1,6 +1,6 @@
 """The p150 estimate with speculative decoding (`alpamayo.plan.estimate`, `alpamayo plan --accept-len`): a verify
 of T tokens is T rows of one decode program, so its matmuls read every weight once for up to 32 rows, and its
-block flash-decode (`TextDecode._block_sdpa`) reads the context's K/V once per 8 rows where one position's
+block flash-decode (`DecoderLayer.block_sdpa`) reads the context's K/V once per 8 rows where one position's
 heads fit a tile (each row reads them itself otherwise)."""
 
 from __future__ import annotations

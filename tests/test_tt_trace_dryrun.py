@@ -110,7 +110,11 @@ def traced_text(dryrun_device, tmp_path, monkeypatch):
     save_tt_checkpoint(tmp_path, "gqa2", seed=3)
     tt = TTTextModel.from_checkpoint(tmp_path, precision="performance", device=dryrun_device)
     recorder = TraceRecorder(tt.ttnn)
-    tt.ttnn, tt.trace_switch, tt.tracer = recorder, card_switch(monkeypatch), Tracer(enabled=True)
+    tt.kernels.ttnn, tt.decoder.trace_switch, tt.tracer = (
+        recorder,
+        card_switch(monkeypatch),
+        Tracer(enabled=True),
+    )
     yield tt, recorder
     tt.close()
 
@@ -122,35 +126,35 @@ def test_decode_captures_one_trace_per_program_and_replays_it_over_rewritten_inp
     tt.prefill(prompt)
     spans = len(tt.tracer.spans)
     tt.decode(7)  # compile, then capture
-    assert recorder.kinds() == ["begin", "end"] and len(tt._traces) == 1
-    ((key, first),) = tt._traces.items()
-    inputs = tt._inputs[key[0]]
+    assert recorder.kinds() == ["begin", "end"] and len(tt.decoder.traces) == 1
+    ((key, first),) = tt.decoder.traces.items()
+    inputs = tt.decoder.persistent[key[0]]
     copies = len(recorder.copies)
     tt.decode(9)
     tt.decode(11)
     assert recorder.kinds() == ["begin", "end", "execute", "execute"]
-    assert [c[1] for c in recorder.calls[2:]] == [first.trace_id] * 2 and len(tt._traces) == 1
+    assert [c[1] for c in recorder.calls[2:]] == [first.trace_id] * 2 and len(tt.decoder.traces) == 1
     names = [s.name for s in tt.tracer.spans[spans:] if s.name.startswith("tt.decode")]
     assert names == ["tt.decode_compile_and_capture", "tt.decode_trace_execute", "tt.decode_trace_execute"]
     # before each replay the captured program's own input tensors were rewritten with the new row
     rewritten = recorder.copies[copies:]
-    assert {id(d) for d, _ in rewritten} == {id(t) for t in inputs.values()}
-    positions = [int(v.flatten()[0]) for d, v in rewritten if d is inputs["pos"]]
+    assert {id(d) for d, _ in rewritten} == {id(t) for t in inputs.tensors()}
+    positions = [int(v.flatten()[0]) for d, v in rewritten if d is inputs.pos]
     assert positions == [41, 42]  # the prompt's 40 rows, then 7 at 40: 9 at 41, 11 at 42
-    embeds = [v for d, v in rewritten if d is inputs["x"]]
+    embeds = [v for d, v in rewritten if d is inputs.x]
     hidden = tt.text_cfg.hidden_size
     for token, x in zip((9, 11), embeds, strict=True):
-        assert torch.equal(x[0, 0, 0, :hidden].float(), tt.embed_table[token].float())
+        assert torch.equal(x[0, 0, 0, :hidden].float(), tt.head.embed_table[token].float())
     assert tt.cache_len == 43
     # a new cache releases the traces bound to the old one's buffers; three rows are another program
     tt.setup_cache(MAX_SEQ_LEN, max_batch=3)
-    assert recorder.calls[4:] == [("release", 1)] and tt._traces == {}
+    assert recorder.calls[4:] == [("release", 1)] and tt.decoder.traces == {}
     tt.prefill(prompt)
     tt.fork(3)
     tt.decode(torch.tensor([1, 2, 3]))
     tt.decode(torch.tensor([4, 5, 6]))
     assert recorder.calls[5:] == [("begin", 2), ("end", 2), ("execute", 2)]
-    assert [t.trace_id for t in tt._traces.values()] == [2]
+    assert [t.trace_id for t in tt.decoder.traces.values()] == [2]
     tt.close()
     assert recorder.calls[-1] == ("release", 2)
 
@@ -170,7 +174,7 @@ def test_the_expert_step_is_captured_once_and_replayed_for_every_later_step(
     expert = TTActionExpert.from_checkpoint(save_expert_weights(tmp_path, tiny_expert()), text, tiny_expert())
     try:
         recorder = TraceRecorder(expert.ttnn)
-        expert.ttnn, text.trace_switch, expert.tracer = (
+        expert.ttnn, text.decoder.trace_switch, expert.tracer = (
             recorder,
             card_switch(monkeypatch),
             Tracer(enabled=True),
@@ -181,11 +185,11 @@ def test_the_expert_step_is_captured_once_and_replayed_for_every_later_step(
         assert recorder.calls == [("begin", 1), ("end", 1), ("execute", 1), ("execute", 1), ("execute", 1)]
         steps = [s for s in expert.tracer.spans if s.name == "expert_step"]
         assert [(s.args["step"], s.args["traced"]) for s in steps] == [(k, True) for k in range(4)]
-        x = expert._state["buffers"]["x"]
+        x = expert._state.buffers.x
         writes = [v for d, v in recorder.copies if d is x]
         assert len(writes) == 1 and torch.equal(writes[0][0, 0, :128, :2], noise.reshape(-1, 2))
         expert.sample(2 * noise, [300, 310], rope_delta=-40, steps=4)
-        assert recorder.calls[5:] == [("execute", 1)] * 4 and expert._state["buffers"]["x"] is x
+        assert recorder.calls[5:] == [("execute", 1)] * 4 and expert._state.buffers.x is x
         writes = [v for d, v in recorder.copies if d is x]
         assert len(writes) == 2 and torch.equal(writes[1][0, 0, :128, :2], 2 * noise.reshape(-1, 2))
         expert.sample(noise, [300, 310], rope_delta=-40, steps=3)  # another schedule: another trace

@@ -26,8 +26,8 @@ def velocity(
     state = tt._setup(tt.text.max_batch, steps)
     tt._write_noise(state, x)
     tt._prepare(state, offsets, rope_delta)
-    tt.ttnn.copy(state["t_rows"][k], state["buffers"]["t"])
+    tt.ttnn.copy(state.t_rows[k], state.buffers.t)
     v = tt._velocity(state)
     out = tt._download_actions(v, x.shape[0])
-    tt._free(v)
+    tt.free(v)
     return out

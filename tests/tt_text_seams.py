@@ -16,21 +16,22 @@ from alpamayo.plan.device_spec import TILE
 from alpamayo.plan.programs.text import TextPlan
 from alpamayo.text.inputs import check_prefill, rope_delta
 
-# layer(i, x, cos, sin, pos, page=None, block=None, writes=()) -> x: as `TextDecode._layer_decode`
+# layer(i, x, cos, sin, kv, inputs) -> x: layer i's `DecoderLayer.decode`
 DecodeLayer = Callable[..., Any]
 
 
 def layer_prefill(tt: Any, i: int, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     """Decoder layer `i` alone on hidden [L, H] at position_ids [3, L] -> [L, H] bf16. Writes K/V rows
     [0, Lp) of layer i and sets the decode position state as a prefill would."""
-    tt._require_cache()
+    cache, kern = tt._require_cache(), tt.kernels
     length = hidden.shape[0]
     position_ids = check_prefill(tt.text_cfg, length, tt.max_seq_len, position_ids, None, None)
     padded = tt.plan.padded_length(length)
-    cos, sin = tt._prefill_rope(position_ids, padded)
-    out = tt._layer_prefill(i, tt._rows(hidden, padded, tt.hidden_padded), cos, sin, length)
-    result = tt._download(out)[0, 0, :length, : tt.text_cfg.hidden_size]
-    tt._free(out, cos, sin)
+    cos, sin = tt.prefiller.rope_tables(position_ids, padded)
+    h = kern.upload_rows(hidden, padded, kern.hidden_padded)
+    out = tt.layers[i].prefill(h, cos, sin, cache.layers[i], length)
+    result = kern.download(out)[0, 0, :length, : tt.text_cfg.hidden_size]
+    kern.free(out, cos, sin)
     tt.cache_len, tt.rope_delta = length, rope_delta(position_ids)
     return result
 
@@ -38,17 +39,17 @@ def layer_prefill(tt: Any, i: int, hidden: torch.Tensor, position_ids: torch.Ten
 def layer_decode(tt: Any, i: int, hidden: torch.Tensor, position: int) -> torch.Tensor:
     """Decoder layer `i` alone on hidden [H] at cache index `position` (untraced) -> [H] bf16. Writes K/V row
     `position` of layer i; the rope position is `position + rope_delta`."""
-    tt._require_cache()
+    cache, kern = tt._require_cache(), tt.kernels
     if not 0 <= position < tt.max_seq_len:
         raise ValueError(f"position {position} must be in [0, max_seq_len={tt.max_seq_len})")
     t = tt.text_cfg
-    values = tt._decode_host_inputs([0], [position])
-    values["x"][0, 0, 0, : t.hidden_size] = hidden.to(torch.bfloat16)
-    inputs = tt._write_inputs(values)
-    x, cos, sin = tt._sharded_inputs(inputs)
-    out = tt._layer_decode(i, x, cos, sin, inputs["pos"])
-    result = tt._download(out)[0, 0, 0, : t.hidden_size]
-    tt._free(out, cos, sin)
+    values = tt.decoder.host_inputs([0], [position])
+    values.x[0, 0, 0, : t.hidden_size] = hidden.to(torch.bfloat16)
+    inputs = tt.decoder.write_inputs(values)
+    x, cos, sin = tt.decoder.programs.sharded_inputs(inputs)
+    out = tt.layers[i].decode(x, cos, sin, cache.layers[i], inputs)
+    result = kern.download(out)[0, 0, 0, : t.hidden_size]
+    kern.free(out, cos, sin)
     return result
 
 
@@ -59,24 +60,27 @@ def moe_rows(block: Any, x: torch.Tensor) -> torch.Tensor:
     tokens, hidden = x.shape
     rows = TILE if tokens == 1 else TextPlan.padded_length(tokens)
     memory = ttnn.L1_MEMORY_CONFIG if tokens == 1 else ttnn.DRAM_MEMORY_CONFIG
-    dev = block._rows(x, rows, block.plan.hidden_padded, memory)
+    dev = block.upload_rows(x, rows, block.plan.hidden_padded, memory)
     out = block.decode(dev) if tokens == 1 else block.prefill(dev, tokens)
-    result = block._download(out)[0, 0, :tokens, :hidden]
-    block._free(dev, out)
+    result = block.download(out)[0, 0, :tokens, :hidden]
+    block.free(dev, out)
     return result
 
 
 def kv_cache_host(tt: Any, i: int, length: int, row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of layer i, cache row `row`, positions [0, length): [n_kv, length, head_dim] float32 each."""
-    return tuple(tt._download(c)[row, :, :length].float() for c in tt.kv_cache[i])
+    return tuple(tt.kernels.download(c)[row, :, :length].float() for c in tt.kv_cache[i])
 
 
 @contextmanager
 def wrapped_decode_layers(tt: Any, wrap: Callable[[DecodeLayer], DecodeLayer]) -> Iterator[None]:
-    """Every decode layer of `tt` runs through `wrap(original)` inside the block (an instance attribute
-    shadowing the method; removed afterwards)."""
-    tt._layer_decode = wrap(type(tt)._layer_decode.__get__(tt))
+    """Every decode layer of `tt` runs through `wrap(original)` inside the block, `original(i, x, *args)` being
+    layer i's `decode(x, *args)` (instance attributes shadowing the method; removed afterwards)."""
+    wrapped = wrap(lambda i, x, *args: type(tt.layers[i]).decode(tt.layers[i], x, *args))
+    for layer in tt.layers:
+        layer.decode = lambda x, *args, i=layer.index: wrapped(i, x, *args)
     try:
         yield
     finally:
-        del tt._layer_decode
+        for layer in tt.layers:
+            del layer.decode

@@ -16,5 +16,5 @@ def vision_block(tt: Any, j: int, hidden: torch.Tensor, grid_thw: torch.Tensor) 
     bf16."""
     n = hidden.shape[0]
     with tt._inputs(grid_thw) as inputs:
-        x = tt._rows(hidden, tt.plan.padded_length(n), tt.cfg.hidden_size)
+        x = tt.upload_rows(hidden, tt.plan.padded_length(n), tt.cfg.hidden_size)
         return tt._fetch(tt._block(j, x, inputs), n, tt.cfg.hidden_size)

@@ -296,7 +296,7 @@ def verify_estimate(
 ) -> StageEstimate:
     """One verify of a `block`-token speculative block at `context` cached positions, `steps` per prediction:
     the block's tokens are rows of one decode program (`alpamayo.tt.text.decode`), so up to 32 of them read
-    every weight once, as one decode step does. Its attention (`TextDecode._block_sdpa`, where
+    every weight once, as one decode step does. Its attention (`DecoderLayer.block_sdpa`, where
     `block_sdpa_applies`) reads the context's K/V once per `BLOCK_SDPA_POSITIONS` rows, each of its n_kv
     users attending with one full 32-row tile of heads per position, on the whole grid (`block_sdpa_grid`);
     otherwise each row's flash-decode reads the K/V itself, on the decode grid. One row (T = 1) is a decode

@@ -1,16 +1,53 @@
 """Host <-> device copies shared by the ttnn models (text backbone, vision tower, MoE block).
 
 `DeviceIO` is a mixin for a class holding `ttnn` (the module), `device` and `tracer`: uploads and downloads are
-timed as the profiling stages `tt.host_to_device` and `tt.device_to_host`.
+timed as the profiling stages `tt.host_to_device` and `tt.device_to_host`. `TensorGroup` is the base of the
+dataclasses that hold a model's device tensors (weights, persistent inputs), `opened` guards them after close.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
+from typing import Any, TypeVar
 
 import torch
 
 from alpamayo.profiling import Tracer
+
+# A ttnn.Tensor on the device (ttnn is imported lazily and ships no type stubs).
+DeviceTensor = Any
+
+V = TypeVar("V")
+
+
+class TensorGroup:
+    """A dataclass whose fields hold tensors: `tensors()` lists them in field order, through lists, tuples and
+    nested groups (anything with its own `tensors()`), skipping None (an absent optional tensor)."""
+
+    def tensors(self) -> list[Any]:
+        out: list[Any] = []
+        for f in fields(self):  # type: ignore[arg-type]  # subclasses are dataclasses
+            _collect(getattr(self, f.name), out)
+        return out
+
+
+def _collect(value: Any, out: list[Any]) -> None:
+    if value is None:
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _collect(v, out)
+    elif callable(getattr(value, "tensors", None)):
+        out += value.tensors()
+    else:
+        out.append(value)
+
+
+def opened(held: V | None, owner: str) -> V:
+    """`held` (a model's device tensors), refused once its `owner` has closed and freed them (None)."""
+    if held is None:
+        raise RuntimeError(f"{owner} is closed: its device tensors are freed")
+    return held
 
 
 class DeviceIO:
@@ -18,7 +55,7 @@ class DeviceIO:
     device: Any
     tracer: Tracer
 
-    def _upload(self, t: torch.Tensor, dtype: Any = None, layout: Any = None, memory: Any = None) -> Any:
+    def upload(self, t: torch.Tensor, dtype: Any = None, layout: Any = None, memory: Any = None) -> Any:
         """Host tensor -> device tensor: bf16 TILE in interleaved DRAM unless told otherwise."""
         ttnn = self.ttnn
         with self.tracer.span("tt.host_to_device"):
@@ -30,16 +67,16 @@ class DeviceIO:
                 memory_config=memory or ttnn.DRAM_MEMORY_CONFIG,
             )
 
-    def _rows(self, rows: torch.Tensor, padded_rows: int, width: int, memory: Any = None) -> Any:
+    def upload_rows(self, rows: torch.Tensor, padded_rows: int, width: int, memory: Any = None) -> Any:
         """Host rows [N, W] zero-padded to [1, 1, padded_rows, width] bf16 on the device."""
         x = torch.zeros(1, 1, padded_rows, width, dtype=torch.bfloat16)
         x[0, 0, : rows.shape[0], : rows.shape[1]] = rows.to(torch.bfloat16)
-        return self._upload(x, memory=memory)
+        return self.upload(x, memory=memory)
 
-    def _download(self, t: Any) -> torch.Tensor:
+    def download(self, t: Any) -> torch.Tensor:
         with self.tracer.span("tt.device_to_host"):
             return self.ttnn.to_torch(t)
 
-    def _free(self, *tensors: Any) -> None:
+    def free(self, *tensors: Any) -> None:
         for t in tensors:
             self.ttnn.deallocate(t)

@@ -53,7 +53,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -72,14 +72,130 @@ from alpamayo.plan.weights import residual_norm_eps
 from alpamayo.prediction import FUTURE_STEPS, Cancellation
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO
+from alpamayo.tt.device_io import DeviceIO, DeviceTensor, TensorGroup, opened
 from alpamayo.tt.slot_attention import attend_by_slot
-from alpamayo.tt.text import TTTextModel
-from alpamayo.tt.text.upload import layer_weights
-from alpamayo.tt.weight_cache import upload_weights
+from alpamayo.tt.text import DeviceKVCache, TTTextModel
+from alpamayo.tt.text.decode_inputs import Shaped
+from alpamayo.tt.text.weights import LayerWeights
+from alpamayo.tt.weight_cache import NamedTensors, upload_weights
 from planner.plans import GeneratedPlan
 
 X_WIDTH = TILE  # x, v: [rows, 32] float32 tiles, columns 0..1 real (accel, curvature), the rest exactly 0
+
+
+@dataclass
+class DeviceLinear(TensorGroup):
+    """A linear layer's weight [K_p, N_p] and bias row [1, 1, 1, N_p] (None without a bias), tile-padded."""
+
+    weight: DeviceTensor
+    bias: DeviceTensor | None
+
+    @classmethod
+    def take(cls, named: NamedTensors, name: str) -> DeviceLinear:
+        """`name` and, where uploaded, `name`.bias (`linear_specs`)."""
+        return cls(named[name], named.get(name + ".bias"))
+
+
+@dataclass
+class InProjWeights(TensorGroup):
+    """The in-projection MLP (`in_proj_specs`): the first linear on the feature row, then per extra layer its
+    RMSNorm gamma (TILE) and linear, and the closing LayerNorm's weight and bias rows [1, 1, 1, hidden]."""
+
+    first: DeviceLinear
+    trunk: list[tuple[DeviceTensor, DeviceLinear]]
+    ln_weight: DeviceTensor
+    ln_bias: DeviceTensor
+
+    @classmethod
+    def take(cls, named: NamedTensors, layers: int) -> InProjWeights:
+        trunk = []
+        for layer in range(layers):
+            norm = 2 + 3 * layer  # the trunk's module indices: (RMSNorm, Linear, SiLU) per layer after 0, 1
+            trunk.append(
+                (
+                    named[f"expert.in_proj.norm{norm}.tile"],
+                    DeviceLinear.take(named, f"expert.in_proj.{norm + 1}"),
+                )
+            )
+        return cls(
+            DeviceLinear.take(named, "expert.in_proj.0"),
+            trunk,
+            named["expert.in_proj.ln.weight"],
+            named["expert.in_proj.ln.bias"],
+        )
+
+
+@dataclass
+class ExpertWeights(TensorGroup):
+    """Every device weight of the expert (`expert_weight_specs`): its decoder layers, the final RMSNorm's TILE
+    gamma, the in-projection and the action out-projection [hidden_p, 32] (+ bias)."""
+
+    layers: list[LayerWeights]
+    norm: DeviceTensor
+    in_proj: InProjWeights
+    out_proj: DeviceLinear
+
+    @classmethod
+    def take(cls, named: NamedTensors, cfg: ExpertConfig) -> ExpertWeights:
+        """The expert of `cfg` from its tensors by `expert_weight_specs` name."""
+        layers = [LayerWeights.take(named, f"expert.layers.{i}.") for i in range(cfg.text.num_hidden_layers)]
+        in_proj = InProjWeights.take(named, cfg.in_proj.num_enc_layers)
+        return cls(layers, named["expert.norm.tile"], in_proj, DeviceLinear.take(named, "expert.out_proj"))
+
+
+T = TypeVar("T", bound=Shaped)
+U = TypeVar("U", bound=Shaped)
+
+
+@dataclass
+class FeatureRows(TensorGroup, Generic[T]):
+    """The device Fourier features' fixed rows [1, 1, 1, F_p] float32 (`feature_rows`), host or device: the
+    accel and the curvature frequencies at their sine and cosine columns, and the phase (a quarter turn at
+    the cosine columns)."""
+
+    freq_a: T
+    freq_k: T
+    phase: T
+
+    def map(self, fn: Callable[[T], U]) -> FeatureRows[U]:
+        """`fn` of every row, in the order of `tensors()`."""
+        freq_a, freq_k, phase = fn(self.freq_a), fn(self.freq_k), fn(self.phase)
+        return FeatureRows(freq_a, freq_k, phase)
+
+
+@dataclass
+class StepBuffers(TensorGroup):
+    """The Euler step's persistent inputs on the device: the action rows x and their pre-capture copy
+    x_saved [1, 1, rows, 32] float32, the t feature row [1, 1, 1, F_p] float32, the action tokens' cos and
+    sin [1, 1, rows, hd] bf16, the slot of every (user, query tile) entry [1, 1, 1, entries] float32, the
+    attention's page table (int32 row-major) and causal bounds `cur_pos` [entries] int32, and the rope tables
+    [1, 1, P, hd] (row-major bf16, `TTActionExpert._rope_tables`) cos and sin are sliced from."""
+
+    x: DeviceTensor
+    x_saved: DeviceTensor
+    t: DeviceTensor
+    cos: DeviceTensor
+    sin: DeviceTensor
+    slot_of: DeviceTensor
+    page_table: DeviceTensor
+    cur_pos: DeviceTensor
+    cos_table: DeviceTensor
+    sin_table: DeviceTensor
+
+
+@dataclass
+class StepState:
+    """What the step runs with for `samples` samples and `steps` Euler steps over one text KV cache (`cache`,
+    whose buffers a trace binds): the plan, the persistent inputs, the t rows per step [1, 1, 1, F_p]
+    float32, and the captured step's trace id (None until captured)."""
+
+    samples: int
+    steps: int
+    cache: DeviceKVCache | None
+    plan: ExpertPlan
+    buffers: StepBuffers
+    t_rows: list[DeviceTensor]
+    trace: Any = None
 
 
 class TTActionExpert(DeviceIO):
@@ -89,20 +205,32 @@ class TTActionExpert(DeviceIO):
         self,
         text: TTTextModel,
         cfg: ExpertConfig,
-        weights: dict[str, Any],
+        weights: ExpertWeights,
         freqs: list[torch.Tensor],
         tracer: Tracer | None = None,
     ):
         self.ttnn, self.text, self.cfg, self.device = text.ttnn, text, cfg, text.device
         self.n_tokens = FUTURE_STEPS  # action tokens per sample, as `ActionExpert.n_tokens`
-        self.weights = weights
-        self.layer_weights = [layer_weights(weights, i, "expert.") for i in range(cfg.text.num_hidden_layers)]
+        self._weights: ExpertWeights | None = weights
         self.freqs = [f.float().reshape(-1) for f in freqs]  # per action dim, then t: [num_freqs] each
         self.tracer = tracer or text.tracer
         self.residual_eps = residual_norm_eps(cfg.text, EXPERT_BANKS)
         self.scale = cfg.text.head_dim**-0.5
-        self._statics = self._upload_statics()
-        self._state: dict[str, Any] | None = None  # per (samples, steps): persistent inputs and trace
+        # the feature rows, fixed for the model's life
+        self._statics: FeatureRows[DeviceTensor] | None = feature_rows(cfg.in_proj, self.freqs).map(
+            lambda row: self.upload(row, self.ttnn.float32)
+        )
+        self._state: StepState | None = None  # per (samples, steps): persistent inputs and trace
+
+    @property
+    def weights(self) -> ExpertWeights:
+        """The device weights (refused once `close`d)."""
+        return opened(self._weights, "the action expert")
+
+    @property
+    def statics(self) -> FeatureRows[DeviceTensor]:
+        """The device feature rows (refused once `close`d)."""
+        return opened(self._statics, "the action expert")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -124,14 +252,14 @@ class TTActionExpert(DeviceIO):
         plan = plan_expert(text.cfg, cfg, text.precision, 1, samples, text.plan.device)
         text.reserved_rows = plan.region_rows
         banks = text.plan.device.dram_banks
-        weights = upload_weights(
+        named = upload_weights(
             expert_weight_specs(cfg), text.precision, text.device, ckpt.get, cache_dir, banks
         )
         freqs = [
             ckpt.get(name, torch.float32) if name in ckpt else default_freqs(cfg.in_proj)
             for name in cfg.freqs_keys()
         ]
-        return cls(text, cfg, weights, freqs, tracer)
+        return cls(text, cfg, ExpertWeights.take(named, cfg), freqs, tracer)
 
     def plan_for(self, max_seq_len: int, samples: int) -> ExpertPlan:
         return plan_expert(
@@ -141,37 +269,31 @@ class TTActionExpert(DeviceIO):
     def close(self) -> None:
         """Release the step trace and free the expert's device tensors (the device belongs to the text model)."""
         self._drop_state()
-        self._free(*self._statics.values(), *self.weights.values())
-        self._statics, self.weights, self.layer_weights = {}, {}, []
+        if self._statics is not None and self._weights is not None:
+            self.free(*self._statics.tensors(), *self._weights.tensors())
+        self._statics, self._weights = None, None
 
     def _drop_state(self) -> None:
         if self._state is None:
             return
-        if self._state.get("trace") is not None:
-            self.ttnn.release_trace(self.device, self._state["trace"])
-        self._free(*self._state["buffers"].values(), *self._state["t_rows"])
+        if self._state.trace is not None:
+            self.ttnn.release_trace(self.device, self._state.trace)
+        self.free(*self._state.buffers.tensors(), *self._state.t_rows)
         self._state = None
 
     # ------------------------------------------------------------------ static device tensors
-    def _upload_statics(self) -> dict[str, Any]:
-        """The feature rows, fixed for the model's life."""
-        return {
-            name: self._upload(row, self.ttnn.float32)
-            for name, row in feature_rows(self.cfg.in_proj, self.freqs).items()
-        }
-
-    def _rope_tables(self) -> dict[str, Any]:
+    def _rope_tables(self) -> tuple[DeviceTensor, DeviceTensor]:
         """Row-major bf16 cos/sin [1, 1, P, hd] over every position an action token can take with the text
         model's cache (P = max_seq_len + 64: M-RoPE deltas are <= 0, images compress positions)."""
         rows = self.text.max_seq_len + FUTURE_STEPS
         cos, sin = self.text.rope.cos_sin_1d(torch.arange(rows), torch.bfloat16)
         layout = self.ttnn.ROW_MAJOR_LAYOUT
-        return {
-            "cos_table": self._upload(cos.view(1, 1, rows, -1), layout=layout),
-            "sin_table": self._upload(sin.view(1, 1, rows, -1), layout=layout),
-        }
+        return (
+            self.upload(cos.view(1, 1, rows, -1), layout=layout),
+            self.upload(sin.view(1, 1, rows, -1), layout=layout),
+        )
 
-    def _setup(self, samples: int, steps: int) -> dict[str, Any]:
+    def _setup(self, samples: int, steps: int) -> StepState:
         """Persistent step inputs for `samples` (the cache's slots) samples and `steps` Euler steps over the
         text model's current cache (allocated once and reused; a new cache, set up since, means new inputs
         and a new trace, which binds the cache's buffers)."""
@@ -179,8 +301,8 @@ class TTActionExpert(DeviceIO):
         state = self._state
         if (
             state is not None
-            and (state["samples"], state["steps"]) == (samples, steps)
-            and state["cache"] is text.cache
+            and (state.samples, state.steps) == (samples, steps)
+            and state.cache is text.cache
         ):
             return state
         self._drop_state()
@@ -196,39 +318,32 @@ class TTActionExpert(DeviceIO):
         slot_of = torch.arange(samples, dtype=torch.float32).repeat_interleave(entries // samples)
         hd = self.cfg.text.head_dim
         width = round_up(self.cfg.in_proj.num_features, TILE)
-        buffers = {
-            "x": self._upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
-            "x_saved": self._upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
-            "t": self._upload(torch.zeros(1, 1, 1, width), ttnn.float32),
-            "cos": self._upload(torch.zeros(1, 1, rows, hd)),
-            "sin": self._upload(torch.zeros(1, 1, rows, hd)),
-            "slot_of": self._upload(slot_of.view(1, 1, 1, entries), ttnn.float32),
-            "page_table": self._upload(
+        buffers = StepBuffers(
+            x=self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            x_saved=self.upload(torch.zeros(1, 1, rows, X_WIDTH), ttnn.float32),
+            t=self.upload(torch.zeros(1, 1, 1, width), ttnn.float32),
+            cos=self.upload(torch.zeros(1, 1, rows, hd)),
+            sin=self.upload(torch.zeros(1, 1, rows, hd)),
+            slot_of=self.upload(slot_of.view(1, 1, 1, entries), ttnn.float32),
+            page_table=self.upload(
                 torch.tensor(plan.page_table(), dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT
             ),
-            "cur_pos": ttnn.allocate_tensor_on_device(
+            cur_pos=ttnn.allocate_tensor_on_device(
                 ttnn.Shape([entries]), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT, self.device, ttnn.DRAM_MEMORY_CONFIG
             ),
-            **self._rope_tables(),
-        }
-        t_rows = [self._upload(r, ttnn.float32) for r in t_feature_rows(self.cfg.in_proj, self.freqs, steps)]
-        self._state = {
-            "samples": samples,
-            "steps": steps,
-            "cache": text.cache,
-            "plan": plan,
-            "buffers": buffers,
-            "t_rows": t_rows,
-            "trace": None,
-        }
+            cos_table=(tables := self._rope_tables())[0],  # after the others: the upload order as before
+            sin_table=tables[1],
+        )
+        t_rows = [self.upload(r, ttnn.float32) for r in t_feature_rows(self.cfg.in_proj, self.freqs, steps)]
+        self._state = StepState(samples, steps, text.cache, plan, buffers, t_rows)
         return self._state
 
     # ------------------------------------------------------------------ per prediction (device only)
-    def _prepare(self, state: dict[str, Any], offsets: Sequence[int], rope_delta: int) -> None:
+    def _prepare(self, state: StepState, offsets: Sequence[int], rope_delta: int) -> None:
         """The attention's causal bounds and cos/sin of one prediction (sample b: cache slot b, `offsets[b]`),
         built on the device into the persistent inputs; the slots past len(offsets) see their own region
         only, at offsets[0]'s positions."""
-        ttnn, b, text = self.ttnn, state["buffers"], self.text
+        ttnn, b, text = self.ttnn, state.buffers, self.text
         last = text.max_seq_len
         if len(offsets) > text.batch:
             raise ValueError(f"{len(offsets)} offsets for the text model's {text.batch} active row(s)")
@@ -239,77 +354,75 @@ class TTActionExpert(DeviceIO):
                     f"row {row}: offset {offset} must be in [1, its length {filled}] (after "
                     f"<|traj_future_start|>) and rope_delta + offset = {base} in [0, {last}]"
                 )
-        slots, plan = state["samples"], state["plan"]
+        slots, plan = state.samples, state.plan
         bound = None  # the causal bound of every (user, query tile) entry: its slot's `ExpertPlan.cur_pos`
         for slot, offset in enumerate([*offsets, *[0] * (slots - len(offsets))]):
-            mine = ttnn.eq(b["slot_of"], float(slot))
+            mine = ttnn.eq(b.slot_of, float(slot))
             term = ttnn.where(mine, float(plan.cur_pos(offset)), 0.0)
-            self._free(mine)
+            self.free(mine)
             if bound is not None:
                 total = ttnn.add(bound, term)
-                self._free(bound, term)
+                self.free(bound, term)
                 term = total
             bound = term
         as_int = ttnn.typecast(bound, ttnn.int32)
-        self._free(bound)
+        self.free(bound)
         flat = ttnn.to_layout(as_int, ttnn.ROW_MAJOR_LAYOUT)  # the op reads int32 rows
-        self._free(as_int)
-        self._into(ttnn.reshape(flat, [plan.users * plan.q_tiles]), b["cur_pos"])  # a view of flat
+        self.free(as_int)
+        self._into(ttnn.reshape(flat, [plan.users * plan.q_tiles]), b.cur_pos)  # a view of flat
         bases = [rope_delta + o for o in offsets] + [rope_delta + offsets[0]] * (slots - len(offsets))
-        for name in ("cos", "sin"):
+        for table, dst in ((b.cos_table, b.cos), (b.sin_table, b.sin)):
             parts = [
-                ttnn.slice(
-                    b[f"{name}_table"], [0, 0, base, 0], [1, 1, base + FUTURE_STEPS, self.cfg.text.head_dim]
-                )
+                ttnn.slice(table, [0, 0, base, 0], [1, 1, base + FUTURE_STEPS, self.cfg.text.head_dim])
                 for base in bases
             ]
             rows = ttnn.concat(parts, dim=2) if slots > 1 else parts[0]
             tiled = ttnn.to_layout(rows, ttnn.TILE_LAYOUT)
-            self._into(tiled, b[name])
-            self._free(*parts, *([rows] if slots > 1 else []))
+            self._into(tiled, dst)
+            self.free(*parts, *([rows] if slots > 1 else []))
 
     def _into(self, src: Any, dst: Any) -> None:
         """dst <- src on the device (src freed)."""
         self.ttnn.copy(src, dst)
-        self._free(src)
+        self.free(src)
 
     # ------------------------------------------------------------------ the step graph
-    def _features(self, b: dict[str, Any]) -> Any:
+    def _features(self, b: StepBuffers) -> Any:
         """The in-projection's input [1, 1, rows, F_p] bf16: FE(accel), FE(curvature), FE(t), zero padding."""
-        ttnn, s = self.ttnn, self._statics
-        x = b["x"]
+        ttnn, s = self.ttnn, self.statics
+        x = b.x
         rows = x.shape[-2]
         a = ttnn.slice(x, [0, 0, 0, 0], [1, 1, rows, 1])
         k = ttnn.slice(x, [0, 0, 0, 1], [1, 1, rows, 2])
-        ua, uk = ttnn.multiply(a, s["freq_a"]), ttnn.multiply(k, s["freq_k"])  # float32, exact products
-        self._free(a, k)
+        ua, uk = ttnn.multiply(a, s.freq_a), ttnn.multiply(k, s.freq_k)  # float32, exact products
+        self.free(a, k)
         u = ttnn.add(ua, uk)  # one of the two is 0 in every column
-        self._free(ua, uk)
+        self.free(ua, uk)
         turns = ttnn.frac(u)
-        self._free(u)
-        phased = ttnn.add(turns, s["phase"])
-        self._free(turns)
+        self.free(u)
+        phased = ttnn.add(turns, s.phase)
+        self.free(turns)
         angle = ttnn.multiply(phased, 2 * math.pi)
-        self._free(phased)
+        self.free(phased)
         sines = ttnn.sin(angle)
-        self._free(angle)
+        self.free(angle)
         scaled = ttnn.multiply(sines, math.sqrt(2))
-        self._free(sines)
-        feats = ttnn.add(scaled, b["t"])  # the t row already carries sqrt(2)
-        self._free(scaled)
+        self.free(sines)
+        feats = ttnn.add(scaled, b.t)  # the t row already carries sqrt(2)
+        self.free(scaled)
         out = ttnn.typecast(feats, ttnn.bfloat16)
-        self._free(feats)
+        self.free(feats)
         return out
 
-    def _linear(self, x: Any, name: str, silu: bool = False) -> Any:
-        """x [1, 1, rows, K_p] @ expert weight `name` + its bias (SiLU fused when asked), bf16 DRAM."""
+    def _linear(self, x: Any, w: DeviceLinear, silu: bool = False) -> Any:
+        """x [1, 1, rows, K_p] @ w's weight + its bias (SiLU fused when asked), bf16 DRAM."""
         ttnn = self.ttnn
         return ttnn.linear(
             x,
-            self.weights[name],
-            bias=self.weights.get(name + ".bias"),
+            w.weight,
+            bias=w.bias,
             activation="silu" if silu else None,
-            compute_kernel_config=self.text.ck["expert"],
+            compute_kernel_config=self.text.kernels.ck.matmul["expert"],
             dtype=ttnn.bfloat16,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
@@ -317,37 +430,36 @@ class TTActionExpert(DeviceIO):
     def _in_proj(self, feats: Any, plan: ExpertPlan) -> Any:
         """Trunk (Linear, SiLU, (RMSNorm, Linear, SiLU)..., RMSNorm, Linear) and LayerNorm -> [1, 1, rows,
         H_p] bf16, the residual stream (zero-padded past hidden)."""
-        ttnn, c = self.ttnn, self.cfg.in_proj
-        h = self._linear(feats, "expert.in_proj.0", silu=True)
-        self._free(feats)
-        for layer in range(c.num_enc_layers):
-            norm = 2 + 3 * layer
-            n = self.text._rms(h, self.weights[f"expert.in_proj.norm{norm}.tile"], TRUNK_NORM_EPS)
-            self._free(h)
-            h = self._linear(n, f"expert.in_proj.{norm + 1}", silu=layer < c.num_enc_layers - 1)
-            self._free(n)
+        ttnn, w = self.ttnn, self.weights.in_proj
+        h = self._linear(feats, w.first, silu=True)
+        self.free(feats)
+        for layer, (gamma, linear) in enumerate(w.trunk):
+            n = self.text.kernels.rms(h, gamma, TRUNK_NORM_EPS)
+            self.free(h)
+            h = self._linear(n, linear, silu=layer < len(w.trunk) - 1)
+            self.free(n)
         out = ttnn.layer_norm(
             h,
             epsilon=OUT_NORM_EPS,
-            weight=self.weights["expert.in_proj.ln.weight"],
-            bias=self.weights["expert.in_proj.ln.bias"],
-            compute_kernel_config=self.text.ck["norm"],
+            weight=w.ln_weight,
+            bias=w.ln_bias,
+            compute_kernel_config=self.text.kernels.ck.norm,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
-        self._free(h)
+        self.free(h)
         pad = plan.hidden_padded - self.cfg.text.hidden_size
         if pad:
             padded = ttnn.pad(out, [(0, 0), (0, 0), (0, 0), (0, pad)], 0.0)
-            self._free(out)
+            self.free(out)
             out = padded
         return out
 
-    def _attend(self, i: int, plan: ExpertPlan, b: dict[str, Any]) -> Callable[[Any, Any, Any], Any]:
+    def _attend(self, i: int, plan: ExpertPlan, b: StepBuffers) -> Callable[[Any, Any, Any], Any]:
         """Layer i's attention: sample b's K/V into slot b's cache region, then one paged flash-decode over
         every slot in place (`ExpertPlan`): the queries [S, n_heads, 64, hd] read as [1, S x n_kv, 64 x group,
         hd] (user s x n_kv + g: the rows of K/V head g's query heads, head-major), the cache
         [S, n_kv, cache_rows, hd] as pages [S x n_kv x pages, 1, 64, hd], the persistent page table and
-        causal bounds `b["page_table"]`, `b["cur_pos"]`; the output is read back as [S, n_heads, 64, hd]."""
+        causal bounds `b.page_table`, `b.cur_pos`; the output is read back as [S, n_heads, 64, hd]."""
         ttnn, text = self.ttnn, self.text
         slots, block, hd = plan.samples, plan.region_rows, self.cfg.text.head_dim
         config = cfgs.sdpa(ttnn, plan.sdpa_grid, TILE, plan.k_chunk)
@@ -360,12 +472,12 @@ class TTActionExpert(DeviceIO):
                 q,
                 ttnn.reshape(cache_k, pages),
                 ttnn.reshape(cache_v, pages),
-                b["page_table"],
-                cur_pos_tensor=b["cur_pos"],
+                b.page_table,
+                cur_pos_tensor=b.cur_pos,
                 spec_multi_pos_tiles=plan.q_tiles,
                 scale=self.scale,
                 program_config=config,
-                compute_kernel_config=text.ck["sdpa_prefill"],
+                compute_kernel_config=text.kernels.ck.sdpa_prefill,
                 memory_config=ttnn.DRAM_MEMORY_CONFIG,
             )
             return ttnn.reshape(a, (slots, self.cfg.text.num_attention_heads, block, hd))
@@ -377,55 +489,55 @@ class TTActionExpert(DeviceIO):
 
         return attend
 
-    def _velocity(self, state: dict[str, Any]) -> Any:
+    def _velocity(self, state: StepState) -> Any:
         """v [1, 1, rows, 32] float32 (columns 0..1) of the persistent x at the persistent t, cos, sin, bounds."""
-        ttnn, b, plan, text = self.ttnn, state["buffers"], state["plan"], self.text
+        ttnn, b, plan, text, weights = self.ttnn, state.buffers, state.plan, self.text, self.weights
         h = self._in_proj(self._features(b), plan)
-        for i in range(self.cfg.text.num_hidden_layers):
+        for i, layer in enumerate(weights.layers):
             attend = self._attend(i, plan, b)
-            h = text.block_prefill(
+            h = text.kernels.block_prefill(
                 self.cfg.text,
-                self.layer_weights[i],
+                layer,
                 h,
-                b["cos"],
-                b["sin"],
+                b.cos,
+                b.sin,
                 attend,
                 ops=EXPERT_GROUPS,
                 residual_eps=self.residual_eps,
             )
-        hn = text._rms(h, self.weights["expert.norm.tile"], self.residual_eps)
-        self._free(h)
-        v = self._linear(hn, "expert.out_proj")
-        self._free(hn)
+        hn = text.kernels.rms(h, weights.norm, self.residual_eps)
+        self.free(h)
+        v = self._linear(hn, weights.out_proj)
+        self.free(hn)
         v32 = ttnn.typecast(v, ttnn.float32)
-        self._free(v)
+        self.free(v)
         return v32
 
-    def _euler_step(self, state: dict[str, Any]) -> None:
+    def _euler_step(self, state: StepState) -> None:
         """x <- x + v(x, t) / N, written into the persistent x (the traced body: allocates, computes, frees)."""
-        ttnn, x = self.ttnn, state["buffers"]["x"]
+        ttnn, x = self.ttnn, state.buffers.x
         v = self._velocity(state)
-        dv = ttnn.multiply(v, 1.0 / state["steps"])
-        self._free(v)
+        dv = ttnn.multiply(v, 1.0 / state.steps)
+        self.free(v)
         ttnn.add(x, dv, output_tensor=x)
-        self._free(dv)
+        self.free(dv)
 
     # ------------------------------------------------------------------ public
-    def _write_noise(self, state: dict[str, Any], noise: torch.Tensor) -> None:
+    def _write_noise(self, state: StepState, noise: torch.Tensor) -> None:
         """x <- `noise` [K, 64, 2] in its first K x 64 rows (idle slots' rows: zeros)."""
-        x = torch.zeros(1, 1, state["plan"].rows, X_WIDTH)
+        x = torch.zeros(1, 1, state.plan.rows, X_WIDTH)
         x[0, 0, : noise.shape[0] * FUTURE_STEPS, :ACTION_DIMS] = noise.reshape(-1, ACTION_DIMS)
         ttnn = self.ttnn
         with self.tracer.span("tt.host_to_device"):
             host = ttnn.from_torch(x, dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT)
-            ttnn.copy_host_to_device_tensor(host, state["buffers"]["x"])
+            ttnn.copy_host_to_device_tensor(host, state.buffers.x)
 
-    def _actions(self, state: dict[str, Any], samples: int) -> torch.Tensor:
-        return self._download_actions(state["buffers"]["x"], samples)
+    def _actions(self, state: StepState, samples: int) -> torch.Tensor:
+        return self._download_actions(state.buffers.x, samples)
 
     def _download_actions(self, rows: Any, samples: int) -> torch.Tensor:
         """[samples, 64, 2] float32 of a device [1, 1, rows, 32] x or v (columns 0..1 real)."""
-        out = self._download(rows)[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
+        out = self.download(rows)[0, 0, : samples * FUTURE_STEPS, :ACTION_DIMS]
         return out.float().reshape(samples, FUTURE_STEPS, ACTION_DIMS)
 
     def _check(self, noise: torch.Tensor, offsets: int | Sequence[int]) -> tuple[torch.Tensor, list[int]]:
@@ -466,17 +578,17 @@ class TTActionExpert(DeviceIO):
         traced = self.text.trace_switch.traced(traced)
         ttnn = self.ttnn
         state = self._setup(self.text.max_batch, steps)
-        b = state["buffers"]
+        b = state.buffers
         cancel = cancel or Cancellation()
         with self.tracer.span("tt.expert_prepare"):
             self._write_noise(state, noise)
             self._prepare(state, offsets, rope_delta)
         for k in range(steps):
             cancel.check()
-            ttnn.copy(state["t_rows"][k], b["t"])
+            ttnn.copy(state.t_rows[k], b.t)
             with self.tracer.span("expert_step", step=k, traced=traced):
-                if traced and state["trace"] is not None:
-                    ttnn.execute_trace(self.device, state["trace"], cq_id=0, blocking=False)
+                if traced and state.trace is not None:
+                    ttnn.execute_trace(self.device, state.trace, cq_id=0, blocking=False)
                 else:
                     self._euler_step(state)
                     if traced:
@@ -484,17 +596,17 @@ class TTActionExpert(DeviceIO):
         with self.tracer.span("tt.expert_actions"):
             return self._actions(state, samples)
 
-    def _capture(self, state: dict[str, Any]) -> None:
+    def _capture(self, state: StepState) -> None:
         """Capture the step for the next replays; x is saved around the capture (on the device), so a capture
         that also executes its commands cannot advance the state."""
-        ttnn, b = self.ttnn, state["buffers"]
-        ttnn.copy(b["x"], b["x_saved"])
+        ttnn, b = self.ttnn, state.buffers
+        ttnn.copy(b.x, b.x_saved)
         trace = ttnn.begin_trace_capture(self.device, cq_id=0)
         self._euler_step(state)
         ttnn.end_trace_capture(self.device, trace, cq_id=0)
-        ttnn.copy(b["x_saved"], b["x"])
+        ttnn.copy(b.x_saved, b.x)
         ttnn.synchronize_device(self.device)
-        state["trace"] = trace
+        state.trace = trace
 
 
 def step_times(steps: int) -> torch.Tensor:
@@ -502,18 +614,18 @@ def step_times(steps: int) -> torch.Tensor:
     return torch.linspace(0.0, 1.0, steps + 1)[:steps]
 
 
-def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def feature_rows(cfg: InProjConfig, freqs: Sequence[torch.Tensor]) -> FeatureRows[torch.Tensor]:
     """[1, 1, 1, F_p] float32 rows of the device Fourier features (F_p: the in-projection's K padded to a tile):
     the accel frequencies and the curvature frequencies, each at their sine and cosine columns, and the phase
     (a quarter turn makes the cosine columns' sines cosines). With x = (a, k) per row the device computes
     sqrt(2) sin(2 pi (frac(a freq_a + k freq_k) + phase)), and the step's t row fills the t columns."""
     width = round_up(cfg.num_features, TILE)
-    rows = {name: torch.zeros(1, 1, 1, width) for name in ("freq_a", "freq_k", "phase")}
+    rows = FeatureRows(*(torch.zeros(1, 1, 1, width) for _ in range(3)))
     n, f = cfg.num_freqs, cfg.num_fourier_feats
-    for dim, name in enumerate(("freq_a", "freq_k")):
-        rows[name][..., dim * f : dim * f + n] = freqs[dim]
-        rows[name][..., dim * f + n : (dim + 1) * f] = freqs[dim]
-        rows["phase"][..., dim * f + n : (dim + 1) * f] = 0.25
+    for dim, row in enumerate((rows.freq_a, rows.freq_k)):
+        row[..., dim * f : dim * f + n] = freqs[dim]
+        row[..., dim * f + n : (dim + 1) * f] = freqs[dim]
+        rows.phase[..., dim * f + n : (dim + 1) * f] = 0.25
     return rows
 
 

@@ -36,7 +36,8 @@ from alpamayo.plan.device_spec import TILE
 from alpamayo.plan.programs.moe import MoEPlan
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
-from alpamayo.tt.device_io import DeviceIO
+from alpamayo.tt.device_io import DeviceIO, DeviceTensor, TensorGroup
+from alpamayo.tt.ttnn_configs import ComputeKernels
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,33 @@ def group_rows(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, padde
     return Grouping(gather, row_weights, experts, combine)
 
 
+@dataclass
+class DeviceGrouping(TensorGroup):
+    """A `Grouping` on the device: gather and combine row indices [1, N] (uint32 row-major), row weights
+    [1, G, 32, 1] bf16, and the one-hot expert of every group as the sparsity [1, G, 1, E] (bf16 row-major)."""
+
+    gather: DeviceTensor
+    combine: DeviceTensor
+    weights: DeviceTensor
+    sparsity: DeviceTensor
+
+
+@dataclass
+class MoEWeights(TensorGroup):
+    """A sparse layer's router [H_p, E_p] (bf16, interleaved) and routed experts, gate and up
+    [1, E, H_p, I_p], down [1, E, I_p, H_p] (`alpamayo.plan.weights.expert_specs`)."""
+
+    router: DeviceTensor
+    gate: DeviceTensor
+    up: DeviceTensor
+    down: DeviceTensor
+
+
 class TTMoE(DeviceIO):
     """Router and routed experts of one sparse layer on the device (see module docstring).
 
-    weights: device tensors `router`, `experts.gate`, `experts.up`, `experts.down`; ck: compute-kernel configs
-    `router` and `experts`.
+    weights: the router and the routed experts' projections; ck: the model's compute-kernel configs (its
+    `router` and `experts` matmul groups run here).
     """
 
     def __init__(
@@ -100,8 +123,8 @@ class TTMoE(DeviceIO):
         ttnn: Any,
         device: Any,
         plan: MoEPlan,
-        weights: dict[str, Any],
-        ck: dict[str, Any],
+        weights: MoEWeights,
+        ck: ComputeKernels,
         tracer: Tracer | None = None,
     ):
         self.ttnn, self.device, self.plan, self.w, self.ck = ttnn, device, plan, weights, ck
@@ -116,13 +139,13 @@ class TTMoE(DeviceIO):
         ttnn = self.ttnn
         logits = ttnn.linear(
             x,
-            self.w["router"],
+            self.w.router,
             dtype=ttnn.float32,
-            compute_kernel_config=self.ck["router"],
+            compute_kernel_config=self.ck.matmul["router"],
             memory_config=memory,
         )
         probs = ttnn.softmax(logits, dim=-1, memory_config=memory)
-        self._free(logits)
+        self.free(logits)
         top, ids = ttnn.topk(probs, k=self.k, dim=-1)
         return probs, top, ids
 
@@ -133,7 +156,7 @@ class TTMoE(DeviceIO):
             sparsity=sparsity,
             nnz=nnz,
             program_config=pc,
-            compute_kernel_config=self.ck["experts"],
+            compute_kernel_config=self.ck.matmul["experts"],
             dtype=self.ttnn.bfloat16,
             **kw,
         )
@@ -152,44 +175,44 @@ class TTMoE(DeviceIO):
         norm = ttnn.sum(top, dim=-1, keepdim=True)
         renormed = ttnn.div(top, norm)
         scores = ttnn.typecast(renormed, ttnn.bfloat16)
-        self._free(probs, zeros_f32, top, norm, renormed)
+        self.free(probs, zeros_f32, top, norm, renormed)
         routing = ttnn.scatter(zeros, -1, ids, scores)  # [1, 1, 1, E] weights, 0 off the top-k
         ones = ttnn.ones_like(scores)
         mask = ttnn.scatter(zeros, -1, ids, ones)  # exactly k ones: nnz = k holds whatever the weights are
         sparsity = ttnn.to_layout(mask, ttnn.ROW_MAJOR_LAYOUT)
-        self._free(scores, ids, zeros, ones, mask)
-        gate = self._sparse(x1, self.w["experts.gate"], sparsity, self.k, self.pc_gate_up, memory_config=L1)
-        up = self._sparse(x1, self.w["experts.up"], sparsity, self.k, self.pc_gate_up, memory_config=L1)
+        self.free(scores, ids, zeros, ones, mask)
+        gate = self._sparse(x1, self.w.gate, sparsity, self.k, self.pc_gate_up, memory_config=L1)
+        up = self._sparse(x1, self.w.up, sparsity, self.k, self.pc_gate_up, memory_config=L1)
         act = ttnn.mul(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU], memory_config=L1)
-        self._free(gate, up)
+        self.free(gate, up)
         # sparse_matmul's [1, 1, 1, E, 1, I_p] as one row per expert for the down projection
         act4 = ttnn.reshape(act, (1, e, 1, self.plan.intermediate_padded))
         down = self._sparse(
             act4,
-            self.w["experts.down"],
+            self.w.down,
             sparsity,
             self.k,
             self.pc_down,
             is_input_a_sparse=True,
             memory_config=L1,
         )  # [1, E, 1, H_p], zero for skipped experts
-        self._free(act4, sparsity)
+        self.free(act4, sparsity)
         rows = ttnn.permute(down, (0, 2, 1, 3))  # [1, 1, E, H_p]
-        self._free(down)
-        out = ttnn.matmul(routing, rows, compute_kernel_config=self.ck["experts"], memory_config=L1)
-        self._free(routing, rows)
+        self.free(down)
+        out = ttnn.matmul(routing, rows, compute_kernel_config=self.ck.matmul["experts"], memory_config=L1)
+        self.free(routing, rows)
         return ttnn.reshape(out, (1, 1, TILE, hp), (1, 1, TILE, hp))
 
     # ------------------------------------------------------------------ prefill
     def _routing_to_host(self, x: Any, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k ids and renormalised weights [L, k] of the prompt rows of x [1, 1, L_p, H_p]."""
         probs, top, ids = self._router(x, self.ttnn.DRAM_MEMORY_CONFIG)
-        chosen = self._download(top)[0, 0, :length].float()
-        choice = self._download(ids)[0, 0, :length].long()
-        self._free(probs, top, ids)
+        chosen = self.download(top)[0, 0, :length].float()
+        choice = self.download(ids)[0, 0, :length].long()
+        self.free(probs, top, ids)
         return choice, chosen / chosen.sum(-1, keepdim=True)
 
-    def _upload_grouping(self, g: Grouping) -> dict[str, Any]:
+    def _upload_grouping(self, g: Grouping) -> DeviceGrouping:
         """The grouping on the device: row indices (uint32 row-major), row weights [1, G, 32, 1] bf16, and the
         one-hot expert of every group as the sparsity [1, G, 1, E] (bf16 row-major: exactly G nonzeros)."""
         ttnn = self.ttnn
@@ -197,12 +220,12 @@ class TTMoE(DeviceIO):
         onehot = torch.zeros(1, groups, 1, self.experts, dtype=torch.bfloat16)
         onehot[0, torch.arange(groups), 0, g.experts] = 1
         index = {"dtype": ttnn.uint32, "layout": ttnn.ROW_MAJOR_LAYOUT}
-        return {
-            "gather": self._upload(g.gather.view(1, -1).to(torch.int32), **index),
-            "combine": self._upload(g.combine.view(1, -1).to(torch.int32), **index),
-            "weights": self._upload(g.weights.view(1, groups, TILE, 1)),
-            "sparsity": self._upload(onehot, ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT),
-        }
+        return DeviceGrouping(
+            self.upload(g.gather.view(1, -1).to(torch.int32), **index),
+            self.upload(g.combine.view(1, -1).to(torch.int32), **index),
+            self.upload(g.weights.view(1, groups, TILE, 1)),
+            self.upload(onehot, ttnn.bfloat16, ttnn.ROW_MAJOR_LAYOUT),
+        )
 
     def _grouped(self, rows: Any, weight: Any, sparsity: Any, groups: int, width: int, pc: Any) -> Any:
         """One expert per 32-row group: rows [1, G, 32, K] -> compact [1, G, 32, width]."""
@@ -235,7 +258,7 @@ class TTMoE(DeviceIO):
             layout=ttnn.TILE_LAYOUT,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
-        self._free(flat)
+        self.free(flat)
         return ttnn.reshape(picked, (1, 1, -1, hp))
 
     def prefill(self, x: Any, length: int) -> Any:
@@ -246,18 +269,18 @@ class TTMoE(DeviceIO):
         grouping = group_rows(ids, weights, self.experts, padded)
         dev = self._upload_grouping(grouping)
         groups = grouping.experts.numel()
-        rows = ttnn.reshape(self._gather(dev["gather"], x, padded), (1, groups, TILE, hp))
-        gate = self._grouped(rows, self.w["experts.gate"], dev["sparsity"], groups, ip, self.pc_gate_up)
-        up = self._grouped(rows, self.w["experts.up"], dev["sparsity"], groups, ip, self.pc_gate_up)
-        self._free(rows)
+        rows = ttnn.reshape(self._gather(dev.gather, x, padded), (1, groups, TILE, hp))
+        gate = self._grouped(rows, self.w.gate, dev.sparsity, groups, ip, self.pc_gate_up)
+        up = self._grouped(rows, self.w.up, dev.sparsity, groups, ip, self.pc_gate_up)
+        self.free(rows)
         act = ttnn.mul(gate, up, input_tensor_a_activations=[ttnn.UnaryOpType.SILU])
-        self._free(gate, up)
-        weighted = ttnn.mul(act, dev["weights"])  # a row's routing weight, before down: down is linear
-        self._free(act)
-        down = self._grouped(weighted, self.w["experts.down"], dev["sparsity"], groups, hp, self.pc_down)
-        self._free(weighted)
-        picked = self._gather(dev["combine"], ttnn.reshape(down, (1, 1, groups * TILE, hp)), groups * TILE)
-        self._free(down)
+        self.free(gate, up)
+        weighted = ttnn.mul(act, dev.weights)  # a row's routing weight, before down: down is linear
+        self.free(act)
+        down = self._grouped(weighted, self.w.down, dev.sparsity, groups, hp, self.pc_down)
+        self.free(weighted)
+        picked = self._gather(dev.combine, ttnn.reshape(down, (1, 1, groups * TILE, hp)), groups * TILE)
+        self.free(down)
         out = ttnn.experimental.fast_reduce_nc(ttnn.reshape(picked, (1, k, padded, hp)), dims=[1])
-        self._free(picked, *dev.values())
+        self.free(picked, *dev.tensors())
         return ttnn.reshape(out, (1, 1, padded, hp))

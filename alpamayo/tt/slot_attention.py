@@ -36,21 +36,21 @@ def attend_by_slot(
         for slot in range(slots):
             end = [1, x.shape[1], (slot + 1) * block, x.shape[3]]
             rows = ttnn.slice(x, [0, 0, slot * block, 0], end) if slots > 1 else x
-            text._fill_cache(dst, rows, block, region_start, batch=slot)
+            text.kernels.fill_cache(dst, rows, block, region_start, batch=slot)
             if slots > 1:
-                io._free(rows)
+                io.free(rows)
     if slots == 1:
         return sdpa(q, cache_k, cache_v)
     # [1, heads, S x block, hd] -> [S, heads, block, hd]: one batch entry per cache slot (new tensors)
     n, d = q.shape[1], q.shape[3]
     parts = [ttnn.slice(q, [0, 0, s * block, 0], [1, n, (s + 1) * block, d]) for s in range(slots)]
     qb = ttnn.concat(parts, dim=0)
-    io._free(*parts)
+    io.free(*parts)
     a = sdpa(qb, cache_k, cache_v)
-    io._free(qb)
+    io.free(qb)
     end = [a.shape[1], a.shape[2], a.shape[3]]
     parts = [ttnn.slice(a, [s, 0, 0, 0], [s + 1, *end]) for s in range(slots)]
-    io._free(a)
+    io.free(a)
     out = ttnn.concat(parts, dim=2)
-    io._free(*parts)
+    io.free(*parts)
     return out

@@ -7,9 +7,12 @@ take the `ttnn` module as their first argument (see `alpamayo.tt.device.import_t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from alpamayo.plan.device_spec import TILE
+from alpamayo.plan.precision import Precision
 from alpamayo.plan.programs.grid import CoreGrid, PrefillMatmul
 from alpamayo.plan.programs.moe import SparseMatmul
 from alpamayo.plan.programs.text import DecodeMatmul, HeadMatmul
@@ -35,6 +38,32 @@ def compute_config(ttnn: Any, fidelity: str, fp32_acc: bool = True, l1_acc: bool
         fp32_dest_acc_en=fp32_acc,
         packer_l1_acc=l1_acc,
     )
+
+
+# The matmul op groups (`Precision` group names) that get a compute-kernel config each.
+MATMUL_GROUPS = ("qkv", "o", "mlp_gate_up", "mlp_down", "experts", "router", "lm_head", "expert")
+
+
+@dataclass(frozen=True)
+class ComputeKernels:
+    """Compute-kernel configs: one per matmul op group (`MATMUL_GROUPS`, the recipe's math fidelity), the
+    norms', and prefill's and decode's SDPA."""
+
+    matmul: Mapping[str, Any]
+    norm: Any
+    sdpa_prefill: Any
+    sdpa_decode: Any
+
+    @classmethod
+    def for_precision(cls, ttnn: Any, precision: Precision) -> ComputeKernels:
+        fidelity = precision.math_fidelity
+        return cls(
+            {op: compute_config(ttnn, fidelity(op)) for op in MATMUL_GROUPS},
+            compute_config(ttnn, fidelity("norm"), l1_acc=False),
+            # fp32 accumulation in prefill SDPA overflows L1 at ~4.6K rows (seed design, measured); decode keeps it.
+            compute_config(ttnn, fidelity("sdpa"), fp32_acc=False, l1_acc=False),
+            compute_config(ttnn, fidelity("sdpa"), l1_acc=False),
+        )
 
 
 def core_range(ttnn: Any, x: int, y: int = 1) -> Any:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,8 @@ from alpamayo.plan.weights import head_positions
 from alpamayo.profiling import Tracer
 from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device import ttnn_for
-from alpamayo.tt.device_io import DeviceIO
-from alpamayo.tt.weight_cache import upload_weights
+from alpamayo.tt.device_io import DeviceIO, DeviceTensor, TensorGroup
+from alpamayo.tt.weight_cache import NamedTensors, upload_weights
 from vision.block import LAYER_NORM_EPS
 from vision.encoder import check_inputs, frame_segments
 from vision.positions import learned_position_embeds, patch_rows_cols, rotary_cos_sin
@@ -58,6 +59,28 @@ def padded_rotary(
     return cos_p, sin_p
 
 
+@dataclass
+class ImageInputs(TensorGroup):
+    """What every block of one `encode` call reads besides x, on the device: the rotary tables cos and sin
+    [1, 1, N_p, padded_head_dim] bf16 (`padded_rotary`), the attention windows' bounds [frames + 1 (+ 1 with
+    padding rows)] int32 row-major (`cu_window_seqlens`) and the resampled position embeddings
+    [1, 1, N_p, C] bf16 (added after the patch embedding)."""
+
+    cos: DeviceTensor
+    sin: DeviceTensor
+    windows: DeviceTensor
+    pos: DeviceTensor
+
+
+@dataclass
+class VisionKernels:
+    """The tower's compute-kernel configs: its matmuls', its LayerNorms' and its SDPA's."""
+
+    matmul: Any
+    norm: Any
+    sdpa: Any
+
+
 class TTVisionEncoder(DeviceIO):
     """Device weights and forward of the vision tower (see module docstring). `device` belongs to the caller."""
 
@@ -67,20 +90,21 @@ class TTVisionEncoder(DeviceIO):
         precision: Precision,
         plan: VisionPlan,
         device: Any,
-        weights: dict[str, Any],
+        weights: NamedTensors,
         pos_table: torch.Tensor,
         tracer: Tracer | None = None,
     ):
         self.ttnn = ttnn = ttnn_for(device)
-        self.cfg, self.precision, self.plan, self.device, self.w = cfg, precision, plan, device, weights
+        self.cfg, self.precision, self.plan, self.device = cfg, precision, plan, device
+        self.w: NamedTensors = weights  # `vision_weight_specs` name -> device tensor
         self.pos_table = pos_table  # [num_position_embeddings, C] float32, host
         self.tracer = tracer or Tracer(enabled=False)
-        self.ck = {
-            "vision": cfgs.compute_config(ttnn, precision.math_fidelity("vision")),
-            "norm": cfgs.compute_config(ttnn, precision.math_fidelity("norm"), l1_acc=False),
+        self.ck = VisionKernels(
+            matmul=cfgs.compute_config(ttnn, precision.math_fidelity("vision")),
+            norm=cfgs.compute_config(ttnn, precision.math_fidelity("norm"), l1_acc=False),
             # fp32 accumulation in a long prefill SDPA overflows L1 (text prefill, measured at ~4.6K rows)
-            "sdpa": cfgs.compute_config(ttnn, precision.math_fidelity("sdpa"), fp32_acc=False, l1_acc=False),
-        }
+            sdpa=cfgs.compute_config(ttnn, precision.math_fidelity("sdpa"), fp32_acc=False, l1_acc=False),
+        )
         self.block_gelu = getattr(ttnn.GeluVariant, VISION_GELU[cfg.hidden_act])  # checked by `plan_vision`
 
     @classmethod
@@ -113,18 +137,18 @@ class TTVisionEncoder(DeviceIO):
 
     def close(self) -> None:
         """Free the device weights (the device itself belongs to the text model)."""
-        self._free(*self.w.values())
+        self.free(*self.w.values())
         self.w = {}
 
     # ------------------------------------------------------------------ host <-> device
     def _fetch(self, t: Any, rows: int, cols: int) -> torch.Tensor:
         """Rows [:rows, :cols] of a [1, 1, R, C] device tensor (freed) as bf16 on the host."""
-        out = self._download(t)[0, 0, :rows, :cols].to(torch.bfloat16)
-        self._free(t)
+        out = self.download(t)[0, 0, :rows, :cols].to(torch.bfloat16)
+        self.free(t)
         return out
 
     @contextmanager
-    def _inputs(self, grid_thw: torch.Tensor) -> Iterator[dict[str, Any]]:
+    def _inputs(self, grid_thw: torch.Tensor) -> Iterator[ImageInputs]:
         """Device cos, sin [1, 1, N_p, lanes] and the windows of the patches of `grid_thw`; freed on exit."""
         v, p = self.cfg, self.plan
         grid_thw = grid_thw.cpu()
@@ -136,20 +160,18 @@ class TTVisionEncoder(DeviceIO):
         if padded > n:
             bounds.append(padded)  # the padding rows: a window of their own
         ttnn = self.ttnn
-        dev = {
-            "cos": self._rows(cos_p, padded, p.padded_head_dim),
-            "sin": self._rows(sin_p, padded, p.padded_head_dim),
-            "windows": self._upload(
-                torch.tensor(bounds, dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT
-            ),
-            "pos": self._rows(
+        dev = ImageInputs(
+            cos=self.upload_rows(cos_p, padded, p.padded_head_dim),
+            sin=self.upload_rows(sin_p, padded, p.padded_head_dim),
+            windows=self.upload(torch.tensor(bounds, dtype=torch.int32), ttnn.int32, ttnn.ROW_MAJOR_LAYOUT),
+            pos=self.upload_rows(
                 learned_position_embeds(self.pos_table, grid_thw, rows, cols), padded, v.hidden_size
             ),
-        }
+        )
         try:
             yield dev
         finally:
-            self._free(*dev.values())
+            self.free(*dev.tensors())
 
     # ------------------------------------------------------------------ device ops
     def _linear(self, x: Any, name: str) -> Any:
@@ -161,7 +183,7 @@ class TTVisionEncoder(DeviceIO):
             w,
             bias_tensor=self.w[name + ".bias"],
             config=cfgs.prefill_matmul(ttnn, mm),
-            compute_kernel_config=self.ck["vision"],
+            compute_kernel_config=self.ck.matmul,
             dtype=ttnn.bfloat16,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
@@ -172,7 +194,7 @@ class TTVisionEncoder(DeviceIO):
             epsilon=LAYER_NORM_EPS,
             weight=self.w[name + ".weight"],
             bias=self.w[name + ".bias"],
-            compute_kernel_config=self.ck["norm"],
+            compute_kernel_config=self.ck.norm,
             memory_config=self.ttnn.DRAM_MEMORY_CONFIG,
         )
 
@@ -180,12 +202,12 @@ class TTVisionEncoder(DeviceIO):
         """fc2(gelu(fc1(x))) with biases; x kept."""
         h = self._linear(x, prefix + "fc1")
         g = self.ttnn.gelu(h, variant=variant, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
-        self._free(h)
+        self.free(h)
         out = self._linear(g, prefix + "fc2")
-        self._free(g)
+        self.free(g)
         return out
 
-    def _attention(self, x: Any, j: int, inputs: dict[str, Any]) -> Any:
+    def _attention(self, x: Any, j: int, inputs: ImageInputs) -> Any:
         """Windowed self-attention of block j on the normed x [1, 1, N_p, C] (kept) -> [1, 1, N_p, C]."""
         ttnn, v, p = self.ttnn, self.cfg, f"vision.blocks.{j}.attn."
         qkv = self._linear(x, p + "qkv")
@@ -196,41 +218,41 @@ class TTVisionEncoder(DeviceIO):
             transpose_k_heads=False,
             memory_config=ttnn.DRAM_MEMORY_CONFIG,
         )
-        self._free(qkv)
-        qr = ttnn.experimental.rotary_embedding_hf(q, inputs["cos"], inputs["sin"], is_decode_mode=False)
-        kr = ttnn.experimental.rotary_embedding_hf(k, inputs["cos"], inputs["sin"], is_decode_mode=False)
-        self._free(q, k)
+        self.free(qkv)
+        qr = ttnn.experimental.rotary_embedding_hf(q, inputs.cos, inputs.sin, is_decode_mode=False)
+        kr = ttnn.experimental.rotary_embedding_hf(k, inputs.cos, inputs.sin, is_decode_mode=False)
+        self.free(q, k)
         a = ttnn.transformer.scaled_dot_product_attention(
             qr,
             kr,
             val,
             is_causal=False,
             scale=v.head_dim**-0.5,
-            cu_window_seqlens=inputs["windows"],
+            cu_window_seqlens=inputs.windows,
             program_config=cfgs.sdpa(ttnn, self.plan.grid, VISION_SDPA_CHUNK, VISION_SDPA_CHUNK),
-            compute_kernel_config=self.ck["sdpa"],
+            compute_kernel_config=self.ck.sdpa,
         )
-        self._free(qr, kr, val)
+        self.free(qr, kr, val)
         heads = ttnn.experimental.nlp_concat_heads(a, memory_config=ttnn.DRAM_MEMORY_CONFIG)
-        self._free(a)
+        self.free(a)
         out = self._linear(heads, p + "proj")
-        self._free(heads)
+        self.free(heads)
         return out
 
     def _residual(self, x: Any, branch: Any) -> Any:
         out = self.ttnn.add(x, branch, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
-        self._free(x, branch)
+        self.free(x, branch)
         return out
 
-    def _block(self, j: int, x: Any, inputs: dict[str, Any]) -> Any:
+    def _block(self, j: int, x: Any, inputs: ImageInputs) -> Any:
         """x = x + attn(norm1(x)); x = x + mlp(norm2(x)); x [1, 1, N_p, C] (freed)."""
         p = f"vision.blocks.{j}."
         n1 = self._norm(x, p + "norm1")
         x = self._residual(x, self._attention(n1, j, inputs))
-        self._free(n1)
+        self.free(n1)
         n2 = self._norm(x, p + "norm2")
         x = self._residual(x, self._mlp(n2, p + "mlp.", self.block_gelu))
-        self._free(n2)
+        self.free(n2)
         return x
 
     def _fuse(self, x: Any) -> Any:
@@ -238,9 +260,9 @@ class TTVisionEncoder(DeviceIO):
         ttnn = self.ttnn
         flat = ttnn.to_layout(x, ttnn.ROW_MAJOR_LAYOUT)
         fused = ttnn.reshape(flat, (1, 1, -1, x.shape[-1] * self.cfg.spatial_merge_size**2))
-        self._free(flat)
+        self.free(flat)
         out = ttnn.to_layout(fused, ttnn.TILE_LAYOUT)
-        self._free(fused)
+        self.free(fused)
         return out
 
     def _merger(self, x: Any, name: str, post_shuffle_norm: bool) -> Any:
@@ -248,22 +270,22 @@ class TTVisionEncoder(DeviceIO):
         if post_shuffle_norm:  # DeepStack: fuse, then normalise the fused row
             fused = self._fuse(x)
             normed = self._norm(fused, name + ".norm")
-            self._free(fused)
+            self.free(fused)
         else:  # main merger: normalise each patch, then fuse
             n = self._norm(x, name + ".norm")
             normed = self._fuse(n)
-            self._free(n)
+            self.free(n)
         out = self._mlp(normed, name + ".", self.ttnn.GeluVariant.Accurate)  # exact (erf) GELU
-        self._free(normed)
+        self.free(normed)
         return out
 
-    def _embed(self, pixel_values: torch.Tensor, inputs: dict[str, Any], padded: int) -> Any:
+    def _embed(self, pixel_values: torch.Tensor, inputs: ImageInputs, padded: int) -> Any:
         """Patch embedding (a matmul + bias) plus the resampled position embeddings -> [1, 1, N_p, C]."""
-        pix = self._rows(pixel_values, padded, self.cfg.patch_dim)
+        pix = self.upload_rows(pixel_values, padded, self.cfg.patch_dim)
         x = self._linear(pix, "vision.patch_embed")
-        self._free(pix)
-        out = self.ttnn.add(x, inputs["pos"], memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
-        self._free(x)
+        self.free(pix)
+        out = self.ttnn.add(x, inputs.pos, memory_config=self.ttnn.DRAM_MEMORY_CONFIG)
+        self.free(x)
         return out
 
     # ------------------------------------------------------------------ public
@@ -287,5 +309,5 @@ class TTVisionEncoder(DeviceIO):
                     k = v.deepstack_visual_indexes.index(j)
                     deepstack.append(self._fetch(self._merger(x, f"vision.deepstack.{k}", True), merged, out))
             embeds = self._fetch(self._merger(x, "vision.merger", False), merged, out)
-            self._free(x)
+            self.free(x)
         return embeds, deepstack

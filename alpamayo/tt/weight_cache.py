@@ -16,6 +16,7 @@ is not part of the key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,13 @@ from alpamayo.checkpoint import Getter
 from alpamayo.plan.precision import Precision
 from alpamayo.plan.weights import WeightSpec, prepare, weight_dtype
 from alpamayo.tt.device import ttnn_for
+from alpamayo.tt.device_io import DeviceTensor
 from alpamayo.tt.ttnn_configs import dram_sharded_weight, ttnn_dtype, ttnn_layout
 
 # Bump when `alpamayo.plan.weights.prepare` changes what it produces for the same spec.
 PREPARE_VERSION = 2
+
+NamedTensors = Mapping[str, DeviceTensor]  # `WeightSpec.name` -> device tensor, as `upload_weights` returns
 
 
 def _ttnn_version() -> str:
@@ -105,7 +109,7 @@ def upload_weights(
     get: Getter,
     cache_dir: str | Path | None,
     dram_banks: int,
-) -> dict[str, Any]:
+) -> dict[str, DeviceTensor]:
     """Every spec prepared (or loaded from the cache in `cache_dir`) and moved to its device placement:
     DRAM width-sharded over the `dram_banks` banks or interleaved DRAM. Returns name -> device tensor."""
     ttnn = ttnn_for(device)
@@ -126,7 +130,7 @@ def placement(ttnn: Any, spec: WeightSpec, dram_banks: int) -> Any:
 
 def allocate_weights(
     specs: list[WeightSpec], precision: Precision, device: Any, dram_banks: int
-) -> dict[str, Any]:
+) -> dict[str, DeviceTensor]:
     """Every spec allocated, uninitialised, where `upload_weights` puts it (same shape, dtype, layout and
     placement), with no host preparation: for the dry run at real dimensions (`alpamayo.tt.dryrun`), whose
     device ignores values and where packing a real model's weights on the host would take minutes."""

@@ -60,7 +60,7 @@ from alpamayo.plan.weights import padded_hidden
 DECODE_MAX_GRID = (8, 10)  # activation grids of the decode matmuls and norms (seed: 8x10 = 80 cores)
 KV_FILL_MAX_GRID = (8, 8)
 SDPA_DECODE_GRID = (8, 8)
-# query positions per block flash-decode (`TextDecode._block_sdpa`): its circular buffers grow with them, and
+# query positions per block flash-decode (`DecoderLayer.block_sdpa`): its circular buffers grow with them, and
 # 32 positions ask 4.08 MB of L1 per core at k_chunk 128 (1.46 MB there; the dry run's op check, 8B shape), so
 # a block of up to 32 rows reads the context's K/V once per 8 rows (the DFlash block size: once per block)
 BLOCK_SDPA_POSITIONS = 8
@@ -69,7 +69,7 @@ PREFILL_PAD = 128  # prompts are padded to a multiple of this many rows
 
 def block_sdpa_applies(n_heads: int) -> bool:
     """Whether a verify block's attention reads the context's K/V once per `BLOCK_SDPA_POSITIONS` rows
-    (`TextDecode._block_sdpa`): where the query heads of one position fit one tile (the Qwen3-VL text
+    (`DecoderLayer.block_sdpa`): where the query heads of one position fit one tile (the Qwen3-VL text
     configs up to 8B: 16 or 32 heads). Otherwise each row's flash-decode reads them itself."""
     return round_up(n_heads, TILE) == TILE
 
@@ -141,7 +141,7 @@ class TextPlan:
     head: HeadMatmul
     prefill_grid: CoreGrid
     sdpa_decode_grid: CoreGrid
-    # a verify block's attention (`TextDecode._block_sdpa`): Q and the output interleaved in DRAM, so nothing
+    # a verify block's attention (`DecoderLayer.block_sdpa`): Q and the output interleaved in DRAM, so nothing
     # ties it to the decode rows' 8x8 height-sharded heads and it takes the whole grid, 2x the cores at 8 K/V
     # heads; its padded FLOPs are compute-bound at 8 rows (`alpamayo.plan.estimate.verify_estimate`)
     block_sdpa_grid: CoreGrid

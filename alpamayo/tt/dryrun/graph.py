@@ -6,7 +6,7 @@ itself crashes the dry run's mock device, so the dry run checks this rule on the
 untraced:
 
     with Capture(ttnn) as graph:
-        model._decode_graph(inputs)
+        model.decoder.graph(model.cache, inputs)
     assert not graph.host_transfers(), graph.host_transfers()
     graph.programs()   # device programs the step runs
 """

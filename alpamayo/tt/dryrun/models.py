@@ -29,6 +29,7 @@ from alpamayo.plan.programs.vision import plan_vision
 from alpamayo.plan.vision_weights import vision_weight_specs
 from alpamayo.plan.weights import text_weight_specs
 from alpamayo.tt.text import TTTextModel
+from alpamayo.tt.text.weights import TextWeights
 from alpamayo.tt.vision import TTVisionEncoder
 from alpamayo.tt.weight_cache import allocate_weights
 
@@ -68,7 +69,7 @@ def text_model(
     weights = allocate_weights(specs, precision, device, plan.device.dram_banks)
     t = cfg.text
     embed = torch.zeros(1, t.hidden_size, dtype=torch.bfloat16).expand(t.vocab_size, t.hidden_size)
-    return TTTextModel(cfg, precision, plan, device, weights, embed)
+    return TTTextModel(cfg, precision, plan, device, TextWeights.take(weights, t.num_hidden_layers), embed)
 
 
 def vision_encoder(cfg: ModelConfig, precision: str | Precision, device: Any) -> TTVisionEncoder:

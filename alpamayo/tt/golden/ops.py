@@ -199,7 +199,7 @@ def paged_sdpa_decode_multi_pos(
     """`ttnn.transformer.paged_scaled_dot_product_attention_decode(..., spec_multi_pos_tiles=n)`, which its
     golden function ignores: q [1, U, n x 32, hd] holds n query tiles per user u (one K/V head each: the paged
     cache [blocks, 1, S, hd]); query tile j of user u attends to the user's pages (page_table [U, pages])
-    up to and including cache index cur_pos[u x n + j] (`alpamayo.tt.text.decode.TextDecode._block_sdpa`, as
+    up to and including cache index cur_pos[u x n + j] (`alpamayo.tt.text.layer.DecoderLayer.block_sdpa`, as
     the flash-decode of one row masks at its `cur_pos`) -> [1, U, n x 32, hd]."""
     users, rows, hd = q.shape[1], q.shape[2], q.shape[3]
     if rows != positions * TILE:

@@ -36,8 +36,14 @@ validated `MoEBlockConfig` (`alpamayo.config.builtin.block_config_for`): top-k s
 The residual stream is `hidden_p` = hidden rounded up to 32 x DRAM banks wide (zero columns; see
 `alpamayo.plan.weights`): host inputs are zero-padded to it and outputs cut back to hidden.
 
-Modules: `model` (`TTTextModel`: construction, KV cache, state), `upload` (weights onto the device and their
-per-layer view), `prefill`, `decode` (the step's graph and persistent inputs), `trace` (capture and replay,
+Modules, one block each: `model` (`TTTextModel`: construction, KV cache set-up, rows; delegates to the
+blocks), `weights` (`TextWeights` / `LayerWeights`: the device weights, uploaded by name and held per block),
+`kernels` (`TextKernels`: ttnn, device, tracer, plan, compute-kernel configs and the shared prefill ops),
+`head` (`TextHead`: embedding table, final norm, lm_head), `layer` (`DecoderLayer`: one layer's weights,
+MoE block, prefill and decode), `cache` (`DeviceKVCache`, `RowState`), `prefill` (`TextPrefill`: the prompt
+pass and its captured layers), `decode_programs` (`DecodePrograms`: the decode step's memory and program
+configs and sharded ops), `decode_inputs` (`DecodeInputs`: a decode program's persistent inputs), `decode`
+(`TextDecode`: decode and verify steps, their persistent inputs and traces), `trace` (capture and replay,
 and the dry-run switch that keeps traces off the mock device).
 """
 

@@ -1,14 +1,20 @@
 """The Qwen3-VL text backbone on one Blackhole p150: construction, KV cache and generation state.
 
-`TTTextModel` composes the prefill (`alpamayo.tt.text.prefill`) and the decode step
-(`alpamayo.tt.text.decode`, captured as a trace by `alpamayo.tt.text.trace`) over the weights that
-`alpamayo.tt.text.upload` puts on the device.
+`TTTextModel` builds its blocks over the weights `alpamayo.tt.text.weights` puts on the device and delegates
+to them:
+
+- `kernels` (`TextKernels`): the ttnn module, device, tracer, plan and compute-kernel configs, and the
+  operations every block shares (prefill matmul and norms, the K/V cache fill, the pre-norm block);
+- `head` (`TextHead`): the host embedding table, the final norm and the lm_head;
+- `layers` (`DecoderLayer` each): a layer's weights, its MoE block on sparse layers, its prefill and decode;
+- `cache` (`DeviceKVCache`, from `setup_cache`) and `rows` (`RowState`: the active rows' lengths and rope
+  offset);
+- `prefiller` (`TextPrefill`) and `decoder` (`TextDecode`, with its persistent inputs and traces).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +29,25 @@ from alpamayo.plan.device_spec import DeviceSpec
 from alpamayo.plan.dram import check_fits
 from alpamayo.plan.precision import Precision, load_precision
 from alpamayo.plan.programs.text import PREFILL_PAD, TextPlan, plan_text
-from alpamayo.plan.weights import residual_norm_eps
 from alpamayo.profiling import Tracer
-from alpamayo.text.inputs import check_token_ids
 from alpamayo.text.rope import MRope
 from alpamayo.text.weights import EMBED, validate_text_tensors
-from alpamayo.tt import ttnn_configs as cfgs
 from alpamayo.tt.device import close_device, device_unavailable_reason, open_device, ttnn_for
+from alpamayo.tt.device_io import DeviceTensor
 from alpamayo.tt.moe import TTMoE
-from alpamayo.tt.text.decode import MAX_ROWS, ProgramKey, TextDecode, program_rows
+from alpamayo.tt.text.cache import DeviceKVCache, RowState
+from alpamayo.tt.text.decode import TextDecode
+from alpamayo.tt.text.decode_inputs import MAX_ROWS, program_rows
+from alpamayo.tt.text.decode_programs import DecodePrograms
+from alpamayo.tt.text.head import TextHead
+from alpamayo.tt.text.kernels import TextKernels
+from alpamayo.tt.text.layer import DecoderLayer
 from alpamayo.tt.text.prefill import TextPrefill
-from alpamayo.tt.text.trace import DecodeTrace, TraceSwitch
-from alpamayo.tt.text.upload import layer_weights, upload_text_weights
+from alpamayo.tt.text.weights import TextWeights, upload_text_weights
 
 
-@dataclass
-class DeviceKVCache:
-    """The device KV cache: per layer (K, V), each [max_batch, n_kv, rows, head_dim] (slot b: row b's
-    sequence) in the recipe's kv_cache dtype (rows: `TextPlan.cache_length(max_seq_len + reserve_rows)`, see `setup_cache`)."""
-
-    layers: list[tuple[Any, Any]]
-    max_seq_len: int
-    max_batch: int = 1
-
-
-class TTTextModel(TextPrefill, TextDecode):
-    """Device weights, KV cache and generation state of one text decoder on one Blackhole chip."""
+class TTTextModel:
+    """One text decoder on one Blackhole chip: its blocks (see module docstring), KV cache and rows."""
 
     def __init__(
         self,
@@ -56,66 +55,68 @@ class TTTextModel(TextPrefill, TextDecode):
         precision: Precision,
         plan: TextPlan,
         device: Any,
-        weights: dict[str, Any],
+        weights: TextWeights,
         embed: torch.Tensor,
         tracer: Tracer | None = None,
         owns_device: bool = False,
     ):
-        self.ttnn = ttnn = ttnn_for(device)
-        self.cfg, self.text_cfg, self.precision, self.plan = cfg, cfg.text, precision, plan
-        self.device, self.weights, self.owns_device = device, weights, owns_device
-        self.layer_weights = [layer_weights(weights, i) for i in range(cfg.text.num_hidden_layers)]
-        self.embed_table = embed  # [V, H] bf16, host
-        self.moe: dict[int, TTMoE] = {}
-        self.tracer = tracer or Tracer(enabled=False)
-        self.rope = MRope(cfg.text)
+        ttnn = ttnn_for(device)
+        t = cfg.text
+        self.cfg, self.text_cfg, self.precision, self.plan = cfg, t, precision, plan
+        self.owns_device = owns_device
+        self.kernels = kern = TextKernels(ttnn, device, t, precision, plan, tracer or Tracer(enabled=False))
+        self.head = TextHead(kern, embed, weights.norm_rm, weights.norm_tile, weights.lm_head)
+        programs = DecodePrograms(kern)
+        moe_plan = plan.moe  # None for a dense model, which has no sparse layers
+        self.layers: list[DecoderLayer] = []
+        for i, w in enumerate(weights.layers):
+            moe = None
+            if moe_plan is not None and w.moe is not None:
+                moe = TTMoE(ttnn, device, moe_plan, w.moe, kern.ck, kern.tracer)
+            self.layers.append(DecoderLayer(i, w, moe, kern, programs))
+        self.rope = MRope(t)
+        self.rows = RowState()  # positions filled per active row (cache slot b: row b)
         self.cache: DeviceKVCache | None = None
-        self.lengths, self.rope_delta = [0], 0  # positions filled per active row (cache slot b: row b)
-        # prefill(capture=...)'s layer outputs on the device [1, 1, Lp, H_p] and the prompt length; their host
-        # view [L, H] is downloaded when `captured` is first read
-        self._captured: tuple[list[Any], int] = ([], 0)
-        self._captured_host: list[torch.Tensor] | None = None
         # cache rows kept behind max_seq_len by default: the action expert's K/V region (see setup_cache)
         self.reserved_rows = 0
-        # (program_key, capture) -> trace; program_key -> persistent inputs (alpamayo.tt.text.decode)
-        self._traces: dict[tuple[ProgramKey, tuple[int, ...]], DecodeTrace] = {}
-        self._inputs: dict[ProgramKey, dict[str, Any]] = {}
-        self.trace_switch = TraceSwitch(device)
-        t = cfg.text
-        self.scale = t.head_dim**-0.5
-        self.hidden_padded = plan.hidden_padded
-        self.residual_eps = residual_norm_eps(t, plan.device.dram_banks)
-        matmuls = ("qkv", "o", "mlp_gate_up", "mlp_down", "experts", "router", "lm_head", "expert")
-        ck = {op: cfgs.compute_config(ttnn, precision.math_fidelity(op)) for op in matmuls}
-        ck["norm"] = cfgs.compute_config(ttnn, precision.math_fidelity("norm"), l1_acc=False)
-        # fp32 accumulation in prefill SDPA overflows L1 at ~4.6K rows (seed design, measured); decode keeps it.
-        ck["sdpa_prefill"] = cfgs.compute_config(
-            ttnn, precision.math_fidelity("sdpa"), fp32_acc=False, l1_acc=False
-        )
-        ck["sdpa_decode"] = cfgs.compute_config(ttnn, precision.math_fidelity("sdpa"), l1_acc=False)
-        self.ck = ck
-        self.kv_dtype = cfgs.ttnn_dtype(ttnn, precision.dtype("kv_cache"))
-        if (moe := plan.moe) is not None:  # None for a dense model, which has no sparse layers
-            self.moe = {
-                i: TTMoE(ttnn, device, moe, self.layer_weights[i], ck, self.tracer) for i in t.sparse_layers
-            }
-        self._decode_setup()
+        self.prefiller = TextPrefill(kern, self.layers, self.head, self.rope, self.rows)
+        self.decoder = TextDecode(kern, programs, self.layers, self.head, self.rope, self.rows)
+
+    @property
+    def ttnn(self) -> Any:
+        return self.kernels.ttnn
+
+    @property
+    def device(self) -> Any:
+        """The device (None once closed)."""
+        return self.kernels.device
 
     @property
     def tracer(self) -> Tracer:
-        return self._tracer
+        return self.kernels.tracer
 
     @tracer.setter
     def tracer(self, tracer: Tracer) -> None:
         """Stages of this model and of its MoE blocks go to `tracer`."""
-        self._tracer = tracer
-        for block in self.moe.values():
-            block.tracer = tracer
+        self.kernels.tracer = tracer
+        for layer in self.layers:
+            if layer.moe is not None:
+                layer.moe.tracer = tracer
 
     def trace_into(self, tracer: Tracer) -> None:
         """Time the device work (`tt.prefill_layers`, `tt.decode_trace_execute`, host <-> device copies) as
         spans of `tracer`."""
         self.tracer = tracer
+
+    @property
+    def moe(self) -> dict[int, TTMoE]:
+        """The MoE blocks of the sparse layers by layer index (empty for a dense model)."""
+        return {layer.index: layer.moe for layer in self.layers if layer.moe is not None}
+
+    @property
+    def trace_switch(self) -> Any:
+        """Whether requested traces are captured on this device (`alpamayo.tt.text.trace.TraceSwitch`)."""
+        return self.decoder.trace_switch
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -177,33 +178,14 @@ class TTTextModel(TextPrefill, TextDecode):
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         max_batch = program_rows(max_batch)
         check_fits(self.cfg, self.precision, max_seq_len, self.plan.device, slots=max_batch)
-        self._release_trace()
+        self.decoder.release_traces()
         self._free_cache()
-        ttnn, t = self.ttnn, self.text_cfg
-        shape = (
-            max_batch,
-            t.num_key_value_heads,
-            self.plan.cache_length(max_seq_len + reserve_rows),
-            t.head_dim,
-        )
-        layers = [
-            tuple(
-                ttnn.zeros(
-                    shape,
-                    dtype=self.kv_dtype,
-                    layout=ttnn.TILE_LAYOUT,
-                    device=self.device,
-                    memory_config=ttnn.DRAM_MEMORY_CONFIG,
-                )
-                for _ in range(2)
-            )
-            for _ in range(t.num_hidden_layers)
-        ]
-        self.cache = DeviceKVCache(layers, max_seq_len, max_batch)
+        rows = self.plan.cache_length(max_seq_len + reserve_rows)
+        self.cache = DeviceKVCache.allocate(self.kernels, max_seq_len, max_batch, rows)
         self.reset()
 
     @property
-    def kv_cache(self) -> list[tuple[Any, Any]]:
+    def kv_cache(self) -> list[tuple[DeviceTensor, DeviceTensor]]:
         """Per layer (K, V) device tensors; empty before `setup_cache`."""
         return self.cache.layers if self.cache is not None else []
 
@@ -217,44 +199,55 @@ class TTTextModel(TextPrefill, TextDecode):
         return self.cache.max_batch if self.cache is not None else 0
 
     @property
+    def lengths(self) -> list[int]:
+        """Positions filled per active row (cache slot b: row b)."""
+        return self.rows.lengths
+
+    @lengths.setter
+    def lengths(self, lengths: list[int]) -> None:
+        self.rows.lengths = lengths
+
+    @property
+    def rope_delta(self) -> int:
+        """Rope offset of the positions after the prompt (decode position = cache index + rope_delta)."""
+        return self.rows.rope_delta
+
+    @rope_delta.setter
+    def rope_delta(self, delta: int) -> None:
+        self.rows.rope_delta = delta
+
+    @property
     def cache_len(self) -> int:
         """Positions filled in the longest active row (all rows, unless a speculative block left them
         ragged)."""
-        return max(self.lengths)
+        return max(self.rows.lengths)
 
     @cache_len.setter
     def cache_len(self, length: int) -> None:
-        self.lengths = [length] * len(self.lengths)
+        self.rows.lengths = [length] * len(self.rows.lengths)
 
     @property
     def batch(self) -> int:
         """Active rows (cache slots 0..batch-1)."""
-        return len(self.lengths)
+        return len(self.rows.lengths)
 
     def reset(self) -> None:
         """Forget the prompt (the cache buffers stay allocated)."""
-        self.lengths, self.rope_delta = [0], 0
+        self.rows.reset()
 
     def fork(self, n: int) -> None:
         """Continue the prefilled prompt as `n` independent rows: slot 0's K/V rows are copied on the device
-        into slots 1..n-1 (through `_fill_cache`, the prefill's own K/V write)."""
-        self._require_cache()
-        assert self.cache is not None
-        if not 1 <= n <= self.cache.max_batch:
-            raise ValueError(f"fork({n}): the cache was set up for 1..{self.cache.max_batch} rows")
+        into slots 1..n-1 (`DeviceKVCache.copy_slot0`)."""
+        cache = self._require_cache()
+        if not 1 <= n <= cache.max_batch:
+            raise ValueError(f"fork({n}): the cache was set up for 1..{cache.max_batch} rows")
         if self.batch != 1 or self.lengths[0] == 0:
             raise RuntimeError("fork() needs a prefilled prompt in one row")
         length = self.lengths[0]
         if n > 1:
-            ttnn, t = self.ttnn, self.text_cfg
             padded = self.plan.padded_length(length)  # what the prefill wrote: whole 128-row blocks
             with self.tracer.span("tt.fork", rows=n, positions=length):
-                for layer in self.kv_cache:
-                    for cache in layer:
-                        rows = ttnn.slice(cache, [0, 0, 0, 0], [1, t.num_key_value_heads, padded, t.head_dim])
-                        for slot in range(1, n):
-                            self._fill_cache(cache, rows, padded, batch=slot)
-                        self._free(rows)
+                cache.copy_slot0(self.kernels, padded, n)
         self.lengths = [length] * n
 
     def rollback(self, lengths: Sequence[int]) -> None:
@@ -269,19 +262,17 @@ class TTTextModel(TextPrefill, TextDecode):
         self.lengths = lengths
 
     def close(self) -> None:
-        """Release the decode trace, the KV cache, the weights and (when this model opened it) the device. The
+        """Release the decode traces, the KV cache, the weights and (when this model opened it) the device. The
         weights are freed even then: on a device shared with other models they would otherwise stay in DRAM."""
-        self._release_trace()
+        kern = self.kernels
+        self.decoder.close()
         self._free_cache()
-        self._keep_captured([], 0)
-        for inputs in self._inputs.values():
-            self._free(*inputs.values())
-        self._inputs = {}
-        self._free(*self.weights.values())
-        self.weights, self.layer_weights, self.moe = {}, [], {}
-        if self.owns_device and self.device is not None:
-            close_device(self.device)
-        self.device = None
+        self.prefiller.keep_captured([], 0)
+        kern.free(*(t for layer in self.layers for t in layer.weights.tensors()), *self.head.tensors())
+        self.layers.clear()  # the runners hold this list
+        if self.owns_device and kern.device is not None:
+            close_device(kern.device)
+        kern.device = None
 
     def __enter__(self) -> TTTextModel:
         return self
@@ -290,45 +281,90 @@ class TTTextModel(TextPrefill, TextDecode):
         self.close()
 
     def _free_cache(self) -> None:
-        for k, v in self.kv_cache:
-            self._free(k, v)
+        if self.cache is not None:
+            self.cache.free(self.kernels)
         self.cache = None
 
-    def _release_trace(self) -> None:
-        for trace in self._traces.values():
-            trace.release()
-        self._traces = {}
-
-    def _require_cache(self) -> None:
-        if not self.kv_cache:
+    def _require_cache(self) -> DeviceKVCache:
+        if self.cache is None or not self.cache.layers:
             raise RuntimeError("call setup_cache(max_seq_len) before prefill/decode")
+        return self.cache
 
-    # ------------------------------------------------------------------ captured layers (a DFlash draft's)
-    def _keep_captured(self, tensors: list[Any], length: int) -> None:
-        """The prefill's captured layer outputs (device [1, 1, Lp, H_p], rows [0, length) real) replace the
-        previous prompt's, which are freed."""
-        self._free(*self._captured[0])
-        self._captured, self._captured_host = (tensors, length), None
+    # ------------------------------------------------------------------ prefill, decode, verify
+    def prefill_hidden(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
+    ) -> torch.Tensor:
+        """Final-normed hidden [L, H] bf16 (arguments as `TextModel.prefill_hidden`); fills the KV cache.
+        `capture`: layer indices whose outputs [L, H] are left in `self.captured` (a DFlash draft's
+        context)."""
+        cache = self._require_cache()
+        return self.prefiller.prefill_hidden(cache, inputs, position_ids, visual_pos_mask, deepstack, capture)
+
+    def prefill(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
+    ) -> torch.Tensor:
+        """Prefill a prompt; float32 logits [V] of its last position (only that row's tile reaches the head).
+        `capture` as in `prefill_hidden`."""
+        return self.prefill_block(inputs, position_ids, visual_pos_mask, deepstack, capture)[0]
+
+    def prefill_block(
+        self,
+        inputs: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        visual_pos_mask: torch.Tensor | None = None,
+        deepstack: Sequence[torch.Tensor] | None = None,
+        capture: Sequence[int] = (),
+        drafted: torch.Tensor | Sequence[int] = (),
+    ) -> torch.Tensor:
+        """Prefill a prompt and the token ids `drafted` [n] after it as one prompt of L + n rows -> float32
+        logits [n + 1, V] of its last n + 1 rows (`TextPrefill.prefill_block`, `TextModel.prefill_block`)."""
+        cache = self._require_cache()
+        prefiller = self.prefiller
+        return prefiller.prefill_block(
+            cache, inputs, position_ids, visual_pos_mask, deepstack, capture, drafted
+        )
+
+    def decode(self, tokens: int | torch.Tensor, traced: bool = True) -> torch.Tensor:
+        """Append one token to each active row (`TextDecode.decode`): float32 logits [V] for an int (one
+        active row), [B, V] for ids [B]."""
+        return self.decoder.decode(self._require_cache(), tokens, traced)
+
+    def verify(
+        self, tokens: torch.Tensor, capture: Sequence[int] = (), traced: bool = True
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Append T tokens to each active row in one forward (ids [B, T]) -> float32 logits [B, T, V], with
+        `capture` also those layers' outputs [B, T, len(capture) x H] (`TextDecode.verify`)."""
+        return self.decoder.verify(self._require_cache(), tokens, capture, traced)
 
     @property
-    def captured_device(self) -> tuple[list[Any], int]:
+    def max_verify_rows(self) -> int:
+        """Rows x tokens of one `verify` (a speculative block is capped to fit)."""
+        return self.decoder.max_verify_rows
+
+    # ------------------------------------------------------------------ captured layers (a DFlash draft's)
+    @property
+    def captured_device(self) -> tuple[list[DeviceTensor], int]:
         """The last prefill's captured layer outputs on the device, each [1, 1, Lp, H_p] bf16 (zero columns
         past hidden), and the prompt length L (rows past it are padding): what a device draft reads in place."""
-        return self._captured
+        return self.prefiller.captured_device
 
     @property
     def captured(self) -> list[torch.Tensor]:
         """The last prefill's captured layer outputs [L, H] bf16 on the host (the torch `TextModel`'s
         contract), downloaded on first read: a draft on the device reads `captured_device` instead, and the
         prompt's features (L x layers x H, 128 MB for 5 layers of 3136 x 4096) never cross to the host."""
-        if self._captured_host is None:
-            tensors, length = self._captured
-            h = self.text_cfg.hidden_size
-            self._captured_host = [self._download(t)[0, 0, :length, :h] for t in tensors]
-        return self._captured_host
+        return self.prefiller.captured
 
-    # ------------------------------------------------------------------ host <-> device
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids [...] -> bf16 embeddings [..., H] (host lookup)."""
-        check_token_ids(ids, self.text_cfg.vocab_size)
-        return self.embed_table[ids.long()]
+        return self.head.embed(ids)
