@@ -32,7 +32,7 @@ over the fitted anchors (each residual relative to its measurement) with a weak 
 (coefficient 1, fixed cost 0), which decides only where no anchor does: a class left without anchors in a
 leave-one-out fit predicts its roofline.
 
-Fitted to the package's anchors (tests/test_tt_calibration.py holds these figures to the fit):
+Fitted to the package's anchors (tests/test_plan_calibration.py holds these figures to the fit):
 
     dram_matmul     efficiency 0.77
     compute_matmul  efficiency 0.10
@@ -84,7 +84,7 @@ LOWER = PRIOR.copy()
 # The pull toward the roofline, in units of each coefficient's typical size (relative residuals are O(1)):
 # small enough that no anchored class moves measurably, large enough to pin an unanchored one.
 RIDGE = 1e-3
-FIT_TOLERANCE = 0.20  # every fitted anchor within +-20 % of its measurement (tests/test_tt_calibration.py)
+FIT_TOLERANCE = 0.20  # every fitted anchor within +-20 % of its measurement (tests/test_plan_calibration.py)
 SCALE = np.array([1.0, 1.0, 1.0, 1.0, 0.005, 0.3, 1.0, 0.2])
 
 

@@ -1,7 +1,7 @@
 """The one-chip MoE block's host side: its YAML config and validation, the plan, and the prefill grouping.
 
 The grouping is checked against the torch reference block (`alpamayo.text.moe.block.MoEBlock`, itself checked against
-transformers in tests/test_moe.py): the grouped rows, one expert per 32-row group, weighted and gathered back,
+transformers in tests/test_text_moe.py): the grouped rows, one expert per 32-row group, weighted and gathered back,
 must give the block's output.
 """
 

@@ -115,7 +115,7 @@ def test_plan_adds_up_the_speculative_estimate_from_its_stage_estimates(capsys, 
     """What `plan --accept-len` prints is the plain estimate with the 64 decode steps swapped for the verifies
     (and the DFlash drafts), each stage as the estimate functions cost it. Only the composition is checked
     here: the stage costs themselves are the tests above (weights read once per block, K/V reads per row or
-    per tile, the grid), tests/test_plan_stream.py and tests/test_tt_expert_plan.py."""
+    per tile, the grid), tests/test_plan_stream.py and tests/test_plan_expert.py."""
     assert main(["plan", "--checkpoint", RELEASE, "--accept-len", "4"]) == 0
     out = capsys.readouterr().out
     assert "WITH SPECULATION at 4 tokens per verify (64 tokens: 16 verifies of 8 rows" in out
