@@ -31,7 +31,7 @@ from alpamayo.expert.sampler import euler_sample
 from alpamayo.expert.weights import load_expert
 from alpamayo.numerics import relative_error
 from alpamayo.plan.precision import load_precision
-from alpamayo.precision.planner import kv_store
+from alpamayo.precision.recipes import kv_store
 from alpamayo.text import TextModel
 from alpamayo.tt.quantized import QuantizedCheckpoint, rounded_expert
 from planner.metrics import ade

@@ -92,12 +92,12 @@ MUTANTS = (
         "the precision report's drive comparison hard-codes full agreement and no drift (finding 4)",
         (
             (
-                "alpamayo/precision/planner.py",
+                "alpamayo/precision/drives.py",
                 '"token_agreement": float(np.mean(tokens)),',
                 '"token_agreement": 1.0,',
             ),
             (
-                "alpamayo/precision/planner.py",
+                "alpamayo/precision/drives.py",
                 '"ade_drift_m": float(np.mean([ade(b, a) for a, b in zip(ref.xyz, run.xyz, strict=True)])),',
                 '"ade_drift_m": 0.0,',
             ),

@@ -491,7 +491,7 @@ def test_ros_raw_image_encodings_convert_to_rgb(known, tmp_path, encoding):
 
 
 def test_precision_reads_its_drive_ticks_through_every_source(layouts):
-    from alpamayo.precision.planner import drive_ticks
+    from alpamayo.precision.drives import drive_ticks
 
     for name in ("pai", "rosbag2", "foxglove"):
         ticks = drive_ticks(layouts[name], 2, print, pai_dir=layouts["pai_dir"])
@@ -499,7 +499,7 @@ def test_precision_reads_its_drive_ticks_through_every_source(layouts):
 
 
 def test_precision_reads_a_bag_of_other_topic_names_through_its_layout(known, tmp_path):
-    from alpamayo.precision.planner import drive_ticks
+    from alpamayo.precision.drives import drive_ticks
 
     bag = write_rosbag2(tmp_path / "other.mcap", known, topics={c: f"/cam{c}" for c in known.cameras})
     layout = tmp_path / "layout.yaml"

@@ -19,7 +19,7 @@ from alpamayo.config.loader import load_model_config
 from alpamayo.demo_drive import make_demo_drive
 from alpamayo.plan.dram import plan_memory
 from alpamayo.plan.precision import OP_GROUPS, PRESETS, TENSOR_GROUPS
-from alpamayo.precision.planner import DriveRun, _drive_figures
+from alpamayo.precision.drives import DriveRun, drive_figures
 
 # 8.2 s of one camera: ticks at t0 = 1.5 and 1.6 s, each with its recorded 6.4 s future
 DRIVE = {"seconds": 8.2, "cameras": 1, "seed": 5, "size": (72, 128)}
@@ -171,12 +171,12 @@ def test_bad_arguments_are_named(demo_checkpoint, capsys, extra, message):
 def test_a_json_path_that_cannot_be_written_is_refused_before_any_model_runs(
     demo_checkpoint, tmp_path, monkeypatch, capsys, where
 ):
-    from alpamayo.precision import planner as precision_planner
+    from alpamayo.precision import report as precision_module
 
     def no_model(*args, **kwargs):
         raise AssertionError("the reference model ran before --json was checked")
 
-    monkeypatch.setattr(precision_planner, "reference", no_model)
+    monkeypatch.setattr(precision_module, "reference", no_model)
     blocker = tmp_path / "file"
     blocker.write_text("")
     target = blocker / "report.json" if where == "under-a-file" else tmp_path
@@ -191,7 +191,8 @@ def test_the_expert_group_reaches_the_action_experts_velocity_and_waypoints(
 ):
     """On an Alpamayo checkpoint with an action expert: per-step velocity PCC against the float32 expert and
     the waypoint drift, ordered by the `expert` group's dtype (bf16 above bfp4)."""
-    from alpamayo.precision.planner import Settings, precision_report
+    from alpamayo.precision.report import precision_report
+    from alpamayo.precision.settings import Settings
     from tests.tt_expert_cases import save_alpamayo_checkpoint
 
     checkpoint = save_alpamayo_checkpoint(tmp_path / "alpamayo", seed=3)
@@ -227,7 +228,7 @@ def test_drive_figures_compare_runs_whose_tokens_and_trajectories_vary():
     run_xyz[2][32:, 2] += 7.0  # Z only: no XY drift
     future = [ref_xyz[0] + [0.0, 1.0, 0.0], None, ref_xyz[2] - [2.0, 0.0, 0.0]]
     ref, run = DriveRun(ref_tokens, ref_xyz, future), DriveRun(run_tokens, run_xyz, future)
-    got = _drive_figures(ref, run)
+    got = drive_figures(ref, run)
 
     def xy_ade(a, b):
         return float(np.mean(np.linalg.norm(a[:, :2] - b[:, :2], axis=1)))
@@ -241,11 +242,11 @@ def test_drive_figures_compare_runs_whose_tokens_and_trajectories_vary():
     assert got["ade_reference_m"] == pytest.approx(np.mean([1.0, 2.0]))
     assert got["ade_recipe_m"] == pytest.approx(np.mean([xy_ade(run_xyz[0], future[0]), 2.0]))
     # a run against itself agrees on every token and does not drift
-    same = _drive_figures(ref, ref)
+    same = drive_figures(ref, ref)
     assert (same["token_agreement"], same["ade_drift_m"]) == (1.0, 0.0)
     # without any recorded future there is nothing to compare each model with
     blind = DriveRun(ref_tokens, ref_xyz, [None] * 3)
-    assert set(_drive_figures(blind, blind)) == {"ticks", "token_agreement", "ade_drift_m"}
+    assert set(drive_figures(blind, blind)) == {"ticks", "token_agreement", "ade_drift_m"}
 
 
 @pytest.mark.golden

@@ -19,8 +19,10 @@ import torch
 from alpamayo.cli import main
 from alpamayo.config.loader import load_model_config
 from alpamayo.demo_drive import make_demo_drive
-from alpamayo.precision import planner as precision_planner
-from alpamayo.precision.planner import Settings, precision_report
+from alpamayo.precision import report as precision_module
+from alpamayo.precision.reference import reference, vision_outputs
+from alpamayo.precision.report import precision_report
+from alpamayo.precision.settings import Settings
 from alpamayo.quant import Int8Weight, QuantRecipe
 from alpamayo.text import TextModel, linear
 from alpamayo.text.linear import Linear
@@ -57,7 +59,7 @@ def test_int8_figures_equal_a_dequantised_float32_model(demo_checkpoint, record_
     assert row.recipe["backend"] == "torch" and row.recipe["name"] == "int8"
 
     cfg = load_model_config(demo_checkpoint)
-    ref = precision_planner.reference(demo_checkpoint, cfg, SETTINGS, [], lambda message: None)
+    ref = reference(demo_checkpoint, cfg, SETTINGS, [], lambda message: None)
     model = _plain(lambda: TextModel.from_checkpoint(demo_checkpoint, cfg))
     _dequantised(model)
     n = SETTINGS.tokens
@@ -69,7 +71,7 @@ def test_int8_figures_equal_a_dequantised_float32_model(demo_checkpoint, record_
     assert abs(row.logits_pcc - _pcc(ref.logits, logits)) < 1e-6
     vision = _plain(lambda: VisionEncoder.from_checkpoint(demo_checkpoint, cfg))
     _dequantised(vision)
-    got = precision_planner._vision(vision)
+    got = vision_outputs(vision)
     assert abs(row.vision_pcc - min(_pcc(a, b) for a, b in zip(ref.vision, got, strict=True))) < 1e-6
     # the demo checkpoint's action expert is scored too, per Euler step
     assert len(row.expert["velocity_pcc"]) == 10 and 0.99 < row.expert["velocity_pcc_min"] <= 1
@@ -130,7 +132,7 @@ def test_bad_quant_arguments_are_named_before_any_model_runs(
     def no_model(*args, **kwargs):
         raise AssertionError("the reference model ran before the arguments were checked")
 
-    monkeypatch.setattr(precision_planner, "reference", no_model)
+    monkeypatch.setattr(precision_module, "reference", no_model)
     assert main(["precision", "--checkpoint", str(demo_checkpoint), *extra]) == 2
     assert re.search(message, capsys.readouterr().err)
 

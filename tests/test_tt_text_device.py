@@ -28,7 +28,7 @@ from alpamayo.generation import greedy_continue
 from alpamayo.numerics import agreement, assert_agrees, pcc
 from alpamayo.plan.precision import load_precision
 from alpamayo.plan.programs.text import plan_text
-from alpamayo.precision.planner import layer_io
+from alpamayo.precision.reference import layer_io
 from alpamayo.profiling import Tracer
 from alpamayo.text import TextModel
 from alpamayo.text.inputs import text_position_ids

@@ -11,7 +11,7 @@ per-layer PCC, final-logit PCC, teacher-forced top-1 agreement, vision tower PCC
 PCC and waypoint drift, with a drive the trajectory token agreement, ADE drift and eval-style minADE
 difference, and the memory plan) and the per-layer figures; `--golden` adds, per ttnn recipe, a row of the
 figures its device programs compute in the ttnn golden mode; `--json` writes the same report as JSON. See
-`alpamayo.precision.planner`.
+`alpamayo.precision.report`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from alpamayo.commands.common import BASE_MODEL_HELP, RECIPE_HELP
 from alpamayo.commands.replay_args import DRIVE_HELP, add_drive_source_args, drive_source_fields
-from alpamayo.precision.planner import Settings, precision_report
+from alpamayo.precision.report import precision_report
+from alpamayo.precision.settings import Settings
 from alpamayo.quant import GROUP_SIZES, QuantRecipe
 
 DEFAULT_RECIPES = ("accuracy", "performance")

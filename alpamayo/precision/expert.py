@@ -1,7 +1,7 @@
 """What a precision recipe costs the flow-matching action expert, on the CPU (part of `alpamayo precision`).
 
 The expert of an Alpamayo checkpoint samples over the text model's cache of the evaluation prompt (the corpus
-rows `alpamayo.precision.planner` evaluates; offset = their count, as if the last one were
+rows `alpamayo.precision.reference` evaluates; offset = their count, as if the last one were
 `<|traj_future_start|>`), one sample from a fixed noise:
 
   * the unrounded float32 expert over the unrounded model's cache is the reference: its x_k, t_k, v_k at
