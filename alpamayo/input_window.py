@@ -147,6 +147,10 @@ class PoseTrack:
             w = (times - t[lo]) / gap
             xyz = self.xyz[lo] + w[:, None] * (self.xyz[hi] - self.xyz[lo])
             quat = slerp(self.quat_xyzw[lo], self.quat_xyzw[hi], w)
+            # a time on a pose is that pose, bit for bit: the blend at weight 1 and scipy's renormalising slerp
+            # round it by up to 3e-14 m (the node's window then differed from the drive's own poses)
+            hit = ~beyond & (times == t[hi])
+            xyz[hit], quat[hit] = self.xyz[hi[hit]], self.quat_xyzw[hi[hit]]
             if not pair_ok:  # beyond the newest pose with a gap before it: the rotation is held
                 xyz[beyond], quat[beyond] = self.xyz[-1], self.quat_xyzw[-1]
         if self.interpolator is not None and not beyond.all():
