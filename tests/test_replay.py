@@ -425,8 +425,8 @@ def test_backend_arguments_reach_the_replay_settings():
     backend = ["--backend", "ttnn", "--recipe", "accuracy", "--tt-cache", "cache", "--moe-config", "moe.yaml"]
     args = build_parser().parse_args(["profile", "--synthetic", "--checkpoint", "ck", *backend])
     settings = settings_from_args(args, Path("drive.mcap"), None)
-    assert (settings.backend, settings.recipe) == ("ttnn", "accuracy")
-    assert (str(settings.tt_cache), str(settings.moe_config)) == ("cache", "moe.yaml")
+    assert (settings.model.backend, settings.model.recipe) == ("ttnn", "accuracy")
+    assert (settings.model.tt_cache, settings.model.moe_config) == ("cache", "moe.yaml")
 
 
 def test_speed_without_realtime_is_refused_not_ignored():
