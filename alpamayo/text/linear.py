@@ -17,6 +17,15 @@ On CPU, bfloat16 and float32 weights are packed once into oneDNN's blocked layou
   (2 packed rows: 304 and 149 ms, 4: 223 and 124, 8: 274 and 148); a float32 verify of 8 rows 274 ms
   packed against MKL's 902.
 
+A CPU without oneDNN's bfloat16 support (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT: an AVX2-only AMD EPYC, say)
+cannot pack a bfloat16 weight (`_reorder_linear_weight` raises), so its bfloat16 linears run `F.linear`, torch's
+own bfloat16 GEMM. That kernel computes each output as one float32-accumulated dot product in a fixed order,
+so it keeps the row guarantee too (`tests/test_exact_rows.py` on such a host). Measured on 2 AVX2 cores: every
+row count from 1 to 8, and 17, 40 and 512 (64 at the head), equal to one row at a time, at 1 and 2 threads, at
+512x1280, 2048x2048, 6144x2048, 2048x6144 and the 151936-row head. It is slower there than a float32 packed
+product for many rows (2048x2048 at M = 512: 223 ms against 36 ms) and faster for one (0.54 ms against 1.16 ms:
+half the bytes); packing such a weight as float32 would double a bfloat16 model's memory, so it stays bfloat16.
+
 Everywhere else (CUDA, other dtypes, builds without mkldnn) `F.linear` is used, with no row guarantee. With a
 `QuantRecipe` (`--quant int8|int4`) packing instead quantises the weight for PyTorch's weight-only kernels
 (`alpamayo.quant`); the linear's `role` decides whether the recipe applies to it.
@@ -40,13 +49,13 @@ MIN_ROWS = 6
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """True where the packed oneDNN layout applies: a CPU bfloat16 or float32 weight on a build with mkldnn."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in (torch.bfloat16, torch.float32)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    """True where the packed oneDNN layout applies: a CPU float32 weight on a build with mkldnn, or a bfloat16
+    one where oneDNN also supports bfloat16 on this CPU (module docstring)."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    return weight.dtype == torch.float32 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Linear(nn.Module):
