@@ -16,7 +16,6 @@ from bridges.wire.client import ControlClient, TrajectorySubscriber
 from tests.bridge_nodes import CAMERAS, answering_window, wait_until
 
 LOOPBACK = "tcp://127.0.0.1:*"
-SHUTDOWN_TIMEOUT_S = 0.5
 
 
 def start_serve(*args: str) -> tuple[subprocess.Popen, dict]:
@@ -84,8 +83,11 @@ def test_serve_and_camera_sim_stream_trajectories_and_sigterm_exits_0_mid_predic
         "model.max_reasoning_tokens=4",
         "--set",
         "timing.stale_after_ms=600000",
+        # the cancellation, not the time: at the default 0.5 s a step slowed by load is abandoned instead (seen at
+        # load 5-7 on 2 cores: "stopped (prediction abandoned)"); how soon a stop exits is test_bridge_stop's
+        # figure and benchmarks/node_hardening.py's measurement
         "--set",
-        f"timing.shutdown_timeout_s={SHUTDOWN_TIMEOUT_S}",
+        "timing.shutdown_timeout_s=60",
     )
     sim = None
     try:
@@ -98,10 +100,8 @@ def test_serve_and_camera_sim_stream_trajectories_and_sigterm_exits_0_mid_predic
             assert "camera-sim: sent 30 ticks, 60 frames" in sim.stdout.read()
             # the newest window (t0 = 2.9 s) is being predicted now
             wait_until(lambda: ctl.status()["counters"]["predictions"] >= 1, 30.0, "the first prediction")
-        start = time.monotonic()
         serve.send_signal(signal.SIGTERM)
-        assert serve.wait(30) == 0
-        assert time.monotonic() - start < SHUTDOWN_TIMEOUT_S + 5.0
+        assert serve.wait(90) == 0
         output = serve.stdout.read()
         assert "valid=True" in output and "Traceback" not in output
         assert output.rstrip().splitlines()[-2:] in (
