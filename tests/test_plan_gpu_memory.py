@@ -18,6 +18,7 @@ from alpamayo.plan.gpu_memory import GPUS_GB, kv_cache_nbytes, packed_nbytes, pl
 from alpamayo.quant import QuantRecipe
 from alpamayo.text import TextModel
 from alpamayo.text.linear import Linear
+from tests.hf_checkpoints import save_checkpoint, text_config
 from vision.encoder import VisionEncoder
 
 DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4}
@@ -88,6 +89,21 @@ def test_planned_plain_weight_bytes_equal_the_checkpoints_tensors(demo_checkpoin
                 elements += n
     assert sum(c.total for c in planned.values()) == elements * 4
     assert all(c.quantised == 0 for c in planned.values())
+
+
+def test_a_tied_quantised_head_keeps_the_embedding_table_in_the_plain_bytes(tmp_path):
+    """The head quantised by a +head recipe shares its weight with the embedding table, which stays plain: the
+    planned plain bytes are the loaded model's plain tensors (the table and the norms), not less the table."""
+    save_checkpoint(tmp_path, text_config(), tie=True)
+    cfg = load_model_config(tmp_path)
+    assert cfg.tie_word_embeddings
+    recipe = QuantRecipe("int8", head=True)
+    count = weight_counts(cfg, None, recipe, torch.float32, "cpu")["text"]
+    model = TextModel.from_checkpoint(tmp_path, cfg, quant=recipe)
+    plain = {id(t): t for m in model.modules() for t in vars(m).values() if isinstance(t, torch.Tensor)}
+    plain |= {id(p): p for p in model.parameters()}
+    assert count.plain == sum(t.numel() * t.element_size() for t in plain.values())
+    assert count.quantised == _packed_bytes(model) > 0
 
 
 def test_planned_kv_bytes_equal_a_real_cache_of_three_samples(demo_checkpoint):

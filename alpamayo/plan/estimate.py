@@ -34,7 +34,7 @@ from alpamayo.plan.dram import kv_bytes, spec_bytes
 from alpamayo.plan.expert_weights import expert_weight_specs
 from alpamayo.plan.precision import Precision
 from alpamayo.plan.programs.expert import plan_expert
-from alpamayo.plan.programs.grid import flash_decode_cores, sdpa_cores
+from alpamayo.plan.programs.grid import flash_decode_cores, model_name, sdpa_cores
 from alpamayo.plan.programs.text import BLOCK_SDPA_POSITIONS, block_sdpa_applies, plan_text
 from alpamayo.plan.programs.vision import VISION_SDPA_CHUNK, plan_vision
 from alpamayo.plan.vision_weights import vision_weight_specs
@@ -159,7 +159,7 @@ def matmul_ops(
             continue
         dtype = weight_dtype(spec, precision)
         k, n = spec.padded[-2], spec.padded[-1]
-        weight = spec_bytes(spec, dtype)
+        weight: float = spec_bytes(spec, dtype)
         flops = 2.0 * m * k * n
         if len(spec.padded) == 4:  # routed experts
             experts = spec.padded[1]
@@ -210,6 +210,8 @@ def vision_estimate(
     those rows, and its windowed SDPA over every padded row (the padding rows are a window of their own in
     the last chunk, which the image's window reaches too)."""
     v = cfg.vision
+    if v is None:
+        raise ValueError(f"{model_name(cfg)} has no vision tower to estimate")
     plan = plan_vision(v)
     rows = plan.padded_length((frame_hw[0] // v.patch_size) * (frame_hw[1] // v.patch_size))
     cores = plan.grid.cores

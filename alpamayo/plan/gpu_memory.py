@@ -134,7 +134,7 @@ def weight_counts(
     """Per part ("text", "vision", "expert": those the model has) its `WeightCount` under `recipe`."""
     shapes = text_tensor_shapes(cfg)
     text = TextModel.from_weights(cfg, _meta_getter(shapes, dtype))
-    tied = text.embed if cfg.tie_word_embeddings else None
+    tied = text.embed_weight if cfg.tie_word_embeddings else None
     counts = {"text": count_weights(text, (s[0] for s in shapes.values()), recipe, dtype, device, tied)}
     if cfg.vision is not None:
         shapes = vision_tensor_shapes(cfg.vision)

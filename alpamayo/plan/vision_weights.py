@@ -19,12 +19,15 @@ from vision.weights import MERGER, PATCH_EMBED, block_prefix, deepstack_prefix
 def _attention(name: str, source: str, cfg: VisionConfig) -> list[WeightSpec]:
     c, heads = cfg.hidden_size, cfg.num_heads
     lanes = heads * rotary_head_dim(cfg.head_dim)
-    qkv = dict(heads=heads, splits=(c, c, c))
+    splits = (c, c, c)
     return [
-        WeightSpec(name + "qkv", (source + "qkv.weight",), "vision", "qkv_heads", (c, 3 * lanes), (c, 3 * lanes), **qkv),
+        WeightSpec(
+            name + "qkv", (source + "qkv.weight",), "vision", "qkv_heads", (c, 3 * lanes), (c, 3 * lanes),
+            heads=heads, splits=splits,
+        ),
         WeightSpec(
             name + "qkv.bias", (source + "qkv.bias",), "bias", "qkv_heads_bias", (1, 1, 1, 3 * lanes),
-            (1, 1, 1, 3 * lanes), **qkv,
+            (1, 1, 1, 3 * lanes), heads=heads, splits=splits,
         ),
         WeightSpec(
             name + "proj", (source + "proj.weight",), "vision", "proj_heads", (lanes, c), (lanes, c),

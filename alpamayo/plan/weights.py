@@ -322,6 +322,8 @@ def layer_norm_specs(name: str, source: str, dim: int) -> list[WeightSpec]:
 def expert_specs(cfg: TextConfig, i: int, dram_banks: int) -> list[WeightSpec]:
     """Router and routed-expert tensors of sparse layer `i` (names `layers.{i}.router`, `layers.{i}.experts.*`)."""
     moe = cfg.moe
+    if moe is None:
+        raise ValueError(f"layer {i} has routed experts, but its text config describes no MoE")
     h, hp = cfg.hidden_size, padded_hidden(cfg, dram_banks)
     e, inter = moe.num_experts, moe.moe_intermediate_size
     ip = round_up(inter, TILE)
@@ -362,11 +364,12 @@ def _sharded_spec(
     n: int,
     k_p: int,
     dram_banks: int,
-    **kw,
+    splits: tuple[int, ...] = (),
 ) -> WeightSpec:
-    """A decode-matmul weight `[K, N]`, DRAM width-sharded: N padded to 32 x banks, K to `k_p`."""
+    """A decode-matmul weight `[K, N]`, DRAM width-sharded: N padded to 32 x banks, K to `k_p`; `splits` as
+    `WeightSpec`'s."""
     padded = (k_p, round_up(n, TILE * dram_banks))
-    return WeightSpec(name, sources, group, transform, (k, n), padded, "dram_sharded", **kw)
+    return WeightSpec(name, sources, group, transform, (k, n), padded, "dram_sharded", splits=splits)
 
 
 def decoder_layer_specs(

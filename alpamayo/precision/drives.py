@@ -24,9 +24,11 @@ import torch
 from alpamayo.backends import TORCH_CPU, BackendOptions
 from alpamayo.config.loader import model_tokenizer
 from alpamayo.config.model import ModelConfig
+from alpamayo.contract import TextBackbone
 from alpamayo.families.registry import REFERENCE_SAMPLING
 from alpamayo.model_spec import ModelSpec
 from alpamayo.precision.settings import Progress, Settings
+from alpamayo.text import TextModel
 from alpamayo.tt.quantized import QuantizedCheckpoint
 from planner.metrics import ade
 
@@ -67,6 +69,13 @@ def drive_ticks(
     return ticks
 
 
+def torch_text(text: TextBackbone) -> TextModel:
+    """`text` as the torch `TextModel` the precision runs are (only it takes a K/V `kv_store`)."""
+    if not isinstance(text, TextModel):
+        raise TypeError(f"the precision drive runs the torch text model, not {type(text).__name__}")
+    return text
+
+
 def drive_vla(
     directory: Path,
     weights: QuantizedCheckpoint | None,
@@ -82,7 +91,7 @@ def drive_vla(
     from planner.pipeline import Planner
 
     vlm = VisionLanguageModel.from_checkpoint(directory, options, weights=weights, cfg=cfg)
-    vlm.text.kv_store = store
+    torch_text(vlm.text).kv_store = store
     planner = Planner.from_config(planner_config(vlm.config), model_tokenizer(vlm.config))
     return AlpamayoVLA(vlm, planner, max_reasoning_tokens=settings.max_reasoning_tokens)
 
@@ -105,7 +114,7 @@ def drive_run(vla: Any, ticks: Sequence[Any], label: str, progress: Progress) ->
 def drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
     """ticks, token_agreement, ade_drift_m (`run` against `ref`), and over the ticks with a recorded future
     ade_reference_m and ade_recipe_m (each run's ADE to it)."""
-    with_future = [i for i, f in enumerate(ref.future) if f is not None]
+    with_future = [(i, f) for i, f in enumerate(ref.future) if f is not None]
     tokens = [
         np.mean([a == b for a, b in zip(x, y, strict=True)])
         for x, y in zip(ref.tokens, run.tokens, strict=True)
@@ -116,8 +125,8 @@ def drive_figures(ref: DriveRun, run: DriveRun) -> dict[str, float]:
         "ade_drift_m": float(np.mean([ade(b, a) for a, b in zip(ref.xyz, run.xyz, strict=True)])),
     }
     if with_future:
-        figures["ade_reference_m"] = float(np.mean([ade(ref.xyz[i], ref.future[i]) for i in with_future]))
-        figures["ade_recipe_m"] = float(np.mean([ade(run.xyz[i], ref.future[i]) for i in with_future]))
+        figures["ade_reference_m"] = float(np.mean([ade(ref.xyz[i], f) for i, f in with_future]))
+        figures["ade_recipe_m"] = float(np.mean([ade(run.xyz[i], f) for i, f in with_future]))
     return figures
 
 
@@ -142,9 +151,9 @@ def eval_min_ade(
 
     if tick.future is None:
         return None
-    spec = ModelSpec(checkpoint=directory, max_reasoning_tokens=settings.max_reasoning_tokens)
+    spec = ModelSpec(checkpoint=str(directory), max_reasoning_tokens=settings.max_reasoning_tokens)
     vla = AlpamayoVLA.from_spec(spec, options=options, weights=weights, cfg=cfg)
-    vla.vlm.text.kv_store = store
+    torch_text(vla.vlm.text).kv_store = store
     start = time.perf_counter()
     frames = {c: [f.rgb() for f in fs] for c, fs in tick.frames.items()}
     prediction = vla.predict(

@@ -76,7 +76,12 @@ def _device_figures(
             expert = None
             if ref.expert is not None:  # before the cache: it reserves the expert's rows
                 source = Checkpoint(directory, cfg.weight_prefix)
-                expert = TTActionExpert.from_checkpoint(source, text, expert_config_of(cfg))
+                expert_cfg = expert_config_of(cfg)
+                if expert_cfg is None:
+                    raise ValueError(
+                        f"{directory}: the reference ran an action expert its config does not describe"
+                    )
+                expert = TTActionExpert.from_checkpoint(source, text, expert_cfg)
             text.setup_cache(ref.ids.numel())
             prompt = ref.ids.numel() - settings.tokens + 1
             logits = text.prefill_block(ref.ids[:prompt], drafted=ref.ids[prompt:])
@@ -108,7 +113,7 @@ def _drive_run(
     from alpamayo.runtime import AlpamayoVLA
 
     spec = ModelSpec(
-        checkpoint=directory,
+        checkpoint=str(directory),
         base_model=base_model,
         decoder="tokens",
         max_reasoning_tokens=settings.max_reasoning_tokens,

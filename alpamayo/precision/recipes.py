@@ -41,7 +41,7 @@ from alpamayo.precision.drives import (
     eval_min_ade,
     min_ade_figures,
 )
-from alpamayo.precision.expert import expert_figures, expert_run
+from alpamayo.precision.expert import ExpertRun, expert_figures, expert_run
 from alpamayo.precision.golden import golden_figures
 from alpamayo.precision.reference import Reference, continuation_logits, top1_agreement, vision_pcc
 from alpamayo.precision.settings import Progress, Settings
@@ -87,6 +87,15 @@ def text_figures(model: TextModel, ref: Reference, settings: Settings) -> tuple[
             layer_pcc.append(pcc(y, layer(x[None], cos, sin, model.cache, 0)[0]))
     logits = continuation_logits(model, ref.ids, settings.tokens)
     return layer_pcc, pcc(ref.logits, logits), top1_agreement(logits, ref.continuation)
+
+
+def _expected_expert(
+    run: tuple[ExpertRun, list[float]] | None, directory: Path
+) -> tuple[ExpertRun, list[float]]:
+    """A recipe's `expert_run` where the reference has one: the checkpoint is the same, so it has the expert."""
+    if run is None:
+        raise ValueError(f"{directory}: the reference ran an action expert the recipe's checkpoint lacks")
+    return run
 
 
 def _drive_figures(
@@ -150,8 +159,8 @@ def evaluate_recipe(
     layer_pcc, logits_pcc, top1 = text_figures(model, ref, settings)
     expert = None
     if ref.expert is not None:
-        run, pccs = expert_run(weights, cfg, model, ref.ids.numel(), ref.expert)
-        expert = expert_figures(ref.expert, run, pccs)
+        run = expert_run(weights, cfg, model, ref.ids.numel(), ref.expert)
+        expert = expert_figures(ref.expert, *_expected_expert(run, directory))
     del model
     vision = (
         None if ref.vision is None else vision_pcc(ref.vision, VisionEncoder.from_checkpoint(weights, cfg))
@@ -221,8 +230,8 @@ def evaluate_quant(
     expert = None
     if ref.expert is not None:
         source = Checkpoint(directory, cfg.weight_prefix)
-        run, pccs = expert_run(source, cfg, model, ref.ids.numel(), ref.expert, quant)
-        expert = expert_figures(ref.expert, run, pccs)
+        run = expert_run(source, cfg, model, ref.ids.numel(), ref.expert, quant)
+        expert = expert_figures(ref.expert, *_expected_expert(run, directory))
     del model
     vision = None
     if ref.vision is not None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -49,6 +49,8 @@ from alpamayo.precision.recipes import RecipeReport, evaluate_quant, evaluate_re
 from alpamayo.precision.reference import reference
 from alpamayo.precision.settings import Progress, Settings
 from alpamayo.quant import QuantRecipe
+
+F = TypeVar("F")  # a recipe's figures (a dict)
 
 
 @dataclass
@@ -82,13 +84,15 @@ class PrecisionReport:
         lines = [self._head(), *_columns([cols, *rows])]
         lines.append("per-layer PCC (each layer on the unrounded model's input to it):")
         lines += self._by_recipe("layer", range(len(self.recipes[0].layer_pcc)), lambda r, i: r.layer_pcc[i])
-        if self._has_expert():
+        if (expert := self.recipes[0].expert) is not None:  # `_has_expert`
             lines.append(
                 f"action expert velocity PCC per Euler step (at the float32 expert's x_k; waypoint drift "
-                f"rolled out at {self.recipes[0].expert['v0_mps']:.0f} m/s):"
+                f"rolled out at {expert['v0_mps']:.0f} m/s):"
             )
-            steps = range(len(self.recipes[0].expert["velocity_pcc"]))
-            lines += self._by_recipe("step", steps, lambda r, k: r.expert["velocity_pcc"][k])
+            steps = range(len(expert["velocity_pcc"]))
+            lines += self._by_recipe(
+                "step", steps, lambda r, k: _present(r.expert, "expert", r)["velocity_pcc"][k]
+            )
         dtypes = [["group", *(r.recipe["name"] for r in self.recipes)]]
         dtypes += [
             [g, *(r.recipe["dtypes"][g] for r in self.recipes)] for g in self.recipes[0].recipe["dtypes"]
@@ -104,7 +108,8 @@ class PrecisionReport:
             f"memory at max_seq_len {s.max_seq_len}"
         )
         if self.drive is not None:
-            head += f", drive {Path(self.drive).name} ({self.recipes[0].drive['ticks']} ticks)"
+            ticks = _present(self.recipes[0].drive, "drive", self.recipes[0])["ticks"]
+            head += f", drive {Path(self.drive).name} ({ticks} ticks)"
         return head
 
     def _has_expert(self) -> bool:
@@ -181,6 +186,14 @@ class PrecisionReport:
             f"the bfloat16 GPU plan at K={s.eval_samples} (alpamayo plan --backend torch), fits on: the "
             "smallest common GPU.",
         ]
+
+
+def _present(figures: F | None, what: str, r: RecipeReport) -> F:
+    """A recipe's `what` figures where the first recipe has them: every recipe runs on the same checkpoint and
+    drive, so a missing one is a bug."""
+    if figures is None:
+        raise ValueError(f"recipe {r.recipe['name']} has no {what} figures where the first recipe has them")
+    return figures
 
 
 def _drive_cells(d: dict[str, float]) -> list[str]:

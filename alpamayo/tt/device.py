@@ -101,7 +101,9 @@ def is_dry_run_root(root: str | Path | None) -> bool:
 
     Here rather than in `alpamayo.tt.dryrun`, which builds such roots on top of this module: the runtime only
     needs to recognise one."""
-    return bool(root) and (Path(root) / DRY_RUN_MARKER).is_file()
+    if not root:  # unset or empty
+        return False
+    return (Path(root) / DRY_RUN_MARKER).is_file()
 
 
 def dry_run_active(environ: Mapping[str, str] = os.environ) -> bool:

@@ -171,6 +171,11 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
         """The target's (its stages are the prediction's)."""
         return self.text.tracer
 
+    @tracer.setter
+    def tracer(self, tracer: Tracer) -> None:
+        """`DeviceIO.tracer` is writable: the draft has no tracer of its own, so this sets the target's."""
+        self.text.tracer = tracer
+
     @classmethod
     def load(cls, directory: str | Path, text: TTTextModel) -> TTDFlashDraft:
         """Read a DFlash draft for the device target `text`: config, device limits and tensor names/shapes are
@@ -296,6 +301,10 @@ class TTDFlashDraft(BlockDraft, DeviceIO):
         self.lengths, self.tails = [length] * ctx.rows, [tail] * ctx.rows
 
     def accepted(self, row: int, tokens: Sequence[int], features: torch.Tensor | None) -> None:
+        if features is None:
+            raise ValueError(
+                "a DFlash draft needs the accepted positions' captured target layers (capture=...)"
+            )
         self._append(self._setup(), [row], features)
 
     def _append(self, state: DraftState, rows: list[int], features: torch.Tensor) -> None:

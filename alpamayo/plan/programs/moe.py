@@ -64,10 +64,17 @@ class MoEPlan:
         b = self.block
         return [
             f"MoE: {b.num_routed_experts} experts, top-{b.select_experts_k}, router fp32 logits on "
-            f"[{self.hidden_padded}, {b.num_routed_experts}]; mesh {list(b.mesh_shape)}",
+            f"[{self.hidden_padded}, {b.num_routed_experts}]; mesh {list(_mesh(b))}",
             f"MoE {self.gate_up.describe()}",
             f"MoE {self.down.describe()}",
         ]
+
+
+def _mesh(block: MoEBlockConfig) -> tuple[int, int]:
+    """`block.mesh_shape`, which `MoEBlockConfig` resolves on construction (None there is a bug)."""
+    if block.mesh_shape is None:
+        raise ValueError("MoEBlockConfig.mesh_shape is None: it is resolved on construction")
+    return block.mesh_shape
 
 
 def _sparse_matmul(name: str, k: int, n: int, dtype: str, device: DeviceSpec) -> SparseMatmul:
@@ -89,7 +96,7 @@ def plan_moe(
 ) -> MoEPlan:
     """Plan the MoE block `block` of `cfg`'s sparse layers on one chip; PlanError for what it does not run."""
     source = model_name(cfg)
-    mesh = block.mesh_shape
+    mesh = _mesh(block)
     if mesh != (1, 1):
         raise PlanError(
             f"{source}: MoE mesh_shape {list(mesh)} ({mesh[0] * mesh[1]} devices): the ttnn MoE block runs on "
