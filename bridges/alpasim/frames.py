@@ -132,6 +132,8 @@ class CameraFrames:
         except SlotMissing as e:
             # the newest slot without a frame (the tolerance is far below half a period: no frame serves two)
             k, err = e.missing[-1]
+            if err is None:  # the nearest rule over a non-empty list has a nearest frame for every slot
+                raise RuntimeError(f"camera {self.camera}: slot {k} missed with no nearest frame") from None
             raise InputRejected(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "frame_spacing",

@@ -21,6 +21,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -42,6 +43,8 @@ from bridges.alpasim.v0 import (
 )
 from bridges.wire.protocol import ALPAMAYO_CAMERAS
 from planner.navigation import route_to_nav_text
+
+T = TypeVar("T")  # what a servicer call's body returns
 
 # NVIDIA's driver maps AlpaSim logical ids to Alpamayo camera indices this way (alpamayo_base.py).
 CAMERA_INDEX = {name: index for index, name in ALPAMAYO_CAMERAS.items()}
@@ -127,7 +130,7 @@ class EgodriverService(
         self.stop_requested = threading.Event()
 
     # -- plumbing ------------------------------------------------------------------------------------------
-    def _call(self, name: str, context: grpc.ServicerContext, body: Callable[[], object]) -> object:
+    def _call(self, name: str, context: grpc.ServicerContext, body: Callable[[], T]) -> T:
         try:
             out = body()
         except InputRejected as e:
@@ -150,8 +153,10 @@ class EgodriverService(
         return s
 
     # -- EgodriverService ----------------------------------------------------------------------------------
-    def start_session(self, request, context):
-        def body():
+    def start_session(
+        self, request: egodriver_pb2.DriveSessionRequest, context: grpc.ServicerContext
+    ) -> common_pb2.SessionRequestStatus:
+        def body() -> common_pb2.SessionRequestStatus:
             uuid = request.session_uuid
             if not uuid:
                 raise _status(grpc.StatusCode.INVALID_ARGUMENT, "bad_session", "session_uuid is empty")
@@ -184,8 +189,10 @@ class EgodriverService(
 
         return self._call("start_session", context, body)
 
-    def close_session(self, request, context):
-        def body():
+    def close_session(
+        self, request: egodriver_pb2.DriveSessionCloseRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        def body() -> common_pb2.Empty:
             with self._lock:
                 if self._sessions.pop(request.session_uuid, None) is None:
                     raise _status(
@@ -197,8 +204,10 @@ class EgodriverService(
 
         return self._call("close_session", context, body)
 
-    def submit_image_observation(self, request, context):
-        def body():
+    def submit_image_observation(
+        self, request: egodriver_pb2.RolloutCameraImage, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        def body() -> common_pb2.Empty:
             s = self._session(request.session_uuid)
             img = request.camera_image
             if img.logical_id not in s.frames:
@@ -254,8 +263,10 @@ class EgodriverService(
                 f"camera {camera}: cannot decode the image: {e}",
             ) from None
 
-    def submit_egomotion_observation(self, request, context):
-        def body():
+    def submit_egomotion_observation(
+        self, request: egodriver_pb2.RolloutEgoTrajectory, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        def body() -> common_pb2.Empty:
             s = self._session(request.session_uuid)
             poses = request.trajectory.poses
             if len(request.dynamic_states) != len(poses):
@@ -284,8 +295,10 @@ class EgodriverService(
 
         return self._call("submit_egomotion_observation", context, body)
 
-    def submit_route(self, request, context):
-        def body():
+    def submit_route(
+        self, request: egodriver_pb2.RouteRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        def body() -> common_pb2.Empty:
             s = self._session(request.session_uuid)
             wp = np.array([[w.x, w.y, w.z] for w in request.route.waypoints], dtype=np.float64).reshape(-1, 3)
             s.route = route_to_nav_text(wp) if len(wp) else None
@@ -293,14 +306,16 @@ class EgodriverService(
 
         return self._call("submit_route", context, body)
 
-    def submit_recording_ground_truth(self, request, context):
-        def body():
+    def submit_recording_ground_truth(
+        self, request: egodriver_pb2.GroundTruthRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        def body() -> common_pb2.Empty:
             self._session(request.session_uuid)  # the driver does not use it, as NVIDIA's
             return common_pb2.Empty()
 
         return self._call("submit_recording_ground_truth", context, body)
 
-    def get_version(self, request, context):
+    def get_version(self, request: common_pb2.Empty, context: grpc.ServicerContext) -> common_pb2.VersionId:
         major, minor, patch = ALPASIM_GRPC_VERSION
         return common_pb2.VersionId(
             version_id=f"{VERSION} {self._model_line}",
@@ -308,10 +323,12 @@ class EgodriverService(
             grpc_api_version=common_pb2.VersionId.APIVersion(major=major, minor=minor, patch=patch),
         )
 
-    def drive(self, request, context):
+    def drive(
+        self, request: egodriver_pb2.DriveRequest, context: grpc.ServicerContext
+    ) -> egodriver_pb2.DriveResponse:
         return self._call("drive", context, lambda: self._drive(request))
 
-    def _drive(self, request) -> egodriver_pb2.DriveResponse:
+    def _drive(self, request: egodriver_pb2.DriveRequest) -> egodriver_pb2.DriveResponse:
         start = time.perf_counter()
         s = self._session(request.session_uuid)
         if request.time_query_us < request.time_now_us:
@@ -326,8 +343,9 @@ class EgodriverService(
                 "query_in_past",
                 f"time_now_us={request.time_now_us} is before the previous drive's time_now_us={s.last_query_us}",
             )
-        windows = {c: s.frames[c].window(int(request.time_now_us)) for c in s.cameras}
-        if any(w is None for w in windows.values()) or not s.poses:
+        found = {c: s.frames[c].window(int(request.time_now_us)) for c in s.cameras}
+        windows = {c: w for c, w in found.items() if w is not None}
+        if len(windows) < len(found) or not s.poses:
             with self._lock:
                 self.counters["drive_not_ready"] += 1
             s.last_query_us = int(request.time_now_us)
@@ -439,7 +457,9 @@ class EgodriverService(
         )
 
     # -- DriverAdmin ---------------------------------------------------------------------------------------
-    def get_status(self, request, context):
+    def get_status(
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> driver_admin_pb2.StatusJson:
         with self._lock:
             sessions = {
                 u: {
@@ -459,7 +479,7 @@ class EgodriverService(
             }
         return driver_admin_pb2.StatusJson(json=json.dumps(doc))
 
-    def shut_down(self, request, context):
+    def shut_down(self, request: common_pb2.Empty, context: grpc.ServicerContext) -> common_pb2.Empty:
         self.stop_requested.set()
         return common_pb2.Empty()
 

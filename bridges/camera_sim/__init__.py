@@ -182,6 +182,9 @@ class CameraSim:
         for i, camera in enumerate(self.cameras):
             frame_id = (self.first_frame_id + tick) % 2**32
             scene = self._scenes[i]
+            payload: np.ndarray | bytes
+            width: int | None
+            height: int | None
             if self.encoding == "jpeg":
                 key = (i, phase_index(distance))
                 if key not in self._jpegs:

@@ -59,15 +59,23 @@ class DriveSource(Protocol):
     layout: the cameras in use (the first is the tick reference); poses: the recorded ego track (world frame,
     `interpolate(times_ns) -> (xyz [M, 3], quat_xyzw [M, 4]) | None`); tick_times_ns: fixed tick times (PAI)
     or None when ticks follow the reference camera's frames; skipped: what the reader skipped, by reason.
+    The attributes are read-only here (properties): a reader may hold them as plain attributes or properties.
     """
 
-    kind: str
-    spec: str
-    path: Path
-    layout: RecordingLayout
-    poses: Any
-    tick_times_ns: np.ndarray | None
-    skipped: Counter
+    @property
+    def kind(self) -> str: ...
+    @property
+    def spec(self) -> str: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def layout(self) -> RecordingLayout: ...
+    @property
+    def poses(self) -> Any: ...
+    @property
+    def tick_times_ns(self) -> np.ndarray | None: ...
+    @property
+    def skipped(self) -> Counter: ...
 
     def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[RecordedFrame]:
         """Camera frames with start_ns <= t_ns < end_ns in time order, not yet decoded."""

@@ -60,7 +60,9 @@ class DriveDescription:
         ]
         for c in self.cameras:
             rate = "?" if c.rate_hz is None else f"{c.rate_hz:.1f} Hz"
-            span = "" if c.first_ns is None else f", {(c.last_ns - c.first_ns) / 1e9:.2f} s"
+            span = (
+                "" if c.first_ns is None or c.last_ns is None else f", {(c.last_ns - c.first_ns) / 1e9:.2f} s"
+            )
             detail = f" [{c.detail}]" if c.detail else ""
             lines.append(f"    {c.camera} {c.name}: {c.source}{detail}: {c.frames} frames, {rate}{span}")
         for key, value in self.extra.items():

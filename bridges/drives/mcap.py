@@ -162,6 +162,8 @@ class Drive:
                 )
                 continue
             last[topic] = t_ns
+            if schema is None:  # every decoder rejects a message without a schema (MessageError above)
+                raise RecordingError(f"recording {self.path}: decoded a {topic} message that has no schema")
             if (start_ns is None or t_ns >= start_ns) and (end_ns is None or t_ns < end_ns):
                 yield topic, t_ns, decoded, self._schema_name(schema)
 
@@ -211,6 +213,8 @@ class Drive:
             self.path, self.info.indexed, self.layout.topics, self._warn
         ):
             if start_ns <= message.log_time < end_ns:
+                if schema is None:  # `open` checked every layout topic's schema
+                    raise RecordingError(f"recording {self.path}: a {channel.topic} message has no schema")
                 yield schema, channel, message
 
     def frames(self, start_ns: int | None = None, end_ns: int | None = None) -> Iterator[RecordedFrame]:
@@ -224,7 +228,8 @@ class Drive:
         does not is passed over here; replay skips it with a warning when it reaches it."""
         for frame in self.frames(start_ns, end_ns):
             try:
-                return frame.rgb().shape[:2]
+                height, width = frame.rgb().shape[:2]
+                return height, width
             except FrameError:
                 continue
         return None
@@ -322,7 +327,7 @@ def scan(path: Path, warn: Warn) -> Scan:
 
 def iter_messages(
     path: Path, indexed: bool, topics: list[str], warn: Warn
-) -> Iterator[tuple[Schema, Channel, Message]]:
+) -> Iterator[tuple[Schema | None, Channel, Message]]:
     with open(path, "rb") as f:
         reader = SeekingReader(f) if indexed else NonSeekingReader(f)
         read = 0

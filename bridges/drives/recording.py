@@ -178,8 +178,10 @@ def _raw_to_rgb(image: dict[str, Any], where: str) -> np.ndarray:
     encoding, width, height, step = (image.get(k) for k in ("encoding", "width", "height", "step"))
     data = image.get("data", b"")
     # JSON messages are not checked against their schema when read: a field may be absent or mistyped.
-    mistyped = {k: v for k, v in (("width", width), ("height", height), ("step", step)) if type(v) is not int}
-    if mistyped:
+    if type(width) is not int or type(height) is not int or type(step) is not int:
+        mistyped = {
+            k: v for k, v in (("width", width), ("height", height), ("step", step)) if type(v) is not int
+        }
         raise FrameError(f"{where}: raw image field(s) {mistyped} must be integers")
     allowed = {**RAW_ENCODINGS, **dict.fromkeys(BAYER_PATTERNS, 1)}
     if not isinstance(encoding, str) or encoding not in allowed:

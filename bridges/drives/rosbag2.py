@@ -320,5 +320,5 @@ def _compose(links: list[tuple[list[float], list[float]] | None]) -> tuple[np.nd
     for link in links:
         if link is None:
             return None
-        xyz, quat = from_frame(xyz, quat, link[0]), compose(quat, link[1])
+        xyz, quat = from_frame(xyz, quat, np.asarray(link[0])), compose(quat, np.asarray(link[1]))
     return xyz, quat

@@ -169,7 +169,6 @@ class InferenceNode:
         self._cancel = Cancellation()  # set by stop(): the running prediction ends at its next step
         self._cancelled: Window | None = None  # the window whose prediction stop() cancelled (predict thread)
         self.interrupted: str | None = None  # what stop() interrupted: "prediction cancelled", ... or None
-        self._predicting_since: float | None = None  # monotonic s when the running prediction began
         self._new_input = threading.Event()
         self._answered_ns = 0  # perf_counter_ns when a window was last answered (or the node started)
         self._failed_handshake: set[zmq.Socket] = set()  # monitors whose next DISCONNECTED ends a failed one
@@ -285,14 +284,14 @@ class InferenceNode:
         if not finished:
             self.interrupted = f"{phase} abandoned"
             log.warning("%s still running after %.1f s: abandoned", phase, timeout_s)
-        self.decoder.close()
+        self._decode_pool().close()
         reason = f"node stopped: {self._stop_cause}"
         if self.interrupted is not None:
             reason += f", {self.interrupted}"
         window = self._cancelled if finished else None
         with self._pub_lock:  # the last output: an abandoned prediction can publish nothing after it
             self._send(self._message(window, [reason], time.perf_counter_ns()), window)
-            self._pub.close()
+            self._output().close()
             self._pub = None
         self._close_context()
         self._threads = []
@@ -620,7 +619,8 @@ class InferenceNode:
         its ring and its message counted as rejected (`jpeg_decode`); the reason is returned instead."""
         pending = selection.undecoded()
         failures = []
-        for stored, result in zip(pending, self.decoder.decode([s.frame.jpeg for s in pending]), strict=True):
+        jpegs = [_jpeg(s.frame) for s in pending]
+        for stored, result in zip(pending, self._decode_pool().decode(jpegs), strict=True):
             if isinstance(result, JpegError):
                 failures.append(self._reject_decoded(stored, result))
             else:
@@ -700,10 +700,13 @@ class InferenceNode:
         frame_times_ns: dict[int, list[int]] | None,
     ) -> Prediction:
         m = self.config.model
+        predictor = self.predictor
+        if predictor is None:  # callers answer NO_MODEL or skip the warm-up without one
+            raise RuntimeError("the node has no predictor to call")
         with self._lock:
             self._predicting_since = time.monotonic()
         try:
-            return self.predictor.predict(
+            return predictor.predict(
                 frames,
                 ego,
                 route=m.route,
@@ -786,6 +789,18 @@ class InferenceNode:
                 return
             self._send(msg, window)
 
+    def _output(self) -> zmq.Socket:
+        """The output socket; RuntimeError before start() or after stop() (callers check `_pub` first)."""
+        if self._pub is None:
+            raise RuntimeError("the node's output socket is not open")
+        return self._pub
+
+    def _decode_pool(self) -> DecodePool:
+        """The JPEG decode pool; RuntimeError before start() (which creates it)."""
+        if self.decoder is None:
+            raise RuntimeError("the node's JPEG decode pool is not started")
+        return self.decoder
+
     def _send(self, msg: TrajectoryMessage, window: Window | None) -> None:
         """Publish `msg` (answering `window`, or None) and count it; the caller holds `_pub_lock`."""
         msg.seq = self._seq
@@ -793,7 +808,7 @@ class InferenceNode:
         with self.tracer.span("serialise", seq=msg.seq):
             data = encode_trajectory(msg)
         with self.tracer.span("publish", seq=msg.seq, bytes=len(data)):
-            self._pub.send(data)
+            self._output().send(data)
         end = time.perf_counter_ns()
         if window is not None:
             self.tracer.record(
@@ -838,6 +853,13 @@ class StaleLog:
 
     def clear(self) -> None:
         self._streams, self._skipped = None, 0
+
+
+def _jpeg(frame: WireFrame) -> bytes:
+    """An undecoded frame's JPEG bytes; RuntimeError if it has none (only JPEG frames arrive undecoded)."""
+    if frame.jpeg is None:
+        raise RuntimeError(f"camera {frame.camera} frame {frame.frame_id}: undecoded without JPEG bytes")
+    return frame.jpeg
 
 
 def summary(msg: TrajectoryMessage) -> str:

@@ -234,7 +234,10 @@ class InputState:
         others = [
             (t.last_t_ns + (recv_ns - t.last_recv_ns), t.label)
             for t in (*self._tracks.values(), self._ego)
-            if t is not track and t.last_t_ns is not None and not self._is_stale(t.last_recv_ns, recv_ns)
+            if t is not track
+            and t.last_t_ns is not None
+            and t.last_recv_ns is not None
+            and not self._is_stale(t.last_recv_ns, recv_ns)
         ]
         if not others:
             return
@@ -309,7 +312,7 @@ class InputState:
             behind = [t for t in tracks if t.ring[-1].frame.t_sof_ns == t0]
             return "; ".join(
                 f"{t.label}: no frame for the next window (a period after the last t0) in "
-                f"{(now_ns - t.last_recv_ns) / 1e6:.0f} ms"
+                f"{(now_ns - _received_ns(t)) / 1e6:.0f} ms"
                 for t in behind
             )
         slots = {}
@@ -338,6 +341,8 @@ class InputState:
         if missing.shared:
             return f"{track.label}: two window slots would take the same frame"
         k, err = missing.missing[0]
+        if err is None:  # the nearest rule over a non-empty ring has a nearest frame for every slot
+            raise RuntimeError(f"{track.label}: slot {k} missed with no nearest frame")
         return (
             f"{track.label}: no frame within {self.sync_ns / 1e6:g} ms of {_slot(k * self.period_ns)} "
             f"(nearest {err / 1e6:.0f} ms off)"
@@ -384,7 +389,7 @@ class InputState:
             self._evict(self._tracks[i])
         return Window(
             t0_ns=t0,
-            frames={i: [s.frame.image for s in stored] for i, stored in slots.items()},
+            frames={i: [_decoded(s.frame) for s in stored] for i, stored in slots.items()},
             frame_times_ns={i: [s.frame.t_sof_ns for s in stored] for i, stored in slots.items()},
             cameras=[
                 CameraWindow(
@@ -429,10 +434,14 @@ class InputState:
                     f"ego: no pose within {self.extrapolation_ns / 1e6:g} ms of t0 "
                     f"(newest {(t0 - times[-1]) / 1e9:.2f} s before it)"
                 )
-            if e.reason == "gap":
-                return f"ego: a gap of {e.gap / 1e6:.0f} ms between poses at {_slot(t0 - e.t)}"
             if e.reason == "no_velocity":
                 return "ego: one pose without velocity cannot be extrapolated to t0"
+            if e.t is None:  # only "empty" names no time, and poses are buffered
+                raise RuntimeError(f"ego: history unavailable without a time: {e}") from e
+            if e.reason == "gap":
+                if e.gap is None:  # a "gap" always names its length
+                    raise RuntimeError(f"ego: history unavailable without its gap: {e}") from e
+                return f"ego: a gap of {e.gap / 1e6:.0f} ms between poses at {_slot(t0 - e.t)}"
             return (
                 f"ego: poses start {(times[0] - t0) / 1e9:+.2f} s from t0, the history needs "
                 f"{(e.t - t0) / 1e9:+.2f} s"
@@ -471,9 +480,9 @@ class InputState:
             for track in self._tracks.values():
                 self._empty_ring(track)
                 track.last_frame_id = None
-            for track in (*self._tracks.values(), self._ego):
-                track.last_t_ns = track.last_recv_ns = track.future = None
-                track.backwards_run = 0
+            for stream in (*self._tracks.values(), self._ego):
+                stream.last_t_ns = stream.last_recv_ns = stream.future = None
+                stream.backwards_run = 0
             self._ego.poses.clear()
             self._last_t0 = None
             self._drops.clear()
@@ -508,6 +517,21 @@ class InputState:
             held = sum(t.ring_bytes for t in self._tracks.values())
         per = self.ring_bytes_per_camera
         return {"ring_bytes": held, "ring_limit_bytes": None if per is None else per * len(self._tracks)}
+
+
+def _received_ns(track: Track) -> int:
+    """Arrival of the stream's newest accepted message; RuntimeError on a stream with frames buffered but
+    nothing received (a bug)."""
+    if track.last_recv_ns is None:
+        raise RuntimeError(f"{track.label}: frames buffered but no arrival recorded")
+    return track.last_recv_ns
+
+
+def _decoded(frame: WireFrame) -> np.ndarray:
+    """A window frame's pixels; RuntimeError if still undecoded (windows are committed once decoded)."""
+    if frame.image is None:
+        raise RuntimeError(f"camera {frame.camera} frame {frame.frame_id}: committed to a window undecoded")
+    return frame.image
 
 
 def _slot(before_t0_ns: int) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import msgpack
 import zmq
@@ -116,7 +116,8 @@ class FramePublisher(_Client):
         again does nothing."""
         if self._sock.closed:
             return
-        linger_s = max(self._sock.linger, 0) / 1000
+        # pyzmq types every socket option attribute int | bytes | str; LINGER is an int
+        linger_s = max(cast(int, self._sock.linger), 0) / 1000
         self._sock.close()
         deadline = time.monotonic() + linger_s + RELEASE_MARGIN_S
         while self._in_flight:

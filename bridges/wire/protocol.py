@@ -206,7 +206,9 @@ EGO_FIELDS = {"v": True, "kind": True, "t_ns": True, "xyz": True, "quat_xyzw": T
 KINDS = {"frame": FRAME_FIELDS, "ego": EGO_FIELDS}
 
 
-def decode_message(buf: bytes | memoryview, limits: Limits, cameras: CameraTable) -> WireFrame | EgoPose:
+def decode_message(
+    buf: bytes | bytearray | memoryview, limits: Limits, cameras: CameraTable
+) -> WireFrame | EgoPose:
     """Validate and decode one input message; raises ProtocolError naming the field, value and allowed range."""
     view = memoryview(buf)
     if view.nbytes > limits.max_message_bytes:

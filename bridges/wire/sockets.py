@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import zmq
 import zmq.auth
@@ -105,6 +106,10 @@ class CurveServer:
         self._auth.stop()
 
 
+@overload
+def load_key_file(path: str | Path, secret: Literal[True]) -> tuple[bytes, bytes]: ...
+@overload
+def load_key_file(path: str | Path, secret: bool = False) -> tuple[bytes, bytes | None]: ...
 def load_key_file(path: str | Path, secret: bool = False) -> tuple[bytes, bytes | None]:
     """(public, secret) Z85 keys of a key file written by `create_keys`; secret is None in a public NAME.key.
     ValueError naming the file when it is absent, is not a key file, or (secret=True) holds no secret key."""
